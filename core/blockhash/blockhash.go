@@ -1,0 +1,152 @@
+// Package blockhash cuts token sequences into blocks and hashes them the way
+// Dynamo's router does, so that kvrouter and Dynamo agree on every block id.
+//
+//   - local hash: XXH3-64 (seed 1337, or the LoRA-mixed seed) over the block's
+//     token ids as little-endian uint32, no length prefix;
+//   - sequence hash: seq[0] = local[0], seq[i] = XXH3-64(seed 1337) over
+//     seq[i-1] and local[i] as little-endian uint64.
+//
+// Only full blocks are hashed; a trailing partial block is ignored.
+package blockhash
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// nativeLE: on little-endian machines the in-memory bytes of a []uint32 are
+// already the wire encoding, so blocks are hashed in place without a copy.
+var nativeLE = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+func tokenBytes(tokens []uint32) []byte {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens))
+}
+
+// Seed is the XXH3 seed of every base-model hash.
+const Seed uint64 = 1337
+
+// LoRASeed returns the seed for blocks computed under a LoRA adapter: 1337
+// plus XXH3-64(seed 0) of the adapter name, wrapping. The empty name is the
+// base model.
+func LoRASeed(adapter string) uint64 {
+	if adapter == "" {
+		return Seed
+	}
+	return Seed + xxh3.HashString(adapter)
+}
+
+// Hasher hashes token sequences for one block size and adapter. The zero
+// value is not usable; build one with New. A Hasher is immutable and safe for
+// concurrent use.
+type Hasher struct {
+	blockSize int
+	seed      uint64
+}
+
+// New returns a Hasher for blocks of blockSize tokens under the given LoRA
+// adapter ("" for the base model). blockSize must be positive.
+func New(blockSize int, adapter string) Hasher {
+	if blockSize <= 0 {
+		panic("blockhash: block size must be positive")
+	}
+	return Hasher{blockSize: blockSize, seed: LoRASeed(adapter)}
+}
+
+// BlockSize is the number of tokens in one block.
+func (h Hasher) BlockSize() int { return h.blockSize }
+
+// Blocks is the number of full blocks in n tokens.
+func (h Hasher) Blocks(n int) int { return n / h.blockSize }
+
+// LocalHash hashes exactly one block of tokens.
+func (h Hasher) LocalHash(block []uint32) uint64 {
+	if nativeLE {
+		return xxh3.HashSeed(tokenBytes(block), h.seed)
+	}
+	var buf [64 * 4]byte
+	if len(block)*4 <= len(buf) {
+		b := buf[:len(block)*4]
+		putTokens(b, block)
+		return xxh3.HashSeed(b, h.seed)
+	}
+	b := make([]byte, len(block)*4)
+	putTokens(b, block)
+	return xxh3.HashSeed(b, h.seed)
+}
+
+// AppendLocalHashes appends the local hash of every full block of tokens to
+// dst and returns it.
+func (h Hasher) AppendLocalHashes(dst []uint64, tokens []uint32) []uint64 {
+	bs := h.blockSize
+	if nativeLE {
+		for start := 0; start+bs <= len(tokens); start += bs {
+			dst = append(dst, xxh3.HashSeed(tokenBytes(tokens[start:start+bs]), h.seed))
+		}
+		return dst
+	}
+	var scratch []byte
+	if bs*4 > 64*4 {
+		scratch = make([]byte, bs*4)
+	}
+	var buf [64 * 4]byte
+	for start := 0; start+bs <= len(tokens); start += bs {
+		b := buf[:]
+		if scratch != nil {
+			b = scratch
+		}
+		b = b[:bs*4]
+		putTokens(b, tokens[start:start+bs])
+		dst = append(dst, xxh3.HashSeed(b, h.seed))
+	}
+	return dst
+}
+
+// LocalHashes returns the local hash of every full block of tokens.
+func (h Hasher) LocalHashes(tokens []uint32) []uint64 {
+	return h.AppendLocalHashes(make([]uint64, 0, len(tokens)/h.blockSize), tokens)
+}
+
+// Hashes returns both the local and the sequence hashes of tokens, the
+// pair every routing decision needs; computing them together hashes each
+// request once.
+func (h Hasher) Hashes(tokens []uint32) (local, seq []uint64) {
+	local = h.LocalHashes(tokens)
+	return local, SequenceHashes(local)
+}
+
+func putTokens(b []byte, tokens []uint32) {
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[i*4:], t)
+	}
+}
+
+// Chain returns the sequence hash of a block whose parent has sequence hash
+// parent and whose own local hash is local.
+func Chain(parent, local uint64) uint64 {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], parent)
+	binary.LittleEndian.PutUint64(b[8:], local)
+	return xxh3.HashSeed(b[:], Seed)
+}
+
+// AppendSequenceHashes appends the chained sequence hashes of local to dst.
+func AppendSequenceHashes(dst []uint64, local []uint64) []uint64 {
+	for i, l := range local {
+		if i == 0 {
+			dst = append(dst, l)
+			continue
+		}
+		dst = append(dst, Chain(dst[len(dst)-1], l))
+	}
+	return dst
+}
+
+// SequenceHashes returns the chained sequence hashes of local.
+func SequenceHashes(local []uint64) []uint64 {
+	return AppendSequenceHashes(make([]uint64, 0, len(local)), local)
+}

@@ -1,0 +1,127 @@
+package blockhash
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+)
+
+func TestXXH3ReferenceVector(t *testing.T) {
+	if got := xxh3.HashSeed([]byte("test data"), Seed); got != 13226331709069118873 {
+		t.Fatalf("XXH3-64(seed 1337, \"test data\") = %d, want 13226331709069118873", got)
+	}
+}
+
+// leBytes is the reference encoding: tokens as little-endian uint32.
+func leBytes(tokens []uint32) []byte {
+	b := make([]byte, 4*len(tokens))
+	for i, tok := range tokens {
+		binary.LittleEndian.PutUint32(b[4*i:], tok)
+	}
+	return b
+}
+
+func TestLocalHashesMatchReferenceEncoding(t *testing.T) {
+	tests := []struct {
+		name      string
+		blockSize int
+		tokens    int
+		wantBlock int
+	}{
+		{"exact blocks", 4, 12, 3},
+		{"partial tail ignored", 4, 14, 3},
+		{"shorter than a block", 16, 15, 0},
+		{"empty", 16, 0, 0},
+		{"large block uses heap scratch", 128, 300, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tokens := make([]uint32, tc.tokens)
+			for i := range tokens {
+				tokens[i] = uint32(i*7919 + 3)
+			}
+			h := New(tc.blockSize, "")
+			got := h.LocalHashes(tokens)
+			if len(got) != tc.wantBlock {
+				t.Fatalf("got %d blocks, want %d", len(got), tc.wantBlock)
+			}
+			for i, g := range got {
+				want := xxh3.HashSeed(leBytes(tokens[i*tc.blockSize:(i+1)*tc.blockSize]), 1337)
+				if g != want {
+					t.Fatalf("block %d: got %d want %d", i, g, want)
+				}
+				if one := h.LocalHash(tokens[i*tc.blockSize : (i+1)*tc.blockSize]); one != want {
+					t.Fatalf("LocalHash block %d: got %d want %d", i, one, want)
+				}
+			}
+		})
+	}
+}
+
+func TestKnownTokenVectors(t *testing.T) {
+	// Pinned values: a change here breaks compatibility with every engine
+	// event and every router dump already written.
+	h := New(4, "")
+	got := h.LocalHashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	want0 := xxh3.HashSeed([]byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0}, 1337)
+	if got[0] != want0 {
+		t.Fatalf("block 0: %d want %d", got[0], want0)
+	}
+	seq := SequenceHashes(got)
+	if seq[0] != got[0] {
+		t.Fatalf("seq[0] must equal local[0]")
+	}
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], seq[0])
+	binary.LittleEndian.PutUint64(b[8:], got[1])
+	if want := xxh3.HashSeed(b[:], 1337); seq[1] != want {
+		t.Fatalf("seq[1] = %d want %d", seq[1], want)
+	}
+}
+
+func TestLoRASeed(t *testing.T) {
+	if LoRASeed("") != 1337 {
+		t.Fatal("empty adapter must be the base model seed")
+	}
+	name := "my-adapter"
+	if want := 1337 + xxh3.HashString(name); LoRASeed(name) != want {
+		t.Fatalf("LoRASeed = %d want %d", LoRASeed(name), want)
+	}
+	tokens := []uint32{9, 8, 7, 6}
+	base := New(4, "").LocalHashes(tokens)[0]
+	lora := New(4, name).LocalHashes(tokens)[0]
+	if base == lora {
+		t.Fatal("adapter must change block hashes")
+	}
+	if want := xxh3.HashSeed(leBytes(tokens), LoRASeed(name)); lora != want {
+		t.Fatalf("lora hash %d want %d", lora, want)
+	}
+}
+
+func TestSequenceHashesDependOnWholePrefix(t *testing.T) {
+	a := SequenceHashes([]uint64{1, 2, 3})
+	b := SequenceHashes([]uint64{9, 2, 3})
+	for i := range a {
+		if a[i] == b[i] {
+			t.Fatalf("position %d: different prefixes gave equal sequence hash", i)
+		}
+	}
+	c := SequenceHashes([]uint64{1, 2, 4})
+	if a[0] != c[0] || a[1] != c[1] || a[2] == c[2] {
+		t.Fatal("shared prefix must give shared sequence hashes up to the first difference")
+	}
+}
+
+func BenchmarkHashes8192(b *testing.B) {
+	tokens := make([]uint32, 8192)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	h := New(16, "")
+	b.SetBytes(8192 * 4)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.Hashes(tokens)
+	}
+}

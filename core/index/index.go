@@ -1,0 +1,248 @@
+// Package index keeps, for every worker rank, an exact record of the KV
+// blocks it caches, fed by the workers' KV events, and answers the routing
+// question: how many leading blocks of this request does each worker hold?
+//
+// It is pure: no I/O, no goroutines, no clock. Index (event-fed, exact, with
+// an optional memory cap) and Approx (fed by routing decisions, expiring by
+// TTL) share one tree representation; see tree.go.
+//
+// Contract for callers:
+//   - Apply may be called from many goroutines. Events of one worker rank
+//     must be applied in the order the worker emitted them; Index preserves
+//     the order of the calls it receives for a rank (each rank belongs to
+//     one shard, serialised by the shard's lock), so one goroutine per
+//     event source is enough.
+//   - FindMatches may run concurrently with Apply and with other reads.
+//   - Requests are matched by their sequence hashes (blockhash), events by
+//     the blocks' local hashes; both must come from the same block size and
+//     LoRA adapter.
+package index
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// Errors returned by Apply. In every case the event was counted and
+// skipped as a whole; the index is unchanged.
+var (
+	ErrUnknownParent = errors.New("index: stored event names a parent block the worker does not hold")
+	ErrEmptyStored   = errors.New("index: stored event without blocks")
+	ErrUnknownKind   = errors.New("index: event of unknown kind")
+)
+
+// Overlap is one worker's share of a match: the number of leading blocks
+// of the request it holds.
+type Overlap struct {
+	Worker kv.Worker
+	Blocks uint32
+}
+
+// Stats counts what the index did; every field only grows.
+type Stats struct {
+	Events, StoredEvents, RemovedEvents, ClearedEvents uint64
+	BlocksStored, BlocksRemoved                        uint64
+	// Rejections and skips, by cause.
+	UnknownParent   uint64 // stored events rejected whole
+	EmptyStored     uint64 // stored events without blocks
+	UnknownBlocks   uint64 // removed hashes the worker never stored
+	DuplicateBlocks uint64 // stored hashes the worker already had
+	UnknownKind     uint64
+	// PairsEvicted counts (block, worker) pairs dropped by the memory cap.
+	PairsEvicted uint64
+}
+
+func (s *Stats) add(o Stats) {
+	s.Events += o.Events
+	s.StoredEvents += o.StoredEvents
+	s.RemovedEvents += o.RemovedEvents
+	s.ClearedEvents += o.ClearedEvents
+	s.BlocksStored += o.BlocksStored
+	s.BlocksRemoved += o.BlocksRemoved
+	s.UnknownParent += o.UnknownParent
+	s.EmptyStored += o.EmptyStored
+	s.UnknownBlocks += o.UnknownBlocks
+	s.DuplicateBlocks += o.DuplicateBlocks
+	s.UnknownKind += o.UnknownKind
+	s.PairsEvicted += o.PairsEvicted
+}
+
+// Config tunes an Index.
+type Config struct {
+	// Shards is the write parallelism (--router-event-threads): worker ranks
+	// are spread over this many independently locked trees. Default 4.
+	Shards int
+	// MaxPairs caps the indexed (block, worker) pairs; beyond it the least
+	// recently matched leaves are evicted. 0 means no cap.
+	MaxPairs uint64
+	// PruneRatio is the fraction of MaxPairs an eviction pass brings the
+	// index down to, so that passes are rare. Default 0.9.
+	PruneRatio float64
+}
+
+// DefaultShards is the default of --router-event-threads.
+const DefaultShards = 4
+
+// Index is the exact, event-fed index of cached blocks. Safe for concurrent
+// use; see the package contract.
+type Index struct {
+	shards     []shard
+	maxPerShrd uint64
+	pruneTo    uint64
+}
+
+type shard struct {
+	// mu guards t. Writers (Apply, removals, eviction) hold it exclusively;
+	// FindMatches holds it shared and only writes node stamps, atomically.
+	mu sync.RWMutex
+	t  *tree
+	_  [40]byte // keep neighbouring shard locks off one cache line
+}
+
+// New returns an empty Index.
+func New(cfg Config) *Index {
+	if cfg.Shards <= 0 {
+		cfg.Shards = DefaultShards
+	}
+	if cfg.PruneRatio <= 0 || cfg.PruneRatio >= 1 {
+		cfg.PruneRatio = 0.9
+	}
+	ix := &Index{shards: make([]shard, cfg.Shards)}
+	for i := range ix.shards {
+		ix.shards[i].t = newTree()
+	}
+	if cfg.MaxPairs > 0 {
+		ix.maxPerShrd = max(1, cfg.MaxPairs/uint64(cfg.Shards))
+		ix.pruneTo = uint64(float64(ix.maxPerShrd) * cfg.PruneRatio)
+	}
+	return ix
+}
+
+func (ix *Index) shardOf(w kv.Worker) *shard {
+	h := w.ID*0x9e3779b97f4a7c15 ^ uint64(w.DPRank)*0xbf58476d1ce4e5b9
+	h ^= h >> 29
+	return &ix.shards[h%uint64(len(ix.shards))]
+}
+
+// Apply applies one event. A rejected event (unknown parent, no blocks,
+// unknown kind) is counted and leaves the index unchanged; removals of
+// blocks the worker never stored are counted and skipped one by one.
+func (ix *Index) Apply(ev *kv.Event) error {
+	sh := ix.shardOf(ev.Worker)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.t
+	t.stats.Events++
+	var err error
+	switch ev.Kind {
+	case kv.KindStored:
+		t.stats.StoredEvents++
+		err = t.applyStored(ev.Worker, &ev.Stored)
+		if err == nil && ix.maxPerShrd > 0 && t.pairs > ix.maxPerShrd {
+			t.evictTo(ix.pruneTo)
+		}
+		t.renormalizeTicks()
+	case kv.KindRemoved:
+		t.stats.RemovedEvents++
+		t.applyRemoved(ev.Worker, &ev.Removed)
+	case kv.KindCleared:
+		t.stats.ClearedEvents++
+		t.clearWorker(ev.Worker)
+	default:
+		t.stats.UnknownKind++
+		err = ErrUnknownKind
+	}
+	return err
+}
+
+// RemoveWorker drops every block of every rank of engine id.
+func (ix *Index) RemoveWorker(id uint64) {
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.Lock()
+		sh.t.removeWorkerID(id)
+		sh.mu.Unlock()
+	}
+}
+
+// RemoveRank drops every block of one worker rank.
+func (ix *Index) RemoveRank(w kv.Worker) {
+	sh := ix.shardOf(w)
+	sh.mu.Lock()
+	sh.t.clearWorker(w)
+	sh.mu.Unlock()
+}
+
+// Matcher holds the scratch memory of FindMatches. Reuse one per goroutine
+// to keep lookups allocation-free; the zero value is ready.
+type Matcher struct {
+	sc  scratch
+	out []Overlap
+}
+
+// FindMatches returns, for every worker rank that holds the request's first
+// block, how many leading blocks of seq it holds. seq are the request's
+// sequence hashes. The result is valid until the next call on m.
+func (ix *Index) FindMatches(m *Matcher, seq []uint64) []Overlap {
+	m.out = m.out[:0]
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		m.out = sh.t.find(seq, &m.sc, m.out)
+		sh.mu.RUnlock()
+	}
+	return m.out
+}
+
+// Blocks returns how many blocks worker rank w has indexed (the tree size
+// used to break ties between equally good workers).
+func (ix *Index) Blocks(w kv.Worker) int {
+	sh := ix.shardOf(w)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if s, ok := sh.t.slotOf[w]; ok {
+		return len(sh.t.workers[s].blocks)
+	}
+	return 0
+}
+
+// Pairs is the number of indexed (block, worker rank) pairs.
+func (ix *Index) Pairs() uint64 {
+	var n uint64
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		n += sh.t.pairs
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+// Stats returns the counters summed over shards.
+func (ix *Index) Stats() Stats {
+	var st Stats
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		st.add(sh.t.stats)
+		sh.mu.RUnlock()
+	}
+	return st
+}
+
+// Dump returns single-block events that rebuild an equal index when applied
+// to an empty one, worker by worker in order. It is the snapshot and
+// recovery format. Each shard is read under its lock, so the dump is
+// consistent per worker rank.
+func (ix *Index) Dump() []kv.Event {
+	var out []kv.Event
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		out = sh.t.dump(out)
+		sh.mu.RUnlock()
+	}
+	return out
+}

@@ -1,0 +1,645 @@
+package index
+
+import (
+	"container/heap"
+	"slices"
+	"sync/atomic"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// tree is the single-threaded heart of the index: which worker ranks hold
+// which blocks. It does no locking; Index wraps it in shards.
+//
+// The prefix tree is stored flat. A node is identified by the sequence hash
+// of its path (blockhash.Chain folded over the local hashes from the root),
+// which is exactly the hash a request computes for its own blocks. Matching
+// a request is therefore one hash-map probe per block, with no per-node
+// child maps: that is what keeps a pair (block, worker) under 64 bytes and a
+// lookup free of pointer chasing. Nodes live in an arena of pointer-free
+// structs, so the garbage collector never scans the index.
+//
+// Nodes that no worker holds are kept while they have children, so that a
+// child's path is never lost when its parent is removed without cascade.
+type tree struct {
+	nodes []node
+	free  []uint32
+	// bySeq maps a path's sequence hash to its node.
+	bySeq map[uint64]uint32
+	// sets holds the worker slots of nodes held by two or more workers; a
+	// node held by one worker keeps it inline.
+	sets     [][]uint32
+	freeSets []uint32
+
+	workers []workerState
+	slotOf  map[kv.Worker]uint32
+	// freeSlots are slots of removed workers, reused so that slot numbers
+	// (and the per-query scratch sized by them) stay bounded.
+	freeSlots []uint32
+
+	pairs uint64
+	// tick is the logical clock of last use: bumped by every FindMatches
+	// call, read atomically by concurrent readers.
+	tick atomic.Uint32
+
+	stats Stats
+}
+
+const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
+
+type node struct {
+	seq      uint64
+	local    uint64
+	parent   uint32
+	children uint32
+	// stamp is the tick at which the node was last matched or stored; it is
+	// written by readers (atomically) so eviction can pick the least
+	// recently matched leaves.
+	stamp uint32
+	// nw is the number of worker slots holding the node; with nw == 1 the
+	// slot is in w, otherwise w indexes tree.sets.
+	nw uint32
+	w  uint32
+}
+
+type workerState struct {
+	id   kv.Worker
+	live bool
+	// blocks maps the engine's opaque block id to the node it named.
+	blocks map[uint64]uint32
+	// extraRefs counts, per node, engine ids beyond the first that name the
+	// same node (e.g. the same tokens stored under two cache salts), so that
+	// removing one of them does not forget the block.
+	extraRefs map[uint32]uint32
+}
+
+func newTree() *tree {
+	t := &tree{
+		nodes:  make([]node, 1, 1024),
+		bySeq:  make(map[uint64]uint32),
+		slotOf: make(map[kv.Worker]uint32),
+	}
+	t.tick.Store(1)
+	return t
+}
+
+// slot returns the dense slot of w, creating it when create is set.
+func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
+	if s, ok := t.slotOf[w]; ok {
+		return s, true
+	}
+	if !create {
+		return 0, false
+	}
+	var s uint32
+	if n := len(t.freeSlots); n > 0 {
+		s = t.freeSlots[n-1]
+		t.freeSlots = t.freeSlots[:n-1]
+	} else {
+		s = uint32(len(t.workers))
+		t.workers = append(t.workers, workerState{})
+	}
+	t.workers[s] = workerState{id: w, live: true, blocks: make(map[uint64]uint32)}
+	t.slotOf[w] = s
+	return s, true
+}
+
+// workerSet returns the slots holding n. one is scratch for the inline case.
+func (t *tree) workerSet(n *node, one *[1]uint32) []uint32 {
+	switch n.nw {
+	case 0:
+		return nil
+	case 1:
+		one[0] = n.w
+		return one[:]
+	}
+	return t.sets[n.w]
+}
+
+func (t *tree) holds(n *node, s uint32) bool {
+	var one [1]uint32
+	return slices.Contains(t.workerSet(n, &one), s)
+}
+
+func (t *tree) addHolder(n *node, s uint32) {
+	switch n.nw {
+	case 0:
+		n.w = s
+	case 1:
+		set := t.newSet()
+		t.sets[set] = append(t.sets[set], n.w, s)
+		n.w = set
+	default:
+		t.sets[n.w] = append(t.sets[n.w], s)
+	}
+	n.nw++
+	t.pairs++
+}
+
+func (t *tree) dropHolder(n *node, s uint32) {
+	switch n.nw {
+	case 0:
+		return
+	case 1:
+		if n.w != s {
+			return
+		}
+	default:
+		set := t.sets[n.w]
+		i := slices.Index(set, s)
+		if i < 0 {
+			return
+		}
+		set[i] = set[len(set)-1]
+		set = set[:len(set)-1]
+		if len(set) == 1 {
+			only := set[0]
+			t.releaseSet(n.w)
+			n.w = only
+		} else {
+			t.sets[n.w] = set
+		}
+	}
+	n.nw--
+	t.pairs--
+}
+
+func (t *tree) newSet() uint32 {
+	if n := len(t.freeSets); n > 0 {
+		s := t.freeSets[n-1]
+		t.freeSets = t.freeSets[:n-1]
+		return s
+	}
+	t.sets = append(t.sets, make([]uint32, 0, 4))
+	return uint32(len(t.sets) - 1)
+}
+
+func (t *tree) releaseSet(s uint32) {
+	if cap(t.sets[s]) > 64 {
+		t.sets[s] = make([]uint32, 0, 4)
+	} else {
+		t.sets[s] = t.sets[s][:0]
+	}
+	t.freeSets = append(t.freeSets, s)
+}
+
+// child returns the node for local below parent, creating it if needed.
+func (t *tree) child(parent uint32, local uint64) uint32 {
+	seq := local
+	if parent != rootParent {
+		seq = blockhash.Chain(t.nodes[parent].seq, local)
+	}
+	if n, ok := t.bySeq[seq]; ok {
+		return n
+	}
+	var n uint32
+	if k := len(t.free); k > 0 {
+		n = t.free[k-1]
+		t.free = t.free[:k-1]
+	} else {
+		n = uint32(len(t.nodes))
+		t.nodes = append(t.nodes, node{})
+	}
+	t.nodes[n] = node{seq: seq, local: local, parent: parent, stamp: t.tick.Load()}
+	t.bySeq[seq] = n
+	if parent != rootParent {
+		t.nodes[parent].children++
+	}
+	return n
+}
+
+// collect deletes n, and then its ancestors, while they are held by no
+// worker and have no children.
+func (t *tree) collect(n uint32) {
+	for n != rootParent {
+		nd := &t.nodes[n]
+		if nd.nw > 0 || nd.children > 0 {
+			return
+		}
+		parent := nd.parent
+		delete(t.bySeq, nd.seq)
+		*nd = node{}
+		t.free = append(t.free, n)
+		if parent != rootParent {
+			t.nodes[parent].children--
+		}
+		n = parent
+	}
+}
+
+// collectIfLive is collect for callers that may name a node twice (or
+// one an earlier collect already freed).
+func (t *tree) collectIfLive(n uint32) {
+	if cur, ok := t.bySeq[t.nodes[n].seq]; ok && cur == n {
+		t.collect(n)
+	}
+}
+
+// unref drops one engine reference of worker slot s to node n.
+func (t *tree) unref(s uint32, n uint32) {
+	ws := &t.workers[s]
+	if c := ws.extraRefs[n]; c > 0 {
+		if c == 1 {
+			delete(ws.extraRefs, n)
+		} else {
+			ws.extraRefs[n] = c - 1
+		}
+		return
+	}
+	t.dropHolder(&t.nodes[n], s)
+	t.collect(n)
+}
+
+// ref records that worker slot s holds node n under engine id h.
+func (t *tree) ref(s uint32, h uint64, n uint32) {
+	ws := &t.workers[s]
+	nd := &t.nodes[n]
+	if t.holds(nd, s) {
+		if ws.extraRefs == nil {
+			ws.extraRefs = make(map[uint32]uint32)
+		}
+		ws.extraRefs[n]++
+	} else {
+		t.addHolder(nd, s)
+	}
+	ws.blocks[h] = n
+	nd.stamp = t.tick.Load()
+}
+
+func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
+	if len(st.Blocks) == 0 {
+		t.stats.EmptyStored++
+		return ErrEmptyStored
+	}
+	s, _ := t.slot(w, true)
+	cur := uint32(rootParent)
+	if st.Parent != nil {
+		p, ok := t.workers[s].blocks[*st.Parent]
+		if !ok {
+			t.stats.UnknownParent++
+			if len(t.workers[s].blocks) == 0 {
+				t.dropSlotIfEmpty(s)
+			}
+			return ErrUnknownParent
+		}
+		cur = p
+	}
+	for _, b := range st.Blocks {
+		n := t.child(cur, b.LocalHash)
+		ws := &t.workers[s]
+		if old, ok := ws.blocks[b.EngineHash]; ok {
+			t.stats.DuplicateBlocks++
+			if old == n {
+				cur = n
+				continue
+			}
+			// The engine reused an id for other content: it must have dropped
+			// the old block without telling us. Its latest word wins. n is
+			// pinned meanwhile: dropping old may otherwise collect it (old
+			// may hang below n, or be n's parent).
+			t.nodes[n].children++
+			t.unref(s, old)
+			t.nodes[n].children--
+		}
+		t.ref(s, b.EngineHash, n)
+		t.stats.BlocksStored++
+		cur = n
+	}
+	return nil
+}
+
+func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
+	s, ok := t.slot(w, false)
+	if !ok {
+		t.stats.UnknownBlocks += uint64(len(rm.EngineHashes))
+		return
+	}
+	ws := &t.workers[s]
+	for _, h := range rm.EngineHashes {
+		n, ok := ws.blocks[h]
+		if !ok {
+			t.stats.UnknownBlocks++
+			continue
+		}
+		delete(ws.blocks, h)
+		t.unref(s, n)
+		t.stats.BlocksRemoved++
+	}
+	t.dropSlotIfEmpty(s)
+}
+
+// clearSlot drops every block of slot s and frees the slot.
+func (t *tree) clearSlot(s uint32) {
+	ws := &t.workers[s]
+	for _, n := range ws.blocks {
+		t.dropHolder(&t.nodes[n], s)
+	}
+	for _, n := range ws.blocks {
+		t.collectIfLive(n)
+	}
+	delete(t.slotOf, ws.id)
+	*ws = workerState{}
+	t.freeSlots = append(t.freeSlots, s)
+}
+
+func (t *tree) dropSlotIfEmpty(s uint32) {
+	if len(t.workers[s].blocks) == 0 {
+		t.clearSlot(s)
+	}
+}
+
+func (t *tree) clearWorker(w kv.Worker) {
+	if s, ok := t.slot(w, false); ok {
+		t.clearSlot(s)
+	}
+}
+
+// removeWorkerID drops every rank of engine id.
+func (t *tree) removeWorkerID(id uint64) {
+	for s := range t.workers {
+		if ws := &t.workers[s]; ws.live && ws.id.ID == id {
+			t.clearSlot(uint32(s))
+		}
+	}
+}
+
+// scratch is per-call working memory for find, sized by worker slots.
+type scratch struct {
+	mark   []uint32
+	epoch  uint32
+	active []uint32
+}
+
+func (sc *scratch) reset(slots int) {
+	if len(sc.mark) < slots {
+		sc.mark = make([]uint32, slots)
+		sc.epoch = 0
+	}
+	if sc.epoch > 1<<31 {
+		clear(sc.mark)
+		sc.epoch = 0
+	}
+}
+
+// find appends to out, for every worker holding seq[0], how many leading
+// blocks of seq it holds. It only reads the tree (stamps are atomic), so
+// many finds may run at once.
+func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
+	if len(seq) == 0 {
+		return out
+	}
+	n0, ok := t.bySeq[seq[0]]
+	if !ok {
+		return out
+	}
+	tick := t.tick.Add(1)
+	sc.reset(len(t.workers))
+	var one [1]uint32
+	nd := &t.nodes[n0]
+	touch(nd, tick)
+	sc.epoch++
+	sc.active = append(sc.active[:0], t.workerSet(nd, &one)...)
+	for _, s := range sc.active {
+		sc.mark[s] = sc.epoch
+	}
+	depth := 1
+	for ; depth < len(seq) && len(sc.active) > 0; depth++ {
+		n, ok := t.bySeq[seq[depth]]
+		if !ok {
+			break
+		}
+		nd := &t.nodes[n]
+		prev := sc.epoch
+		sc.epoch++
+		kept := 0
+		for _, s := range t.workerSet(nd, &one) {
+			if sc.mark[s] == prev {
+				sc.mark[s] = sc.epoch
+				kept++
+			}
+		}
+		if kept == 0 {
+			break
+		}
+		touch(nd, tick)
+		if kept == len(sc.active) {
+			continue
+		}
+		j := 0
+		for _, s := range sc.active {
+			if sc.mark[s] == sc.epoch {
+				sc.active[j] = s
+				j++
+			} else {
+				out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
+			}
+		}
+		sc.active = sc.active[:j]
+	}
+	for _, s := range sc.active {
+		out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
+	}
+	return out
+}
+
+func touch(n *node, tick uint32) {
+	if atomic.LoadUint32(&n.stamp) != tick {
+		atomic.StoreUint32(&n.stamp, tick)
+	}
+}
+
+// renormalizeTicks keeps stamps ordered when the 32-bit clock nears its
+// end: halving every stamp keeps their order (up to ties) and frees half
+// of the range. Runs under the write lock, about once per two billion
+// lookups.
+func (t *tree) renormalizeTicks() {
+	if t.tick.Load() < 1<<31 {
+		return
+	}
+	for i := range t.nodes {
+		t.nodes[i].stamp /= 2
+	}
+	t.tick.Store(1 << 30)
+}
+
+// evictTo drops least recently matched leaves, whole nodes at a time,
+// until at most target pairs remain. A parent becomes a candidate once its
+// last child is gone, so a prefix never goes before its extensions.
+func (t *tree) evictTo(target uint64) {
+	if t.pairs <= target {
+		return
+	}
+	h := &leafHeap{nodes: t.nodes}
+	for i := 1; i < len(t.nodes); i++ {
+		if nd := &t.nodes[i]; nd.nw > 0 && nd.children == 0 {
+			h.items = append(h.items, uint32(i))
+		}
+	}
+	heap.Init(h)
+	affected := make(map[uint32]bool)
+	dead := make(map[uint32]bool)
+	var one [1]uint32
+	for t.pairs > target && h.Len() > 0 {
+		n := heap.Pop(h).(uint32)
+		nd := &t.nodes[n]
+		for _, s := range slices.Clone(t.workerSet(nd, &one)) {
+			affected[s] = true
+			t.dropHolder(nd, s)
+			t.stats.PairsEvicted++
+		}
+		dead[n] = true
+		p := nd.parent
+		if p != rootParent {
+			pn := &t.nodes[p]
+			if pn.children == 1 && pn.nw > 0 {
+				heap.Push(h, p)
+			}
+		}
+	}
+	// Forget the engine ids that named evicted nodes before the nodes (and
+	// their slots in the arena) are recycled.
+	for s := range affected {
+		ws := &t.workers[s]
+		for eh, n := range ws.blocks {
+			if dead[n] {
+				delete(ws.blocks, eh)
+				delete(ws.extraRefs, n)
+			}
+		}
+	}
+	for n := range dead {
+		t.collectIfLive(n)
+	}
+	for s := range affected {
+		if t.workers[s].live {
+			t.dropSlotIfEmpty(s)
+		}
+	}
+}
+
+type leafHeap struct {
+	nodes []node
+	items []uint32
+}
+
+func (h *leafHeap) Len() int { return len(h.items) }
+func (h *leafHeap) Less(i, j int) bool {
+	a, b := &h.nodes[h.items[i]], &h.nodes[h.items[j]]
+	if a.stamp != b.stamp {
+		return a.stamp < b.stamp
+	}
+	return h.items[i] > h.items[j]
+}
+func (h *leafHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *leafHeap) Push(x any)    { h.items = append(h.items, x.(uint32)) }
+func (h *leafHeap) Pop() any {
+	x := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return x
+}
+
+// dump appends single-block Stored events that rebuild this tree's
+// (worker, path) pairs when replayed in order. A worker may hold a block
+// whose parent it no longer holds (removals do not cascade); such a block
+// is re-created below a bridge: a synthetic parent that is stored and then
+// removed again, which leaves the path in place and the worker off it.
+func (t *tree) dump(out []kv.Event) []kv.Event {
+	for s := range t.workers {
+		ws := &t.workers[s]
+		if !ws.live {
+			continue
+		}
+		d := dumper{t: t, ws: ws, emitted: make(map[uint32]uint64, len(ws.blocks))}
+		type entry struct {
+			h uint64
+			n uint32
+		}
+		entries := make([]entry, 0, len(ws.blocks))
+		for h, n := range ws.blocks {
+			entries = append(entries, entry{h, n})
+		}
+		slices.SortFunc(entries, func(a, b entry) int {
+			if a.h < b.h {
+				return -1
+			}
+			if a.h > b.h {
+				return 1
+			}
+			return 0
+		})
+		d.byNode = make(map[uint32]uint64, len(entries))
+		for _, e := range entries {
+			if _, ok := d.byNode[e.n]; !ok {
+				d.byNode[e.n] = e.h
+			}
+		}
+		for _, e := range entries {
+			d.emitAs(e.n, e.h)
+		}
+		if len(d.bridges) > 0 {
+			d.events = append(d.events, kv.RemovedEvent(ws.id, d.nextID(), d.bridges...))
+		}
+		out = append(out, d.events...)
+	}
+	return out
+}
+
+type dumper struct {
+	t       *tree
+	ws      *workerState
+	byNode  map[uint32]uint64 // a held node's first engine id
+	emitted map[uint32]uint64 // node → engine id already emitted as parent
+	bridges []uint64
+	events  []kv.Event
+	id      uint64
+}
+
+func (d *dumper) nextID() uint64 { d.id++; return d.id - 1 }
+
+// parentHash makes sure n exists for this worker in the replay and returns
+// the engine id to hang children on.
+func (d *dumper) parentHash(n uint32) *uint64 {
+	if n == rootParent {
+		return nil
+	}
+	if h, ok := d.emitted[n]; ok {
+		return &h
+	}
+	if h, ok := d.byNode[n]; ok {
+		d.emitAs(n, h)
+		return &h
+	}
+	h := d.bridgeHash(n)
+	d.emit(n, h)
+	d.emitted[n] = h
+	d.bridges = append(d.bridges, h)
+	return &h
+}
+
+func (d *dumper) emitAs(n uint32, h uint64) {
+	if e, ok := d.emitted[n]; ok && e == h {
+		return
+	}
+	d.emit(n, h)
+	if _, ok := d.emitted[n]; !ok {
+		d.emitted[n] = h
+	}
+}
+
+func (d *dumper) emit(n uint32, h uint64) {
+	nd := &d.t.nodes[n]
+	parent := d.parentHash(nd.parent)
+	d.events = append(d.events, kv.StoredEvent(d.ws.id, d.nextID(), parent, kv.Block{EngineHash: h, LocalHash: nd.local}))
+}
+
+// bridgeHash picks an engine id the worker does not use.
+func (d *dumper) bridgeHash(n uint32) uint64 {
+	h := blockhash.Chain(d.t.nodes[n].seq, 0xb41d6e)
+	for {
+		if _, used := d.ws.blocks[h]; !used && !slices.Contains(d.bridges, h) {
+			return h
+		}
+		h = blockhash.Chain(h, 1)
+	}
+}

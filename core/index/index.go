@@ -111,7 +111,7 @@ func New(cfg Config) *Index {
 	}
 	ix := &Index{shards: make([]shard, cfg.Shards)}
 	for i := range ix.shards {
-		ix.shards[i].t = newTree()
+		ix.shards[i].t = newTree(cfg.MaxPairs > 0)
 	}
 	if cfg.MaxPairs > 0 {
 		ix.maxPerShrd = max(1, cfg.MaxPairs/uint64(cfg.Shards))
@@ -203,7 +203,7 @@ func (ix *Index) Blocks(w kv.Worker) int {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	if s, ok := sh.t.slotOf[w]; ok {
-		return len(sh.t.workers[s].blocks)
+		return sh.t.workers[s].blocks.Len()
 	}
 	return 0
 }

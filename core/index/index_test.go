@@ -120,7 +120,7 @@ func (t *tree) check() error {
 	children := map[uint32]uint32{}
 	for i := 1; i < len(t.nodes); i++ {
 		nd := &t.nodes[i]
-		if n, ok := t.bySeq[nd.seq]; !ok || n != uint32(i) {
+		if n, ok := t.bySeq.Get(nd.seq); !ok || n != uint32(i) {
 			continue // free slot
 		}
 		var one [1]uint32
@@ -146,8 +146,8 @@ func (t *tree) check() error {
 			return fmt.Errorf("node %d: garbage left behind", i)
 		}
 	}
-	if len(t.bySeq)+len(t.free) != len(t.nodes)-1 {
-		return fmt.Errorf("%d live + %d free != %d nodes", len(t.bySeq), len(t.free), len(t.nodes)-1)
+	if t.bySeq.Len()+len(t.free) != len(t.nodes)-1 {
+		return fmt.Errorf("%d live + %d free != %d nodes", t.bySeq.Len(), len(t.free), len(t.nodes)-1)
 	}
 	for n, c := range children {
 		if t.nodes[n].children != c {
@@ -162,13 +162,18 @@ func (t *tree) check() error {
 		if !ws.live {
 			continue
 		}
-		if len(ws.blocks) == 0 {
+		if ws.blocks.Len() == 0 {
 			return fmt.Errorf("slot %d live without blocks", s)
 		}
-		for h, n := range ws.blocks {
+		var err error
+		ws.blocks.Range(func(h uint64, n uint32) bool {
 			if !t.holds(&t.nodes[n], uint32(s)) {
-				return fmt.Errorf("slot %d: id %d names node %d it does not hold", s, h, n)
+				err = fmt.Errorf("slot %d: id %d names node %d it does not hold", s, h, n)
 			}
+			return err == nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -190,7 +195,7 @@ func (ix *Index) held() map[kv.Worker]map[uint64]bool {
 		t := ix.shards[i].t
 		for n := 1; n < len(t.nodes); n++ {
 			nd := &t.nodes[n]
-			if cur, ok := t.bySeq[nd.seq]; !ok || cur != uint32(n) {
+			if cur, ok := t.bySeq.Get(nd.seq); !ok || cur != uint32(n) {
 				continue
 			}
 			var one [1]uint32
@@ -274,7 +279,7 @@ func queries(rng *rand.Rand, ix *Index) [][]uint64 {
 	for i := range ix.shards {
 		t := ix.shards[i].t
 		for n := 1; n < len(t.nodes); n++ {
-			if cur, ok := t.bySeq[t.nodes[n].seq]; !ok || cur != uint32(n) {
+			if cur, ok := t.bySeq.Get(t.nodes[n].seq); !ok || cur != uint32(n) {
 				continue
 			}
 			var path []uint64

@@ -26,7 +26,12 @@ type tree struct {
 	nodes []node
 	free  []uint32
 	// bySeq maps a path's sequence hash to its node.
-	bySeq map[uint64]uint32
+	bySeq u64map
+	// stamps holds each node's last-use tick, only under a memory cap
+	// (lru). Readers write it atomically so that eviction can pick the
+	// least recently matched leaves.
+	stamps []uint32
+	lru    bool
 	// sets holds the worker slots of nodes held by two or more workers; a
 	// node held by one worker keeps it inline.
 	sets     [][]uint32
@@ -53,10 +58,6 @@ type node struct {
 	local    uint64
 	parent   uint32
 	children uint32
-	// stamp is the tick at which the node was last matched or stored; it is
-	// written by readers (atomically) so eviction can pick the least
-	// recently matched leaves.
-	stamp uint32
 	// nw is the number of worker slots holding the node; with nw == 1 the
 	// slot is in w, otherwise w indexes tree.sets.
 	nw uint32
@@ -67,18 +68,21 @@ type workerState struct {
 	id   kv.Worker
 	live bool
 	// blocks maps the engine's opaque block id to the node it named.
-	blocks map[uint64]uint32
+	blocks u64map
 	// extraRefs counts, per node, engine ids beyond the first that name the
 	// same node (e.g. the same tokens stored under two cache salts), so that
 	// removing one of them does not forget the block.
 	extraRefs map[uint32]uint32
 }
 
-func newTree() *tree {
+func newTree(lru bool) *tree {
 	t := &tree{
 		nodes:  make([]node, 1, 1024),
-		bySeq:  make(map[uint64]uint32),
 		slotOf: make(map[kv.Worker]uint32),
+		lru:    lru,
+	}
+	if lru {
+		t.stamps = make([]uint32, 1, 1024)
 	}
 	t.tick.Store(1)
 	return t
@@ -100,7 +104,7 @@ func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
 		s = uint32(len(t.workers))
 		t.workers = append(t.workers, workerState{})
 	}
-	t.workers[s] = workerState{id: w, live: true, blocks: make(map[uint64]uint32)}
+	t.workers[s] = workerState{id: w, live: true}
 	t.slotOf[w] = s
 	return s, true
 }
@@ -190,7 +194,7 @@ func (t *tree) child(parent uint32, local uint64) uint32 {
 	if parent != rootParent {
 		seq = blockhash.Chain(t.nodes[parent].seq, local)
 	}
-	if n, ok := t.bySeq[seq]; ok {
+	if n, ok := t.bySeq.Get(seq); ok {
 		return n
 	}
 	var n uint32
@@ -200,9 +204,15 @@ func (t *tree) child(parent uint32, local uint64) uint32 {
 	} else {
 		n = uint32(len(t.nodes))
 		t.nodes = append(t.nodes, node{})
+		if t.lru {
+			t.stamps = append(t.stamps, 0)
+		}
 	}
-	t.nodes[n] = node{seq: seq, local: local, parent: parent, stamp: t.tick.Load()}
-	t.bySeq[seq] = n
+	t.nodes[n] = node{seq: seq, local: local, parent: parent}
+	if t.lru {
+		t.stamps[n] = t.tick.Load()
+	}
+	t.bySeq.Put(seq, n)
 	if parent != rootParent {
 		t.nodes[parent].children++
 	}
@@ -218,7 +228,7 @@ func (t *tree) collect(n uint32) {
 			return
 		}
 		parent := nd.parent
-		delete(t.bySeq, nd.seq)
+		t.bySeq.Delete(nd.seq)
 		*nd = node{}
 		t.free = append(t.free, n)
 		if parent != rootParent {
@@ -231,7 +241,7 @@ func (t *tree) collect(n uint32) {
 // collectIfLive is collect for callers that may name a node twice (or
 // one an earlier collect already freed).
 func (t *tree) collectIfLive(n uint32) {
-	if cur, ok := t.bySeq[t.nodes[n].seq]; ok && cur == n {
+	if cur, ok := t.bySeq.Get(t.nodes[n].seq); ok && cur == n {
 		t.collect(n)
 	}
 }
@@ -263,8 +273,10 @@ func (t *tree) ref(s uint32, h uint64, n uint32) {
 	} else {
 		t.addHolder(nd, s)
 	}
-	ws.blocks[h] = n
-	nd.stamp = t.tick.Load()
+	ws.blocks.Put(h, n)
+	if t.lru {
+		t.stamps[n] = t.tick.Load()
+	}
 }
 
 func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
@@ -275,10 +287,10 @@ func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
 	s, _ := t.slot(w, true)
 	cur := uint32(rootParent)
 	if st.Parent != nil {
-		p, ok := t.workers[s].blocks[*st.Parent]
+		p, ok := t.workers[s].blocks.Get(*st.Parent)
 		if !ok {
 			t.stats.UnknownParent++
-			if len(t.workers[s].blocks) == 0 {
+			if t.workers[s].blocks.Len() == 0 {
 				t.dropSlotIfEmpty(s)
 			}
 			return ErrUnknownParent
@@ -288,7 +300,7 @@ func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
 	for _, b := range st.Blocks {
 		n := t.child(cur, b.LocalHash)
 		ws := &t.workers[s]
-		if old, ok := ws.blocks[b.EngineHash]; ok {
+		if old, ok := ws.blocks.Get(b.EngineHash); ok {
 			t.stats.DuplicateBlocks++
 			if old == n {
 				cur = n
@@ -317,12 +329,12 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 	}
 	ws := &t.workers[s]
 	for _, h := range rm.EngineHashes {
-		n, ok := ws.blocks[h]
+		n, ok := ws.blocks.Get(h)
 		if !ok {
 			t.stats.UnknownBlocks++
 			continue
 		}
-		delete(ws.blocks, h)
+		ws.blocks.Delete(h)
 		t.unref(s, n)
 		t.stats.BlocksRemoved++
 	}
@@ -332,19 +344,21 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 // clearSlot drops every block of slot s and frees the slot.
 func (t *tree) clearSlot(s uint32) {
 	ws := &t.workers[s]
-	for _, n := range ws.blocks {
+	ws.blocks.Range(func(_ uint64, n uint32) bool {
 		t.dropHolder(&t.nodes[n], s)
-	}
-	for _, n := range ws.blocks {
+		return true
+	})
+	ws.blocks.Range(func(_ uint64, n uint32) bool {
 		t.collectIfLive(n)
-	}
+		return true
+	})
 	delete(t.slotOf, ws.id)
 	*ws = workerState{}
 	t.freeSlots = append(t.freeSlots, s)
 }
 
 func (t *tree) dropSlotIfEmpty(s uint32) {
-	if len(t.workers[s].blocks) == 0 {
+	if t.workers[s].blocks.Len() == 0 {
 		t.clearSlot(s)
 	}
 }
@@ -389,15 +403,18 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return out
 	}
-	n0, ok := t.bySeq[seq[0]]
+	n0, ok := t.bySeq.Get(seq[0])
 	if !ok {
 		return out
 	}
-	tick := t.tick.Add(1)
+	var tick uint32
+	if t.lru {
+		tick = t.tick.Add(1)
+	}
 	sc.reset(len(t.workers))
 	var one [1]uint32
 	nd := &t.nodes[n0]
-	touch(nd, tick)
+	t.touch(n0, tick)
 	sc.epoch++
 	sc.active = append(sc.active[:0], t.workerSet(nd, &one)...)
 	for _, s := range sc.active {
@@ -405,7 +422,7 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	}
 	depth := 1
 	for ; depth < len(seq) && len(sc.active) > 0; depth++ {
-		n, ok := t.bySeq[seq[depth]]
+		n, ok := t.bySeq.Get(seq[depth])
 		if !ok {
 			break
 		}
@@ -422,7 +439,7 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 		if kept == 0 {
 			break
 		}
-		touch(nd, tick)
+		t.touch(n, tick)
 		if kept == len(sc.active) {
 			continue
 		}
@@ -443,9 +460,12 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	return out
 }
 
-func touch(n *node, tick uint32) {
-	if atomic.LoadUint32(&n.stamp) != tick {
-		atomic.StoreUint32(&n.stamp, tick)
+func (t *tree) touch(n uint32, tick uint32) {
+	if !t.lru {
+		return
+	}
+	if p := &t.stamps[n]; atomic.LoadUint32(p) != tick {
+		atomic.StoreUint32(p, tick)
 	}
 }
 
@@ -457,8 +477,8 @@ func (t *tree) renormalizeTicks() {
 	if t.tick.Load() < 1<<31 {
 		return
 	}
-	for i := range t.nodes {
-		t.nodes[i].stamp /= 2
+	for i := range t.stamps {
+		t.stamps[i] /= 2
 	}
 	t.tick.Store(1 << 30)
 }
@@ -470,7 +490,7 @@ func (t *tree) evictTo(target uint64) {
 	if t.pairs <= target {
 		return
 	}
-	h := &leafHeap{nodes: t.nodes}
+	h := &leafHeap{stamps: t.stamps}
 	for i := 1; i < len(t.nodes); i++ {
 		if nd := &t.nodes[i]; nd.nw > 0 && nd.children == 0 {
 			h.items = append(h.items, uint32(i))
@@ -499,13 +519,19 @@ func (t *tree) evictTo(target uint64) {
 	}
 	// Forget the engine ids that named evicted nodes before the nodes (and
 	// their slots in the arena) are recycled.
+	var gone []uint64
 	for s := range affected {
 		ws := &t.workers[s]
-		for eh, n := range ws.blocks {
+		gone = gone[:0]
+		ws.blocks.Range(func(eh uint64, n uint32) bool {
 			if dead[n] {
-				delete(ws.blocks, eh)
+				gone = append(gone, eh)
 				delete(ws.extraRefs, n)
 			}
+			return true
+		})
+		for _, eh := range gone {
+			ws.blocks.Delete(eh)
 		}
 	}
 	for n := range dead {
@@ -519,15 +545,15 @@ func (t *tree) evictTo(target uint64) {
 }
 
 type leafHeap struct {
-	nodes []node
-	items []uint32
+	stamps []uint32
+	items  []uint32
 }
 
 func (h *leafHeap) Len() int { return len(h.items) }
 func (h *leafHeap) Less(i, j int) bool {
-	a, b := &h.nodes[h.items[i]], &h.nodes[h.items[j]]
-	if a.stamp != b.stamp {
-		return a.stamp < b.stamp
+	a, b := h.stamps[h.items[i]], h.stamps[h.items[j]]
+	if a != b {
+		return a < b
 	}
 	return h.items[i] > h.items[j]
 }
@@ -550,15 +576,16 @@ func (t *tree) dump(out []kv.Event) []kv.Event {
 		if !ws.live {
 			continue
 		}
-		d := dumper{t: t, ws: ws, emitted: make(map[uint32]uint64, len(ws.blocks))}
+		d := dumper{t: t, ws: ws, emitted: make(map[uint32]uint64, ws.blocks.Len())}
 		type entry struct {
 			h uint64
 			n uint32
 		}
-		entries := make([]entry, 0, len(ws.blocks))
-		for h, n := range ws.blocks {
+		entries := make([]entry, 0, ws.blocks.Len())
+		ws.blocks.Range(func(h uint64, n uint32) bool {
 			entries = append(entries, entry{h, n})
-		}
+			return true
+		})
 		slices.SortFunc(entries, func(a, b entry) int {
 			if a.h < b.h {
 				return -1
@@ -637,7 +664,7 @@ func (d *dumper) emit(n uint32, h uint64) {
 func (d *dumper) bridgeHash(n uint32) uint64 {
 	h := blockhash.Chain(d.t.nodes[n].seq, 0xb41d6e)
 	for {
-		if _, used := d.ws.blocks[h]; !used && !slices.Contains(d.bridges, h) {
+		if _, used := d.ws.blocks.Get(h); !used && !slices.Contains(d.bridges, h) {
 			return h
 		}
 		h = blockhash.Chain(h, 1)

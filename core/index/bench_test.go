@@ -1,0 +1,108 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// fleet fills an index as a KV-routed fleet looks: every worker holds a
+// shared system prompt, then private conversations branching off it.
+func fleet(ix *Index, workers, convs, convBlocks, sysBlocks int, rng *rand.Rand) [][]uint64 {
+	var queries [][]uint64
+	id := uint64(1)
+	for w := range workers {
+		wk := kv.Worker{ID: uint64(w)}
+		for c := range convs {
+			local := make([]uint64, sysBlocks+convBlocks)
+			for i := range local {
+				if i < sysBlocks {
+					local[i] = uint64(i) + 1
+				} else {
+					local[i] = rng.Uint64()
+				}
+			}
+			blocks := make([]kv.Block, len(local))
+			for i := range blocks {
+				blocks[i] = kv.Block{EngineHash: id, LocalHash: local[i]}
+				id++
+			}
+			if c > 0 {
+				// Hang the conversation below the worker's system prompt.
+				blocks = blocks[sysBlocks:]
+				ev := kv.StoredEvent(wk, 0, kv.Ptr(uint64(w)<<40|uint64(sysBlocks)), blocks...)
+				_ = ix.Apply(&ev)
+			} else {
+				for i := range sysBlocks {
+					blocks[i].EngineHash = uint64(w)<<40 | uint64(i+1)
+				}
+				ev := kv.StoredEvent(wk, 0, nil, blocks...)
+				_ = ix.Apply(&ev)
+			}
+			queries = append(queries, blockhash.SequenceHashes(local))
+		}
+	}
+	return queries
+}
+
+func BenchmarkFindMatches(b *testing.B) {
+	for _, workers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d/blocks=512", workers), func(b *testing.B) {
+			ix := New(Config{})
+			qs := fleet(ix, workers, 4, 512-64, 64, rand.New(rand.NewPCG(1, 2)))
+			var m Matcher
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				ix.FindMatches(&m, qs[i%len(qs)])
+				i++
+			}
+		})
+	}
+}
+
+func BenchmarkApplyStoredRemoved(b *testing.B) {
+	ix := New(Config{})
+	w := kv.Worker{ID: 1}
+	blocks := make([]kv.Block, 32)
+	hashes := make([]uint64, 32)
+	b.ReportAllocs()
+	i := uint64(0)
+	for b.Loop() {
+		for j := range blocks {
+			blocks[j] = kv.Block{EngineHash: i<<8 | uint64(j), LocalHash: i*31 + uint64(j)}
+			hashes[j] = blocks[j].EngineHash
+		}
+		st := kv.StoredEvent(w, i, nil, blocks...)
+		_ = ix.Apply(&st)
+		if i >= 64 {
+			for j := range hashes {
+				hashes[j] = (i-64)<<8 | uint64(j)
+			}
+			rm := kv.RemovedEvent(w, i, hashes...)
+			_ = ix.Apply(&rm)
+		}
+		i++
+	}
+	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "blockops/s")
+}
+
+// BenchmarkBytesPerPair reports the heap the index holds per (block,
+// worker) pair on a fleet-shaped index.
+func BenchmarkBytesPerPair(b *testing.B) {
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		ix := New(Config{})
+		fleet(ix, 256, 8, 400, 32, rand.New(rand.NewPCG(3, 4)))
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(ix.Pairs()), "bytes/pair")
+		runtime.KeepAlive(ix)
+	}
+}

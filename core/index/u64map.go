@@ -1,0 +1,153 @@
+package index
+
+// u64map maps uint64 keys to uint32 values with linear probing in one
+// array of packed 12-byte slots. It exists because the index holds two such
+// entries per cached block and Go's map spends about 26 bytes on each; this
+// one spends about 18 at its average load and answers a lookup with a single
+// cache-line probe in the common case. Deletion shifts the following run
+// back, so there are no tombstones.
+//
+// Not safe for concurrent writers; concurrent readers are fine.
+type u64map struct {
+	slots []slot // len is a power of two, or 0
+	n     int
+	shift uint8 // 64 - log2(len(slots))
+	// Key 0 marks an empty slot, so the key 0 itself lives here.
+	zeroSet bool
+	zeroVal uint32
+}
+
+type slot [3]uint32 // key low, key high, value
+
+func (s *slot) key() uint64 { return uint64(s[0]) | uint64(s[1])<<32 }
+
+const fib = 0x9e3779b97f4a7c15
+
+func (m *u64map) Len() int {
+	if m.zeroSet {
+		return m.n + 1
+	}
+	return m.n
+}
+
+func (m *u64map) home(k uint64) int { return int((k * fib) >> m.shift) }
+
+func (m *u64map) Get(k uint64) (uint32, bool) {
+	if k == 0 {
+		return m.zeroVal, m.zeroSet
+	}
+	if m.n == 0 {
+		return 0, false
+	}
+	mask := len(m.slots) - 1
+	lo, hi := uint32(k), uint32(k>>32)
+	for i := m.home(k); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if s[0] == lo && s[1] == hi {
+			return s[2], true
+		}
+		if s[0] == 0 && s[1] == 0 {
+			return 0, false
+		}
+	}
+}
+
+func (m *u64map) Put(k uint64, v uint32) {
+	if k == 0 {
+		m.zeroSet, m.zeroVal = true, v
+		return
+	}
+	if (m.n+1)*8 > len(m.slots)*7 {
+		m.resize(max(16, len(m.slots)*2))
+	}
+	mask := len(m.slots) - 1
+	lo, hi := uint32(k), uint32(k>>32)
+	for i := m.home(k); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if s[0] == lo && s[1] == hi {
+			s[2] = v
+			return
+		}
+		if s[0] == 0 && s[1] == 0 {
+			*s = slot{lo, hi, v}
+			m.n++
+			return
+		}
+	}
+}
+
+func (m *u64map) Delete(k uint64) {
+	if k == 0 {
+		m.zeroSet, m.zeroVal = false, 0
+		return
+	}
+	if m.n == 0 {
+		return
+	}
+	mask := len(m.slots) - 1
+	lo, hi := uint32(k), uint32(k>>32)
+	i := m.home(k)
+	for {
+		s := &m.slots[i]
+		if s[0] == 0 && s[1] == 0 {
+			return
+		}
+		if s[0] == lo && s[1] == hi {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	// Shift back every later entry of the run that may move into the hole.
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		s := &m.slots[j]
+		if s[0] == 0 && s[1] == 0 {
+			break
+		}
+		h := m.home(s.key())
+		// s may fill hole i unless its home lies cyclically in (i, j].
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			m.slots[i] = *s
+			i = j
+		}
+	}
+	m.slots[i] = slot{}
+	m.n--
+	if len(m.slots) > 64 && m.n*8 < len(m.slots) {
+		m.resize(len(m.slots) / 4)
+	}
+}
+
+func (m *u64map) resize(size int) {
+	old := m.slots
+	m.slots = make([]slot, size)
+	m.shift = uint8(64 - bitsLen(size-1))
+	m.n = 0
+	for i := range old {
+		if s := &old[i]; s[0] != 0 || s[1] != 0 {
+			m.Put(s.key(), s[2])
+		}
+	}
+}
+
+// Range calls f for every entry until f returns false. f must not modify m.
+func (m *u64map) Range(f func(k uint64, v uint32) bool) {
+	if m.zeroSet && !f(0, m.zeroVal) {
+		return
+	}
+	for i := range m.slots {
+		if s := &m.slots[i]; s[0] != 0 || s[1] != 0 {
+			if !f(s.key(), s[2]) {
+				return
+			}
+		}
+	}
+}
+
+func bitsLen(x int) int {
+	n := 0
+	for x > 0 {
+		x >>= 1
+		n++
+	}
+	return n
+}

@@ -1,0 +1,89 @@
+package index
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func TestU64MapAgainstBuiltinMap(t *testing.T) {
+	for _, keyRange := range []uint64{8, 300, 1 << 62} {
+		rng := rand.New(rand.NewPCG(keyRange, 1))
+		var m u64map
+		ref := map[uint64]uint32{}
+		for step := range 60000 {
+			k := rng.Uint64N(keyRange)
+			if keyRange == 8 {
+				k = k << 61 // collide in the low bits, differ in the high
+			}
+			switch rng.IntN(3) {
+			case 0, 1:
+				v := uint32(step)
+				m.Put(k, v)
+				ref[k] = v
+			case 2:
+				m.Delete(k)
+				delete(ref, k)
+			}
+			if step%997 == 0 {
+				if m.Len() != len(ref) {
+					t.Fatalf("len %d want %d", m.Len(), len(ref))
+				}
+				for rk, rv := range ref {
+					if v, ok := m.Get(rk); !ok || v != rv {
+						t.Fatalf("Get(%d) = %d,%v want %d", rk, v, ok, rv)
+					}
+				}
+				seen := 0
+				m.Range(func(k uint64, v uint32) bool {
+					if ref[k] != v {
+						t.Fatalf("Range gave %d=%d, want %d", k, v, ref[k])
+					}
+					seen++
+					return true
+				})
+				if seen != len(ref) {
+					t.Fatalf("Range saw %d of %d", seen, len(ref))
+				}
+			}
+		}
+		for k := range ref {
+			m.Delete(k)
+		}
+		if m.Len() != 0 {
+			t.Fatalf("%d entries left", m.Len())
+		}
+		if _, ok := m.Get(5); ok {
+			t.Fatal("found a key in an empty map")
+		}
+	}
+}
+
+func BenchmarkU64MapGet(b *testing.B) {
+	var m u64map
+	keys := make([]uint64, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range keys {
+		keys[i] = rng.Uint64()
+		m.Put(keys[i], uint32(i))
+	}
+	i := 0
+	for b.Loop() {
+		m.Get(keys[i&(len(keys)-1)])
+		i++
+	}
+}
+
+func BenchmarkBuiltinMapGet(b *testing.B) {
+	m := map[uint64]uint32{}
+	keys := make([]uint64, 1<<20)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range keys {
+		keys[i] = rng.Uint64()
+		m[keys[i]] = uint32(i)
+	}
+	i := 0
+	for b.Loop() {
+		_ = m[keys[i&(len(keys)-1)]]
+		i++
+	}
+}

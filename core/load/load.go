@@ -1,0 +1,690 @@
+// Package load predicts each worker's active load from the requests the
+// router itself has sent it (the "slot manager" of SPEC §5).
+//
+// Engines report their real load late and coarsely; a router that waited for
+// those reports would send a burst of requests to the same idle worker. So
+// the router books every decision here the moment it makes it, and unbooks
+// it when the stream ends, and scores candidates against that prediction.
+//
+// Decode load is counted in KV blocks. Prompt blocks are identified by their
+// chained sequence hashes (package blockhash): two active requests on one
+// worker that share a prefix share its blocks, so a block counts once per
+// worker however many requests hold it. Prefill load is counted in prompt
+// tokens not already cached on the worker, until the first output token.
+//
+// The package does no I/O; time comes from an injected clock.
+package load
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// Config fixes what a Tracker counts. The zero value counts nothing but
+// requests; start from DefaultConfig, which matches the router's flag
+// defaults (every --no-router-* flag maps to one switch turned off).
+type Config struct {
+	// BlockSize is the engines' KV block size in tokens; it converts cached
+	// blocks to cached tokens for prefill and paces output blocks.
+	// Values below 1 mean 16.
+	BlockSize int
+	// TrackActiveBlocks off makes every decode-block figure 0 and skips all
+	// block bookkeeping (--no-router-track-active-blocks).
+	TrackActiveBlocks bool
+	// TrackPrefillTokens off makes every prefill figure 0, whatever a
+	// request asks for (--no-router-track-prefill-tokens).
+	TrackPrefillTokens bool
+	// TrackOutputBlocks books a block each time a request's generated tokens
+	// fill one (--router-track-output-blocks). Needs TrackActiveBlocks.
+	TrackOutputBlocks bool
+	// AssumeKVReuse is the default for Request.AssumeReuse and
+	// Query.AssumeReuse (--no-router-assume-kv-reuse turns it off).
+	AssumeKVReuse bool
+	// RequestTTL frees requests whose end the router never saw (a lost
+	// stream must not hold load forever). 0 means 300 s; negative disables
+	// expiry.
+	RequestTTL time.Duration
+	// ExpiryInterval bounds how often the expiry scan runs, so that the
+	// O(active requests) scan stays off the per-call cost. 0 means 30 s.
+	ExpiryInterval time.Duration
+	// Now is the clock; nil means time.Now. Tests inject a fake one.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the router's defaults: block size 16, active blocks
+// and prefill tokens tracked, KV reuse assumed, output blocks not tracked,
+// 300 s TTL checked at most every 30 s.
+func DefaultConfig() Config {
+	return Config{
+		BlockSize:          16,
+		TrackActiveBlocks:  true,
+		TrackPrefillTokens: true,
+		AssumeKVReuse:      true,
+		RequestTTL:         300 * time.Second,
+		ExpiryInterval:     30 * time.Second,
+	}
+}
+
+// Request is one routing decision to book.
+type Request struct {
+	ID     string
+	Worker kv.Worker
+	// Blocks are the prompt's block sequence hashes from block 0, as
+	// package blockhash chains them; PotentialLoads relies on the chaining.
+	// The tracker copies them; the caller may reuse the slice.
+	Blocks []uint64
+	// ISL is the prompt length in tokens.
+	ISL int
+	// OverlapBlocks is how many leading prompt blocks Worker already caches.
+	OverlapBlocks int
+	// OSL is the expected output length in tokens (agent_hints.osl); 0 means
+	// unknown, and output blocks then keep full weight.
+	OSL int
+	// TrackPrefill and AssumeReuse are the nvext per-request overrides; nil
+	// means "use the Config". They are pointers because "not given" must
+	// differ from "false". TrackPrefill can only turn tracking off: with
+	// Config.TrackPrefillTokens off nothing is counted.
+	//
+	// Without reuse the prompt blocks are booked as a count of blocks
+	// private to the request rather than under random hashes: the loads are
+	// the same, a count can never collide, and it costs no map entries.
+	TrackPrefill *bool
+	AssumeReuse  *bool
+}
+
+// Query describes a request being scored, before any worker is chosen.
+type Query struct {
+	// Blocks are the prompt's block sequence hashes.
+	Blocks []uint64
+	// ISL is the prompt length in tokens.
+	ISL int
+	// TrackPrefill and AssumeReuse are the same overrides as in Request.
+	// Without reuse, every prompt block counts as new on every worker.
+	TrackPrefill *bool
+	AssumeReuse  *bool
+}
+
+// WorkerLoad is a worker's predicted load now.
+type WorkerLoad struct {
+	// ActiveDecodeBlocks is fractional because output blocks decay with an
+	// OSL hint.
+	ActiveDecodeBlocks  float64
+	ActivePrefillTokens int
+	ActiveRequests      int
+}
+
+// Potential is a worker's load now and what it would be with the queried
+// request added. The potential figures are 0 when their kind of load is
+// not tracked, like the current ones.
+type Potential struct {
+	Worker kv.Worker
+	WorkerLoad
+	PotentialDecodeBlocks  float64
+	PotentialPrefillTokens int
+}
+
+// Stats are cumulative counters for metrics, plus current sizes.
+type Stats struct {
+	Added   uint64 // requests booked
+	Freed   uint64 // requests released by Free
+	Expired uint64 // requests released by the TTL
+	Dropped uint64 // requests released by RemoveWorker
+
+	Active  int // requests booked now
+	Workers int // workers with a slot (seen and not removed)
+	Blocks  int // distinct prompt block hashes active on any worker
+}
+
+// ErrDuplicateRequest is returned by AddRequest for an ID already active.
+var ErrDuplicateRequest = errors.New("load: duplicate request id")
+
+// holder is one worker's references to one block.
+type holder struct {
+	slot int32
+	refs int32
+}
+
+// blockEntry lists the workers on which one sequence hash is active. It is
+// a short slice, not a map: a block is active on few workers, and the
+// PotentialLoads walk wants to iterate holders contiguously. sig is the XOR
+// of the holders' slotKey: with the length, it tells the walk in O(1) that
+// a block has the same holders as the block before it.
+type blockEntry struct {
+	holders []holder
+	sig     uint64
+}
+
+// slotKey spreads slot numbers over 64 bits (splitmix64's finaliser) so
+// that XORs of different holder sets differ.
+func slotKey(si int32) uint64 {
+	z := uint64(si) + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// slot is one worker's state. Workers live in a dense slice so the hot
+// path can keep per-worker scratch in a plain array instead of a map.
+type slot struct {
+	requests map[string]*request // for RemoveWorker
+
+	shared  int // distinct prompt hashes held (entries listing this slot)
+	private int // blocks nobody else can share: no-reuse prompts, output blocks without OSL
+	// decayed is the sum of the OSL-weighted output blocks. It is kept
+	// incrementally so AddOutputTokens is O(1); decayedReqs lets it be
+	// reset to exactly 0 when its last contributor leaves, so float
+	// rounding cannot accumulate over the worker's lifetime.
+	decayed     float64
+	decayedReqs int
+	prefill     int
+}
+
+func (s *slot) decodeBlocks() float64 {
+	return float64(s.shared+s.private) + s.decayed
+}
+
+// rankSlot maps one DP rank of an engine to its slot. Workers are looked up
+// by engine ID in a map with a uint64 key (the runtime's fast path; a struct
+// key hashes several times slower) and then by rank in a short list, as an
+// engine has few ranks.
+type rankSlot struct {
+	rank uint32
+	slot int32
+}
+
+type request struct {
+	id      string
+	slot    int32
+	added   time.Time
+	blocks  []uint64 // shared prompt hashes holding a reference
+	ents    []int32  // their entries, so release needs no lookup but the delete
+	private int      // prompt blocks booked without reuse
+	isl     int
+	osl     int
+	prefill int // tokens still counted as prefill; 0 once completed
+	done    bool
+	gen     int // generated tokens so far
+	out     int     // output blocks booked
+	weight  float64 // out's decayed weight, as added to slot.decayed (OSL > 0 only)
+}
+
+// Tracker is the per-worker load prediction; build it with New. It is safe
+// for concurrent use, as the router books, releases and scores from many
+// request goroutines; one mutex suffices because every call is short.
+type Tracker struct {
+	cfg      Config
+	now      func() time.Time
+	ttl      time.Duration
+	interval time.Duration
+	pool     sync.Pool // *request, recycled with their block slices
+
+	// mu guards every field below. Every exported method holds it for its
+	// whole duration and runs the lazy expiry first; nothing is called
+	// with it held that could call back into the Tracker.
+	mu        sync.Mutex
+	slotOf    map[uint64][]rankSlot
+	nWorkers  int
+	slots     []slot
+	freeSlots []int32
+	index     map[uint64]int32 // sequence hash → entries index
+	entries   []blockEntry
+	freeEnts  []int32
+	requests  map[string]*request
+	lastScan  time.Time
+	stats     Stats
+
+	// PotentialLoads scratch. cand[i] is workers[i]'s slot or -1. run[s]
+	// packs walkGen<<32 | leading blocks held by slot s, so the walk's inner
+	// loop is one compare per holder and nothing is cleared between calls:
+	// a stale generation never matches.
+	cand    []int32
+	run     []uint64
+	walkGen uint32
+}
+
+// New returns a Tracker configured by cfg (see Config for the defaults of
+// zero fields).
+func New(cfg Config) *Tracker {
+	if cfg.BlockSize < 1 {
+		cfg.BlockSize = 16
+	}
+	t := &Tracker{
+		cfg:      cfg,
+		now:      cfg.Now,
+		ttl:      cfg.RequestTTL,
+		interval: cfg.ExpiryInterval,
+		slotOf:   make(map[uint64][]rankSlot),
+		index:    make(map[uint64]int32),
+		requests: make(map[string]*request),
+	}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	if t.ttl == 0 {
+		t.ttl = 300 * time.Second
+	}
+	if t.interval <= 0 {
+		t.interval = 30 * time.Second
+	}
+	t.lastScan = t.now()
+	return t
+}
+
+func or(p *bool, def bool) bool {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// AddRequest books r on r.Worker. It fails, changing nothing, if r.ID is
+// empty or already active, or a count is negative.
+func (t *Tracker) AddRequest(r Request) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	t.expire(now)
+	switch {
+	case r.ID == "":
+		return errors.New("load: empty request id")
+	case r.ISL < 0 || r.OverlapBlocks < 0 || r.OSL < 0:
+		return fmt.Errorf("load: request %q: negative isl, overlap or osl", r.ID)
+	}
+	if _, ok := t.requests[r.ID]; ok {
+		return fmt.Errorf("%w: %q", ErrDuplicateRequest, r.ID)
+	}
+	si := t.slotFor(r.Worker)
+	s := &t.slots[si]
+	q, _ := t.pool.Get().(*request)
+	if q == nil {
+		q = new(request)
+	}
+	*q = request{id: r.ID, slot: si, added: now, blocks: q.blocks[:0], ents: q.ents[:0], isl: r.ISL, osl: r.OSL}
+	if t.cfg.TrackActiveBlocks {
+		if or(r.AssumeReuse, t.cfg.AssumeKVReuse) {
+			q.blocks = append(q.blocks, r.Blocks...)
+			for _, h := range q.blocks {
+				q.ents = append(q.ents, t.ref(h, si))
+			}
+		} else {
+			q.private = len(r.Blocks)
+			s.private += q.private
+		}
+		if r.OSL > 0 {
+			s.decayedReqs++
+		}
+	}
+	if t.cfg.TrackPrefillTokens && or(r.TrackPrefill, true) {
+		q.prefill = max(0, r.ISL-r.OverlapBlocks*t.cfg.BlockSize)
+		s.prefill += q.prefill
+	}
+	t.requests[r.ID] = q
+	s.requests[r.ID] = q
+	t.stats.Added++
+	return nil
+}
+
+// MarkPrefillCompleted stops counting id's prefill tokens, as its first
+// token has come. It reports whether this call changed anything: false for
+// an unknown id or a second call.
+func (t *Tracker) MarkPrefillCompleted(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	q := t.requests[id]
+	if q == nil || q.done {
+		return false
+	}
+	q.done = true
+	t.slots[q.slot].prefill -= q.prefill
+	q.prefill = 0
+	return true
+}
+
+// AddOutputTokens records n more generated tokens of id. With output-block
+// tracking on, it books one more block each time the prompt plus the
+// generated tokens fill one. Those blocks are counted, never hashed: they
+// are held by this request only, so no other request could match them, and
+// a count shares nothing by construction where random hashes would only do
+// so with high probability. With an OSL hint every output block of id
+// weighs max(0, 1 − generated/OSL), as the request is expected to release
+// them soon; prompt blocks never decay, since other requests may hold them.
+// It reports whether id is active.
+func (t *Tracker) AddOutputTokens(id string, n int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	q := t.requests[id]
+	if q == nil {
+		return false
+	}
+	if n <= 0 || !t.cfg.TrackOutputBlocks || !t.cfg.TrackActiveBlocks {
+		return true
+	}
+	s := &t.slots[q.slot]
+	bs := t.cfg.BlockSize
+	q.gen += n
+	out := (q.isl+q.gen)/bs - q.isl/bs
+	if q.osl == 0 {
+		s.private += out - q.out
+		q.out = out
+		return true
+	}
+	q.out = out
+	w := float64(out) * max(0, 1-float64(q.gen)/float64(q.osl))
+	s.decayed += w - q.weight
+	q.weight = w
+	return true
+}
+
+// Free releases id: its block references, its remaining prefill tokens and
+// its output blocks. It reports whether id was active, so a second call is
+// a harmless false.
+func (t *Tracker) Free(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	q := t.requests[id]
+	if q == nil {
+		return false
+	}
+	t.release(q)
+	t.stats.Freed++
+	return true
+}
+
+// RemoveWorker forgets w and drops its requests (later Free calls for them
+// return false). It returns how many requests were dropped.
+func (t *Tracker) RemoveWorker(w kv.Worker) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	si := t.lookup(w)
+	if si < 0 {
+		return 0
+	}
+	n := 0
+	for _, q := range t.slots[si].requests {
+		t.release(q)
+		n++
+	}
+	t.stats.Dropped += uint64(n)
+	ranks := t.slotOf[w.ID]
+	for i, r := range ranks {
+		if r.rank == w.DPRank {
+			ranks[i] = ranks[len(ranks)-1]
+			ranks = ranks[:len(ranks)-1]
+			break
+		}
+	}
+	if len(ranks) == 0 {
+		delete(t.slotOf, w.ID)
+	} else {
+		t.slotOf[w.ID] = ranks
+	}
+	t.nWorkers--
+	t.slots[si] = slot{}
+	t.freeSlots = append(t.freeSlots, si)
+	return n
+}
+
+// Load returns w's predicted load; zero for a worker never booked.
+func (t *Tracker) Load(w kv.Worker) WorkerLoad {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	si := t.lookup(w)
+	if si < 0 {
+		return WorkerLoad{}
+	}
+	return t.load(&t.slots[si])
+}
+
+// PotentialLoads scores q against each of workers: dst[i] holds workers[i]'s
+// load now and with q added. overlaps[i] is the number of q's blocks cached
+// on workers[i] (from the index); nil means none anywhere. dst is reused
+// (pass the previous result back) so the hot path does not allocate.
+//
+// A block is new on a worker unless it is active there. Sequence hashes are
+// chained, so a worker holding block i of q holds blocks 0..i-1 too: one
+// walk down q's blocks, stopping at the first block active nowhere, counts
+// each worker's run of leading active blocks, which is all it holds of q.
+func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, dst []Potential) []Potential {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	trackBlocks := t.cfg.TrackActiveBlocks
+	reuse := trackBlocks && or(q.AssumeReuse, t.cfg.AssumeKVReuse)
+	trackPrefill := t.cfg.TrackPrefillTokens && or(q.TrackPrefill, true)
+
+	if t.walkGen++; t.walkGen == 0 {
+		// Generations wrapped: old marks could match again.
+		clear(t.run)
+		t.walkGen = 1
+	}
+	gen := uint64(t.walkGen) << 32
+	dst = dst[:0]
+	t.cand = t.cand[:0]
+	for _, w := range workers {
+		p := Potential{Worker: w}
+		si := t.lookup(w)
+		if si >= 0 {
+			p.WorkerLoad = t.load(&t.slots[si])
+			t.run[si] = gen
+		}
+		t.cand = append(t.cand, si)
+		dst = append(dst, p)
+	}
+	if reuse && len(workers) > 0 {
+		t.walk(q.Blocks, gen)
+	}
+	for i := range dst {
+		p := &dst[i]
+		if trackBlocks {
+			held := 0
+			if si := t.cand[i]; si >= 0 && reuse {
+				held = int(uint32(t.run[si]))
+			}
+			p.PotentialDecodeBlocks = p.ActiveDecodeBlocks + float64(len(q.Blocks)-held)
+		}
+		if trackPrefill {
+			ov := 0
+			if overlaps != nil {
+				ov = overlaps[i]
+			}
+			p.PotentialPrefillTokens = p.ActivePrefillTokens + max(0, q.ISL-ov*t.cfg.BlockSize)
+		}
+	}
+	return dst
+}
+
+// walk counts, in run, each slot's leading blocks active, for the slots
+// marked with gen. It stops as soon as no marked slot's run continues.
+//
+// Along a chain the holder sets only shrink, and mostly stay the same for
+// long stretches (a shared system prompt). While a block has the same
+// holders as the one before, every run that reached it continues, so the
+// walk only counts the stretch and touches holders where the set changes:
+// O(blocks + changes × holders) instead of O(blocks × holders).
+func (t *Tracker) walk(blocks []uint64, gen uint64) {
+	run := t.run
+	var cur *blockEntry // holders of the last block processed one by one
+	curAt := 0          // its index
+	// settle credits the slots whose run reached block curAt with the
+	// blocks up to end (exclusive), which had the same holders.
+	settle := func(end int) {
+		for _, hd := range cur.holders {
+			if run[hd.slot] == gen|uint64(curAt+1) {
+				run[hd.slot] = gen | uint64(end)
+			}
+		}
+	}
+	end := len(blocks)
+	for i, h := range blocks {
+		ei, ok := t.index[h]
+		if !ok {
+			end = i
+			break
+		}
+		e := &t.entries[ei]
+		if cur != nil && e.sig == cur.sig && len(e.holders) == len(cur.holders) {
+			continue
+		}
+		if cur != nil {
+			settle(i)
+		}
+		want := gen | uint64(i)
+		alive := false
+		for _, hd := range e.holders {
+			if run[hd.slot] == want {
+				run[hd.slot] = want + 1
+				alive = true
+			}
+		}
+		if !alive {
+			return
+		}
+		cur, curAt = e, i
+	}
+	if cur != nil {
+		settle(end)
+	}
+}
+
+// Stats returns the counters and current sizes.
+func (t *Tracker) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	st := t.stats
+	st.Active = len(t.requests)
+	st.Workers = t.nWorkers
+	st.Blocks = len(t.index)
+	return st
+}
+
+func (t *Tracker) load(s *slot) WorkerLoad {
+	l := WorkerLoad{ActivePrefillTokens: s.prefill, ActiveRequests: len(s.requests)}
+	if t.cfg.TrackActiveBlocks {
+		l.ActiveDecodeBlocks = s.decodeBlocks()
+	}
+	return l
+}
+
+// expire frees requests older than the TTL, at most once per interval.
+func (t *Tracker) expire(now time.Time) {
+	if t.ttl < 0 || now.Sub(t.lastScan) < t.interval {
+		return
+	}
+	t.lastScan = now
+	for _, q := range t.requests {
+		if now.Sub(q.added) > t.ttl {
+			t.release(q)
+			t.stats.Expired++
+		}
+	}
+}
+
+// lookup returns w's slot, or -1.
+func (t *Tracker) lookup(w kv.Worker) int32 {
+	for _, r := range t.slotOf[w.ID] {
+		if r.rank == w.DPRank {
+			return r.slot
+		}
+	}
+	return -1
+}
+
+func (t *Tracker) slotFor(w kv.Worker) int32 {
+	if si := t.lookup(w); si >= 0 {
+		return si
+	}
+	var si int32
+	if n := len(t.freeSlots); n > 0 {
+		si = t.freeSlots[n-1]
+		t.freeSlots = t.freeSlots[:n-1]
+	} else {
+		si = int32(len(t.slots))
+		t.slots = append(t.slots, slot{})
+		t.run = append(t.run, 0)
+	}
+	t.slots[si] = slot{requests: make(map[string]*request)}
+	t.slotOf[w.ID] = append(t.slotOf[w.ID], rankSlot{rank: w.DPRank, slot: si})
+	t.nWorkers++
+	return si
+}
+
+// release undoes everything q booked and recycles it.
+func (t *Tracker) release(q *request) {
+	s := &t.slots[q.slot]
+	for i, h := range q.blocks {
+		t.unref(h, q.ents[i], q.slot)
+	}
+	s.private -= q.private
+	s.prefill -= q.prefill
+	if q.osl == 0 {
+		s.private -= q.out
+	} else if t.cfg.TrackActiveBlocks {
+		s.decayed -= q.weight
+		if s.decayedReqs--; s.decayedReqs == 0 {
+			s.decayed = 0
+		}
+	}
+	delete(t.requests, q.id)
+	delete(s.requests, q.id)
+	*q = request{blocks: q.blocks[:0], ents: q.ents[:0]}
+	t.pool.Put(q)
+}
+
+// ref takes one reference of slot si on block h and returns h's entry.
+func (t *Tracker) ref(h uint64, si int32) int32 {
+	ei, ok := t.index[h]
+	if !ok {
+		if n := len(t.freeEnts); n > 0 {
+			ei = t.freeEnts[n-1]
+			t.freeEnts = t.freeEnts[:n-1]
+		} else {
+			ei = int32(len(t.entries))
+			t.entries = append(t.entries, blockEntry{})
+		}
+		t.index[h] = ei
+	}
+	e := &t.entries[ei]
+	for j := range e.holders {
+		if e.holders[j].slot == si {
+			e.holders[j].refs++
+			return ei
+		}
+	}
+	e.holders = append(e.holders, holder{slot: si, refs: 1})
+	e.sig ^= slotKey(si)
+	t.slots[si].shared++
+	return ei
+}
+
+// unref drops one reference of slot si on block h, whose entry is ei.
+func (t *Tracker) unref(h uint64, ei, si int32) {
+	e := &t.entries[ei]
+	for j := range e.holders {
+		if e.holders[j].slot != si {
+			continue
+		}
+		if e.holders[j].refs--; e.holders[j].refs > 0 {
+			return
+		}
+		last := len(e.holders) - 1
+		e.holders[j] = e.holders[last]
+		e.holders = e.holders[:last]
+		e.sig ^= slotKey(si)
+		t.slots[si].shared--
+		if last == 0 {
+			delete(t.index, h)
+			t.freeEnts = append(t.freeEnts, ei)
+		}
+		return
+	}
+}

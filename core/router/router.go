@@ -1,0 +1,764 @@
+// Package router ties kvrouter's core together into the routing engine the
+// adapters drive: workers come and go, their KV events feed the index, and
+// every request is hashed once, matched, scored and booked.
+//
+// It is the Go counterpart of Dynamo's KvPushRouter: BestWorker (query
+// only, or booking the request under an id), PotentialLoads,
+// MarkPrefillCompleted, Free, DumpEvents, ApplyEvent, AddWorker and
+// RemoveWorker. Like the rest of core it does no I/O; time and randomness
+// are injected through Config.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/index"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/load"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+// Config is the router's configuration; the comments name the flag each
+// field stands for. Start from DefaultConfig.
+type Config struct {
+	BlockSize int        // --kv-cache-block-size
+	Mode      sched.Mode // --router-mode
+	// LoadAware is the --load-aware preset: kv mode with no overlap credit,
+	// no KV events and no reuse assumption.
+	LoadAware bool
+	// Routing holds the config-level knobs requests may override:
+	// --router-kv-overlap-score-credit, --router-prefill-load-scale, the
+	// legacy --kv-overlap-score-weight, --router-temperature,
+	// --no-router-assume-kv-reuse, --no-router-track-prefill-tokens.
+	Routing sched.Overrides
+
+	KVEvents        bool    // false: --no-router-kv-events (approximate mode)
+	EventThreads    int     // --router-event-threads
+	MaxIndexedPairs uint64  // memory cap of the event-fed index; 0 = none
+	IndexPruneRatio float64 // the cap's low-water mark, fraction of MaxIndexedPairs
+
+	ApproxTTL        time.Duration // --router-ttl-secs
+	MaxTreeSize      int           // --router-max-tree-size
+	PruneTargetRatio float64       // --router-prune-target-ratio
+	PredictedTTL     time.Duration // --router-predicted-ttl-secs; 0 = off
+
+	TrackActiveBlocks bool          // false: --no-router-track-active-blocks
+	TrackOutputBlocks bool          // --router-track-output-blocks
+	RequestTTL        time.Duration // active requests older than this expire
+
+	Busy                sched.BusyThreshold // --active-decode-blocks-threshold, --active-prefill-tokens-threshold
+	QueueThreshold      *float64            // --router-queue-threshold; nil = no queue
+	QueuePolicy         sched.QueuePolicy   // --router-queue-policy
+	OverlapRefreshAfter time.Duration       // re-match queued requests older than this; 0 = never
+
+	// Now is the clock of expiry, sessions and queueing; nil = time.Now.
+	Now func() time.Time
+	// Rand drives tie-breaks and sampling; nil = sched.SharedRand.
+	Rand sched.Rand
+}
+
+// DefaultConfig returns Dynamo's defaults.
+func DefaultConfig() Config {
+	q := sched.DefaultQueueThreshold
+	return Config{
+		BlockSize:           16,
+		Mode:                sched.ModeKV,
+		KVEvents:            true,
+		EventThreads:        index.DefaultShards,
+		IndexPruneRatio:     0.9,
+		ApproxTTL:           index.DefaultApproxTTL,
+		MaxTreeSize:         index.DefaultApproxMaxBlocks,
+		PruneTargetRatio:    index.DefaultApproxPruneRatio,
+		TrackActiveBlocks:   true,
+		RequestTTL:          300 * time.Second,
+		QueueThreshold:      &q,
+		QueuePolicy:         sched.FCFS,
+		OverlapRefreshAfter: sched.DefaultRefreshAfter,
+	}
+}
+
+// WorkerInfo describes one engine. Its ranks 0..DPSize-1 are routed to
+// separately.
+type WorkerInfo struct {
+	ID     uint64
+	Model  string // "" serves every model
+	DPSize int    // data-parallel ranks; 0 means 1
+	// TotalKVBlocks and MaxNumBatchedTokens feed busy detection and the
+	// queue; 0 means unknown, which never counts as busy or saturated.
+	TotalKVBlocks       int
+	MaxNumBatchedTokens int
+}
+
+// Request is one request to route.
+type Request struct {
+	// ID books the request under this id; "" only asks where it would go.
+	ID     string
+	Tokens []uint32
+	LoRA   string // adapter name; "" = base model
+	Model  string
+	// Priority and OSL are nvext.agent_hints.
+	Priority  float64
+	OSL       int
+	Overrides sched.Overrides
+	// Target pins the request to a worker rank (nvext backend_instance_id,
+	// dp_rank); required in direct mode.
+	Target  *kv.Worker
+	Session *sched.SessionControl
+}
+
+// Decision is where a request goes and what the router knew when it chose.
+type Decision struct {
+	Worker        kv.Worker
+	OverlapBlocks int // leading prompt blocks cached on Worker
+	PromptBlocks  int // full blocks of the prompt
+	Via           sched.Via
+	Queued        time.Duration // time spent in the admission queue
+	Timings       Timings
+	Warning       string // e.g. a deprecated knob was used
+}
+
+// Timings split the router's own overhead for one decision.
+type Timings struct {
+	Hash, FindMatches, Schedule, Total time.Duration
+}
+
+// Errors of the router; the scheduler's (sched.ErrAllBusy, ...) pass through.
+var (
+	ErrUnknownWorker  = errors.New("router: event for an unknown worker")
+	ErrDPRankRange    = errors.New("router: event for a dp rank the worker does not have")
+	ErrDuplicateID    = errors.New("router: a request with this id is already active")
+	ErrNoWorkers      = errors.New("router: no workers serve this model")
+	ErrEventsDisabled = errors.New("router: kv events are disabled")
+)
+
+// Router is safe for concurrent use.
+type Router struct {
+	cfg     Config
+	params  sched.Params // config-level resolved knobs
+	warning string
+	now     func() time.Time
+	rng     sched.Rand
+
+	exact  *index.Index  // event-fed index; nil without events or overlap credit
+	approx *index.Approx // approximate primary (no events) or predict-on-route side index
+	// approxIsPrimary tells which of the two roles approx plays.
+	approxIsPrimary bool
+
+	tracker    *load.Tracker
+	scheduler  *sched.Scheduler
+	sessions   *sched.Sessions
+	thresholds *sched.Thresholds
+
+	// fleet is the current worker snapshot, replaced whole on every change
+	// so the hot path reads it without a lock.
+	fleet   atomic.Pointer[fleet]
+	fleetMu sync.Mutex // serialises fleet writers
+
+	// mu serialises decisions that book load, and owns the queue: each
+	// booking sees the loads of the ones before it, which is what keeps a
+	// burst sharing one hot prefix from piling onto a single worker.
+	mu      sync.Mutex
+	queue   *sched.Queue
+	waiters map[string]chan queuedResult
+	// onQueued, if set, is called with r.mu held once a request waits in
+	// the queue; tests synchronise on it.
+	onQueued func(id string)
+
+	scratch sync.Pool
+	stats   counters
+}
+
+type fleet struct {
+	infos map[uint64]WorkerInfo
+	ranks []kv.Worker // every routable rank, in a stable order
+	pos   map[kv.Worker]int
+	rinfo []WorkerInfo // info of ranks[i]
+}
+
+type queuedResult struct {
+	d   Decision
+	err error
+}
+
+// New builds a router. It fails on contradictory or out-of-range settings.
+func New(cfg Config) (*Router, error) {
+	if cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("router: block size must be positive, got %d", cfg.BlockSize)
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = sched.ModeKV
+	}
+	if cfg.LoadAware {
+		cfg.Mode = sched.ModeKV
+		cfg.Routing = sched.LoadAware(cfg.Routing)
+		cfg.KVEvents = false
+	}
+	params, warning, err := sched.Resolve(cfg.Routing, sched.Overrides{})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PredictedTTL > 0 && !cfg.KVEvents {
+		return nil, errors.New("router: predict-on-route (--router-predicted-ttl-secs) needs kv events: approximate mode already learns from routing decisions")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = sched.SharedRand
+	}
+	thresholds, err := sched.NewThresholds(cfg.Busy)
+	if err != nil {
+		return nil, err
+	}
+	sessions := sched.NewSessions()
+	scheduler, err := sched.New(cfg.Mode, sessions)
+	if err != nil {
+		return nil, err
+	}
+	policy := cfg.QueuePolicy
+	if policy == "" {
+		policy = sched.FCFS
+	}
+	queue, err := sched.NewQueue(policy)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg: cfg, params: params, warning: warning, now: cfg.Now, rng: cfg.Rand,
+		tracker: load.New(load.Config{
+			BlockSize:          cfg.BlockSize,
+			TrackActiveBlocks:  cfg.TrackActiveBlocks,
+			TrackPrefillTokens: params.TrackPrefillTokens,
+			TrackOutputBlocks:  cfg.TrackOutputBlocks,
+			AssumeKVReuse:      params.AssumeKVReuse,
+			RequestTTL:         cfg.RequestTTL,
+			Now:                cfg.Now,
+		}),
+		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
+		queue: queue, waiters: map[string]chan queuedResult{},
+	}
+	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
+	// With no overlap credit the cost ignores caches: no index at all.
+	if params.UsesOverlap() {
+		switch {
+		case cfg.KVEvents:
+			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio})
+			if cfg.PredictedTTL > 0 {
+				approxCfg.TTL = cfg.PredictedTTL
+				r.approx = index.NewApprox(approxCfg)
+			}
+		default:
+			r.approx = index.NewApprox(approxCfg)
+			r.approxIsPrimary = true
+		}
+	}
+	r.fleet.Store(&fleet{infos: map[uint64]WorkerInfo{}, pos: map[kv.Worker]int{}})
+	r.scratch.New = func() any { return new(scratch) }
+	return r, nil
+}
+
+// Warning is the deprecation warning of the configuration, if any.
+func (r *Router) Warning() string { return r.warning }
+
+// Thresholds is the live busy-threshold registry (GET/POST /busy_threshold).
+func (r *Router) Thresholds() *sched.Thresholds { return r.thresholds }
+
+// BlockSize is the router's KV block size in tokens.
+func (r *Router) BlockSize() int { return r.cfg.BlockSize }
+
+// AddWorker registers (or re-registers, updating its info) an engine.
+func (r *Router) AddWorker(info WorkerInfo) {
+	if info.DPSize <= 0 {
+		info.DPSize = 1
+	}
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	old := r.fleet.Load()
+	infos := make(map[uint64]WorkerInfo, len(old.infos)+1)
+	for id, in := range old.infos {
+		infos[id] = in
+	}
+	if prev, ok := infos[info.ID]; ok && prev.DPSize > info.DPSize {
+		// Ranks that disappear take their state with them.
+		for rank := info.DPSize; rank < prev.DPSize; rank++ {
+			r.dropRank(kv.Worker{ID: info.ID, DPRank: uint32(rank)})
+		}
+	}
+	infos[info.ID] = info
+	r.fleet.Store(buildFleet(infos))
+	r.drain()
+}
+
+// RemoveWorker forgets an engine: its ranks leave routing and their blocks,
+// bookings and session pins go with them.
+func (r *Router) RemoveWorker(id uint64) {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	old := r.fleet.Load()
+	info, ok := old.infos[id]
+	if !ok {
+		return
+	}
+	infos := make(map[uint64]WorkerInfo, len(old.infos))
+	for k, in := range old.infos {
+		if k != id {
+			infos[k] = in
+		}
+	}
+	r.fleet.Store(buildFleet(infos))
+	if r.exact != nil {
+		r.exact.RemoveWorker(id)
+	}
+	if r.approx != nil {
+		r.approx.RemoveWorker(id)
+	}
+	for rank := 0; rank < info.DPSize; rank++ {
+		r.tracker.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
+	}
+}
+
+func (r *Router) dropRank(w kv.Worker) {
+	if r.exact != nil {
+		r.exact.RemoveRank(w)
+	}
+	r.tracker.RemoveWorker(w)
+}
+
+func buildFleet(infos map[uint64]WorkerInfo) *fleet {
+	f := &fleet{infos: infos, pos: map[kv.Worker]int{}}
+	ids := make([]uint64, 0, len(infos))
+	for id := range infos {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		in := infos[id]
+		for rank := 0; rank < in.DPSize; rank++ {
+			w := kv.Worker{ID: id, DPRank: uint32(rank)}
+			f.pos[w] = len(f.ranks)
+			f.ranks = append(f.ranks, w)
+			f.rinfo = append(f.rinfo, in)
+		}
+	}
+	return f
+}
+
+// Workers lists the registered engines.
+func (r *Router) Workers() []WorkerInfo {
+	f := r.fleet.Load()
+	out := make([]WorkerInfo, 0, len(f.infos))
+	for _, in := range f.infos {
+		out = append(out, in)
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int { return cmpU64(a.ID, b.ID) })
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ApplyEvent feeds one KV event to the index. Events of unknown workers or
+// ranks are counted and refused; the index counts its own rejections.
+func (r *Router) ApplyEvent(ev *kv.Event) error {
+	info, ok := r.fleet.Load().infos[ev.Worker.ID]
+	switch {
+	case !ok:
+		r.stats.unknownWorker.Add(1)
+		return ErrUnknownWorker
+	case int(ev.Worker.DPRank) >= info.DPSize:
+		r.stats.badRank.Add(1)
+		return fmt.Errorf("%w: rank %d of %d", ErrDPRankRange, ev.Worker.DPRank, info.DPSize)
+	case !r.cfg.KVEvents:
+		r.stats.ignoredEvents.Add(1)
+		return ErrEventsDisabled
+	case r.exact == nil:
+		// Overlap credit 0: nothing reads the index, so none is kept.
+		r.stats.ignoredEvents.Add(1)
+		return nil
+	}
+	return r.exact.Apply(ev)
+}
+
+// scratch is the per-decision working memory, pooled.
+type scratch struct {
+	m        index.Matcher
+	overlaps []int
+	workers  []kv.Worker
+	infos    []WorkerInfo
+	pots     []load.Potential
+	cands    []sched.Candidate
+}
+
+// prepared is a request after hashing and matching.
+type prepared struct {
+	req          *Request
+	params       sched.Params
+	warning      string
+	local, seq   []uint64
+	hashTime     time.Duration
+	findTime     time.Duration
+	arrival      time.Time
+	matchedAt    time.Time
+	cachedBlocks int // best overlap over all workers, for queue ordering
+	// overlaps are the matches found, kept so a queued request can be
+	// dispatched without matching again unless it waited long.
+	overlaps []index.Overlap
+}
+
+// BestWorker routes req. With req.ID set the request is booked: its load
+// counts until Free (and its prefill until MarkPrefillCompleted), and it may
+// wait in the admission queue until ctx ends. Without an ID nothing changes
+// but session pins: the answer is where the request would go now.
+func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error) {
+	start := time.Now()
+	p, err := r.prepare(req)
+	if err != nil {
+		return Decision{}, err
+	}
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+	r.match(p, sc)
+
+	if req.ID == "" {
+		if req.Session != nil {
+			// A query follows a session's pin but must not create one.
+			s := *req.Session
+			s.Action = sched.SessionUse
+			q := *req
+			q.Session = &s
+			p.req = &q
+		}
+		d, err := r.decide(p, sc, r.candidates(p, sc), false)
+		d.Timings.Total = time.Since(start)
+		return d, err
+	}
+
+	r.mu.Lock()
+	if r.waiters[req.ID] != nil {
+		r.mu.Unlock()
+		return Decision{}, ErrDuplicateID
+	}
+	if cands := r.candidates(p, sc); r.queue.Len() == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
+		d, err := r.decide(p, sc, cands, true)
+		r.mu.Unlock()
+		d.Timings.Total = time.Since(start)
+		return d, err
+	}
+	ch := make(chan queuedResult, 1)
+	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
+	if err := r.queue.Push(sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
+		r.mu.Unlock()
+		return Decision{}, err
+	}
+	r.waiters[req.ID] = ch
+	r.stats.queued.Add(1)
+	if r.onQueued != nil {
+		r.onQueued(req.ID)
+	}
+	r.mu.Unlock()
+
+	select {
+	case res := <-ch:
+		res.d.Timings.Total = time.Since(start)
+		return res.d, res.err
+	case <-ctx.Done():
+		r.mu.Lock()
+		removed := r.queue.Remove(req.ID)
+		delete(r.waiters, req.ID)
+		r.mu.Unlock()
+		if !removed {
+			// Dispatched while we gave up: the booking must not leak.
+			if res := <-ch; res.err == nil {
+				r.Free(req.ID)
+			}
+		}
+		return Decision{}, ctx.Err()
+	}
+}
+
+func (r *Router) prepare(req *Request) (*prepared, error) {
+	params, warning, err := sched.Resolve(r.cfg.Routing, req.Overrides)
+	if err != nil {
+		return nil, err
+	}
+	if warning == "" {
+		warning = r.warning
+	}
+	t0 := time.Now()
+	h := blockhash.New(r.cfg.BlockSize, req.LoRA)
+	local, seq := h.Hashes(req.Tokens)
+	now := r.now()
+	return &prepared{req: req, params: params, warning: warning, local: local, seq: seq, hashTime: time.Since(t0), arrival: now}, nil
+}
+
+// match finds every rank's overlap with the request: the larger of the
+// event-fed index and the approximate one, per rank.
+func (r *Router) match(p *prepared, sc *scratch) {
+	t0 := time.Now()
+	p.overlaps = p.overlaps[:0]
+	if r.exact != nil {
+		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
+	}
+	if r.approx != nil {
+		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
+	}
+	p.cachedBlocks = 0
+	for _, o := range p.overlaps {
+		p.cachedBlocks = max(p.cachedBlocks, int(o.Blocks))
+	}
+	p.matchedAt = r.now()
+	p.findTime = time.Since(t0)
+}
+
+// candidates builds the scheduler's view of every rank serving the model
+// from the current fleet, the request's overlaps and the tracked loads.
+func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
+	f := r.fleet.Load()
+	sc.workers = append(sc.workers[:0], f.ranks...)
+	sc.infos = append(sc.infos[:0], f.rinfo...)
+	sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
+	clear(sc.overlaps)
+	for _, o := range p.overlaps {
+		if i, ok := f.pos[o.Worker]; ok && int(o.Blocks) > sc.overlaps[i] {
+			sc.overlaps[i] = int(o.Blocks)
+		}
+	}
+	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse}
+	sc.pots = r.tracker.PotentialLoads(q, sc.workers, sc.overlaps, sc.pots[:0])
+	sc.cands = sc.cands[:0]
+	for i, pot := range sc.pots {
+		info := sc.infos[i]
+		if p.req.Model != "" && info.Model != "" && info.Model != p.req.Model {
+			continue
+		}
+		c := sched.Candidate{
+			Worker:                 pot.Worker,
+			OverlapBlocks:          sc.overlaps[i],
+			ActiveDecodeBlocks:     pot.ActiveDecodeBlocks,
+			ActivePrefillTokens:    pot.ActivePrefillTokens,
+			PotentialDecodeBlocks:  pot.PotentialDecodeBlocks,
+			PotentialPrefillTokens: pot.PotentialPrefillTokens,
+			TotalKVBlocks:          info.TotalKVBlocks,
+			MaxNumBatchedTokens:    info.MaxNumBatchedTokens,
+			ActiveRequests:         pot.ActiveRequests,
+		}
+		if r.exact != nil {
+			c.IndexedBlocks = r.exact.Blocks(pot.Worker)
+		}
+		sc.cands = append(sc.cands, c)
+	}
+	return sc.cands
+}
+
+// decide scores the candidates and, with book, records the request's load.
+// Booking calls hold r.mu.
+func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book bool) (Decision, error) {
+	t0 := time.Now()
+	if len(cands) == 0 {
+		r.stats.errors.Add(1)
+		return Decision{}, ErrNoWorkers
+	}
+	sreq := sched.Request{
+		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
+		Target: p.req.Target, Session: p.req.Session,
+		Busy: r.thresholds.Get(p.req.Model), Now: r.now(),
+	}
+	choice, err := r.scheduler.Select(&sreq, cands, r.rng)
+	if err != nil {
+		if errors.Is(err, sched.ErrAllBusy) {
+			r.stats.allBusy.Add(1)
+		} else {
+			r.stats.errors.Add(1)
+		}
+		return Decision{}, err
+	}
+	c := cands[choice.Index]
+	d := Decision{
+		Worker: choice.Worker, OverlapBlocks: c.OverlapBlocks, PromptBlocks: len(p.seq),
+		Via: choice.Via, Warning: p.warning,
+		Timings: Timings{Hash: p.hashTime, FindMatches: p.findTime},
+	}
+	if book {
+		err := r.tracker.AddRequest(load.Request{
+			ID: p.req.ID, Worker: choice.Worker, Blocks: p.seq, ISL: len(p.req.Tokens),
+			OverlapBlocks: c.OverlapBlocks, OSL: p.req.OSL,
+			TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse,
+		})
+		if err != nil {
+			r.stats.errors.Add(1)
+			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
+		}
+		if r.approx != nil {
+			r.approx.Insert(choice.Worker, p.local, p.seq)
+		}
+		r.stats.booked.Add(1)
+	}
+	r.stats.decisions.Add(1)
+	r.stats.overlapBlocks.Add(uint64(c.OverlapBlocks))
+	r.stats.promptBlocks.Add(uint64(len(p.seq)))
+	d.Timings.Schedule = time.Since(t0)
+	return d, nil
+}
+
+// drain dispatches queued requests while capacity allows, in the queue's
+// policy order. Called after anything that frees capacity.
+func (r *Router) drain() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.queue.Len() == 0 {
+		return
+	}
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+	for {
+		it, ok := r.queue.Peek()
+		if !ok {
+			return
+		}
+		p := it.Payload.(*prepared)
+		if sched.NeedsRefresh(p.matchedAt, r.now(), r.cfg.OverlapRefreshAfter) {
+			r.match(p, sc) // caches moved on while it waited
+		}
+		cands := r.candidates(p, sc)
+		if sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
+			return
+		}
+		r.queue.Pop()
+		ch := r.waiters[it.ID]
+		delete(r.waiters, it.ID)
+		d, err := r.decide(p, sc, cands, true)
+		d.Queued = r.now().Sub(p.arrival)
+		ch <- queuedResult{d, err}
+	}
+}
+
+// MarkPrefillCompleted records the first token of a booked request: its
+// prompt stops counting as prefill work.
+func (r *Router) MarkPrefillCompleted(id string) bool {
+	ok := r.tracker.MarkPrefillCompleted(id)
+	if ok {
+		r.drain()
+	}
+	return ok
+}
+
+// AddOutputTokens records n more generated tokens (output-block tracking).
+func (r *Router) AddOutputTokens(id string, n int) bool { return r.tracker.AddOutputTokens(id, n) }
+
+// Free ends a booked request; safe to call more than once.
+func (r *Router) Free(id string) bool {
+	ok := r.tracker.Free(id)
+	if ok {
+		r.drain()
+	}
+	return ok
+}
+
+// WorkerLoad is one rank's load as the router predicts it.
+type WorkerLoad struct {
+	Worker kv.Worker
+	load.WorkerLoad
+	PotentialDecodeBlocks  float64
+	PotentialPrefillTokens int
+	OverlapBlocks          int
+}
+
+// PotentialLoads returns, for every rank, its load now and as it would be
+// if a request with these tokens went there.
+func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
+	p, err := r.prepare(&Request{Tokens: tokens, LoRA: lora})
+	if err != nil {
+		return nil
+	}
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+	r.match(p, sc)
+	cands := r.candidates(p, sc)
+	out := make([]WorkerLoad, len(cands))
+	for i, c := range cands {
+		out[i] = WorkerLoad{
+			Worker:                 c.Worker,
+			WorkerLoad:             load.WorkerLoad{ActiveDecodeBlocks: c.ActiveDecodeBlocks, ActivePrefillTokens: c.ActivePrefillTokens, ActiveRequests: c.ActiveRequests},
+			PotentialDecodeBlocks:  c.PotentialDecodeBlocks,
+			PotentialPrefillTokens: c.PotentialPrefillTokens,
+			OverlapBlocks:          c.OverlapBlocks,
+		}
+	}
+	return out
+}
+
+// Loads returns every rank's current load.
+func (r *Router) Loads() []WorkerLoad {
+	f := r.fleet.Load()
+	out := make([]WorkerLoad, len(f.ranks))
+	for i, w := range f.ranks {
+		out[i] = WorkerLoad{Worker: w, WorkerLoad: r.tracker.Load(w)}
+	}
+	return out
+}
+
+// DumpEvents returns events that rebuild the event-fed index (see
+// index.Index.Dump); nil in approximate mode.
+func (r *Router) DumpEvents() []kv.Event {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.Dump()
+}
+
+// Stats is a snapshot of the router's counters.
+type Stats struct {
+	Decisions, Booked, Queued, AllBusy, Errors uint64
+	// OverlapBlocks / PromptBlocks is the KV hit rate of routed requests.
+	OverlapBlocks, PromptBlocks uint64
+	QueuePending                int
+	QueuePendingTokens          int
+	// Events refused before reaching the index.
+	UnknownWorkerEvents, DPRankEvents, IgnoredEvents uint64
+	Index                                            index.Stats
+	IndexedPairs                                     uint64
+	Approx                                           index.ApproxStats
+	Load                                             load.Stats
+}
+
+type counters struct {
+	decisions, booked, queued, allBusy, errors atomic.Uint64
+	overlapBlocks, promptBlocks                atomic.Uint64
+	unknownWorker, badRank, ignoredEvents      atomic.Uint64
+}
+
+// Stats returns the current counters.
+func (r *Router) Stats() Stats {
+	st := Stats{
+		Decisions: r.stats.decisions.Load(), Booked: r.stats.booked.Load(), Queued: r.stats.queued.Load(),
+		AllBusy: r.stats.allBusy.Load(), Errors: r.stats.errors.Load(),
+		OverlapBlocks: r.stats.overlapBlocks.Load(), PromptBlocks: r.stats.promptBlocks.Load(),
+		UnknownWorkerEvents: r.stats.unknownWorker.Load(), DPRankEvents: r.stats.badRank.Load(), IgnoredEvents: r.stats.ignoredEvents.Load(),
+		Load: r.tracker.Stats(),
+	}
+	r.mu.Lock()
+	st.QueuePending, st.QueuePendingTokens = r.queue.Len(), r.queue.PendingTokens()
+	r.mu.Unlock()
+	if r.exact != nil {
+		st.Index = r.exact.Stats()
+		st.IndexedPairs = r.exact.Pairs()
+	}
+	if r.approx != nil {
+		st.Approx = r.approx.Stats()
+	}
+	return st
+}

@@ -1,0 +1,143 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// BusyThreshold says when a worker is too loaded to receive new work. Nil
+// disables a check. The JSON shape is that of the /busy_threshold API, where
+// a missing or null field means "unset" on output and "leave as is" on input.
+type BusyThreshold struct {
+	// ActiveDecodeBlocks is a fraction of the worker's TotalKVBlocks, in
+	// (0, 1]: 0 would mark a worker busy as soon as it holds one block, and
+	// above 1 could never trigger on an engine that reports its capacity
+	// truthfully, so both are taken for mistakes.
+	ActiveDecodeBlocks *float64 `json:"active_decode_blocks_threshold"`
+	// ActivePrefillTokens is an absolute token count, ≥ 0. 0 is allowed:
+	// it means "at most one prompt in prefill per worker".
+	ActivePrefillTokens *int `json:"active_prefill_tokens_threshold"`
+}
+
+// ErrInvalidThreshold wraps every validation failure of thresholds.
+var ErrInvalidThreshold = errors.New("sched: invalid busy threshold")
+
+// Validate reports the first out-of-range field.
+func (t BusyThreshold) Validate() error {
+	if v := t.ActiveDecodeBlocks; v != nil && !(*v > 0 && *v <= 1) {
+		return fmt.Errorf("%w: active_decode_blocks_threshold %v: want a fraction in (0, 1]", ErrInvalidThreshold, *v)
+	}
+	if v := t.ActivePrefillTokens; v != nil && *v < 0 {
+		return fmt.Errorf("%w: active_prefill_tokens_threshold %d: want a token count ≥ 0", ErrInvalidThreshold, *v)
+	}
+	return nil
+}
+
+// Busy reports whether c exceeds a threshold. A worker that has not
+// reported its capacity cannot be judged by the fraction and is not busy by
+// it.
+func (t BusyThreshold) Busy(c *Candidate) bool {
+	if t.ActiveDecodeBlocks != nil && c.TotalKVBlocks > 0 &&
+		c.ActiveDecodeBlocks > *t.ActiveDecodeBlocks*float64(c.TotalKVBlocks) {
+		return true
+	}
+	return t.ActivePrefillTokens != nil && c.ActivePrefillTokens > *t.ActivePrefillTokens
+}
+
+func (t BusyThreshold) enabled() bool {
+	return t.ActiveDecodeBlocks != nil || t.ActivePrefillTokens != nil
+}
+
+// clone gives the caller pointers of its own, so no one can change the
+// registry's values by writing through a returned threshold.
+func (t BusyThreshold) clone() BusyThreshold {
+	if t.ActiveDecodeBlocks != nil {
+		v := *t.ActiveDecodeBlocks
+		t.ActiveDecodeBlocks = &v
+	}
+	if t.ActivePrefillTokens != nil {
+		v := *t.ActivePrefillTokens
+		t.ActivePrefillTokens = &v
+	}
+	return t
+}
+
+// ModelThreshold is one row of the /busy_threshold API.
+type ModelThreshold struct {
+	Model string `json:"model"`
+	BusyThreshold
+}
+
+// Thresholds holds the busy thresholds of every model, changeable at run
+// time. Models never Set use the defaults given to NewThresholds (the
+// --active-*-threshold flags). Safe for concurrent use.
+type Thresholds struct {
+	defaults BusyThreshold // immutable after NewThresholds
+
+	mu      sync.RWMutex // guards byModel; held only for map access, never across calls out
+	byModel map[string]BusyThreshold
+}
+
+// NewThresholds validates the defaults and returns an empty registry.
+func NewThresholds(defaults BusyThreshold) (*Thresholds, error) {
+	if err := defaults.Validate(); err != nil {
+		return nil, err
+	}
+	return &Thresholds{defaults: defaults.clone(), byModel: map[string]BusyThreshold{}}, nil
+}
+
+// Get returns the thresholds in force for model: what was Set, or the
+// defaults. This is the answer to a POST that names only the model.
+func (t *Thresholds) Get(model string) BusyThreshold {
+	t.mu.RLock()
+	v, ok := t.byModel[model]
+	t.mu.RUnlock()
+	if !ok {
+		v = t.defaults
+	}
+	return v.clone()
+}
+
+// Set changes the non-nil fields of update for model and returns the
+// thresholds now in force. Nil fields keep their value, so Set with an empty
+// update records the model at its current values (so that List shows it).
+// An invalid update changes nothing.
+func (t *Thresholds) Set(model string, update BusyThreshold) (BusyThreshold, error) {
+	if strings.TrimSpace(model) == "" {
+		return BusyThreshold{}, fmt.Errorf("%w: model name is empty", ErrInvalidThreshold)
+	}
+	if err := update.Validate(); err != nil {
+		return BusyThreshold{}, err
+	}
+	update = update.clone()
+	t.mu.Lock()
+	cur, ok := t.byModel[model]
+	if !ok {
+		cur = t.defaults
+	}
+	if update.ActiveDecodeBlocks != nil {
+		cur.ActiveDecodeBlocks = update.ActiveDecodeBlocks
+	}
+	if update.ActivePrefillTokens != nil {
+		cur.ActivePrefillTokens = update.ActivePrefillTokens
+	}
+	t.byModel[model] = cur
+	t.mu.Unlock()
+	return cur.clone(), nil
+}
+
+// List returns every model that was Set, sorted by name, for the GET
+// listing.
+func (t *Thresholds) List() []ModelThreshold {
+	t.mu.RLock()
+	out := make([]ModelThreshold, 0, len(t.byModel))
+	for m, v := range t.byModel {
+		out = append(out, ModelThreshold{Model: m, BusyThreshold: v.clone()})
+	}
+	t.mu.RUnlock()
+	slices.SortFunc(out, func(a, b ModelThreshold) int { return strings.Compare(a.Model, b.Model) })
+	return out
+}

@@ -1,0 +1,152 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Params are the effective knobs of one routing decision, after the
+// configuration and the request's own overrides have been merged by Resolve.
+type Params struct {
+	// OverlapCredit is how many prefill blocks one cached prefix block
+	// saves. 0 makes the router blind to caches, so no index is needed.
+	OverlapCredit float64
+	// PrefillLoadScale weighs prompt work against decode blocks.
+	PrefillLoadScale float64
+	// Temperature 0 picks the cheapest worker; above 0 it samples.
+	Temperature float64
+	// AssumeKVReuse and TrackPrefillTokens do not enter the cost here: the
+	// load tracker applies them when it computes the candidates' loads.
+	// They are resolved here so that one call yields every per-request knob.
+	AssumeKVReuse      bool
+	TrackPrefillTokens bool
+}
+
+// DefaultParams are the values a router started without flags uses.
+func DefaultParams() Params {
+	return Params{OverlapCredit: 1, PrefillLoadScale: 1, AssumeKVReuse: true, TrackPrefillTokens: true}
+}
+
+// UsesOverlap reports whether cached prefixes can change a decision, i.e.
+// whether the router needs a block index at all.
+func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
+
+// Cost is the KV-mode cost of sending a request of isl prompt tokens to c:
+//
+//	scale × max((active_prefill_tokens + isl)/block_size − credit × overlap, 0) + potential_decode_blocks
+//
+// Prefill blocks are not rounded so that a partial block still separates
+// otherwise equal workers. The clamp at 0 keeps a large cache hit from
+// making a loaded worker look cheaper than an idle one by more than the
+// prompt itself is worth.
+func (p Params) Cost(c *Candidate, isl, blockSize int) float64 {
+	raw := float64(c.ActivePrefillTokens+isl) / float64(blockSize)
+	prefill := max(raw-p.OverlapCredit*float64(c.OverlapBlocks), 0)
+	return p.PrefillLoadScale*prefill + c.PotentialDecodeBlocks
+}
+
+// Overrides is one layer of optional knobs: the router's flags form one
+// layer, a request's nvext fields another. Nil leaves the lower layer's
+// value in place.
+type Overrides struct {
+	OverlapCredit    *float64 // --router-kv-overlap-score-credit, in [0, 1]
+	PrefillLoadScale *float64 // --router-prefill-load-scale, ≥ 0
+	// LegacyOverlapWeight is the deprecated --kv-overlap-score-weight /
+	// --router-kv-overlap-score-weight. It beats PrefillLoadScale of the same
+	// layer, and 0 also forces OverlapCredit of the same layer to 0, so old
+	// deployments keep their behaviour unchanged.
+	LegacyOverlapWeight *float64
+	Temperature         *float64 // --router-temperature, ≥ 0
+	AssumeKVReuse       *bool
+	TrackPrefillTokens  *bool
+}
+
+// ErrInvalidParams wraps every validation failure of Resolve, so that an
+// HTTP layer can answer 400 for a bad per-request override.
+var ErrInvalidParams = errors.New("sched: invalid routing parameter")
+
+// LegacyWeightWarning is the deprecation notice Resolve returns when a
+// legacy overlap weight was applied.
+const LegacyWeightWarning = "the overlap score weight (--router-kv-overlap-score-weight, --kv-overlap-score-weight) is deprecated: " +
+	"move its value to --router-prefill-load-scale, and use --router-kv-overlap-score-credit only to tune the cache credit itself"
+
+// Resolve merges defaults, then config, then request. Within a layer the
+// legacy weight wins over the newer fields; across layers the request wins,
+// because a client that names a knob means it for this request. warning is
+// LegacyWeightWarning when either layer used the legacy weight, "" otherwise.
+func Resolve(config, request Overrides) (p Params, warning string, err error) {
+	p = DefaultParams()
+	for _, layer := range []struct {
+		name string
+		o    *Overrides
+	}{{"config", &config}, {"request", &request}} {
+		legacy, err := layer.o.apply(&p)
+		if err != nil {
+			return Params{}, "", fmt.Errorf("%w: %s %v", ErrInvalidParams, layer.name, err)
+		}
+		if legacy {
+			warning = LegacyWeightWarning
+		}
+	}
+	return p, warning, nil
+}
+
+func (o *Overrides) apply(p *Params) (usedLegacy bool, err error) {
+	if o.OverlapCredit != nil {
+		if v := *o.OverlapCredit; !(v >= 0 && v <= 1) {
+			return false, fmt.Errorf("overlap score credit %v: want a value in [0, 1]", v)
+		}
+		p.OverlapCredit = *o.OverlapCredit
+	}
+	if o.PrefillLoadScale != nil {
+		if err := nonNegative("prefill load scale", *o.PrefillLoadScale); err != nil {
+			return false, err
+		}
+		p.PrefillLoadScale = *o.PrefillLoadScale
+	}
+	if o.LegacyOverlapWeight != nil {
+		w := *o.LegacyOverlapWeight
+		if err := nonNegative("overlap score weight", w); err != nil {
+			return false, err
+		}
+		p.PrefillLoadScale = w
+		if w == 0 {
+			p.OverlapCredit = 0
+		}
+		usedLegacy = true
+	}
+	if o.Temperature != nil {
+		if err := nonNegative("temperature", *o.Temperature); err != nil {
+			return false, err
+		}
+		p.Temperature = *o.Temperature
+	}
+	if o.AssumeKVReuse != nil {
+		p.AssumeKVReuse = *o.AssumeKVReuse
+	}
+	if o.TrackPrefillTokens != nil {
+		p.TrackPrefillTokens = *o.TrackPrefillTokens
+	}
+	return usedLegacy, nil
+}
+
+func nonNegative(name string, v float64) error {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		return fmt.Errorf("%s %v: want a finite value ≥ 0", name, v)
+	}
+	return nil
+}
+
+// LoadAware applies the --load-aware preset to the config layer: KV mode
+// (ModeKV) with the cache credit forced to 0 and no reuse assumption, while
+// the prefill load scale is kept for tuning. The caller must also run
+// without KV events and without building an index; this package cannot do
+// that for it.
+func LoadAware(config Overrides) Overrides {
+	zero, no, yes := 0.0, false, true
+	config.OverlapCredit = &zero
+	config.AssumeKVReuse = &no
+	config.TrackPrefillTokens = &yes
+	return config
+}

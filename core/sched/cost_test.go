@@ -1,0 +1,172 @@
+package sched
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+func f(v float64) *float64 { return &v }
+func b(v bool) *bool       { return &v }
+
+func worker(id uint64) kv.Worker { return kv.Worker{ID: id} }
+
+// The docs' worked example: a 10-block prompt, workers caching 2, 5 and 8
+// of its blocks, with 10, 5 and 9 decode blocks.
+func TestWorkedExample(t *testing.T) {
+	const bs = 16
+	cands := []Candidate{
+		{Worker: worker(1), OverlapBlocks: 2, PotentialDecodeBlocks: 10},
+		{Worker: worker(2), OverlapBlocks: 5, PotentialDecodeBlocks: 5},
+		{Worker: worker(3), OverlapBlocks: 8, PotentialDecodeBlocks: 9},
+	}
+	req := &Request{ISL: 10 * bs, BlockSize: bs, Params: DefaultParams()}
+	for i, want := range []float64{18, 10, 11} {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+			t.Errorf("cost(worker %d) = %v, want %v", i+1, got, want)
+		}
+	}
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100 {
+		c, err := s.Select(req, cands, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Worker != worker(2) || c.Index != 1 || c.Via != ViaPolicy {
+			t.Fatalf("chose %+v, want worker 2", c)
+		}
+	}
+}
+
+func TestCost(t *testing.T) {
+	// 100 prefill tokens already active, a 60-token prompt, block size 16:
+	// raw prefill = 10 blocks; 4 of them cached; 7.5 decode blocks.
+	c := Candidate{ActivePrefillTokens: 100, OverlapBlocks: 4, PotentialDecodeBlocks: 7.5}
+	for _, tc := range []struct {
+		name string
+		cfg  Overrides
+		want float64
+	}{
+		{"defaults", Overrides{}, 1*(10-4) + 7.5},
+		{"credit 0 ignores the cache", Overrides{OverlapCredit: f(0)}, 10 + 7.5},
+		{"credit 0.5", Overrides{OverlapCredit: f(0.5)}, (10 - 2) + 7.5},
+		{"scale 0 is decode only", Overrides{PrefillLoadScale: f(0)}, 7.5},
+		{"scale 3", Overrides{PrefillLoadScale: f(3)}, 3*6 + 7.5},
+		{"legacy 0 zeroes scale and credit", Overrides{LegacyOverlapWeight: f(0)}, 7.5},
+		{"legacy 2 scales, keeps credit", Overrides{LegacyOverlapWeight: f(2)}, 2*6 + 7.5},
+		{"legacy beats scale", Overrides{PrefillLoadScale: f(5), LegacyOverlapWeight: f(2)}, 2*6 + 7.5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _, err := Resolve(tc.cfg, Overrides{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.Cost(&c, 60, 16); math.Abs(got-tc.want) > 1e-12 {
+				t.Errorf("cost = %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	t.Run("prefill is not rounded to blocks", func(t *testing.T) {
+		c := Candidate{ActivePrefillTokens: 7}
+		if got := DefaultParams().Cost(&c, 1, 16); got != 0.5 {
+			t.Errorf("cost = %v, want 0.5", got)
+		}
+	})
+	t.Run("credit beyond the prompt clamps at 0", func(t *testing.T) {
+		c := Candidate{OverlapBlocks: 50, PotentialDecodeBlocks: 3}
+		if got := DefaultParams().Cost(&c, 160, 16); got != 3 {
+			t.Errorf("cost = %v, want 3", got)
+		}
+	})
+}
+
+func TestResolve(t *testing.T) {
+	def := DefaultParams()
+	with := func(mod func(*Params)) Params { p := def; mod(&p); return p }
+	for _, tc := range []struct {
+		name     string
+		cfg, req Overrides
+		want     Params
+		warn     bool
+	}{
+		{"defaults", Overrides{}, Overrides{}, def, false},
+		{"config values", Overrides{OverlapCredit: f(0.3), PrefillLoadScale: f(2), Temperature: f(0.7)}, Overrides{},
+			with(func(p *Params) { p.OverlapCredit, p.PrefillLoadScale, p.Temperature = 0.3, 2, 0.7 }), false},
+		{"config legacy 0", Overrides{OverlapCredit: f(0.8), LegacyOverlapWeight: f(0)}, Overrides{},
+			with(func(p *Params) { p.OverlapCredit, p.PrefillLoadScale = 0, 0 }), true},
+		{"config legacy 2", Overrides{OverlapCredit: f(0.8), PrefillLoadScale: f(4), LegacyOverlapWeight: f(2)}, Overrides{},
+			with(func(p *Params) { p.OverlapCredit, p.PrefillLoadScale = 0.8, 2 }), true},
+		{"request beats config", Overrides{OverlapCredit: f(0.8), Temperature: f(1)}, Overrides{OverlapCredit: f(0.2), Temperature: f(0)},
+			with(func(p *Params) { p.OverlapCredit = 0.2 }), false},
+		{"request scale beats config legacy", Overrides{LegacyOverlapWeight: f(2)}, Overrides{PrefillLoadScale: f(0.5)},
+			with(func(p *Params) { p.PrefillLoadScale = 0.5 }), true},
+		{"request legacy beats request scale", Overrides{}, Overrides{PrefillLoadScale: f(0.5), LegacyOverlapWeight: f(3)},
+			with(func(p *Params) { p.PrefillLoadScale = 3 }), true},
+		{"request legacy 0 beats request credit", Overrides{}, Overrides{OverlapCredit: f(1), LegacyOverlapWeight: f(0)},
+			with(func(p *Params) { p.OverlapCredit, p.PrefillLoadScale = 0, 0 }), true},
+		{"booleans", Overrides{AssumeKVReuse: b(false)}, Overrides{TrackPrefillTokens: b(false)},
+			with(func(p *Params) { p.AssumeKVReuse, p.TrackPrefillTokens = false, false }), false},
+		{"request re-enables reuse", Overrides{AssumeKVReuse: b(false)}, Overrides{AssumeKVReuse: b(true)}, def, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, warn, err := Resolve(tc.cfg, tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("params = %+v, want %+v", got, tc.want)
+			}
+			if (warn != "") != tc.warn {
+				t.Errorf("warning = %q, want warning: %v", warn, tc.warn)
+			}
+		})
+	}
+}
+
+func TestResolveRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cfg, req Overrides
+	}{
+		{"credit above 1", Overrides{OverlapCredit: f(1.5)}, Overrides{}},
+		{"negative credit", Overrides{}, Overrides{OverlapCredit: f(-0.1)}},
+		{"NaN credit", Overrides{OverlapCredit: f(math.NaN())}, Overrides{}},
+		{"negative scale", Overrides{PrefillLoadScale: f(-1)}, Overrides{}},
+		{"infinite legacy", Overrides{}, Overrides{LegacyOverlapWeight: f(math.Inf(1))}},
+		{"negative legacy", Overrides{LegacyOverlapWeight: f(-2)}, Overrides{}},
+		{"NaN temperature", Overrides{}, Overrides{Temperature: f(math.NaN())}},
+		{"negative temperature", Overrides{Temperature: f(-1)}, Overrides{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := Resolve(tc.cfg, tc.req); !errors.Is(err, ErrInvalidParams) {
+				t.Errorf("err = %v, want ErrInvalidParams", err)
+			}
+		})
+	}
+}
+
+func TestLoadAware(t *testing.T) {
+	cfg := LoadAware(Overrides{OverlapCredit: f(0.9), PrefillLoadScale: f(2.5), AssumeKVReuse: b(true)})
+	p, warn, err := Resolve(cfg, Overrides{})
+	if err != nil || warn != "" {
+		t.Fatalf("Resolve: %v %q", err, warn)
+	}
+	want := Params{OverlapCredit: 0, PrefillLoadScale: 2.5, AssumeKVReuse: false, TrackPrefillTokens: true}
+	if p != want {
+		t.Errorf("params = %+v, want %+v", p, want)
+	}
+	if p.UsesOverlap() {
+		t.Error("load-aware preset still needs an index")
+	}
+	if !DefaultParams().UsesOverlap() {
+		t.Error("defaults do not use the index")
+	}
+}

@@ -1,0 +1,132 @@
+package sched
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+)
+
+// Mode names a routing strategy, as spelled by --router-mode.
+type Mode string
+
+const (
+	ModeKV          Mode = "kv"
+	ModeRoundRobin  Mode = "round-robin"
+	ModeRandom      Mode = "random"
+	ModeDirect      Mode = "direct"
+	ModeLeastLoaded Mode = "least-loaded"
+	ModePowerOfTwo  Mode = "power-of-two"
+)
+
+// policy picks one of cands, which the Scheduler has already checked to be
+// non-empty and free of busy workers. It returns an index into cands.
+type policy interface {
+	pick(req *Request, cands []Candidate, rng Rand) (int, error)
+}
+
+// policies is the one place where modes are bound to their
+// implementations: adding a mode means adding a line here.
+var policies = map[Mode]func() policy{
+	ModeKV:          func() policy { return kvPolicy{} },
+	ModeRoundRobin:  func() policy { return &roundRobin{} },
+	ModeRandom:      func() policy { return randomPolicy{} },
+	ModeDirect:      func() policy { return directPolicy{} },
+	ModeLeastLoaded: func() policy { return leastLoaded{} },
+	ModePowerOfTwo:  func() policy { return powerOfTwo{} },
+}
+
+// Modes lists the valid mode names in sorted order.
+func Modes() []Mode {
+	out := make([]Mode, 0, len(policies))
+	for m := range policies {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ParseMode reads a --router-mode value; case and surrounding space are
+// ignored because flags and environment variables are typed by hand.
+func ParseMode(s string) (Mode, error) {
+	m := Mode(strings.ToLower(strings.TrimSpace(s)))
+	if _, ok := policies[m]; ok {
+		return m, nil
+	}
+	names := make([]string, 0, len(policies))
+	for _, m := range Modes() {
+		names = append(names, string(m))
+	}
+	return "", fmt.Errorf("sched: unknown router mode %q (valid: %s)", s, strings.Join(names, ", "))
+}
+
+type kvPolicy struct{}
+
+func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	p := &req.Params
+	if p.Temperature == 0 {
+		return pickMin(len(cands), func(i int) float64 {
+			return p.Cost(&cands[i], req.ISL, req.BlockSize)
+		}, rng), nil
+	}
+	var buf [stackCosts]float64
+	costs := buf[:0]
+	if len(cands) > stackCosts {
+		costs = make([]float64, 0, len(cands))
+	}
+	for i := range cands {
+		costs = append(costs, p.Cost(&cands[i], req.ISL, req.BlockSize))
+	}
+	return sampleSoftmax(costs, p.Temperature, rng), nil
+}
+
+// roundRobin cycles over the candidates in the order the caller lists
+// them; a stable order (e.g. sorted by worker) gives a strict cycle. The
+// counter is shared by all goroutines so that concurrent requests still
+// spread.
+type roundRobin struct{ next atomic.Uint64 }
+
+func (r *roundRobin) pick(_ *Request, cands []Candidate, _ Rand) (int, error) {
+	return int((r.next.Add(1) - 1) % uint64(len(cands))), nil
+}
+
+type randomPolicy struct{}
+
+func (randomPolicy) pick(_ *Request, cands []Candidate, rng Rand) (int, error) {
+	return rng.IntN(len(cands)), nil
+}
+
+// directPolicy only sees requests that named no worker: the Scheduler routes
+// named ones before any policy runs, in every mode.
+type directPolicy struct{}
+
+func (directPolicy) pick(*Request, []Candidate, Rand) (int, error) {
+	return 0, ErrNoTarget
+}
+
+type leastLoaded struct{}
+
+func (leastLoaded) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	return pickMin(len(cands), func(i int) float64 { return cands[i].load(req.BlockSize) }, rng), nil
+}
+
+// powerOfTwo samples two distinct candidates and keeps the less loaded one,
+// which avoids the herding of least-loaded when load figures are stale.
+// On a tie the first sample wins; it is random already.
+type powerOfTwo struct{}
+
+func (powerOfTwo) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	n := len(cands)
+	if n == 1 {
+		return 0, nil
+	}
+	a := rng.IntN(n)
+	b := rng.IntN(n - 1)
+	if b >= a {
+		b++
+	}
+	if cands[b].load(req.BlockSize) < cands[a].load(req.BlockSize) {
+		return b, nil
+	}
+	return a, nil
+}

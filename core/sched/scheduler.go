@@ -1,0 +1,191 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// Errors of Select. ErrAllBusy is the one a frontend turns into 503.
+var (
+	ErrInvalidRequest = errors.New("sched: invalid request")
+	ErrNoCandidates   = errors.New("sched: no workers to choose from")
+	ErrAllBusy        = errors.New("sched: all workers are busy")
+	ErrUnknownWorker  = errors.New("sched: requested worker is not among the candidates")
+	ErrNoTarget       = errors.New("sched: direct mode needs the request to name a worker")
+)
+
+// Request is what Select needs to know about one request besides the
+// candidates.
+type Request struct {
+	ISL       int // prompt tokens
+	BlockSize int // tokens per KV block, > 0
+	Params    Params
+	// Target names the worker to use (nvext backend_instance_id and
+	// dp_rank); the caller fills DPRank, 0 when the client gave none. A
+	// named worker is used in every mode, not only in ModeDirect, and
+	// regardless of busy thresholds: the client has decided.
+	Target *kv.Worker
+	// Session, when set, routes by and maintains a session pin.
+	Session *SessionControl
+	// Busy are the thresholds of the request's model (Thresholds.Get).
+	Busy BusyThreshold
+	// Now is the time sessions are judged by.
+	Now time.Time
+}
+
+// Via tells how a Choice was made, for metrics and logs.
+type Via uint8
+
+const (
+	ViaPolicy  Via = iota // the mode's policy chose among non-busy workers
+	ViaTarget             // the request named the worker
+	ViaSession            // the session was pinned to the worker
+)
+
+func (v Via) String() string {
+	switch v {
+	case ViaPolicy:
+		return "policy"
+	case ViaTarget:
+		return "target"
+	case ViaSession:
+		return "session"
+	}
+	return "unknown"
+}
+
+// Choice is the outcome of Select. Index points into the candidates given
+// to Select, so the caller can read the chosen worker's overlap and loads.
+type Choice struct {
+	Index  int
+	Worker kv.Worker
+	Via    Via
+}
+
+// Scheduler applies one routing mode. It is safe for concurrent use as
+// long as the Rand given to Select is.
+type Scheduler struct {
+	mode     Mode
+	policy   policy
+	sessions *Sessions
+}
+
+// New returns a scheduler for mode. sessions may be nil, in which case
+// session control is ignored.
+func New(mode Mode, sessions *Sessions) (*Scheduler, error) {
+	mk, ok := policies[mode]
+	if !ok {
+		_, err := ParseMode(string(mode))
+		return nil, err
+	}
+	return &Scheduler{mode: mode, policy: mk(), sessions: sessions}, nil
+}
+
+// Mode is the mode the scheduler was built for.
+func (s *Scheduler) Mode() Mode { return s.mode }
+
+// Select chooses a worker among cands for req. Precedence: a worker the
+// request names; then a live session pin to a worker still among cands
+// (pins bypass busy thresholds too, since the session's state lives on
+// that worker); then the mode's policy over the workers that are not busy.
+//
+// Session pins are updated as the actions say. A pin to a worker that has
+// gone is ignored and, unless the action is close, moved to the new choice
+// so the session stays sticky from then on.
+func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, error) {
+	if req.BlockSize <= 0 || req.ISL < 0 {
+		return Choice{}, fmt.Errorf("%w: block size %d, isl %d", ErrInvalidRequest, req.BlockSize, req.ISL)
+	}
+	if len(cands) == 0 {
+		return Choice{}, ErrNoCandidates
+	}
+	if req.Target != nil {
+		i := indexOf(cands, *req.Target)
+		if i < 0 {
+			return Choice{}, fmt.Errorf("%w: %v", ErrUnknownWorker, *req.Target)
+		}
+		return Choice{Index: i, Worker: cands[i].Worker, Via: ViaTarget}, nil
+	}
+
+	sess := req.Session
+	if s.sessions == nil {
+		sess = nil
+	}
+	stale := false
+	if sess != nil {
+		if _, err := ParseSessionAction(string(sess.Action)); err != nil {
+			return Choice{}, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		if sess.ID == "" {
+			return Choice{}, fmt.Errorf("%w: session control without a session id", ErrInvalidRequest)
+		}
+		if w, ok := s.sessions.Lookup(sess.ID, req.Now); ok {
+			if i := indexOf(cands, w); i >= 0 {
+				if sess.Action == SessionClose {
+					s.sessions.Unbind(sess.ID)
+				}
+				return Choice{Index: i, Worker: w, Via: ViaSession}, nil
+			}
+			stale = true
+		}
+	}
+
+	i, err := s.route(req, cands, rng)
+	if err != nil {
+		return Choice{}, err
+	}
+	if sess != nil {
+		switch {
+		case sess.Action == SessionOpen, sess.Action == SessionBind, stale && sess.Action == SessionUse:
+			s.sessions.Bind(sess.ID, cands[i].Worker, sess.Timeout, req.Now)
+		case stale && sess.Action == SessionClose:
+			s.sessions.Unbind(sess.ID)
+		}
+	}
+	return Choice{Index: i, Worker: cands[i].Worker, Via: ViaPolicy}, nil
+}
+
+// route runs the policy over the non-busy candidates. The common case, no
+// busy worker, copies nothing.
+func (s *Scheduler) route(req *Request, cands []Candidate, rng Rand) (int, error) {
+	if !req.Busy.enabled() {
+		return s.policy.pick(req, cands, rng)
+	}
+	busy := 0
+	for i := range cands {
+		if req.Busy.Busy(&cands[i]) {
+			busy++
+		}
+	}
+	switch busy {
+	case 0:
+		return s.policy.pick(req, cands, rng)
+	case len(cands):
+		return 0, ErrAllBusy
+	}
+	free := make([]Candidate, 0, len(cands)-busy)
+	orig := make([]int, 0, len(cands)-busy)
+	for i := range cands {
+		if !req.Busy.Busy(&cands[i]) {
+			free = append(free, cands[i])
+			orig = append(orig, i)
+		}
+	}
+	j, err := s.policy.pick(req, free, rng)
+	if err != nil {
+		return 0, err
+	}
+	return orig[j], nil
+}
+
+func indexOf(cands []Candidate, w kv.Worker) int {
+	for i := range cands {
+		if cands[i].Worker == w {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,154 @@
+package sched
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clock is a fake time source the tests advance by hand.
+type clock struct{ now time.Time }
+
+func (c *clock) advance(d time.Duration) time.Time { c.now = c.now.Add(d); return c.now }
+
+func TestSessionSlidingTTL(t *testing.T) {
+	c := &clock{now: t0}
+	s := NewSessions()
+	s.Bind("a", worker(7), 10*time.Second, c.now)
+	s.Bind("b", worker(8), 0, c.now) // default timeout
+	for _, step := range []struct {
+		after time.Duration
+		ok    bool
+	}{
+		{9 * time.Second, true}, // each lookup restarts the TTL...
+		{9 * time.Second, true},
+		{9 * time.Second, true},
+		{10 * time.Second, false}, // ...until a gap reaches it
+		{0, false},                // and then it is gone for good
+	} {
+		w, ok := s.Lookup("a", c.advance(step.after))
+		if ok != step.ok || (ok && w != worker(7)) {
+			t.Fatalf("at +%v: %v, %v; want ok %v", c.now.Sub(t0), w, ok, step.ok)
+		}
+	}
+	if s.Len() != 1 {
+		t.Errorf("Len = %d, want 1 (only b)", s.Len())
+	}
+	if _, ok := s.Lookup("b", t0.Add(DefaultSessionTimeout-time.Second)); !ok {
+		t.Error("default-timeout pin expired early")
+	}
+	s.Unbind("b")
+	if _, ok := s.Lookup("b", t0); ok {
+		t.Error("Unbind left the pin")
+	}
+}
+
+func TestSessionSweep(t *testing.T) {
+	s := NewSessions()
+	for i := range 10 {
+		s.Bind(fmt.Sprint(i), worker(1), time.Duration(i+1)*time.Second, t0)
+	}
+	if got := s.Sweep(t0.Add(5 * time.Second)); got != 5 {
+		t.Errorf("swept %d, want 5", got)
+	}
+	if s.Len() != 5 {
+		t.Errorf("Len = %d, want 5", s.Len())
+	}
+}
+
+func TestSchedulerSessions(t *testing.T) {
+	c := &clock{now: t0}
+	sessions := NewSessions()
+	s := mustNew(t, ModeKV, sessions)
+	rng := rand.New(rand.NewPCG(1, 2))
+	cands := withCosts(5, 1, 9) // worker 2 is cheapest
+	sel := func(cands []Candidate, action SessionAction, busy BusyThreshold) Choice {
+		t.Helper()
+		ch, err := s.Select(&Request{BlockSize: 16, Params: costOnly, Busy: busy, Now: c.now,
+			Session: &SessionControl{ID: "s1", Action: action, Timeout: time.Minute}}, cands, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+
+	// A plain session request without a pin routes normally and pins nothing.
+	if ch := sel(cands, SessionUse, BusyThreshold{}); ch.Index != 1 || ch.Via != ViaPolicy || sessions.Len() != 0 {
+		t.Fatalf("unpinned use: %+v, %d pins", ch, sessions.Len())
+	}
+	// bind pins the routed worker.
+	if ch := sel(cands, SessionBind, BusyThreshold{}); ch.Worker != worker(2) || ch.Via != ViaPolicy {
+		t.Fatalf("bind: %+v", ch)
+	}
+	// Costs change; the pin holds, even with worker 2 busy.
+	cands = withCosts(1, 50, 9)
+	cands[1].ActivePrefillTokens = 99
+	c.advance(50 * time.Second)
+	if ch := sel(cands, SessionUse, BusyThreshold{ActivePrefillTokens: n(10)}); ch.Worker != worker(2) || ch.Via != ViaSession {
+		t.Fatalf("pinned use: %+v", ch)
+	}
+	// close routes by the pin once more, then unpins.
+	c.advance(50 * time.Second) // 50 s after the last use: still live
+	if ch := sel(cands, SessionClose, BusyThreshold{}); ch.Worker != worker(2) || ch.Via != ViaSession {
+		t.Fatalf("close: %+v", ch)
+	}
+	if ch := sel(cands, SessionUse, BusyThreshold{}); ch.Worker != worker(1) || sessions.Len() != 0 {
+		t.Fatalf("after close: %+v, %d pins", ch, sessions.Len())
+	}
+
+	// open pins too; after the TTL the pin is gone and scoring resumes.
+	if ch := sel(cands, SessionOpen, BusyThreshold{}); ch.Worker != worker(1) {
+		t.Fatalf("open: %+v", ch)
+	}
+	c.advance(time.Minute)
+	cands = withCosts(7, 50, 3)
+	if ch := sel(cands, SessionUse, BusyThreshold{}); ch.Worker != worker(3) || ch.Via != ViaPolicy || sessions.Len() != 0 {
+		t.Fatalf("after expiry: %+v, %d pins", ch, sessions.Len())
+	}
+
+	// A pin to a worker that left is ignored and moved to the new choice.
+	sessions.Bind("s1", worker(99), time.Minute, c.now)
+	if ch := sel(cands, SessionUse, BusyThreshold{}); ch.Worker != worker(3) || ch.Via != ViaPolicy {
+		t.Fatalf("stale pin: %+v", ch)
+	}
+	if w, ok := sessions.Lookup("s1", c.now); !ok || w != worker(3) {
+		t.Fatalf("stale pin not moved: %v %v", w, ok)
+	}
+	// Closing a stale pin drops it.
+	sessions.Bind("s1", worker(99), time.Minute, c.now)
+	sel(cands, SessionClose, BusyThreshold{})
+	if sessions.Len() != 0 {
+		t.Fatal("stale pin survived close")
+	}
+
+	// Without a store, session control is ignored.
+	plain := mustNew(t, ModeKV, nil)
+	ch, err := plain.Select(&Request{BlockSize: 16, Params: costOnly, Session: &SessionControl{ID: "s1", Action: SessionBind}}, cands, rng)
+	if err != nil || ch.Via != ViaPolicy {
+		t.Fatalf("no store: %+v %v", ch, err)
+	}
+}
+
+func TestSessionsConcurrent(t *testing.T) {
+	sessions := NewSessions()
+	s := mustNew(t, ModeRandom, sessions)
+	cands := withCosts(1, 2, 3, 4)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				now := t0.Add(time.Duration(i) * time.Second)
+				id := fmt.Sprint("s", (g+i)%5)
+				action := []SessionAction{SessionUse, SessionBind, SessionOpen, SessionClose}[i%4]
+				if _, err := s.Select(&Request{BlockSize: 16, Now: now, Session: &SessionControl{ID: id, Action: action, Timeout: 3 * time.Second}}, cands, SharedRand); err != nil {
+					t.Error(err)
+					return
+				}
+				sessions.Sweep(now)
+			}
+		})
+	}
+	wg.Wait()
+}

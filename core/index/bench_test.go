@@ -50,9 +50,10 @@ func fleet(ix *Index, workers, convs, convBlocks, sysBlocks int, rng *rand.Rand)
 }
 
 func BenchmarkFindMatches(b *testing.B) {
-	for _, workers := range []int{64, 1000} {
-		b.Run(fmt.Sprintf("workers=%d/blocks=512", workers), func(b *testing.B) {
-			ix := New(Config{})
+	for _, tc := range []struct{ workers, shards int }{{64, 1}, {64, 4}, {1000, 4}} {
+		workers := tc.workers
+		b.Run(fmt.Sprintf("workers=%d/shards=%d/blocks=512", workers, tc.shards), func(b *testing.B) {
+			ix := New(Config{Shards: tc.shards})
 			qs := fleet(ix, workers, 4, 512-64, 64, rand.New(rand.NewPCG(1, 2)))
 			var m Matcher
 			b.ReportAllocs()

@@ -133,6 +133,13 @@ func (t *tree) check() error {
 				return fmt.Errorf("node %d held by dead slot %d", i, s)
 			}
 		}
+		var fp uint64
+		for _, s := range set {
+			fp ^= slotFP(s)
+		}
+		if fp != t.fp(nd) {
+			return fmt.Errorf("node %d: fingerprint out of date", i)
+		}
 		pairs += uint64(nd.nw)
 		if nd.parent != rootParent {
 			children[nd.parent]++

@@ -34,7 +34,7 @@ type tree struct {
 	lru    bool
 	// sets holds the worker slots of nodes held by two or more workers; a
 	// node held by one worker keeps it inline.
-	sets     [][]uint32
+	sets     []holderSet
 	freeSets []uint32
 
 	workers []workerState
@@ -62,6 +62,35 @@ type node struct {
 	// slot is in w, otherwise w indexes tree.sets.
 	nw uint32
 	w  uint32
+}
+
+// holderSet is the slots of a node held by several workers, with the XOR
+// of their fingerprints: along a path the holder set rarely changes (a
+// system prompt is held by the whole fleet level after level), and equal
+// fingerprints let find skip such a level in O(1) instead of O(holders).
+type holderSet struct {
+	fp    uint64
+	slots []uint32
+}
+
+// slotFP fingerprints one worker slot (splitmix64's finaliser), so that
+// the XOR over a set identifies the set with overwhelming probability.
+func slotFP(s uint32) uint64 {
+	z := uint64(s) + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// fp is the fingerprint of n's holder set.
+func (t *tree) fp(n *node) uint64 {
+	switch n.nw {
+	case 0:
+		return 0
+	case 1:
+		return slotFP(n.w)
+	}
+	return t.sets[n.w].fp
 }
 
 type workerState struct {
@@ -118,7 +147,7 @@ func (t *tree) workerSet(n *node, one *[1]uint32) []uint32 {
 		one[0] = n.w
 		return one[:]
 	}
-	return t.sets[n.w]
+	return t.sets[n.w].slots
 }
 
 func (t *tree) holds(n *node, s uint32) bool {
@@ -132,10 +161,14 @@ func (t *tree) addHolder(n *node, s uint32) {
 		n.w = s
 	case 1:
 		set := t.newSet()
-		t.sets[set] = append(t.sets[set], n.w, s)
+		hs := &t.sets[set]
+		hs.slots = append(hs.slots, n.w, s)
+		hs.fp = slotFP(n.w) ^ slotFP(s)
 		n.w = set
 	default:
-		t.sets[n.w] = append(t.sets[n.w], s)
+		hs := &t.sets[n.w]
+		hs.slots = append(hs.slots, s)
+		hs.fp ^= slotFP(s)
 	}
 	n.nw++
 	t.pairs++
@@ -150,19 +183,19 @@ func (t *tree) dropHolder(n *node, s uint32) {
 			return
 		}
 	default:
-		set := t.sets[n.w]
-		i := slices.Index(set, s)
+		hs := &t.sets[n.w]
+		i := slices.Index(hs.slots, s)
 		if i < 0 {
 			return
 		}
-		set[i] = set[len(set)-1]
-		set = set[:len(set)-1]
-		if len(set) == 1 {
-			only := set[0]
+		last := len(hs.slots) - 1
+		hs.slots[i] = hs.slots[last]
+		hs.slots = hs.slots[:last]
+		hs.fp ^= slotFP(s)
+		if last == 1 {
+			only := hs.slots[0]
 			t.releaseSet(n.w)
 			n.w = only
-		} else {
-			t.sets[n.w] = set
 		}
 	}
 	n.nw--
@@ -175,16 +208,18 @@ func (t *tree) newSet() uint32 {
 		t.freeSets = t.freeSets[:n-1]
 		return s
 	}
-	t.sets = append(t.sets, make([]uint32, 0, 4))
+	t.sets = append(t.sets, holderSet{slots: make([]uint32, 0, 4)})
 	return uint32(len(t.sets) - 1)
 }
 
 func (t *tree) releaseSet(s uint32) {
-	if cap(t.sets[s]) > 64 {
-		t.sets[s] = make([]uint32, 0, 4)
+	hs := &t.sets[s]
+	if cap(hs.slots) > 64 {
+		hs.slots = make([]uint32, 0, 4)
 	} else {
-		t.sets[s] = t.sets[s][:0]
+		hs.slots = hs.slots[:0]
 	}
+	hs.fp = 0
 	t.freeSets = append(t.freeSets, s)
 }
 
@@ -399,6 +434,11 @@ func (sc *scratch) reset(slots int) {
 // find appends to out, for every worker holding seq[0], how many leading
 // blocks of seq it holds. It only reads the tree (stamps are atomic), so
 // many finds may run at once.
+//
+// sc.mark[s] == cur means slot s is still matching. A level whose holder
+// set equals the active set (same size and fingerprint) changes nothing
+// and costs O(1); otherwise the level's holders are re-marked with a new
+// epoch and the active set is filtered.
 func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return out
@@ -416,23 +456,29 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	nd := &t.nodes[n0]
 	t.touch(n0, tick)
 	sc.epoch++
+	cur := sc.epoch
 	sc.active = append(sc.active[:0], t.workerSet(nd, &one)...)
 	for _, s := range sc.active {
-		sc.mark[s] = sc.epoch
+		sc.mark[s] = cur
 	}
+	activeFP := t.fp(nd)
 	depth := 1
-	for ; depth < len(seq) && len(sc.active) > 0; depth++ {
+	for ; depth < len(seq); depth++ {
 		n, ok := t.bySeq.Get(seq[depth])
 		if !ok {
 			break
 		}
 		nd := &t.nodes[n]
-		prev := sc.epoch
+		if int(nd.nw) == len(sc.active) && t.fp(nd) == activeFP {
+			t.touch(n, tick)
+			continue
+		}
 		sc.epoch++
+		next := sc.epoch
 		kept := 0
 		for _, s := range t.workerSet(nd, &one) {
-			if sc.mark[s] == prev {
-				sc.mark[s] = sc.epoch
+			if sc.mark[s] == cur {
+				sc.mark[s] = next
 				kept++
 			}
 		}
@@ -440,15 +486,17 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 			break
 		}
 		t.touch(n, tick)
+		cur = next
 		if kept == len(sc.active) {
 			continue
 		}
 		j := 0
 		for _, s := range sc.active {
-			if sc.mark[s] == sc.epoch {
+			if sc.mark[s] == cur {
 				sc.active[j] = s
 				j++
 			} else {
+				activeFP ^= slotFP(s)
 				out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
 			}
 		}

@@ -556,9 +556,6 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			MaxNumBatchedTokens:    info.MaxNumBatchedTokens,
 			ActiveRequests:         pot.ActiveRequests,
 		}
-		if r.exact != nil {
-			c.IndexedBlocks = r.exact.Blocks(pot.Worker)
-		}
 		sc.cands = append(sc.cands, c)
 	}
 	return sc.cands

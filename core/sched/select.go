@@ -14,7 +14,6 @@ import (
 type Candidate struct {
 	Worker                 kv.Worker
 	OverlapBlocks          int // leading prompt blocks cached on the worker
-	IndexedBlocks          int // all blocks the index holds for the worker
 	ActiveDecodeBlocks     float64
 	ActivePrefillTokens    int
 	PotentialDecodeBlocks  float64

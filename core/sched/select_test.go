@@ -345,7 +345,6 @@ func benchCands(n int) []Candidate {
 		out[i] = Candidate{
 			Worker:                worker(uint64(i)),
 			OverlapBlocks:         rng.IntN(64),
-			IndexedBlocks:         rng.IntN(10000),
 			ActiveDecodeBlocks:    float64(rng.IntN(5000)),
 			ActivePrefillTokens:   rng.IntN(8192),
 			PotentialDecodeBlocks: float64(rng.IntN(5000)),

@@ -393,6 +393,55 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 	return r.exact.Apply(ev)
 }
 
+// EngineStored is a block-stored event as engines emit it (vLLM's and
+// SGLang's BlockStored): token ids and the engine's block size instead of
+// the router's hashes.
+type EngineStored struct {
+	Worker       kv.Worker
+	EventID      uint64
+	Tier         kv.StorageTier
+	Parent       *uint64  // engine id of the parent block; nil = root
+	EngineHashes []uint64 // one per block
+	Tokens       []uint32 // all tokens of all blocks, in order
+	BlockSize    int      // the engine's block size
+	LoRA         string   // adapter name; "" = base model
+}
+
+// ErrMisSizedBlocks reports blocks dropped because their size was not the
+// router's: hashing them would index content no request can ever match.
+var ErrMisSizedBlocks = errors.New("router: blocks of a size other than the router's block size")
+
+// ApplyEngineStored hashes an engine's stored blocks the router's way and
+// applies them. A block size other than the router's drops the event's
+// blocks (counted as mis-sized); so do blocks whose tokens are missing,
+// together with every later block of the event, since they hang below them.
+func (r *Router) ApplyEngineStored(es *EngineStored) error {
+	n := len(es.EngineHashes)
+	if es.BlockSize != r.cfg.BlockSize {
+		r.stats.misSized.Add(uint64(n))
+		return fmt.Errorf("%w: engine %d, router %d", ErrMisSizedBlocks, es.BlockSize, r.cfg.BlockSize)
+	}
+	whole := min(n, len(es.Tokens)/r.cfg.BlockSize)
+	var err error
+	if whole < n {
+		r.stats.misSized.Add(uint64(n - whole))
+		err = fmt.Errorf("%w: %d tokens for %d blocks", ErrMisSizedBlocks, len(es.Tokens), n)
+	}
+	h := blockhash.New(r.cfg.BlockSize, es.LoRA)
+	blocks := make([]kv.Block, whole)
+	for i := range blocks {
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*r.cfg.BlockSize : (i+1)*r.cfg.BlockSize])}
+	}
+	ev := kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
+	if es.Tier != "" {
+		ev.Tier = es.Tier
+	}
+	if e := r.ApplyEvent(&ev); e != nil {
+		return e
+	}
+	return err
+}
+
 // scratch is the per-decision working memory, pooled.
 type scratch struct {
 	m        index.Matcher
@@ -724,18 +773,20 @@ type Stats struct {
 	OverlapBlocks, PromptBlocks uint64
 	QueuePending                int
 	QueuePendingTokens          int
-	// Events refused before reaching the index.
-	UnknownWorkerEvents, DPRankEvents, IgnoredEvents uint64
-	Index                                            index.Stats
-	IndexedPairs                                     uint64
-	Approx                                           index.ApproxStats
-	Load                                             load.Stats
+	// Events refused before reaching the index, and blocks dropped for a
+	// block size other than the router's.
+	UnknownWorkerEvents, DPRankEvents, IgnoredEvents, MisSizedBlocks uint64
+	Index                                                            index.Stats
+	IndexedPairs                                                     uint64
+	Approx                                                           index.ApproxStats
+	Load                                                             load.Stats
 }
 
 type counters struct {
 	decisions, booked, queued, allBusy, errors atomic.Uint64
 	overlapBlocks, promptBlocks                atomic.Uint64
 	unknownWorker, badRank, ignoredEvents      atomic.Uint64
+	misSized                                   atomic.Uint64
 }
 
 // Stats returns the current counters.
@@ -745,7 +796,8 @@ func (r *Router) Stats() Stats {
 		AllBusy: r.stats.allBusy.Load(), Errors: r.stats.errors.Load(),
 		OverlapBlocks: r.stats.overlapBlocks.Load(), PromptBlocks: r.stats.promptBlocks.Load(),
 		UnknownWorkerEvents: r.stats.unknownWorker.Load(), DPRankEvents: r.stats.badRank.Load(), IgnoredEvents: r.stats.ignoredEvents.Load(),
-		Load: r.tracker.Stats(),
+		MisSizedBlocks: r.stats.misSized.Load(),
+		Load:           r.tracker.Stats(),
 	}
 	r.mu.Lock()
 	st.QueuePending, st.QueuePendingTokens = r.queue.Len(), r.queue.PendingTokens()

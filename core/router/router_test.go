@@ -442,3 +442,27 @@ func TestConcurrentRoutingEventsAndFrees(t *testing.T) {
 		t.Fatalf("after the storm: %+v", st)
 	}
 }
+
+func TestEngineStoredIsHashedByTheRouterAndMisSizedBlocksDropped(t *testing.T) {
+	r, _ := newRouter(t, 1, nil)
+	toks := tokens(8, 4, 8, 4)
+	ok := EngineStored{Worker: w(0), EngineHashes: []uint64{1, 2, 3, 4}, Tokens: toks, BlockSize: bs}
+	if err := r.ApplyEngineStored(&ok); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := r.BestWorker(ctx(), &Request{Tokens: toks})
+	if d.OverlapBlocks != 4 {
+		t.Fatalf("engine-side blocks not matched: %+v", d)
+	}
+	wrong := EngineStored{Worker: w(0), Parent: kv.Ptr(4), EngineHashes: []uint64{5}, Tokens: toks[:32], BlockSize: 32}
+	if err := r.ApplyEngineStored(&wrong); !errors.Is(err, ErrMisSizedBlocks) {
+		t.Fatalf("block size 32 on a 16 router: %v", err)
+	}
+	short := EngineStored{Worker: w(0), Parent: kv.Ptr(4), EngineHashes: []uint64{6, 7}, Tokens: tokens(9, 0, 9, 1), BlockSize: bs}
+	if err := r.ApplyEngineStored(&short); !errors.Is(err, ErrMisSizedBlocks) {
+		t.Fatalf("tokens for one of two blocks: %v", err)
+	}
+	if st := r.Stats(); st.MisSizedBlocks != 2 || st.IndexedPairs != 5 {
+		t.Fatalf("mis-sized %d (want 2), pairs %d (want 5)", st.MisSizedBlocks, st.IndexedPairs)
+	}
+}

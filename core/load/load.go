@@ -12,6 +12,13 @@
 // worker however many requests hold it. Prefill load is counted in prompt
 // tokens not already cached on the worker, until the first output token.
 //
+// Because the hashes are chained, two prompts share block i only if they
+// share blocks 0..i, so the active prompts form a trie, and the tracker keeps
+// them as one radix trie for all workers rather than as a set of hashes.
+// Booking or freeing a prompt then costs a few node visits and a run of
+// integer compares instead of a hash-map operation per block, and scoring a
+// prompt is one walk down the trie for every worker at once.
+//
 // The package does no I/O; time comes from an injected clock.
 package load
 
@@ -74,7 +81,9 @@ type Request struct {
 	ID     string
 	Worker kv.Worker
 	// Blocks are the prompt's block sequence hashes from block 0, as
-	// package blockhash chains them; PotentialLoads relies on the chaining.
+	// package blockhash chains them. The tracker relies on the chaining:
+	// it shares a block between requests only as part of a common prefix,
+	// so equal hashes on different paths would count twice.
 	// The tracker copies them; the caller may reuse the slice.
 	Blocks []uint64
 	// ISL is the prompt length in tokens.
@@ -91,7 +100,7 @@ type Request struct {
 	//
 	// Without reuse the prompt blocks are booked as a count of blocks
 	// private to the request rather than under random hashes: the loads are
-	// the same, a count can never collide, and it costs no map entries.
+	// the same, a count can never collide, and it costs no trie nodes.
 	TrackPrefill *bool
 	AssumeReuse  *bool
 }
@@ -142,29 +151,149 @@ type Stats struct {
 // ErrDuplicateRequest is returned by AddRequest for an ID already active.
 var ErrDuplicateRequest = errors.New("load: duplicate request id")
 
-// holder is one worker's references to one block.
+// node is one edge of the trie of active prompt chains: a run of
+// consecutive block hashes that every request reaching the run's first
+// block covers in full. Nodes are split wherever a booked chain diverges or
+// ends, so each worker holds either all of a node or none of it, and its
+// distinct blocks are the sum of the runs of the nodes it holds. Runs are
+// path-compressed because prompts share long prefixes (a system prompt) and
+// then diverge for good: a 512-block prompt is typically two or three
+// nodes, so booking it costs a few child lookups and a run of compares.
+//
+// total counts the requests whose chain covers the node, the sum of the
+// holders' refs. It never grows from parent to child, and a node with one
+// child and the same total is one no request ends at; Free merges such
+// pairs back, so the trie stays as compressed as the chains allow.
+type node struct {
+	run     []uint64
+	parent  *node
+	kids    kids
+	holders []holder // unordered; usually short, as most nodes serve one worker
+	total   int32
+}
+
+// holder is one worker's references to a node: its requests covering it.
 type holder struct {
 	slot int32
 	refs int32
 }
 
-// blockEntry lists the workers on which one sequence hash is active. It is
-// a short slice, not a map: a block is active on few workers, and the
-// PotentialLoads walk wants to iterate holders contiguously. sig is the XOR
-// of the holders' slotKey: with the length, it tells the walk in O(1) that
-// a block has the same holders as the block before it.
-type blockEntry struct {
-	holders []holder
-	sig     uint64
+// maxKidSlice is how many children a node scans linearly before it switches
+// to a map. Most nodes have one or two children; the root and the end of a
+// shared system prompt may have hundreds.
+const maxKidSlice = 8
+
+// kids are a node's children keyed by the first hash of their run, which
+// is unique among siblings since the hashes are chained.
+type kids struct {
+	keys  []uint64
+	nodes []*node
+	m     map[uint64]*node // non-nil: used instead of the slices
+	// spare is an emptied map kept across recycling, so a node that gains
+	// many children again (a system prompt coming back) does not reallocate.
+	spare map[uint64]*node
 }
 
-// slotKey spreads slot numbers over 64 bits (splitmix64's finaliser) so
-// that XORs of different holder sets differ.
-func slotKey(si int32) uint64 {
-	z := uint64(si) + 0x9e3779b97f4a7c15
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
+func (k *kids) get(h uint64) *node {
+	if k.m != nil {
+		return k.m[h]
+	}
+	for i, x := range k.keys {
+		if x == h {
+			return k.nodes[i]
+		}
+	}
+	return nil
+}
+
+// put adds n under h, which must be absent.
+func (k *kids) put(h uint64, n *node) {
+	if k.m == nil && len(k.keys) < maxKidSlice {
+		k.keys = append(k.keys, h)
+		k.nodes = append(k.nodes, n)
+		return
+	}
+	if k.m == nil {
+		k.m, k.spare = k.spare, nil
+		if k.m == nil {
+			k.m = make(map[uint64]*node, 2*maxKidSlice)
+		}
+		for i, x := range k.keys {
+			k.m[x] = k.nodes[i]
+		}
+		clear(k.nodes)
+		k.keys, k.nodes = k.keys[:0], k.nodes[:0]
+	}
+	k.m[h] = n
+}
+
+// replace puts n under h in place of the child there.
+func (k *kids) replace(h uint64, n *node) {
+	if k.m != nil {
+		k.m[h] = n
+		return
+	}
+	for i, x := range k.keys {
+		if x == h {
+			k.nodes[i] = n
+			return
+		}
+	}
+}
+
+func (k *kids) del(h uint64) {
+	if k.m != nil {
+		delete(k.m, h)
+		return
+	}
+	for i, x := range k.keys {
+		if x == h {
+			last := len(k.keys) - 1
+			k.keys[i], k.nodes[i] = k.keys[last], k.nodes[last]
+			k.nodes[last] = nil
+			k.keys, k.nodes = k.keys[:last], k.nodes[:last]
+			return
+		}
+	}
+}
+
+func (k *kids) len() int {
+	if k.m != nil {
+		return len(k.m)
+	}
+	return len(k.keys)
+}
+
+// only returns the child of a node that has exactly one.
+func (k *kids) only() *node {
+	if k.m == nil {
+		return k.nodes[0]
+	}
+	for _, n := range k.m {
+		return n
+	}
+	return nil
+}
+
+func (k *kids) reset() {
+	clear(k.nodes)
+	k.keys, k.nodes = k.keys[:0], k.nodes[:0]
+	if k.m != nil {
+		clear(k.m)
+		k.m, k.spare = nil, k.m
+	}
+}
+
+// matchLen returns how many leading elements a and b share.
+func matchLen(a, b []uint64) int {
+	n := min(len(a), len(b))
+	a, b = a[:n], b[:n]
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
 }
 
 // slot is one worker's state. Workers live in a dense slice so the hot
@@ -172,7 +301,7 @@ func slotKey(si int32) uint64 {
 type slot struct {
 	requests map[string]*request // for RemoveWorker
 
-	shared  int // distinct prompt hashes held (entries listing this slot)
+	shared  int // distinct prompt blocks held (the runs of the nodes listing this slot)
 	private int // blocks nobody else can share: no-reuse prompts, output blocks without OSL
 	// decayed is the sum of the OSL-weighted output blocks. It is kept
 	// incrementally so AddOutputTokens is O(1); decayedReqs lets it be
@@ -197,17 +326,20 @@ type rankSlot struct {
 }
 
 type request struct {
-	id      string
-	slot    int32
-	added   time.Time
-	blocks  []uint64 // shared prompt hashes holding a reference
-	ents    []int32  // their entries, so release needs no lookup but the delete
-	private int      // prompt blocks booked without reuse
+	id    string
+	slot  int32
+	added time.Time
+	// end is the node where the request's chain ends, nil without one.
+	// Splits keep the lower half in the old node and merges keep the child,
+	// so it stays valid, and Free follows parents from it: it needs neither
+	// the request's hashes nor a lookup.
+	end     *node
+	private int // prompt blocks booked without reuse
 	isl     int
 	osl     int
 	prefill int // tokens still counted as prefill; 0 once completed
 	done    bool
-	gen     int // generated tokens so far
+	gen     int     // generated tokens so far
 	out     int     // output blocks booked
 	weight  float64 // out's decayed weight, as added to slot.decayed (OSL > 0 only)
 }
@@ -220,7 +352,7 @@ type Tracker struct {
 	now      func() time.Time
 	ttl      time.Duration
 	interval time.Duration
-	pool     sync.Pool // *request, recycled with their block slices
+	pool     sync.Pool // *request
 
 	// mu guards every field below. Every exported method holds it for its
 	// whole duration and runs the lazy expiry first; nothing is called
@@ -230,17 +362,16 @@ type Tracker struct {
 	nWorkers  int
 	slots     []slot
 	freeSlots []int32
-	index     map[uint64]int32 // sequence hash → entries index
-	entries   []blockEntry
-	freeEnts  []int32
+	root      *node   // the empty chain; its children start at block 0
+	freeNodes []*node // recycled with their buffers, so booking rarely allocates
+	blocks    int     // distinct blocks in the trie: Stats.Blocks
 	requests  map[string]*request
 	lastScan  time.Time
 	stats     Stats
 
 	// PotentialLoads scratch. cand[i] is workers[i]'s slot or -1. run[s]
-	// packs walkGen<<32 | leading blocks held by slot s, so the walk's inner
-	// loop is one compare per holder and nothing is cleared between calls:
-	// a stale generation never matches.
+	// packs walkGen<<32 | leading blocks held by slot s, so nothing is
+	// cleared between calls: a stale generation never matches.
 	cand    []int32
 	run     []uint64
 	walkGen uint32
@@ -258,7 +389,7 @@ func New(cfg Config) *Tracker {
 		ttl:      cfg.RequestTTL,
 		interval: cfg.ExpiryInterval,
 		slotOf:   make(map[uint64][]rankSlot),
-		index:    make(map[uint64]int32),
+		root:     new(node),
 		requests: make(map[string]*request),
 	}
 	if t.now == nil {
@@ -303,13 +434,10 @@ func (t *Tracker) AddRequest(r Request) error {
 	if q == nil {
 		q = new(request)
 	}
-	*q = request{id: r.ID, slot: si, added: now, blocks: q.blocks[:0], ents: q.ents[:0], isl: r.ISL, osl: r.OSL}
+	*q = request{id: r.ID, slot: si, added: now, isl: r.ISL, osl: r.OSL}
 	if t.cfg.TrackActiveBlocks {
 		if or(r.AssumeReuse, t.cfg.AssumeKVReuse) {
-			q.blocks = append(q.blocks, r.Blocks...)
-			for _, h := range q.blocks {
-				q.ents = append(q.ents, t.ref(h, si))
-			}
+			q.end = t.book(r.Blocks, si)
 		} else {
 			q.private = len(r.Blocks)
 			s.private += q.private
@@ -450,9 +578,9 @@ func (t *Tracker) Load(w kv.Worker) WorkerLoad {
 // (pass the previous result back) so the hot path does not allocate.
 //
 // A block is new on a worker unless it is active there. Sequence hashes are
-// chained, so a worker holding block i of q holds blocks 0..i-1 too: one
-// walk down q's blocks, stopping at the first block active nowhere, counts
-// each worker's run of leading active blocks, which is all it holds of q.
+// chained, so a worker holding block i of q holds blocks 0..i-1 too: what
+// it holds of q is its run of leading active blocks, which one walk down
+// the trie counts for every worker.
 func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, dst []Potential) []Potential {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -502,56 +630,29 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 	return dst
 }
 
-// walk counts, in run, each slot's leading blocks active, for the slots
-// marked with gen. It stops as soon as no marked slot's run continues.
-//
-// Along a chain the holder sets only shrink, and mostly stay the same for
-// long stretches (a shared system prompt). While a block has the same
-// holders as the one before, every run that reached it continues, so the
-// walk only counts the stretch and touches holders where the set changes:
-// O(blocks + changes × holders) instead of O(blocks × holders).
+// walk counts, in run, each slot's leading blocks of blocks active. It
+// follows blocks down the trie until they leave it; each worker's count is
+// where it last held a node on the way, as a worker holding a node's first
+// block holds the whole node. Holder sets only shrink down the trie, so the
+// cost is O(matched blocks + holders of the nodes passed), and the nodes
+// passed are few.
 func (t *Tracker) walk(blocks []uint64, gen uint64) {
 	run := t.run
-	var cur *blockEntry // holders of the last block processed one by one
-	curAt := 0          // its index
-	// settle credits the slots whose run reached block curAt with the
-	// blocks up to end (exclusive), which had the same holders.
-	settle := func(end int) {
-		for _, hd := range cur.holders {
-			if run[hd.slot] == gen|uint64(curAt+1) {
-				run[hd.slot] = gen | uint64(end)
-			}
-		}
-	}
-	end := len(blocks)
-	for i, h := range blocks {
-		ei, ok := t.index[h]
-		if !ok {
-			end = i
-			break
-		}
-		e := &t.entries[ei]
-		if cur != nil && e.sig == cur.sig && len(e.holders) == len(cur.holders) {
-			continue
-		}
-		if cur != nil {
-			settle(i)
-		}
-		want := gen | uint64(i)
-		alive := false
-		for _, hd := range e.holders {
-			if run[hd.slot] == want {
-				run[hd.slot] = want + 1
-				alive = true
-			}
-		}
-		if !alive {
+	n := t.root
+	for i := 0; i < len(blocks); {
+		c := n.kids.get(blocks[i])
+		if c == nil {
 			return
 		}
-		cur, curAt = e, i
-	}
-	if cur != nil {
-		settle(end)
+		m := 1 + matchLen(c.run[1:], blocks[i+1:])
+		i += m
+		for _, hd := range c.holders {
+			run[hd.slot] = gen | uint64(i)
+		}
+		if m < len(c.run) {
+			return
+		}
+		n = c
 	}
 }
 
@@ -563,7 +664,7 @@ func (t *Tracker) Stats() Stats {
 	st := t.stats
 	st.Active = len(t.requests)
 	st.Workers = t.nWorkers
-	st.Blocks = len(t.index)
+	st.Blocks = t.blocks
 	return st
 }
 
@@ -621,8 +722,8 @@ func (t *Tracker) slotFor(w kv.Worker) int32 {
 // release undoes everything q booked and recycles it.
 func (t *Tracker) release(q *request) {
 	s := &t.slots[q.slot]
-	for i, h := range q.blocks {
-		t.unref(h, q.ents[i], q.slot)
+	if q.end != nil {
+		t.unbook(q.end, q.slot)
 	}
 	s.private -= q.private
 	s.prefill -= q.prefill
@@ -636,55 +737,131 @@ func (t *Tracker) release(q *request) {
 	}
 	delete(t.requests, q.id)
 	delete(s.requests, q.id)
-	*q = request{blocks: q.blocks[:0], ents: q.ents[:0]}
+	*q = request{}
 	t.pool.Put(q)
 }
 
-// ref takes one reference of slot si on block h and returns h's entry.
-func (t *Tracker) ref(h uint64, si int32) int32 {
-	ei, ok := t.index[h]
-	if !ok {
-		if n := len(t.freeEnts); n > 0 {
-			ei = t.freeEnts[n-1]
-			t.freeEnts = t.freeEnts[:n-1]
-		} else {
-			ei = int32(len(t.entries))
-			t.entries = append(t.entries, blockEntry{})
+// book adds chain b for slot si to the trie and returns the node it ends
+// at (the root for an empty chain). Nodes are split so that b ends at, and
+// diverges from the trie at, node boundaries.
+func (t *Tracker) book(b []uint64, si int32) *node {
+	n := t.root
+	for i := 0; i < len(b); {
+		c := n.kids.get(b[i])
+		if c == nil {
+			c = t.newNode()
+			c.run = append(c.run, b[i:]...)
+			c.parent = n
+			n.kids.put(b[i], c)
+			t.blocks += len(c.run)
+			t.hold(c, si)
+			return c
 		}
-		t.index[h] = ei
-	}
-	e := &t.entries[ei]
-	for j := range e.holders {
-		if e.holders[j].slot == si {
-			e.holders[j].refs++
-			return ei
+		m := 1 + matchLen(c.run[1:], b[i+1:])
+		if m < len(c.run) {
+			c = t.split(c, m)
 		}
+		t.hold(c, si)
+		i += m
+		n = c
 	}
-	e.holders = append(e.holders, holder{slot: si, refs: 1})
-	e.sig ^= slotKey(si)
-	t.slots[si].shared++
-	return ei
+	return n
 }
 
-// unref drops one reference of slot si on block h, whose entry is ei.
-func (t *Tracker) unref(h uint64, ei, si int32) {
-	e := &t.entries[ei]
-	for j := range e.holders {
-		if e.holders[j].slot != si {
-			continue
-		}
-		if e.holders[j].refs--; e.holders[j].refs > 0 {
+// hold takes one reference of slot si on n.
+func (t *Tracker) hold(n *node, si int32) {
+	n.total++
+	for j := range n.holders {
+		if n.holders[j].slot == si {
+			n.holders[j].refs++
 			return
 		}
-		last := len(e.holders) - 1
-		e.holders[j] = e.holders[last]
-		e.holders = e.holders[:last]
-		e.sig ^= slotKey(si)
-		t.slots[si].shared--
-		if last == 0 {
-			delete(t.index, h)
-			t.freeEnts = append(t.freeEnts, ei)
-		}
-		return
 	}
+	n.holders = append(n.holders, holder{slot: si, refs: 1})
+	t.slots[si].shared += len(n.run)
+}
+
+// unbook drops slot si's references on the chain ending at end, removes
+// the nodes nobody holds any more and merges the one pair of nodes this
+// can leave mergeable: below the lowest node that lost a child, or below
+// end itself when nothing was removed. Elsewhere a parent's and its
+// child's totals both dropped by one, so nothing else can become mergeable.
+func (t *Tracker) unbook(end *node, si int32) {
+	s := &t.slots[si]
+	var lost *node
+	for n := end; n != t.root; {
+		p := n.parent
+		n.total--
+		for j := range n.holders {
+			if hd := &n.holders[j]; hd.slot == si {
+				if hd.refs--; hd.refs == 0 {
+					last := len(n.holders) - 1
+					n.holders[j] = n.holders[last]
+					n.holders = n.holders[:last]
+					s.shared -= len(n.run)
+				}
+				break
+			}
+		}
+		if n.total == 0 {
+			p.kids.del(n.run[0])
+			t.blocks -= len(n.run)
+			t.recycle(n)
+			lost = p
+		}
+		n = p
+	}
+	if lost == nil {
+		lost = end
+	}
+	if lost != t.root && lost.kids.len() == 1 {
+		if c := lost.kids.only(); c.total == lost.total {
+			t.merge(lost, c)
+		}
+	}
+}
+
+// split cuts n's run before index m and returns a new node holding the
+// first part above n. n keeps the second part, so requests that end at n
+// still do.
+func (t *Tracker) split(n *node, m int) *node {
+	u := t.newNode()
+	u.run = append(u.run, n.run[:m]...)
+	u.holders = append(u.holders, n.holders...)
+	u.total = n.total
+	u.parent = n.parent
+	u.parent.kids.replace(n.run[0], u)
+	n.run = n.run[m:]
+	n.parent = u
+	u.kids.put(n.run[0], n)
+	return u
+}
+
+// merge folds p into c, its only child with the same total. Equal totals
+// mean equal holders (a child's refs never exceed its parent's) and that no
+// request ends at p, so p can go; c stays, as requests may end at it.
+func (t *Tracker) merge(p, c *node) {
+	p.run = append(p.run, c.run...)
+	p.run, c.run = c.run, p.run
+	c.parent = p.parent
+	c.parent.kids.replace(c.run[0], c)
+	t.recycle(p)
+}
+
+func (t *Tracker) newNode() *node {
+	if n := len(t.freeNodes); n > 0 {
+		nd := t.freeNodes[n-1]
+		t.freeNodes = t.freeNodes[:n-1]
+		return nd
+	}
+	return new(node)
+}
+
+func (t *Tracker) recycle(n *node) {
+	n.run = n.run[:0]
+	n.holders = n.holders[:0]
+	n.kids.reset()
+	n.parent = nil
+	n.total = 0
+	t.freeNodes = append(t.freeNodes, n)
 }

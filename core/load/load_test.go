@@ -612,6 +612,9 @@ func TestAgainstModel(t *testing.T) {
 					clk.Advance(time.Duration(rng.IntN(20)) * time.Second)
 				}
 
+				if err := checkTrie(tr); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
 				w := workers[rng.IntN(len(workers))]
 				_, want := ref.active(w)
 				if got := tr.Load(w); !samePotential(Potential{WorkerLoad: got}, Potential{WorkerLoad: want}) {
@@ -733,5 +736,257 @@ func BenchmarkPotentialLoads(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		dst = tr.PotentialLoads(q, workers, overlaps, dst)
+	}
+}
+
+// steadyState books 128 requests round-robin on 64 workers, each a 64-block
+// system prompt shared by all followed by 448 blocks of its own: the
+// router's steady state. It returns the tracker, the workers and a ring of
+// 256 prompts (with IDs) where prompt i is booked for i < 128.
+func steadyState(b *testing.B) (*Tracker, []kv.Worker, [][]uint64, []string) {
+	tr := New(DefaultConfig())
+	workers := make([]kv.Worker, 64)
+	for i := range workers {
+		workers[i] = kv.Worker{ID: uint64(i)}
+	}
+	prompts := make([][]uint64, 256)
+	ids := make([]string, len(prompts))
+	for i := range prompts {
+		local := make([]uint64, 512)
+		for j := range local {
+			local[j] = uint64(j)
+			if j >= 64 {
+				local[j] = uint64(1e6*(i+1) + j)
+			}
+		}
+		prompts[i] = chain(local...)
+		ids[i] = fmt.Sprint("req", i)
+	}
+	for i := range 128 {
+		if err := tr.AddRequest(Request{ID: ids[i], Worker: workers[i%64], Blocks: prompts[i], ISL: 8192, OverlapBlocks: 64}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return tr, workers, prompts, ids
+}
+
+// BenchmarkSteadyState adds one request to the steady state and frees the
+// oldest, keeping 128 in flight.
+func BenchmarkSteadyState(b *testing.B) {
+	tr, workers, prompts, ids := steadyState(b)
+	b.ReportAllocs()
+	i := 128
+	for b.Loop() {
+		k := i % len(prompts)
+		if err := tr.AddRequest(Request{ID: ids[k], Worker: workers[i%64], Blocks: prompts[k], ISL: 8192, OverlapBlocks: 64}); err != nil {
+			b.Fatal(err)
+		}
+		tr.Free(ids[(i-128)%len(prompts)])
+		i++
+	}
+	if st := tr.Stats(); st.Active != 128 {
+		b.Fatalf("Stats = %+v", st)
+	}
+}
+
+// BenchmarkSteadyStatePotentialLoads scores a new prompt that shares the
+// system prompt against all 64 workers of the steady state.
+func BenchmarkSteadyStatePotentialLoads(b *testing.B) {
+	tr, workers, prompts, _ := steadyState(b)
+	q := Query{Blocks: prompts[200], ISL: 8192}
+	overlaps := make([]int, len(workers))
+	dst := tr.PotentialLoads(q, workers, overlaps, nil)
+	if d := dst[5].PotentialDecodeBlocks - dst[5].ActiveDecodeBlocks; d != 448 {
+		b.Fatalf("new blocks = %v, want 448", d)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = tr.PotentialLoads(q, workers, overlaps, dst)
+	}
+}
+
+// checkTrie verifies the trie's invariants: keys, parents and totals are
+// consistent, no node is mergeable into its only child, the block counts
+// match the runs, and every active request's end node is in the trie with
+// totals equal to the requests ending at or below each node.
+func checkTrie(tr *Tracker) error {
+	ends := map[*node]int{}
+	for _, q := range tr.requests {
+		if q.end != nil && q.end != tr.root {
+			ends[q.end]++
+		}
+	}
+	shared := make([]int, len(tr.slots))
+	blocks := 0
+	seen := 0
+	var visit func(n *node) (int, error)
+	visit = func(n *node) (int, error) {
+		covered := ends[n]
+		if n != tr.root {
+			seen++
+			blocks += len(n.run)
+			if len(n.run) == 0 {
+				return 0, fmt.Errorf("empty run")
+			}
+			refs := 0
+			slots := map[int32]bool{}
+			for _, hd := range n.holders {
+				if hd.refs <= 0 || slots[hd.slot] {
+					return 0, fmt.Errorf("bad holder %+v in %v", hd, n.holders)
+				}
+				slots[hd.slot] = true
+				refs += int(hd.refs)
+				shared[hd.slot] += len(n.run)
+			}
+			if int(n.total) != refs || refs == 0 {
+				return 0, fmt.Errorf("total %d, refs %d", n.total, refs)
+			}
+		}
+		var kids []*node
+		if n.kids.m != nil {
+			if len(n.kids.keys) != 0 {
+				return 0, fmt.Errorf("both map and slice children")
+			}
+			for h, c := range n.kids.m {
+				if c.run[0] != h {
+					return 0, fmt.Errorf("child keyed %x starts %x", h, c.run[0])
+				}
+				kids = append(kids, c)
+			}
+		} else {
+			for i, h := range n.kids.keys {
+				if c := n.kids.nodes[i]; c.run[0] != h {
+					return 0, fmt.Errorf("child keyed %x starts %x", h, c.run[0])
+				}
+			}
+			kids = append(kids, n.kids.nodes...)
+		}
+		if n.kids.len() != len(kids) {
+			return 0, fmt.Errorf("kids.len %d, want %d", n.kids.len(), len(kids))
+		}
+		for _, c := range kids {
+			if c.parent != n {
+				return 0, fmt.Errorf("wrong parent")
+			}
+			if n != tr.root {
+				for _, hd := range c.holders {
+					ok := false
+					for _, p := range n.holders {
+						ok = ok || p.slot == hd.slot && p.refs >= hd.refs
+					}
+					if !ok {
+						return 0, fmt.Errorf("child holder %+v not under parent's %v", hd, n.holders)
+					}
+				}
+				if len(kids) == 1 && c.total == n.total {
+					return 0, fmt.Errorf("mergeable node left (total %d)", n.total)
+				}
+			}
+			k, err := visit(c)
+			if err != nil {
+				return 0, err
+			}
+			covered += k
+		}
+		if n != tr.root && covered != int(n.total) {
+			return 0, fmt.Errorf("total %d, but %d requests end at or below", n.total, covered)
+		}
+		return covered, nil
+	}
+	if _, err := visit(tr.root); err != nil {
+		return err
+	}
+	if len(ends) > seen {
+		return fmt.Errorf("request ends at a node not in the trie")
+	}
+	if blocks != tr.blocks {
+		return fmt.Errorf("blocks %d, runs sum to %d", tr.blocks, blocks)
+	}
+	for si := range tr.slots {
+		if shared[si] != tr.slots[si].shared {
+			return fmt.Errorf("slot %d: shared %d, runs sum to %d", si, tr.slots[si].shared, shared[si])
+		}
+	}
+	return nil
+}
+
+// TestTrieAgainstModel drives the trie through splits, merges and wide
+// fan-outs (past the children slice into a map and back) with long prompts
+// branching at every depth, checking loads, potentials and the number of
+// distinct blocks against the brute-force model, and the trie's invariants
+// after every step.
+func TestTrieAgainstModel(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.RequestTTL = -1
+	tr := New(cfg)
+	ref := &model{cfg: cfg, now: time.Now, reqs: map[string]*modelReq{}, lastScan: time.Now()}
+	workers := []kv.Worker{w1, w2, w3, {ID: 4}}
+	rng := rand.New(rand.NewPCG(7, 7))
+	prompt := func() []uint64 {
+		n := rng.IntN(40)
+		local := make([]uint64, n)
+		for i := range local {
+			// Few values early and at a few depths, so chains share and
+			// fan out widely at several places.
+			switch {
+			case i < 2 || i%10 == 0:
+				local[i] = uint64(rng.IntN(12))
+			case i%10 < 5:
+				local[i] = uint64(rng.IntN(2))
+			default:
+				local[i] = uint64(rng.IntN(1 + i/5))
+			}
+		}
+		return chain(local...)
+	}
+	var dst []Potential
+	for step := range 30000 {
+		id := fmt.Sprint("r", rng.IntN(120))
+		switch op := rng.IntN(100); {
+		case op < 50:
+			b := prompt()
+			r := Request{ID: id, Worker: workers[rng.IntN(len(workers))], Blocks: b, ISL: 4 * len(b)}
+			if (tr.AddRequest(r) == nil) != ref.add(r) {
+				t.Fatalf("step %d: AddRequest(%s) disagrees", step, id)
+			}
+		case op < 98:
+			if tr.Free(id) != ref.free(id) {
+				t.Fatalf("step %d: Free(%s) disagrees", step, id)
+			}
+		default:
+			w := workers[rng.IntN(len(workers))]
+			if tr.RemoveWorker(w) != ref.removeWorker(w) {
+				t.Fatalf("step %d: RemoveWorker disagrees", step)
+			}
+		}
+		if err := checkTrie(tr); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		all := map[uint64]bool{}
+		for _, w := range workers {
+			set, want := ref.active(w)
+			for h := range set {
+				all[h] = true
+			}
+			if got := tr.Load(w); !samePotential(Potential{WorkerLoad: got}, Potential{WorkerLoad: want}) {
+				t.Fatalf("step %d: Load(%v) = %+v, want %+v", step, w, got, want)
+			}
+		}
+		if got := tr.Stats().Blocks; got != len(all) {
+			t.Fatalf("step %d: Stats.Blocks = %d, want %d", step, got, len(all))
+		}
+		q := Query{Blocks: prompt()}
+		overlaps := make([]int, len(workers))
+		wantP := ref.potential(q, workers, overlaps)
+		dst = tr.PotentialLoads(q, workers, overlaps, dst)
+		for i := range wantP {
+			if !samePotential(dst[i], wantP[i]) {
+				t.Fatalf("step %d: PotentialLoads[%d] = %+v, want %+v", step, i, dst[i], wantP[i])
+			}
+		}
+	}
+	if len(tr.freeNodes) == 0 {
+		t.Fatal("no node was ever recycled")
 	}
 }

@@ -478,6 +478,10 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 	if err != nil {
 		return Decision{}, err
 	}
+	// Both the hashes and the scratch are reused by later requests: neither
+	// escapes a decision, and a queued request's are released only once the
+	// drain that dispatched it has let go.
+	defer release(p)
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
 	r.match(p, sc)
@@ -548,10 +552,18 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 		warning = r.warning
 	}
 	t0 := time.Now()
-	h := blockhash.New(r.cfg.BlockSize, req.LoRA)
-	local, seq := h.Hashes(req.Tokens)
-	now := r.now()
-	return &prepared{req: req, params: params, warning: warning, local: local, seq: seq, hashTime: time.Since(t0), arrival: now}, nil
+	p := preparedPool.Get().(*prepared)
+	local := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendLocalHashes(p.local[:0], req.Tokens)
+	seq := blockhash.AppendSequenceHashes(p.seq[:0], local)
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, overlaps: p.overlaps[:0], hashTime: time.Since(t0), arrival: r.now()}
+	return p, nil
+}
+
+var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
+
+func release(p *prepared) {
+	p.req = nil
+	preparedPool.Put(p)
 }
 
 // match finds every rank's overlap with the request: the larger of the
@@ -730,6 +742,7 @@ func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
 	if err != nil {
 		return nil
 	}
+	defer release(p)
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
 	r.match(p, sc)

@@ -125,3 +125,18 @@ func BenchmarkHashes8192(b *testing.B) {
 		h.Hashes(tokens)
 	}
 }
+
+func BenchmarkLocalHash16(b *testing.B) {
+	tokens := make([]uint32, 16)
+	h := New(16, "")
+	for b.Loop() {
+		h.LocalHash(tokens)
+	}
+}
+
+func BenchmarkChain(b *testing.B) {
+	x := uint64(1)
+	for b.Loop() {
+		x = Chain(x, 7)
+	}
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := newRootCmd()
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), err
+}
+
+func TestBenchIndexCommand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 1, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
+{"timestamp": 2, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCmd(t, "bench", "index", "--trace", path, "--workers", "4", "--group-size", "2",
+		"--max-requests", "50", "--duration", "0", "--json", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	for _, k := range []string{"ops_per_sec", "block_ops_per_sec", "find_matches_p50_us", "find_matches_p99_us",
+		"apply_p99_us", "requests", "indexed_pairs", "bytes_per_pair", "heap_inuse_bytes", "hit_rate",
+		"workers", "threads", "shards", "seed", "duration_s"} {
+		if _, ok := rep[k]; !ok {
+			t.Errorf("report lacks %q", k)
+		}
+	}
+	if rep["requests"].(float64) != 50 {
+		t.Errorf("requests = %v, want 50", rep["requests"])
+	}
+
+	out, err = runCmd(t, "bench", "index", "--trace", path, "--max-requests", "10", "--quiet")
+	if err != nil || !strings.Contains(out, "block ops/s") {
+		t.Errorf("table output: %v\n%s", err, out)
+	}
+	if _, err := runCmd(t, "bench", "index", "--quiet"); err == nil {
+		t.Error("no error without --trace")
+	}
+	if _, err := runCmd(t, "bench", "index", "--trace", filepath.Join(t.TempDir(), "none"), "--quiet"); err == nil {
+		t.Error("no error for a missing trace")
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	out, err := runCmd(t, "version")
+	if err != nil || !strings.HasPrefix(out, "kvrouter ") {
+		t.Errorf("version: %v %q", err, out)
+	}
+}

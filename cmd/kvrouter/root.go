@@ -1,0 +1,35 @@
+package main
+
+import "github.com/spf13/cobra"
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kvrouter",
+		Short: "KV-cache-aware router for LLM inference",
+		Long: `kvrouter routes LLM requests to the engine (vLLM, SGLang, simulator) that
+already caches the most of their prompt, balanced against each engine's load.`,
+		SilenceUsage: true,
+	}
+	addCommands(root)
+	return root
+}
+
+// addCommands is the one place where subcommands are registered. Each
+// command is built by a newXxxCmd function in its own file (xxx.go).
+func addCommands(root *cobra.Command) {
+	root.AddCommand(
+		newVersionCmd(), // version.go
+		newBenchCmd(),   // bench.go
+		// newUpCmd(),     // up.go: everything embedded on one machine
+		// newMockerCmd(), // mocker.go: simulated vLLM engines
+		// newServeCmd(),  // serve.go: router for a NATS cluster
+	)
+}
+
+// addBenchCommands registers the subcommands of "kvrouter bench".
+func addBenchCommands(bench *cobra.Command) {
+	bench.AddCommand(
+		newBenchIndexCmd(), // bench_index.go
+		// newBenchRouteCmd(), // bench_route.go
+	)
+}

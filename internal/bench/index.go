@@ -1,0 +1,496 @@
+// Package bench holds kvrouter's benchmark harnesses. IndexBench replays a
+// request trace against core/index the way a KV-routed fleet would feed
+// it, and measures the index alone.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/index"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/internal/trace"
+)
+
+// IndexConfig configures IndexBench. Zero values take the defaults noted.
+type IndexConfig struct {
+	Workers        int    // simulated engines (default 64)
+	GroupSize      int    // engines per group; group c serves copy c of the trace (default 8)
+	CapacityBlocks int    // blocks each engine caches (default 16384)
+	BlockSize      int    // router block size, must divide 512 (default 16)
+	Threads        int    // replay goroutines, each owning disjoint groups (default GOMAXPROCS)
+	Shards         int    // index write parallelism, --router-event-threads (default 4)
+	MaxPairs       uint64 // index memory cap in (block, worker) pairs; 0 = none
+	Seed           uint64 // engine ids and tie-breaking
+
+	// The run stops at Duration or after MaxRequests requests, whichever
+	// comes first; at least one must be set.
+	Duration    time.Duration
+	MaxRequests int64
+
+	// Chunk is how many consecutive trace requests a goroutine replays on one
+	// group before moving to its next group (default 1: strict round robin,
+	// so every group, and the whole index, grows from the start). Groups are
+	// independent, so this only changes interleaving; larger chunks warm the
+	// hash cache but leave later groups idle early in a run.
+	Chunk int
+	// HashCacheEntries sizes each goroutine's cache of per-id hashes
+	// (default trace.DefaultCacheEntries).
+	HashCacheEntries int
+
+	// Progress, if set, receives one line per second: requests done and
+	// throughput so far.
+	Progress io.Writer
+}
+
+// IndexReport is the outcome of IndexBench; it marshals to the bench's JSON.
+type IndexReport struct {
+	// OpsPerSec counts FindMatches calls plus events applied, per second of
+	// wall time.
+	OpsPerSec float64 `json:"ops_per_sec"`
+	// BlockOpsPerSec counts blocks looked up by FindMatches plus blocks
+	// stored plus blocks removed, per second.
+	BlockOpsPerSec   float64 `json:"block_ops_per_sec"`
+	FindMatchesP50us float64 `json:"find_matches_p50_us"`
+	FindMatchesP99us float64 `json:"find_matches_p99_us"`
+	ApplyP50us       float64 `json:"apply_p50_us"`
+	ApplyP99us       float64 `json:"apply_p99_us"`
+	Requests         uint64  `json:"requests"`
+	FindMatches      uint64  `json:"find_matches"`
+	Events           uint64  `json:"events"`
+	BlocksLookedUp   uint64  `json:"blocks_looked_up"`
+	BlocksStored     uint64  `json:"blocks_stored"`
+	BlocksRemoved    uint64  `json:"blocks_removed"`
+	ApplyErrors      uint64  `json:"apply_errors"`
+	// OverlapMismatches counts requests where the index's overlap for the
+	// chosen engine differed from the engine's real cached prefix. Always 0
+	// without a memory cap; with one, evicted pairs show up here.
+	OverlapMismatches uint64 `json:"overlap_mismatches"`
+	// CrossGroupMatches counts matches on engines outside the request's
+	// group; copies are disjoint, so it is 0.
+	CrossGroupMatches uint64 `json:"cross_group_matches"`
+	IndexedPairs      uint64 `json:"indexed_pairs"`
+	// IndexHeapBytes is the heap the index holds: HeapAlloc after a GC with
+	// the index alive minus HeapAlloc after dropping it and collecting again.
+	IndexHeapBytes uint64  `json:"index_heap_bytes"`
+	BytesPerPair   float64 `json:"bytes_per_pair"`
+	// HeapInuseBytes is the process's in-use heap at the end of the run,
+	// harness included.
+	HeapInuseBytes uint64 `json:"heap_inuse_bytes"`
+	// HitRate is overlap blocks / request blocks, from the index.
+	HitRate        float64 `json:"hit_rate"`
+	HashCacheHit   float64 `json:"hash_cache_hit_rate"`
+	Workers        int     `json:"workers"`
+	Groups         int     `json:"groups"`
+	GroupSize      int     `json:"group_size"`
+	CapacityBlocks int     `json:"capacity_blocks"`
+	BlockSize      int     `json:"block_size"`
+	Threads        int     `json:"threads"`
+	Shards         int     `json:"shards"`
+	MaxPairs       uint64  `json:"max_pairs"`
+	Seed           uint64  `json:"seed"`
+	DurationS      float64 `json:"duration_s"`
+}
+
+func (c *IndexConfig) defaults() error {
+	if c.Workers <= 0 {
+		c.Workers = 64
+	}
+	if c.GroupSize <= 0 {
+		c.GroupSize = 8
+	}
+	if c.CapacityBlocks <= 0 {
+		c.CapacityBlocks = 16384
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 16
+	}
+	if trace.BlockTokens%c.BlockSize != 0 {
+		return fmt.Errorf("bench: block size %d does not divide %d", c.BlockSize, trace.BlockTokens)
+	}
+	if c.Shards <= 0 {
+		c.Shards = index.DefaultShards
+	}
+	if c.Threads <= 0 {
+		c.Threads = runtime.GOMAXPROCS(0)
+	}
+	if c.Chunk <= 0 {
+		c.Chunk = 1
+	}
+	if c.Duration <= 0 && c.MaxRequests <= 0 {
+		return errors.New("bench: set a duration or a request count")
+	}
+	return nil
+}
+
+// group is GroupSize engines serving one copy of the trace.
+type group struct {
+	copy    int
+	first   uint64 // worker id of engines[0]
+	engines []*engineCache
+	rot     int
+
+	// Load: how many of the group's last len(window) requests each engine
+	// took, and the bound above which an engine is passed over.
+	window []uint16
+	filled int
+	next   int
+	recent []int
+	bound  int
+}
+
+func newGroup(copy int, first uint64, engines []*engineCache, seed uint64) *group {
+	ne := len(engines)
+	win := loadWindowPerEngine * ne
+	// At most (1 + loadSlack) times the fair share of the window, and
+	// fewer than win/(ne-1): then the other engines can never fill the
+	// window between them, so an engine that no request favours (one that
+	// lacks even the system prompt) still gets its turn.
+	bound := int(math.Ceil(float64(win) * (1 + loadSlack) / float64(ne)))
+	if ne > 1 {
+		bound = min(bound, (win+ne-2)/(ne-1)-1)
+	}
+	return &group{
+		copy: copy, first: first, engines: engines,
+		rot:    int(mix64(seed+uint64(copy)) % uint64(ne)),
+		window: make([]uint16, win),
+		recent: make([]int, ne),
+		bound:  bound,
+	}
+}
+
+// Bounded-load routing: among the group's last loadWindowPerEngine × G
+// requests an engine may take at most about (1 + loadSlack) times its fair
+// share (see newGroup). Without a bound, every request, since all share
+// block 0 (the system prompt), would follow the first engine that cached
+// it, and one engine per group would serve everything.
+const (
+	loadWindowPerEngine = 8
+	loadSlack           = 0.25
+)
+
+// choose picks the engine for a request given each engine's overlap: the
+// most overlap among engines within the load bound; ties go to the engine
+// with fewer recent requests, then to the first in the group's rotating
+// order (which advances every request). Deterministic given the seed.
+func (g *group) choose(overlap []uint32) int {
+	ne := len(g.engines)
+	best := -1
+	for j := range ne {
+		k := g.rot + j
+		if k >= ne {
+			k -= ne
+		}
+		if g.recent[k] >= g.bound {
+			continue
+		}
+		if best < 0 || overlap[k] > overlap[best] ||
+			(overlap[k] == overlap[best] && g.recent[k] < g.recent[best]) {
+			best = k
+		}
+	}
+	if g.rot++; g.rot == ne {
+		g.rot = 0
+	}
+	if g.filled == len(g.window) {
+		g.recent[g.window[g.next]]--
+	} else {
+		g.filled++
+	}
+	g.window[g.next] = uint16(best)
+	g.recent[best]++
+	if g.next++; g.next == len(g.window) {
+		g.next = 0
+	}
+	return best
+}
+
+// counters are one goroutine's totals, read atomically by the progress
+// reporter.
+type counters struct {
+	requests, ops, blockOps atomic.Uint64
+	_                       [40]byte
+}
+
+type runner struct {
+	cfg    IndexConfig
+	tr     *trace.Trace
+	ix     *index.Index
+	groups []*group
+	stop   atomic.Bool
+	issued atomic.Int64 // requests claimed, for MaxRequests
+}
+
+// replayer is one goroutine's state.
+type replayer struct {
+	r      *runner
+	ix     *index.Index
+	groups []*group
+	cache  *trace.HashCache
+	m      index.Matcher
+	cnt    *counters
+
+	seq, local []uint64
+	overlap    []uint32
+	sc         serveScratch
+	parent     uint64
+	ev         kv.Event
+
+	fm, apply                           histogram
+	findMatches, events                 uint64
+	lookedUp, stored, removed, hits     uint64
+	applyErrors, mismatches, crossGroup uint64
+}
+
+// IndexBench replays tr against a fresh index with cfg and reports the
+// throughput and latency of the index. It returns early, with what was
+// measured, if ctx is cancelled.
+func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexReport, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if len(tr.Requests) == 0 {
+		return nil, errors.New("bench: empty trace")
+	}
+	hasher := blockhash.New(cfg.BlockSize, "")
+	r := &runner{cfg: cfg, tr: tr, ix: index.New(index.Config{Shards: cfg.Shards, MaxPairs: cfg.MaxPairs})}
+	for w := 0; w < cfg.Workers; w += cfg.GroupSize {
+		var engines []*engineCache
+		for id := w; id < min(w+cfg.GroupSize, cfg.Workers); id++ {
+			engines = append(engines, newEngineCache(cfg.CapacityBlocks, mix64(cfg.Seed^mix64(uint64(id)+1))))
+		}
+		r.groups = append(r.groups, newGroup(len(r.groups), uint64(w), engines, cfg.Seed))
+	}
+	if len(r.groups) > trace.MaxCopies {
+		return nil, fmt.Errorf("bench: %d groups exceed %d trace copies", len(r.groups), trace.MaxCopies)
+	}
+	threads := min(cfg.Threads, len(r.groups))
+	reps := make([]*replayer, threads)
+	cnts := make([]counters, threads)
+	for t := range reps {
+		cache, err := trace.NewHashCache(tr, hasher, cfg.HashCacheEntries)
+		if err != nil {
+			return nil, err
+		}
+		rp := &replayer{r: r, ix: r.ix, cache: cache, cnt: &cnts[t], overlap: make([]uint32, cfg.GroupSize)}
+		for g := t; g < len(r.groups); g += threads {
+			rp.groups = append(rp.groups, r.groups[g])
+		}
+		reps[t] = rp
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.Duration > 0 {
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	go func() {
+		<-ctx.Done()
+		r.stop.Store(true)
+	}()
+	start := time.Now()
+	progressDone := make(chan struct{})
+	if cfg.Progress != nil {
+		go progress(ctx, cfg.Progress, start, cnts, progressDone)
+	} else {
+		close(progressDone)
+	}
+	var wg sync.WaitGroup
+	for _, rp := range reps {
+		wg.Go(rp.run)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cancel()
+	<-progressDone
+
+	rep := &IndexReport{
+		Workers: cfg.Workers, Groups: len(r.groups), GroupSize: cfg.GroupSize, CapacityBlocks: cfg.CapacityBlocks,
+		BlockSize: cfg.BlockSize, Threads: threads, Shards: cfg.Shards, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
+		DurationS: elapsed.Seconds(),
+	}
+	var fm, ap histogram
+	var cacheHits, cacheMisses uint64
+	for _, rp := range reps {
+		fm.merge(&rp.fm)
+		ap.merge(&rp.apply)
+		rep.Requests += rp.cnt.requests.Load()
+		rep.FindMatches += rp.findMatches
+		rep.Events += rp.events
+		rep.BlocksLookedUp += rp.lookedUp
+		rep.BlocksStored += rp.stored
+		rep.BlocksRemoved += rp.removed
+		rep.ApplyErrors += rp.applyErrors
+		rep.OverlapMismatches += rp.mismatches
+		rep.CrossGroupMatches += rp.crossGroup
+		rep.HitRate += float64(rp.hits)
+		cacheHits += rp.cache.Hits
+		cacheMisses += rp.cache.Misses
+	}
+	if rep.BlocksLookedUp > 0 {
+		rep.HitRate /= float64(rep.BlocksLookedUp)
+	}
+	if cacheHits+cacheMisses > 0 {
+		rep.HashCacheHit = float64(cacheHits) / float64(cacheHits+cacheMisses)
+	}
+	secs := elapsed.Seconds()
+	rep.OpsPerSec = float64(rep.FindMatches+rep.Events) / secs
+	rep.BlockOpsPerSec = float64(rep.BlocksLookedUp+rep.BlocksStored+rep.BlocksRemoved) / secs
+	rep.FindMatchesP50us = float64(fm.quantile(0.50)) / 1e3
+	rep.FindMatchesP99us = float64(fm.quantile(0.99)) / 1e3
+	rep.ApplyP50us = float64(ap.quantile(0.50)) / 1e3
+	rep.ApplyP99us = float64(ap.quantile(0.99)) / 1e3
+
+	// Memory. The index is reachable only from r.ix and the replayers:
+	// measure with it alive, drop those references, measure again. The
+	// harness (engine caches, hash caches) stays alive across both reads,
+	// so the difference is the index's own heap.
+	rep.IndexedPairs = r.ix.Pairs()
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	rep.HeapInuseBytes = ms.HeapInuse
+	withIndex := ms.HeapAlloc
+	r.ix = nil
+	for _, rp := range reps {
+		rp.ix = nil
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	if withIndex > ms.HeapAlloc {
+		rep.IndexHeapBytes = withIndex - ms.HeapAlloc
+	}
+	if rep.IndexedPairs > 0 {
+		rep.BytesPerPair = float64(rep.IndexHeapBytes) / float64(rep.IndexedPairs)
+	}
+	runtime.KeepAlive(r)
+	runtime.KeepAlive(reps)
+	return rep, nil
+}
+
+func progress(ctx context.Context, w io.Writer, start time.Time, cnts []counters, done chan<- struct{}) {
+	defer close(done)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var lastOps uint64
+	last := start
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			var req, ops, bops uint64
+			for i := range cnts {
+				req += cnts[i].requests.Load()
+				ops += cnts[i].ops.Load()
+				bops += cnts[i].blockOps.Load()
+			}
+			el := now.Sub(start).Seconds()
+			fmt.Fprintf(w, "%6.1fs  requests %9d  ops/s %10.0f (now %10.0f)  block ops/s %11.0f\n",
+				el, req, float64(ops)/el, float64(ops-lastOps)/now.Sub(last).Seconds(), float64(bops)/el)
+			lastOps, last = ops, now
+		}
+	}
+}
+
+// run replays the trace over the goroutine's groups: Chunk consecutive
+// requests on one group, then the same span on the next group, looping
+// over the trace until the run stops.
+func (rp *replayer) run() {
+	r := rp.r
+	reqs := r.tr.Requests
+	chunk := r.cfg.Chunk
+	for base := 0; ; base += chunk {
+		for _, g := range rp.groups {
+			for i := base; i < base+chunk; i++ {
+				if r.stop.Load() {
+					return
+				}
+				if r.cfg.MaxRequests > 0 && r.issued.Add(1) > r.cfg.MaxRequests {
+					r.stop.Store(true)
+					return
+				}
+				rp.serve(g, &reqs[i%len(reqs)])
+			}
+		}
+	}
+}
+
+// serve routes one request within group g and plays the chosen engine's
+// cache response back to the index as events.
+func (rp *replayer) serve(g *group, req *trace.Request) {
+	rp.seq, rp.local = rp.cache.AppendSequence(rp.seq[:0], rp.local[:0], req, g.copy)
+	seq := rp.seq
+	n := len(seq)
+	if n == 0 {
+		rp.cnt.requests.Add(1)
+		return
+	}
+
+	t0 := time.Now()
+	ov := rp.ix.FindMatches(&rp.m, seq)
+	rp.fm.record(uint64(time.Since(t0)))
+	rp.findMatches++
+	rp.lookedUp += uint64(n)
+
+	clear(rp.overlap)
+	for _, o := range ov {
+		if k := o.Worker.ID - g.first; k < uint64(len(g.engines)) {
+			rp.overlap[k] = o.Blocks
+		} else {
+			rp.crossGroup++
+		}
+	}
+	best := g.choose(rp.overlap)
+	eng := g.engines[best]
+	rp.hits += uint64(rp.overlap[best])
+
+	hit, parent, hasParent := eng.serve(seq, rp.local, &rp.sc)
+	if uint32(hit) != rp.overlap[best] {
+		rp.mismatches++
+	}
+	w := kv.Worker{ID: g.first + uint64(best)}
+	ops := uint64(1)
+	if len(rp.sc.removed) > 0 {
+		eng.eventID++
+		rp.ev = kv.Event{Worker: w, Tier: kv.TierDevice, EventID: eng.eventID, Kind: kv.KindRemoved,
+			Removed: kv.Removed{EngineHashes: rp.sc.removed}}
+		rp.applyEvent()
+		rp.removed += uint64(len(rp.sc.removed))
+		ops++
+	}
+	if len(rp.sc.blocks) > 0 {
+		eng.eventID++
+		rp.ev = kv.Event{Worker: w, Tier: kv.TierDevice, EventID: eng.eventID, Kind: kv.KindStored,
+			Stored: kv.Stored{Blocks: rp.sc.blocks}}
+		if hasParent {
+			rp.parent = parent
+			rp.ev.Stored.Parent = &rp.parent
+		}
+		rp.applyEvent()
+		rp.stored += uint64(len(rp.sc.blocks))
+		ops++
+	}
+	rp.cnt.requests.Add(1)
+	rp.cnt.ops.Add(ops)
+	rp.cnt.blockOps.Add(uint64(n + len(rp.sc.blocks) + len(rp.sc.removed)))
+}
+
+func (rp *replayer) applyEvent() {
+	t0 := time.Now()
+	err := rp.ix.Apply(&rp.ev)
+	rp.apply.record(uint64(time.Since(t0)))
+	rp.events++
+	if err != nil {
+		rp.applyErrors++
+	}
+}

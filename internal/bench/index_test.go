@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/trace"
+)
+
+func TestHistogram(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values func(i int) uint64
+		n      int
+	}{
+		{"small exact", func(i int) uint64 { return uint64(i % 100) }, 1000},
+		{"linear", func(i int) uint64 { return uint64(i) * 997 }, 10000},
+		{"heavy tail", func(i int) uint64 { return uint64(math.Exp(float64(i%500) / 25)) }, 5000},
+		{"random", func(i int) uint64 { return rand.New(rand.NewPCG(uint64(i), 3)).Uint64N(1 << 40) }, 20000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h histogram
+			vals := make([]uint64, tc.n)
+			for i := range vals {
+				vals[i] = tc.values(i)
+				h.record(vals[i])
+			}
+			slices.Sort(vals)
+			for _, q := range []float64{0, 0.5, 0.9, 0.99, 1} {
+				rank := max(int(q*float64(tc.n)+0.5), 1)
+				want := vals[rank-1]
+				got := h.quantile(q)
+				if diff := math.Abs(float64(got) - float64(want)); diff > float64(want)/64+1 {
+					t.Errorf("q%.2f = %d, want %d ± 1.6%%", q, got, want)
+				}
+			}
+		})
+	}
+	var a, b histogram
+	a.record(10)
+	b.record(1000)
+	a.merge(&b)
+	if a.n != 2 || a.quantile(1) != 1000 || a.quantile(0.5) != 10 {
+		t.Errorf("merge: n %d, max %d, median %d", a.n, a.quantile(1), a.quantile(0.5))
+	}
+	var empty histogram
+	if empty.quantile(0.5) != 0 {
+		t.Error("empty histogram has a median")
+	}
+	for v := uint64(0); v < 1<<20; v = v*9/8 + 1 {
+		b := bucketOf(v)
+		if mid := bucketMid(b); bucketOf(mid) != b {
+			t.Fatalf("mid %d of bucket %d (value %d) lies in bucket %d", mid, b, v, bucketOf(mid))
+		}
+	}
+	if bucketOf(math.MaxUint64) >= len(a.counts) {
+		t.Error("largest value overflows the buckets")
+	}
+}
+
+// synthTrace makes a conversation-like trace: a shared system block, then
+// conversations that come back with their history and a new turn.
+func synthTrace(t *testing.T, requests int) *trace.Trace {
+	rng := rand.New(rand.NewPCG(11, 12))
+	var convs [][]uint64
+	next := uint64(1)
+	var sb strings.Builder
+	for i := range requests {
+		var ids []uint64
+		if len(convs) > 0 && rng.IntN(3) > 0 {
+			c := rng.IntN(len(convs))
+			ids = append(convs[c], next)
+			convs[c] = ids
+		} else {
+			ids = []uint64{0, next}
+			convs = append(convs, ids)
+		}
+		next++
+		input := (len(ids)-1)*512 + 1 + rng.IntN(512)
+		fmt.Fprintf(&sb, `{"timestamp": %d, "input_length": %d, "output_length": 10, "hash_ids": [`, i, input)
+		for j, id := range ids {
+			if j > 0 {
+				sb.WriteString(",")
+			}
+			fmt.Fprint(&sb, id)
+		}
+		sb.WriteString("]}\n")
+	}
+	tr, err := trace.Parse(strings.NewReader(sb.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestIndexBench(t *testing.T) {
+	tr := synthTrace(t, 300)
+	for _, tc := range []struct {
+		name string
+		cfg  IndexConfig
+	}{
+		{"one group", IndexConfig{Workers: 4, GroupSize: 4, CapacityBlocks: 256, MaxRequests: 600, Threads: 1}},
+		{"uneven groups", IndexConfig{Workers: 10, GroupSize: 4, CapacityBlocks: 512, MaxRequests: 2000, Threads: 2, Chunk: 7}},
+		{"block size 64", IndexConfig{Workers: 6, GroupSize: 3, CapacityBlocks: 100, BlockSize: 64, MaxRequests: 900, Threads: 3}},
+		{"big cache", IndexConfig{Workers: 8, CapacityBlocks: 1 << 16, MaxRequests: 1000, Shards: 1, Threads: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := IndexBench(context.Background(), tr, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Requests != uint64(tc.cfg.MaxRequests) {
+				t.Errorf("%d requests, want %d", rep.Requests, tc.cfg.MaxRequests)
+			}
+			if rep.ApplyErrors != 0 || rep.OverlapMismatches != 0 || rep.CrossGroupMatches != 0 {
+				t.Errorf("apply errors %d, overlap mismatches %d, cross-group matches %d",
+					rep.ApplyErrors, rep.OverlapMismatches, rep.CrossGroupMatches)
+			}
+			if rep.BlocksStored-rep.BlocksRemoved != rep.IndexedPairs {
+				t.Errorf("stored %d - removed %d != indexed pairs %d", rep.BlocksStored, rep.BlocksRemoved, rep.IndexedPairs)
+			}
+			if cap := uint64(rep.Workers * rep.CapacityBlocks); rep.IndexedPairs > cap {
+				t.Errorf("%d pairs exceed the fleet's %d blocks", rep.IndexedPairs, cap)
+			}
+			if rep.HitRate <= 0 || rep.HitRate >= 1 {
+				t.Errorf("hit rate %v", rep.HitRate)
+			}
+			if rep.FindMatches == 0 || rep.Events == 0 || rep.OpsPerSec <= 0 || rep.BlockOpsPerSec <= 0 {
+				t.Errorf("no throughput: %+v", rep)
+			}
+			if rep.FindMatchesP50us <= 0 || rep.FindMatchesP99us < rep.FindMatchesP50us || rep.ApplyP99us < rep.ApplyP50us {
+				t.Errorf("percentiles: %+v", rep)
+			}
+			if rep.IndexHeapBytes == 0 || rep.BytesPerPair <= 0 || rep.HeapInuseBytes == 0 {
+				t.Errorf("memory: %+v", rep)
+			}
+		})
+	}
+}
+
+// With one goroutine the replay is a pure function of the seed.
+func TestIndexBenchDeterministic(t *testing.T) {
+	tr := synthTrace(t, 200)
+	run := func(seed uint64) *IndexReport {
+		rep, err := IndexBench(context.Background(), tr, IndexConfig{Workers: 12, GroupSize: 4, CapacityBlocks: 300, MaxRequests: 1500, Threads: 1, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	key := func(r *IndexReport) [5]uint64 {
+		return [5]uint64{r.BlocksStored, r.BlocksRemoved, r.IndexedPairs, r.Events, uint64(r.HitRate * 1e9)}
+	}
+	a, b := run(1), run(1)
+	if key(a) != key(b) {
+		t.Errorf("same seed, different runs: %v vs %v", key(a), key(b))
+	}
+}
+
+// Groups serve disjoint copies: a group's requests never match another
+// group's engines, and every group fills its own engines.
+func TestIndexBenchGroupsDisjoint(t *testing.T) {
+	tr := synthTrace(t, 100)
+	one, err := IndexBench(context.Background(), tr, IndexConfig{Workers: 2, GroupSize: 2, CapacityBlocks: 1 << 14, MaxRequests: 100, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	many, err := IndexBench(context.Background(), tr, IndexConfig{Workers: 16, GroupSize: 2, CapacityBlocks: 1 << 14, MaxRequests: 800, Threads: 2, Chunk: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if many.CrossGroupMatches != 0 {
+		t.Errorf("%d matches across groups", many.CrossGroupMatches)
+	}
+	if lo := 8 * one.IndexedPairs * 9 / 10; many.IndexedPairs < lo {
+		t.Errorf("eight groups hold %d pairs, one holds %d", many.IndexedPairs, one.IndexedPairs)
+	}
+}
+
+func TestIndexBenchStops(t *testing.T) {
+	tr := synthTrace(t, 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rep, err := IndexBench(ctx, tr, IndexConfig{Workers: 2, Duration: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != 0 && rep.DurationS > 5 {
+		t.Errorf("cancelled run went on for %.1f s", rep.DurationS)
+	}
+	start := time.Now()
+	rep, err = IndexBench(context.Background(), tr, IndexConfig{Workers: 4, Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 5*time.Second || rep.Requests == 0 {
+		t.Errorf("200ms run: %v, %d requests", el, rep.Requests)
+	}
+	if _, err := IndexBench(context.Background(), tr, IndexConfig{}); err == nil {
+		t.Error("no error without a duration or a request count")
+	}
+	if _, err := IndexBench(context.Background(), tr, IndexConfig{MaxRequests: 1, BlockSize: 24}); err == nil {
+		t.Error("block size 24 accepted")
+	}
+}
+
+func TestGroupChooseBoundedLoad(t *testing.T) {
+	engines := make([]*engineCache, 4)
+	g := newGroup(0, 0, engines, 3)
+	overlap := []uint32{5, 0, 0, 0} // engine 0 always looks best
+	counts := make([]int, 4)
+	for range 1000 {
+		counts[g.choose(overlap)]++
+	}
+	// Engine 0 takes its bounded share, ⌈1.25 · 32 / 4⌉ = 10 of every 32.
+	if counts[0] < 300 || counts[0] > 320 {
+		t.Errorf("engine 0 took %d of 1000, want ≈ 312", counts[0])
+	}
+	// An engine no request favours is not starved: the others cannot fill
+	// the window between them.
+	engines = make([]*engineCache, 8)
+	g = newGroup(0, 0, engines, 3)
+	counts = make([]int, 8)
+	for range 6400 {
+		counts[g.choose([]uint32{5, 5, 5, 5, 5, 5, 5, 0})]++
+	}
+	if counts[7] < 100 {
+		t.Errorf("cold engine took %d of 6400 requests: %v", counts[7], counts)
+	}
+	// Full ties rotate evenly.
+	engines = make([]*engineCache, 4)
+	counts = make([]int, 4)
+	g = newGroup(0, 0, engines, 3)
+	clear(counts)
+	for range 1000 {
+		counts[g.choose(make([]uint32, 4))]++
+	}
+	for i, c := range counts {
+		if c != 250 {
+			t.Errorf("engine %d took %d of 1000 ties, want 250", i, c)
+		}
+	}
+}

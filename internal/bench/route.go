@@ -1,0 +1,195 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// RouteConfig sets up `kvrouter bench route`.
+type RouteConfig struct {
+	ISL           int // prompt tokens per request
+	Workers       int // engines, one rank each
+	BlockSize     int // tokens per KV block
+	Conversations int // cached conversations per worker in the warm index
+	SystemTokens  int // system prompt shared by every conversation
+	InFlight      int // requests kept booked while measuring
+	Iterations    int // measured decisions
+	EventThreads  int // --router-event-threads
+	Seed          uint64
+}
+
+// DefaultRouteConfig is the issue's reference setup: 8,192-token prompts
+// over 64 workers.
+func DefaultRouteConfig() RouteConfig {
+	return RouteConfig{ISL: 8192, Workers: 64, BlockSize: 16, Conversations: 8, SystemTokens: 1024, InFlight: 128, Iterations: 20000, EventThreads: 4, Seed: 1}
+}
+
+// RouteResult is what `kvrouter bench route` prints.
+type RouteResult struct {
+	RouteP50us    float64 `json:"route_p50_us"`
+	RouteP99us    float64 `json:"route_p99_us"`
+	RouteMeanus   float64 `json:"route_mean_us"`
+	HashP50us     float64 `json:"hash_p50_us"`
+	FindP50us     float64 `json:"find_matches_p50_us"`
+	ScheduleP50us float64 `json:"schedule_p50_us"`
+	DecisionsPerS float64 `json:"decisions_per_sec"`
+	HitRate       float64 `json:"hit_rate"`
+	IndexedPairs  uint64  `json:"indexed_pairs"`
+	Iterations    int     `json:"iterations"`
+	Workers       int     `json:"workers"`
+	ISL           int     `json:"isl"`
+	Seed          uint64  `json:"seed"`
+}
+
+// RunRoute measures whole routing decisions. The warm index holds, on every
+// worker, conversations that start with one shared system prompt. Half of
+// the measured requests continue a cached conversation (three quarters of
+// the prompt cached on one worker), half start a new one (only the system
+// prompt cached, everywhere). Each decision books the request and frees the
+// oldest of InFlight booked ones, so the load tracker is never empty; the
+// timed span covers hashing, matching, scoring, booking and freeing.
+func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
+	if cfg.ISL < cfg.BlockSize || cfg.Workers < 1 || cfg.Iterations < 1 {
+		return RouteResult{}, fmt.Errorf("bench route: need isl ≥ block size, workers ≥ 1, iterations ≥ 1")
+	}
+	rcfg := router.DefaultConfig()
+	rcfg.BlockSize = cfg.BlockSize
+	rcfg.EventThreads = cfg.EventThreads
+	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, 99))
+	r, err := router.New(rcfg)
+	if err != nil {
+		return RouteResult{}, err
+	}
+	for id := range cfg.Workers {
+		r.AddWorker(router.WorkerInfo{ID: uint64(id), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192})
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 1))
+	system := randomTokens(rng, cfg.SystemTokens)
+	hasher := blockhash.New(cfg.BlockSize, "")
+	type conv struct {
+		worker uint64
+		tokens []uint32
+	}
+	var convs []conv
+	engineID := uint64(1)
+	for wid := range cfg.Workers {
+		for range cfg.Conversations {
+			toks := append(slices.Clone(system), randomTokens(rng, cfg.ISL-cfg.SystemTokens)...)
+			local := hasher.LocalHashes(toks)
+			blocks := make([]kv.Block, len(local))
+			for i, l := range local {
+				blocks[i] = kv.Block{EngineHash: engineID, LocalHash: l}
+				engineID++
+			}
+			ev := kv.StoredEvent(kv.Worker{ID: uint64(wid)}, 0, nil, blocks...)
+			if err := r.ApplyEvent(&ev); err != nil {
+				return RouteResult{}, err
+			}
+			convs = append(convs, conv{uint64(wid), toks})
+		}
+	}
+	fmt.Fprintf(progress, "warm index: %d workers, %d conversations, %d pairs\n", cfg.Workers, len(convs), r.Stats().IndexedPairs)
+
+	// Prompts are built before timing starts: the bench measures the
+	// router, not the token generator.
+	const pool = 512
+	prompts := make([][]uint32, pool)
+	for i := range prompts {
+		if i%2 == 0 {
+			c := convs[rng.IntN(len(convs))]
+			cached := cfg.ISL * 3 / 4
+			prompts[i] = append(slices.Clone(c.tokens[:cached]), randomTokens(rng, cfg.ISL-cached)...)
+		} else {
+			prompts[i] = append(slices.Clone(system), randomTokens(rng, cfg.ISL-cfg.SystemTokens)...)
+		}
+	}
+
+	ctx := context.Background()
+	total := make([]float64, 0, cfg.Iterations)
+	hash := make([]float64, 0, cfg.Iterations)
+	find := make([]float64, 0, cfg.Iterations)
+	schedule := make([]float64, 0, cfg.Iterations)
+	ring := make([]string, cfg.InFlight)
+	var overlap, blocks int
+	start := time.Now()
+	lastReport := start
+	for i := range cfg.InFlight + cfg.Iterations {
+		id := strconv.Itoa(i)
+		req := router.Request{ID: id, Tokens: prompts[i%pool]}
+		t0 := time.Now()
+		d, err := r.BestWorker(ctx, &req)
+		if err != nil {
+			return RouteResult{}, err
+		}
+		r.MarkPrefillCompleted(id)
+		slot := i % max(1, cfg.InFlight)
+		if old := ring[slot]; old != "" {
+			r.Free(old)
+		}
+		ring[slot] = id
+		elapsed := time.Since(t0)
+		if i < cfg.InFlight {
+			continue // filling the in-flight set
+		}
+		total = append(total, us(elapsed))
+		hash = append(hash, us(d.Timings.Hash))
+		find = append(find, us(d.Timings.FindMatches))
+		schedule = append(schedule, us(d.Timings.Schedule))
+		overlap += d.OverlapBlocks
+		blocks += d.PromptBlocks
+		if progress != nil && time.Since(lastReport) > time.Second {
+			lastReport = time.Now()
+			fmt.Fprintf(progress, "route: %d/%d decisions\n", len(total), cfg.Iterations)
+		}
+	}
+	wall := time.Since(start)
+	res := RouteResult{
+		RouteP50us: percentile(total, 50), RouteP99us: percentile(total, 99), RouteMeanus: mean(total),
+		HashP50us: percentile(hash, 50), FindP50us: percentile(find, 50), ScheduleP50us: percentile(schedule, 50),
+		DecisionsPerS: float64(cfg.InFlight+cfg.Iterations) / wall.Seconds(),
+		HitRate:       float64(overlap) / float64(max(1, blocks)),
+		IndexedPairs:  r.Stats().IndexedPairs,
+		Iterations:    cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
+	}
+	return res, nil
+}
+
+func randomTokens(rng *rand.Rand, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(rng.IntN(128000))
+	}
+	return out
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// percentile sorts xs in place and returns the p-th percentile (nearest rank).
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	i := int(float64(len(xs))*p/100+0.5) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}

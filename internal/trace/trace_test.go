@@ -1,0 +1,271 @@
+package trace
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+)
+
+const sample = `{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}
+
+{"timestamp": 5, "input_length": 1024, "output_length": 3, "hash_ids": [0, 1]}
+{"timestamp": 9, "input_length": 1, "output_length": 0, "hash_ids": [0]}
+{"timestamp": 12, "input_length": 530, "output_length": 7, "hash_ids": [0, 14]}
+`
+
+func mustParse(t *testing.T, s string) *Trace {
+	t.Helper()
+	tr, err := Parse(strings.NewReader(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestParse(t *testing.T) {
+	tr := mustParse(t, sample)
+	if len(tr.Requests) != 4 {
+		t.Fatalf("got %d requests, want 4", len(tr.Requests))
+	}
+	r := tr.Requests[0]
+	if r.Timestamp != 0 || r.InputLength != 6758 || r.OutputLength != 500 || len(r.HashIDs) != 14 {
+		t.Errorf("request 0 = %+v", r)
+	}
+	if r := tr.Requests[3]; r.Timestamp != 12 || r.InputLength != 530 || !slices.Equal(r.HashIDs, []uint64{0, 14}) {
+		t.Errorf("request 3 = %+v", r)
+	}
+	if len(tr.IDs) != 15 {
+		t.Errorf("got %d distinct ids, want 15", len(tr.IDs))
+	}
+	for _, r := range tr.Requests {
+		for i, d := range r.idx {
+			if tr.IDs[d] != r.HashIDs[i] {
+				t.Errorf("dense index %d names %d, want %d", d, tr.IDs[d], r.HashIDs[i])
+			}
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [0]}`
+	for _, tc := range []struct {
+		name, line, want string
+	}{
+		{"not json", `{"timestamp": 0,`, "unexpected EOF"},
+		{"wrong type", `{"timestamp": "x", "input_length": 1, "output_length": 1, "hash_ids": [0]}`, "timestamp"},
+		{"missing timestamp", `{"input_length": 1, "output_length": 1, "hash_ids": [0]}`, "missing timestamp"},
+		{"missing input", `{"timestamp": 0, "output_length": 1, "hash_ids": [0]}`, "missing input_length"},
+		{"missing output", `{"timestamp": 0, "input_length": 1, "hash_ids": [0]}`, "missing output_length"},
+		{"missing ids", `{"timestamp": 0, "input_length": 1, "output_length": 1}`, "missing hash_ids"},
+		{"zero input", `{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}`, "not positive"},
+		{"negative output", `{"timestamp": 0, "input_length": 1, "output_length": -1, "hash_ids": [0]}`, "negative output_length"},
+		{"negative timestamp", `{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [0]}`, "negative timestamp"},
+		{"too few ids", `{"timestamp": 0, "input_length": 513, "output_length": 1, "hash_ids": [0]}`, "want ceil(513/512) = 2"},
+		{"too many ids", `{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [0, 1]}`, "want ceil(512/512) = 1"},
+		{"negative id", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-1]}`, "hash_ids"},
+		{"huge id", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1099511627776]}`, "exceeds"},
+		{"trailing", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]} {}`, "trailing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(strings.NewReader(good + "\n\n" + tc.line + "\n" + good + "\n"))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, ErrBadLine) {
+				t.Errorf("error %v does not wrap ErrBadLine", err)
+			}
+			if !strings.HasPrefix(err.Error(), "line 3: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want line 3 and %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCeilRule(t *testing.T) {
+	for _, tc := range []struct {
+		input, ids int
+	}{{1, 1}, {511, 1}, {512, 1}, {513, 2}, {1024, 2}, {1025, 3}, {6758, 14}} {
+		ids := make([]string, tc.ids)
+		for i := range ids {
+			ids[i] = "7"
+		}
+		line := `{"timestamp": 0, "output_length": 0, "input_length": ` + itoa(tc.input) + `, "hash_ids": [` + strings.Join(ids, ",") + `]}`
+		if _, err := Parse(strings.NewReader(line)); err != nil {
+			t.Errorf("input %d with %d ids: %v", tc.input, tc.ids, err)
+		}
+		line = `{"timestamp": 0, "output_length": 0, "input_length": ` + itoa(tc.input) + `, "hash_ids": [` + strings.Join(append(ids, "7"), ",") + `]}`
+		if _, err := Parse(strings.NewReader(line)); err == nil {
+			t.Errorf("input %d with %d ids accepted", tc.input, tc.ids+1)
+		}
+	}
+}
+
+func itoa(n int) string {
+	var b []byte
+	for {
+		b = append([]byte{byte('0' + n%10)}, b...)
+		if n /= 10; n == 0 {
+			return string(b)
+		}
+	}
+}
+
+func TestTokens(t *testing.T) {
+	tr := mustParse(t, sample)
+	for _, tc := range []struct {
+		req, copy int
+	}{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {3, 7}} {
+		r := &tr.Requests[tc.req]
+		toks := r.Tokens(tc.copy)
+		if len(toks) != r.InputLength {
+			t.Errorf("request %d: %d tokens, want input_length %d", tc.req, len(toks), r.InputLength)
+		}
+		for _, tk := range toks {
+			if tk >= Vocab {
+				t.Fatalf("token %d out of vocab", tk)
+			}
+		}
+		// Truncation: every id's full 512 tokens, cut at input_length.
+		var full []uint32
+		for _, id := range r.HashIDs {
+			full = AppendBlockTokens(full, ContentID(id, tc.copy))
+		}
+		if !slices.Equal(toks, full[:r.InputLength]) {
+			t.Errorf("request %d copy %d: tokens are not the ids' blocks cut to input_length", tc.req, tc.copy)
+		}
+		// Determinism.
+		if !slices.Equal(toks, r.Tokens(tc.copy)) {
+			t.Errorf("request %d copy %d: tokens differ between calls", tc.req, tc.copy)
+		}
+	}
+	// Equal ids give equal content across requests; different ids differ.
+	a, b := tr.Requests[0].Tokens(0), tr.Requests[1].Tokens(0)
+	if !slices.Equal(a[:1024], b) {
+		t.Error("shared ids 0, 1 do not give shared tokens")
+	}
+	if slices.Equal(a[:512], a[512:1024]) {
+		t.Error("ids 0 and 1 give the same tokens")
+	}
+}
+
+func TestBlockTokensFixed(t *testing.T) {
+	// Pin the generator so that a change to it (which would change every
+	// benchmark's content) is deliberate.
+	got := AppendBlockTokens(nil, 0)[:4]
+	again := AppendBlockTokens(nil, 0)[:4]
+	if !slices.Equal(got, again) {
+		t.Fatal("not deterministic")
+	}
+	want := []uint32{118809, 73534, 6632, 108629}
+	if !slices.Equal(got, want) {
+		t.Errorf("tokens of id 0 = %v, want %v", got, want)
+	}
+}
+
+func TestCopiesDisjoint(t *testing.T) {
+	tr := mustParse(t, sample)
+	h := blockhash.New(16, "")
+	seen := map[uint64]int{}
+	for cp := range 4 {
+		c, err := NewHashCache(tr, h, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range tr.Requests {
+			local := c.AppendLocal(nil, &tr.Requests[i], cp)
+			for _, l := range local {
+				if prev, ok := seen[l]; ok && prev != cp {
+					t.Fatalf("copy %d shares local hash %x with copy %d", cp, l, prev)
+				}
+				seen[l] = cp
+			}
+		}
+	}
+	if ContentID(5, 0) != 5 || ContentID(5, 1) == 5 || ContentID(5, 1) == ContentID(5, 2) {
+		t.Error("content ids of copies are not disjoint")
+	}
+}
+
+func TestHashCacheMatchesBlockhash(t *testing.T) {
+	tr := mustParse(t, sample)
+	for _, tc := range []struct {
+		blockSize, entries int
+	}{{16, 0}, {16, 1}, {32, 4}, {64, 0}, {512, 2}, {1, 1}} {
+		h := blockhash.New(tc.blockSize, "")
+		c, err := NewHashCache(tr, h, tc.entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := range 2 { // second round hits the cache
+			for cp := range 3 {
+				for i := range tr.Requests {
+					r := &tr.Requests[i]
+					wantLocal, wantSeq := h.Hashes(r.Tokens(cp))
+					if len(wantLocal) != r.Blocks(tc.blockSize) {
+						t.Fatalf("blockhash gave %d blocks, want %d", len(wantLocal), r.Blocks(tc.blockSize))
+					}
+					prefix := []uint64{42}
+					seq, local := c.AppendSequence(prefix, prefix, r, cp)
+					if !slices.Equal(local[1:], wantLocal) || !slices.Equal(seq[1:], wantSeq) {
+						t.Fatalf("bs %d round %d copy %d request %d: hashes differ from blockhash of the tokens", tc.blockSize, round, cp, i)
+					}
+				}
+			}
+		}
+		if tc.entries == 0 && c.Hits == 0 {
+			t.Errorf("bs %d: no cache hits", tc.blockSize)
+		}
+	}
+	if _, err := NewHashCache(tr, blockhash.New(24, ""), 0); err == nil {
+		t.Error("block size 24 accepted")
+	}
+}
+
+func TestLoadMooncake(t *testing.T) {
+	const path = "/work/shared/traces/mooncake_conversation.jsonl"
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("trace not available")
+	}
+	tr, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != 12031 {
+		t.Errorf("got %d requests, want 12031", len(tr.Requests))
+	}
+	for _, r := range tr.Requests {
+		if r.HashIDs[0] != 0 {
+			t.Fatal("a request does not start with the system prompt block 0")
+		}
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	if _, err := Load(t.TempDir() + "/none.jsonl"); err == nil {
+		t.Error("no error for a missing file")
+	}
+}
+
+func BenchmarkHashCache(b *testing.B) {
+	tr := mustParseB(b)
+	c, _ := NewHashCache(tr, blockhash.New(16, ""), 0)
+	var seq, local []uint64
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		seq, local = c.AppendSequence(seq[:0], local[:0], &tr.Requests[i%len(tr.Requests)], 0)
+		i++
+	}
+}
+
+func mustParseB(b *testing.B) *Trace {
+	tr, err := Parse(strings.NewReader(sample))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}

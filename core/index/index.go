@@ -139,14 +139,14 @@ func (ix *Index) Apply(ev *kv.Event) error {
 	switch ev.Kind {
 	case kv.KindStored:
 		t.stats.StoredEvents++
-		err = t.applyStored(ev.Worker, &ev.Stored)
+		err = storeChunked(sh, ev)
 		if err == nil && ix.maxPerShrd > 0 && t.pairs > ix.maxPerShrd {
 			t.evictTo(ix.pruneTo)
 		}
 		t.renormalizeTicks()
 	case kv.KindRemoved:
 		t.stats.RemovedEvents++
-		t.applyRemoved(ev.Worker, &ev.Removed)
+		removeChunked(sh, ev)
 	case kv.KindCleared:
 		t.stats.ClearedEvents++
 		t.clearWorker(ev.Worker)
@@ -155,6 +155,52 @@ func (ix *Index) Apply(ev *kv.Event) error {
 		err = ErrUnknownKind
 	}
 	return err
+}
+
+// applyChunk bounds how many blocks one writer applies per hold of a
+// shard's lock. Engines publish hundreds of blocks per event; readers
+// waiting behind a whole event would see its full cost in their latency.
+const applyChunk = 64
+
+// storeChunked applies a stored event with sh.mu held, releasing it
+// between chunks. Readers may see a prefix of the chain meanwhile, which is
+// a state the worker was in anyway. If another writer removed the point
+// the chain hangs from, the rest is refused like an unknown parent.
+func storeChunked(sh *shard, ev *kv.Event) error {
+	t := sh.t
+	s, cur, err := t.beginStored(ev.Worker, &ev.Stored)
+	if err != nil {
+		return err
+	}
+	blocks := ev.Stored.Blocks
+	for {
+		n := min(len(blocks), applyChunk)
+		cur = t.storeBlocks(s, cur, blocks[:n])
+		if blocks = blocks[n:]; len(blocks) == 0 {
+			return nil
+		}
+		sh.mu.Unlock()
+		sh.mu.Lock()
+		if !t.stillAt(ev.Worker, s, cur) {
+			t.stats.UnknownParent++
+			return ErrUnknownParent
+		}
+	}
+}
+
+// removeChunked applies a removed event with sh.mu held, releasing it
+// between chunks.
+func removeChunked(sh *shard, ev *kv.Event) {
+	hashes := ev.Removed.EngineHashes
+	for {
+		n := min(len(hashes), applyChunk)
+		sh.t.applyRemoved(ev.Worker, &kv.Removed{EngineHashes: hashes[:n]})
+		if hashes = hashes[n:]; len(hashes) == 0 {
+			return
+		}
+		sh.mu.Unlock()
+		sh.mu.Lock()
+	}
 }
 
 // RemoveWorker drops every block of every rank of engine id.

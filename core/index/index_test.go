@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -118,15 +119,15 @@ func asMap(t *testing.T, ov []Overlap) map[kv.Worker]uint32 {
 func (t *tree) check() error {
 	var pairs uint64
 	children := map[uint32]uint32{}
-	for i := 1; i < len(t.nodes); i++ {
-		nd := &t.nodes[i]
-		if n, ok := t.bySeq.Get(nd.seq); !ok || n != uint32(i) {
+	for i := uint32(1); int(i) < t.nodes.len(); i++ {
+		nd := t.nodes.at(i)
+		if n, ok := t.bySeq.Get(nd.seq()); !ok || n != uint32(i) {
 			continue // free slot
 		}
 		var one [1]uint32
 		set := t.workerSet(nd, &one)
-		if uint32(len(set)) != nd.nw {
-			return fmt.Errorf("node %d: nw %d but set %v", i, nd.nw, set)
+		if len(set) != t.nw(nd) {
+			return fmt.Errorf("node %d: nw %d but set %v", i, t.nw(nd), set)
 		}
 		for _, s := range set {
 			if !t.workers[s].live {
@@ -140,25 +141,25 @@ func (t *tree) check() error {
 		if fp != t.fp(nd) {
 			return fmt.Errorf("node %d: fingerprint out of date", i)
 		}
-		pairs += uint64(nd.nw)
+		pairs += uint64(t.nw(nd))
 		if nd.parent != rootParent {
 			children[nd.parent]++
-			if want := blockhash.Chain(t.nodes[nd.parent].seq, nd.local); want != nd.seq {
+			if want := blockhash.Chain(t.nodes.at(nd.parent).seq(), nd.local()); want != nd.seq() {
 				return fmt.Errorf("node %d: seq does not chain from parent", i)
 			}
-		} else if nd.seq != nd.local {
+		} else if nd.seq() != nd.local() {
 			return fmt.Errorf("root child %d: seq != local", i)
 		}
-		if nd.nw == 0 && nd.children == 0 {
+		if !nd.held() && nd.children == 0 {
 			return fmt.Errorf("node %d: garbage left behind", i)
 		}
 	}
-	if t.bySeq.Len()+len(t.free) != len(t.nodes)-1 {
-		return fmt.Errorf("%d live + %d free != %d nodes", t.bySeq.Len(), len(t.free), len(t.nodes)-1)
+	if t.bySeq.Len()+len(t.free) != t.nodes.len()-1 {
+		return fmt.Errorf("%d live + %d free != %d nodes", t.bySeq.Len(), len(t.free), t.nodes.len()-1)
 	}
 	for n, c := range children {
-		if t.nodes[n].children != c {
-			return fmt.Errorf("node %d: children %d, counted %d", n, t.nodes[n].children, c)
+		if t.nodes.at(n).children != c {
+			return fmt.Errorf("node %d: children %d, counted %d", n, t.nodes.at(n).children, c)
 		}
 	}
 	if pairs != t.pairs {
@@ -174,7 +175,7 @@ func (t *tree) check() error {
 		}
 		var err error
 		ws.blocks.Range(func(h uint64, n uint32) bool {
-			if !t.holds(&t.nodes[n], uint32(s)) {
+			if !t.holds(t.nodes.at(n), uint32(s)) {
 				err = fmt.Errorf("slot %d: id %d names node %d it does not hold", s, h, n)
 			}
 			return err == nil
@@ -184,6 +185,12 @@ func (t *tree) check() error {
 		}
 	}
 	return nil
+}
+
+func TestNodeIs28Bytes(t *testing.T) {
+	if size := unsafe.Sizeof(node{}); size != 28 {
+		t.Fatalf("node is %d bytes; every cached block pays for it", size)
+	}
 }
 
 func (ix *Index) check() error {
@@ -200,9 +207,9 @@ func (ix *Index) held() map[kv.Worker]map[uint64]bool {
 	out := map[kv.Worker]map[uint64]bool{}
 	for i := range ix.shards {
 		t := ix.shards[i].t
-		for n := 1; n < len(t.nodes); n++ {
-			nd := &t.nodes[n]
-			if cur, ok := t.bySeq.Get(nd.seq); !ok || cur != uint32(n) {
+		for n := uint32(1); int(n) < t.nodes.len(); n++ {
+			nd := t.nodes.at(n)
+			if cur, ok := t.bySeq.Get(nd.seq()); !ok || cur != uint32(n) {
 				continue
 			}
 			var one [1]uint32
@@ -211,7 +218,7 @@ func (ix *Index) held() map[kv.Worker]map[uint64]bool {
 				if out[w] == nil {
 					out[w] = map[uint64]bool{}
 				}
-				out[w][nd.seq] = true
+				out[w][nd.seq()] = true
 			}
 		}
 	}
@@ -285,13 +292,13 @@ func queries(rng *rand.Rand, ix *Index) [][]uint64 {
 	var qs [][]uint64
 	for i := range ix.shards {
 		t := ix.shards[i].t
-		for n := 1; n < len(t.nodes); n++ {
-			if cur, ok := t.bySeq.Get(t.nodes[n].seq); !ok || cur != uint32(n) {
+		for n := uint32(1); int(n) < t.nodes.len(); n++ {
+			if cur, ok := t.bySeq.Get(t.nodes.at(n).seq()); !ok || cur != uint32(n) {
 				continue
 			}
 			var path []uint64
-			for m := uint32(n); m != rootParent; m = t.nodes[m].parent {
-				path = append(path, t.nodes[m].local)
+			for m := uint32(n); m != rootParent; m = t.nodes.at(m).parent {
+				path = append(path, t.nodes.at(m).local())
 			}
 			slices.Reverse(path)
 			path = append(path, rng.Uint64N(4))
@@ -618,6 +625,75 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 			}
 		}()
 	}
+	wg.Wait()
+	if err := ix.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLongEventsAreAppliedInChunksExactly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	ix := New(Config{Shards: 2})
+	ref := newRef()
+	w := kv.Worker{ID: 9}
+	var stored []uint64
+	id := uint64(1)
+	var m Matcher
+	for round := range 30 {
+		n := 1 + rng.IntN(5*applyChunk)
+		blocks := make([]kv.Block, n)
+		local := make([]uint64, n)
+		for i := range blocks {
+			local[i] = rng.Uint64N(3) // shared paths across rounds
+			blocks[i] = kv.Block{EngineHash: id, LocalHash: local[i]}
+			stored = append(stored, id)
+			id++
+		}
+		ev := kv.StoredEvent(w, 0, nil, blocks...)
+		if err, want := ix.Apply(&ev), ref.apply(&ev); err != want {
+			t.Fatalf("round %d: %v vs %v", round, err, want)
+		}
+		rng.Shuffle(len(stored), func(i, j int) { stored[i], stored[j] = stored[j], stored[i] })
+		k := rng.IntN(len(stored)/2 + 1)
+		rm := kv.RemovedEvent(w, 0, stored[:k]...)
+		_ = ix.Apply(&rm)
+		_ = ref.apply(&rm)
+		stored = stored[k:]
+		if err := ix.check(); err != nil {
+			t.Fatal(err)
+		}
+		q := blockhash.SequenceHashes(local)
+		if got, want := asMap(t, ix.FindMatches(&m, q)), ref.find(q); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("round %d: %v, reference %v", round, got, want)
+		}
+	}
+}
+
+func TestChunkedStoreRacingRemovalStaysConsistent(t *testing.T) {
+	ix := New(Config{Shards: 1})
+	w := kv.Worker{ID: 1}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := range 200 {
+			blocks := make([]kv.Block, 4*applyChunk)
+			for j := range blocks {
+				blocks[j] = kv.Block{EngineHash: uint64(i<<16 | j), LocalHash: uint64(j)}
+			}
+			ev := kv.StoredEvent(w, 0, nil, blocks...)
+			if err := ix.Apply(&ev); err != nil && err != ErrUnknownParent {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for range 400 {
+			ix.RemoveRank(w)
+		}
+	}()
 	wg.Wait()
 	if err := ix.check(); err != nil {
 		t.Fatal(err)

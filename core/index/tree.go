@@ -23,14 +23,14 @@ import (
 // Nodes that no worker holds are kept while they have children, so that a
 // child's path is never lost when its parent is removed without cascade.
 type tree struct {
-	nodes []node
+	nodes paged[node]
 	free  []uint32
 	// bySeq maps a path's sequence hash to its node.
-	bySeq u64map
+	bySeq partMap
 	// stamps holds each node's last-use tick, only under a memory cap
 	// (lru). Readers write it atomically so that eviction can pick the
 	// least recently matched leaves.
-	stamps []uint32
+	stamps paged[uint32]
 	lru    bool
 	// sets holds the worker slots of nodes held by two or more workers; a
 	// node held by one worker keeps it inline.
@@ -54,14 +54,39 @@ type tree struct {
 const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
 
 type node struct {
-	seq      uint64
-	local    uint64
-	parent   uint32
-	children uint32
-	// nw is the number of worker slots holding the node; with nw == 1 the
-	// slot is in w, otherwise w indexes tree.sets.
-	nw uint32
-	w  uint32
+	// The hashes are stored as 32-bit halves so that the struct needs only
+	// 4-byte alignment: 28 bytes instead of 32, per cached block.
+	seqLo, seqHi     uint32
+	localLo, localHi uint32
+	parent           uint32
+	children         uint32
+	// h says who holds the node: noHolder, one worker slot, or setFlag
+	// with an index into tree.sets for two or more holders.
+	h uint32
+}
+
+const (
+	noHolder = ^uint32(0)
+	setFlag  = uint32(1) << 31
+)
+
+func newNode(seq, local uint64, parent uint32) node {
+	return node{seqLo: uint32(seq), seqHi: uint32(seq >> 32), localLo: uint32(local), localHi: uint32(local >> 32), parent: parent, h: noHolder}
+}
+
+func (n *node) seq() uint64   { return uint64(n.seqLo) | uint64(n.seqHi)<<32 }
+func (n *node) local() uint64 { return uint64(n.localLo) | uint64(n.localHi)<<32 }
+func (n *node) held() bool    { return n.h != noHolder }
+
+// nw is the number of worker slots holding n.
+func (t *tree) nw(n *node) int {
+	switch {
+	case n.h == noHolder:
+		return 0
+	case n.h&setFlag != 0:
+		return len(t.sets[n.h&^setFlag].slots)
+	}
+	return 1
 }
 
 // holderSet is the slots of a node held by several workers, with the XOR
@@ -84,13 +109,13 @@ func slotFP(s uint32) uint64 {
 
 // fp is the fingerprint of n's holder set.
 func (t *tree) fp(n *node) uint64 {
-	switch n.nw {
-	case 0:
+	switch {
+	case n.h == noHolder:
 		return 0
-	case 1:
-		return slotFP(n.w)
+	case n.h&setFlag != 0:
+		return t.sets[n.h&^setFlag].fp
 	}
-	return t.sets[n.w].fp
+	return slotFP(n.h)
 }
 
 type workerState struct {
@@ -106,12 +131,12 @@ type workerState struct {
 
 func newTree(lru bool) *tree {
 	t := &tree{
-		nodes:  make([]node, 1, 1024),
 		slotOf: make(map[kv.Worker]uint32),
 		lru:    lru,
 	}
+	t.nodes.grow() // node 0 is the root sentinel
 	if lru {
-		t.stamps = make([]uint32, 1, 1024)
+		t.stamps.grow()
 	}
 	t.tick.Store(1)
 	return t
@@ -140,14 +165,14 @@ func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
 
 // workerSet returns the slots holding n. one is scratch for the inline case.
 func (t *tree) workerSet(n *node, one *[1]uint32) []uint32 {
-	switch n.nw {
-	case 0:
+	switch {
+	case n.h == noHolder:
 		return nil
-	case 1:
-		one[0] = n.w
-		return one[:]
+	case n.h&setFlag != 0:
+		return t.sets[n.h&^setFlag].slots
 	}
-	return t.sets[n.w].slots
+	one[0] = n.h
+	return one[:]
 }
 
 func (t *tree) holds(n *node, s uint32) bool {
@@ -156,34 +181,35 @@ func (t *tree) holds(n *node, s uint32) bool {
 }
 
 func (t *tree) addHolder(n *node, s uint32) {
-	switch n.nw {
-	case 0:
-		n.w = s
-	case 1:
+	switch {
+	case n.h == noHolder:
+		n.h = s
+	case n.h&setFlag == 0:
 		set := t.newSet()
 		hs := &t.sets[set]
-		hs.slots = append(hs.slots, n.w, s)
-		hs.fp = slotFP(n.w) ^ slotFP(s)
-		n.w = set
+		hs.slots = append(hs.slots, n.h, s)
+		hs.fp = slotFP(n.h) ^ slotFP(s)
+		n.h = set | setFlag
 	default:
-		hs := &t.sets[n.w]
+		hs := &t.sets[n.h&^setFlag]
 		hs.slots = append(hs.slots, s)
 		hs.fp ^= slotFP(s)
 	}
-	n.nw++
 	t.pairs++
 }
 
 func (t *tree) dropHolder(n *node, s uint32) {
-	switch n.nw {
-	case 0:
+	switch {
+	case n.h == noHolder:
 		return
-	case 1:
-		if n.w != s {
+	case n.h&setFlag == 0:
+		if n.h != s {
 			return
 		}
+		n.h = noHolder
 	default:
-		hs := &t.sets[n.w]
+		set := n.h &^ setFlag
+		hs := &t.sets[set]
 		i := slices.Index(hs.slots, s)
 		if i < 0 {
 			return
@@ -193,12 +219,10 @@ func (t *tree) dropHolder(n *node, s uint32) {
 		hs.slots = hs.slots[:last]
 		hs.fp ^= slotFP(s)
 		if last == 1 {
-			only := hs.slots[0]
-			t.releaseSet(n.w)
-			n.w = only
+			n.h = hs.slots[0]
+			t.releaseSet(set)
 		}
 	}
-	n.nw--
 	t.pairs--
 }
 
@@ -227,7 +251,7 @@ func (t *tree) releaseSet(s uint32) {
 func (t *tree) child(parent uint32, local uint64) uint32 {
 	seq := local
 	if parent != rootParent {
-		seq = blockhash.Chain(t.nodes[parent].seq, local)
+		seq = blockhash.Chain(t.nodes.at(parent).seq(), local)
 	}
 	if n, ok := t.bySeq.Get(seq); ok {
 		return n
@@ -237,19 +261,18 @@ func (t *tree) child(parent uint32, local uint64) uint32 {
 		n = t.free[k-1]
 		t.free = t.free[:k-1]
 	} else {
-		n = uint32(len(t.nodes))
-		t.nodes = append(t.nodes, node{})
+		n = t.nodes.grow()
 		if t.lru {
-			t.stamps = append(t.stamps, 0)
+			t.stamps.grow()
 		}
 	}
-	t.nodes[n] = node{seq: seq, local: local, parent: parent}
+	*t.nodes.at(n) = newNode(seq, local, parent)
 	if t.lru {
-		t.stamps[n] = t.tick.Load()
+		*t.stamps.at(n) = t.tick.Load()
 	}
 	t.bySeq.Put(seq, n)
 	if parent != rootParent {
-		t.nodes[parent].children++
+		t.nodes.at(parent).children++
 	}
 	return n
 }
@@ -258,16 +281,16 @@ func (t *tree) child(parent uint32, local uint64) uint32 {
 // worker and have no children.
 func (t *tree) collect(n uint32) {
 	for n != rootParent {
-		nd := &t.nodes[n]
-		if nd.nw > 0 || nd.children > 0 {
+		nd := t.nodes.at(n)
+		if nd.held() || nd.children > 0 {
 			return
 		}
 		parent := nd.parent
-		t.bySeq.Delete(nd.seq)
-		*nd = node{}
+		t.bySeq.Delete(nd.seq())
+		*nd = node{h: noHolder}
 		t.free = append(t.free, n)
 		if parent != rootParent {
-			t.nodes[parent].children--
+			t.nodes.at(parent).children--
 		}
 		n = parent
 	}
@@ -276,7 +299,7 @@ func (t *tree) collect(n uint32) {
 // collectIfLive is collect for callers that may name a node twice (or
 // one an earlier collect already freed).
 func (t *tree) collectIfLive(n uint32) {
-	if cur, ok := t.bySeq.Get(t.nodes[n].seq); ok && cur == n {
+	if cur, ok := t.bySeq.Get(t.nodes.at(n).seq()); ok && cur == n {
 		t.collect(n)
 	}
 }
@@ -292,14 +315,14 @@ func (t *tree) unref(s uint32, n uint32) {
 		}
 		return
 	}
-	t.dropHolder(&t.nodes[n], s)
+	t.dropHolder(t.nodes.at(n), s)
 	t.collect(n)
 }
 
 // ref records that worker slot s holds node n under engine id h.
 func (t *tree) ref(s uint32, h uint64, n uint32) {
 	ws := &t.workers[s]
-	nd := &t.nodes[n]
+	nd := t.nodes.at(n)
 	if t.holds(nd, s) {
 		if ws.extraRefs == nil {
 			ws.extraRefs = make(map[uint32]uint32)
@@ -310,29 +333,42 @@ func (t *tree) ref(s uint32, h uint64, n uint32) {
 	}
 	ws.blocks.Put(h, n)
 	if t.lru {
-		t.stamps[n] = t.tick.Load()
+		*t.stamps.at(n) = t.tick.Load()
 	}
 }
 
 func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
+	s, cur, err := t.beginStored(w, st)
+	if err == nil {
+		t.storeBlocks(s, cur, st.Blocks)
+	}
+	return err
+}
+
+// beginStored finds where a stored chain attaches: the worker's slot and
+// the node of the parent block (rootParent for none).
+func (t *tree) beginStored(w kv.Worker, st *kv.Stored) (s, cur uint32, err error) {
 	if len(st.Blocks) == 0 {
 		t.stats.EmptyStored++
-		return ErrEmptyStored
+		return 0, 0, ErrEmptyStored
 	}
-	s, _ := t.slot(w, true)
-	cur := uint32(rootParent)
+	s, _ = t.slot(w, true)
+	cur = rootParent
 	if st.Parent != nil {
 		p, ok := t.workers[s].blocks.Get(*st.Parent)
 		if !ok {
 			t.stats.UnknownParent++
-			if t.workers[s].blocks.Len() == 0 {
-				t.dropSlotIfEmpty(s)
-			}
-			return ErrUnknownParent
+			t.dropSlotIfEmpty(s)
+			return 0, 0, ErrUnknownParent
 		}
 		cur = p
 	}
-	for _, b := range st.Blocks {
+	return s, cur, nil
+}
+
+// storeBlocks hangs blocks below cur for slot s and returns the last one.
+func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
+	for _, b := range blocks {
 		n := t.child(cur, b.LocalHash)
 		ws := &t.workers[s]
 		if old, ok := ws.blocks.Get(b.EngineHash); ok {
@@ -345,15 +381,22 @@ func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
 			// the old block without telling us. Its latest word wins. n is
 			// pinned meanwhile: dropping old may otherwise collect it (old
 			// may hang below n, or be n's parent).
-			t.nodes[n].children++
+			t.nodes.at(n).children++
 			t.unref(s, old)
-			t.nodes[n].children--
+			t.nodes.at(n).children--
 		}
 		t.ref(s, b.EngineHash, n)
 		t.stats.BlocksStored++
 		cur = n
 	}
-	return nil
+	return cur
+}
+
+// stillAt reports whether slot s still belongs to w and holds node cur: a
+// chunked store resumes only where it left off.
+func (t *tree) stillAt(w kv.Worker, s, cur uint32) bool {
+	ws := &t.workers[s]
+	return ws.live && ws.id == w && t.holds(t.nodes.at(cur), s)
 }
 
 func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
@@ -380,7 +423,7 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 func (t *tree) clearSlot(s uint32) {
 	ws := &t.workers[s]
 	ws.blocks.Range(func(_ uint64, n uint32) bool {
-		t.dropHolder(&t.nodes[n], s)
+		t.dropHolder(t.nodes.at(n), s)
 		return true
 	})
 	ws.blocks.Range(func(_ uint64, n uint32) bool {
@@ -453,7 +496,7 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	}
 	sc.reset(len(t.workers))
 	var one [1]uint32
-	nd := &t.nodes[n0]
+	nd := t.nodes.at(n0)
 	t.touch(n0, tick)
 	sc.epoch++
 	cur := sc.epoch
@@ -468,8 +511,8 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 		if !ok {
 			break
 		}
-		nd := &t.nodes[n]
-		if int(nd.nw) == len(sc.active) && t.fp(nd) == activeFP {
+		nd := t.nodes.at(n)
+		if t.nw(nd) == len(sc.active) && t.fp(nd) == activeFP {
 			t.touch(n, tick)
 			continue
 		}
@@ -512,7 +555,7 @@ func (t *tree) touch(n uint32, tick uint32) {
 	if !t.lru {
 		return
 	}
-	if p := &t.stamps[n]; atomic.LoadUint32(p) != tick {
+	if p := t.stamps.at(n); atomic.LoadUint32(p) != tick {
 		atomic.StoreUint32(p, tick)
 	}
 }
@@ -525,8 +568,8 @@ func (t *tree) renormalizeTicks() {
 	if t.tick.Load() < 1<<31 {
 		return
 	}
-	for i := range t.stamps {
-		t.stamps[i] /= 2
+	for i := range t.stamps.len() {
+		*t.stamps.at(uint32(i)) /= 2
 	}
 	t.tick.Store(1 << 30)
 }
@@ -538,9 +581,9 @@ func (t *tree) evictTo(target uint64) {
 	if t.pairs <= target {
 		return
 	}
-	h := &leafHeap{stamps: t.stamps}
-	for i := 1; i < len(t.nodes); i++ {
-		if nd := &t.nodes[i]; nd.nw > 0 && nd.children == 0 {
+	h := &leafHeap{stamps: &t.stamps}
+	for i := uint32(1); int(i) < t.nodes.len(); i++ {
+		if nd := t.nodes.at(i); nd.held() && nd.children == 0 {
 			h.items = append(h.items, uint32(i))
 		}
 	}
@@ -550,7 +593,7 @@ func (t *tree) evictTo(target uint64) {
 	var one [1]uint32
 	for t.pairs > target && h.Len() > 0 {
 		n := heap.Pop(h).(uint32)
-		nd := &t.nodes[n]
+		nd := t.nodes.at(n)
 		for _, s := range slices.Clone(t.workerSet(nd, &one)) {
 			affected[s] = true
 			t.dropHolder(nd, s)
@@ -559,8 +602,8 @@ func (t *tree) evictTo(target uint64) {
 		dead[n] = true
 		p := nd.parent
 		if p != rootParent {
-			pn := &t.nodes[p]
-			if pn.children == 1 && pn.nw > 0 {
+			pn := t.nodes.at(p)
+			if pn.children == 1 && pn.held() {
 				heap.Push(h, p)
 			}
 		}
@@ -593,13 +636,13 @@ func (t *tree) evictTo(target uint64) {
 }
 
 type leafHeap struct {
-	stamps []uint32
+	stamps *paged[uint32]
 	items  []uint32
 }
 
 func (h *leafHeap) Len() int { return len(h.items) }
 func (h *leafHeap) Less(i, j int) bool {
-	a, b := h.stamps[h.items[i]], h.stamps[h.items[j]]
+	a, b := *h.stamps.at(h.items[i]), *h.stamps.at(h.items[j])
 	if a != b {
 		return a < b
 	}
@@ -703,14 +746,14 @@ func (d *dumper) emitAs(n uint32, h uint64) {
 }
 
 func (d *dumper) emit(n uint32, h uint64) {
-	nd := &d.t.nodes[n]
+	nd := d.t.nodes.at(n)
 	parent := d.parentHash(nd.parent)
-	d.events = append(d.events, kv.StoredEvent(d.ws.id, d.nextID(), parent, kv.Block{EngineHash: h, LocalHash: nd.local}))
+	d.events = append(d.events, kv.StoredEvent(d.ws.id, d.nextID(), parent, kv.Block{EngineHash: h, LocalHash: nd.local()}))
 }
 
 // bridgeHash picks an engine id the worker does not use.
 func (d *dumper) bridgeHash(n uint32) uint64 {
-	h := blockhash.Chain(d.t.nodes[n].seq, 0xb41d6e)
+	h := blockhash.Chain(d.t.nodes.at(n).seq(), 0xb41d6e)
 	for {
 		if _, used := d.ws.blocks.Get(h); !used && !slices.Contains(d.bridges, h) {
 			return h

@@ -20,7 +20,7 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(
 		newVersionCmd(), // version.go
 		newBenchCmd(),   // bench.go
-		// newUpCmd(),     // up.go: everything embedded on one machine
+		newUpCmd(),      // up.go: everything embedded on one machine (today an in-process demo)
 		// newMockerCmd(), // mocker.go: simulated vLLM engines
 		// newServeCmd(),  // serve.go: router for a NATS cluster
 	)
@@ -30,6 +30,6 @@ func addCommands(root *cobra.Command) {
 func addBenchCommands(bench *cobra.Command) {
 	bench.AddCommand(
 		newBenchIndexCmd(), // bench_index.go
-		// newBenchRouteCmd(), // bench_route.go
+		newBenchRouteCmd(), // bench_route.go
 	)
 }

@@ -203,6 +203,23 @@ func removeChunked(sh *shard, ev *kv.Event) {
 	}
 }
 
+// Reserve tells the index that worker rank w caches up to blocks blocks
+// (an engine's num_gpu_blocks), so that its tables are sized once instead
+// of growing block by block. Optional; 0 forgets the hint.
+func (ix *Index) Reserve(w kv.Worker, blocks int) {
+	sh := ix.shardOf(w)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if blocks <= 0 {
+		delete(sh.t.reserved, w)
+		return
+	}
+	sh.t.reserved[w] = blocks
+	if s, ok := sh.t.slotOf[w]; ok {
+		sh.t.workers[s].blocks.reserve(blocks)
+	}
+}
+
 // RemoveWorker drops every block of every rank of engine id.
 func (ix *Index) RemoveWorker(id uint64) {
 	for i := range ix.shards {

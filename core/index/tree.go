@@ -39,6 +39,10 @@ type tree struct {
 
 	workers []workerState
 	slotOf  map[kv.Worker]uint32
+	// reserved is each worker's announced capacity in blocks, used to size
+	// its engine-id table once: growing a table of millions of entries
+	// costs more than filling it.
+	reserved map[kv.Worker]int
 	// freeSlots are slots of removed workers, reused so that slot numbers
 	// (and the per-query scratch sized by them) stay bounded.
 	freeSlots []uint32
@@ -131,8 +135,9 @@ type workerState struct {
 
 func newTree(lru bool) *tree {
 	t := &tree{
-		slotOf: make(map[kv.Worker]uint32),
-		lru:    lru,
+		slotOf:   make(map[kv.Worker]uint32),
+		reserved: make(map[kv.Worker]int),
+		lru:      lru,
 	}
 	t.nodes.grow() // node 0 is the root sentinel
 	if lru {
@@ -159,6 +164,7 @@ func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
 		t.workers = append(t.workers, workerState{})
 	}
 	t.workers[s] = workerState{id: w, live: true}
+	t.workers[s].blocks.reserve(t.reserved[w])
 	t.slotOf[w] = s
 	return s, true
 }
@@ -449,6 +455,11 @@ func (t *tree) clearWorker(w kv.Worker) {
 
 // removeWorkerID drops every rank of engine id.
 func (t *tree) removeWorkerID(id uint64) {
+	for w := range t.reserved {
+		if w.ID == id {
+			delete(t.reserved, w)
+		}
+	}
 	for s := range t.workers {
 		if ws := &t.workers[s]; ws.live && ws.id.ID == id {
 			t.clearSlot(uint32(s))

@@ -293,6 +293,11 @@ func (r *Router) AddWorker(info WorkerInfo) {
 	}
 	infos[info.ID] = info
 	r.fleet.Store(buildFleet(infos))
+	if r.exact != nil {
+		for rank := range info.DPSize {
+			r.exact.Reserve(kv.Worker{ID: info.ID, DPRank: uint32(rank)}, info.TotalKVBlocks)
+		}
+	}
 	r.drain()
 }
 

@@ -266,6 +266,8 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 		var engines []*engineCache
 		for id := w; id < min(w+cfg.GroupSize, cfg.Workers); id++ {
 			engines = append(engines, newEngineCache(cfg.CapacityBlocks, mix64(cfg.Seed^mix64(uint64(id)+1))))
+			// As the router does when an engine registers its KV capacity.
+			r.ix.Reserve(kv.Worker{ID: uint64(id)}, cfg.CapacityBlocks)
 		}
 		r.groups = append(r.groups, newGroup(len(r.groups), uint64(w), engines, cfg.Seed))
 	}

@@ -58,8 +58,9 @@ type RouteResult struct {
 // oldest of InFlight booked ones, so the load tracker is never empty; the
 // timed span covers hashing, matching, scoring, booking and freeing.
 func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
-	if cfg.ISL < cfg.BlockSize || cfg.Workers < 1 || cfg.Iterations < 1 {
-		return RouteResult{}, fmt.Errorf("bench route: need isl ≥ block size, workers ≥ 1, iterations ≥ 1")
+	if cfg.BlockSize < 1 || cfg.ISL < cfg.BlockSize || cfg.SystemTokens < 0 || cfg.SystemTokens > cfg.ISL ||
+		cfg.Workers < 1 || cfg.Iterations < 1 || cfg.InFlight < 1 || cfg.Conversations < 1 {
+		return RouteResult{}, fmt.Errorf("bench route: need block size ≥ 1, isl ≥ block size, 0 ≤ system tokens ≤ isl, workers, iterations, in-flight and conversations ≥ 1")
 	}
 	rcfg := router.DefaultConfig()
 	rcfg.BlockSize = cfg.BlockSize

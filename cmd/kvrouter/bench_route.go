@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvrouter/kvrouter/internal/bench"
+)
+
+func newBenchRouteCmd() *cobra.Command {
+	var (
+		cfg    = bench.DefaultRouteConfig()
+		asJSON bool
+		quiet  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "route",
+		Short: "Measure whole routing decisions of the router",
+		Long: `Measures core/router's BestWorker end to end: hashing the prompt, matching it
+against the event-fed index, scoring every worker and booking the request.
+
+The warm index holds, on each of --workers workers, --conversations
+conversations of --isl tokens that all start with one shared system prompt of
+--system-tokens tokens. Half of the measured requests continue a cached
+conversation (three quarters of the prompt cached on one worker), half start a
+new one (only the system prompt cached, everywhere). Each decision books its
+request and frees the oldest of --inflight booked ones, so the load tracker is
+never empty; the timed span covers hashing, matching, scoring, booking and
+freeing. Progress goes to stderr.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			progress := io.Discard
+			if !quiet {
+				progress = cmd.ErrOrStderr()
+			}
+			res, err := bench.RunRoute(cfg, progress)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			return printRouteResult(cmd.OutOrStdout(), &res)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.ISL, "isl", cfg.ISL, "prompt tokens per request")
+	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "workers (one rank each)")
+	f.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
+	f.IntVar(&cfg.Iterations, "iterations", cfg.Iterations, "measured routing decisions")
+	f.IntVar(&cfg.InFlight, "inflight", cfg.InFlight, "requests kept booked while measuring")
+	f.IntVar(&cfg.Conversations, "conversations", cfg.Conversations, "cached conversations per worker in the warm index")
+	f.IntVar(&cfg.SystemTokens, "system-tokens", cfg.SystemTokens, "system prompt tokens shared by every conversation")
+	f.IntVar(&cfg.EventThreads, "router-event-threads", cfg.EventThreads, "index write parallelism (shards)")
+	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for tokens and tie-breaking")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
+	return cmd
+}
+
+func printRouteResult(w io.Writer, r *bench.RouteResult) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name, value string) { fmt.Fprintf(tw, "%s\t%s\t\n", name, value) }
+	row("workers", fmt.Sprintf("%d", r.Workers))
+	row("prompt tokens", fmt.Sprintf("%d", r.ISL))
+	row("decisions", fmt.Sprintf("%d", r.Iterations))
+	row("route p50 / p99", fmt.Sprintf("%.1f / %.1f µs", r.RouteP50us, r.RouteP99us))
+	row("route mean", fmt.Sprintf("%.1f µs", r.RouteMeanus))
+	row("hash / find / schedule p50", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.HashP50us, r.FindP50us, r.ScheduleP50us))
+	row("decisions/s", fmt.Sprintf("%.0f", r.DecisionsPerS))
+	row("hit rate", fmt.Sprintf("%.1f %%", 100*r.HitRate))
+	row("indexed pairs", fmt.Sprintf("%d", r.IndexedPairs))
+	return tw.Flush()
+}

@@ -21,7 +21,7 @@ func addCommands(root *cobra.Command) {
 		newVersionCmd(), // version.go
 		newBenchCmd(),   // bench.go
 		newUpCmd(),      // up.go: everything embedded on one machine (today an in-process demo)
-		// newMockerCmd(), // mocker.go: simulated vLLM engines
+		newMockerCmd(),  // mocker.go: simulated vLLM engines
 		// newServeCmd(),  // serve.go: router for a NATS cluster
 	)
 }

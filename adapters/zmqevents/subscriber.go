@@ -1,0 +1,262 @@
+package zmqevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// SubscriberConfig configures a Subscriber.
+type SubscriberConfig struct {
+	// Endpoint of the engine's PUB socket, e.g. "tcp://10.0.0.5:5557".
+	Endpoint string
+	// Topic is the subscription prefix; "" receives everything.
+	Topic string
+	// Handler, when set, receives every message on the Subscriber's
+	// goroutine, in order, and Messages() is nil. It must not block for
+	// long: the socket is not read meanwhile.
+	Handler func(Message)
+	// Buffer is the capacity of the Messages() channel; 0 means 1024.
+	// When the channel is full the Subscriber waits (it does not drop).
+	Buffer int
+	// RetryInterval between connection attempts; 0 means zmq4's 250 ms.
+	RetryInterval time.Duration
+	// Logger receives zmq4's own diagnostics; nil discards them.
+	Logger *log.Logger
+}
+
+// SubscriberStats are a Subscriber's counters.
+type SubscriberStats struct {
+	Received  uint64 // well-formed messages delivered
+	Malformed uint64 // messages skipped: not 3 frames, or seq frame not 8 bytes
+	Gaps      uint64 // messages that arrived after a gap (Message.Missed > 0)
+	Missed    uint64 // sequence numbers missed in all gaps
+	Resets    uint64 // messages whose seq did not grow (Message.Reset)
+}
+
+// Subscriber receives a publisher's stream: it connects a SUB socket,
+// checks each message's shape and sequence number and delivers the
+// well-formed ones.
+type Subscriber struct {
+	cfg    SubscriberConfig
+	sub    zmq4.Socket
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan Message
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+
+	mu       sync.Mutex
+	stats    SubscriberStats
+	haveLast bool
+	last     uint64
+	dialErr  error
+}
+
+// NewSubscriber starts a Subscriber. It returns at once: connecting happens
+// in the background and is retried until it succeeds or Close is called
+// (the engine may start after the router).
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = 1024
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = log.New(discard{}, "", 0)
+	}
+	opts := []zmq4.Option{zmq4.WithLogger(logger), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true)}
+	if cfg.RetryInterval > 0 {
+		opts = append(opts, zmq4.WithDialerRetry(cfg.RetryInterval))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Subscriber{cfg: cfg, ctx: ctx, cancel: cancel}
+	s.sub = zmq4.NewSub(ctx, opts...)
+	if err := s.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+		cancel()
+		_ = s.sub.Close()
+		return nil, fmt.Errorf("zmqevents: subscribe: %w", err)
+	}
+	if cfg.Handler == nil {
+		s.out = make(chan Message, cfg.Buffer)
+	}
+	s.wg.Add(1)
+	go s.run()
+	return s, nil
+}
+
+// Messages is the stream of well-formed messages, in arrival order; it is
+// closed by Close. Nil when a Handler is configured.
+func (s *Subscriber) Messages() <-chan Message { return s.out }
+
+// Stats returns the counters.
+func (s *Subscriber) Stats() SubscriberStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Err returns why connecting failed for good (nil while running normally).
+func (s *Subscriber) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dialErr
+}
+
+func (s *Subscriber) run() {
+	defer s.wg.Done()
+	if s.out != nil {
+		defer close(s.out)
+	}
+	if err := s.sub.Dial(s.cfg.Endpoint); err != nil {
+		if s.ctx.Err() == nil {
+			s.mu.Lock()
+			s.dialErr = fmt.Errorf("zmqevents: dial %s: %w", s.cfg.Endpoint, err)
+			s.mu.Unlock()
+		}
+		return
+	}
+	for {
+		msg, err := s.sub.Recv()
+		if s.ctx.Err() != nil {
+			return
+		}
+		if err != nil || msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		m, ok := s.check(msg.Frames)
+		if !ok {
+			continue
+		}
+		if s.cfg.Handler != nil {
+			s.cfg.Handler(m)
+			continue
+		}
+		select {
+		case s.out <- m:
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// check validates one message and tracks its sequence number.
+func (s *Subscriber) check(frames [][]byte) (Message, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(frames) != 3 {
+		s.stats.Malformed++
+		return Message{}, false
+	}
+	seq, ok := DecodeSeq(frames[1])
+	if !ok {
+		s.stats.Malformed++
+		return Message{}, false
+	}
+	m := Message{Topic: frames[0], Seq: seq, Payload: frames[2]}
+	if s.haveLast {
+		switch {
+		case seq <= s.last:
+			m.Reset = true
+			s.stats.Resets++
+		case seq > s.last+1:
+			m.Missed = seq - s.last - 1
+			s.stats.Gaps++
+			s.stats.Missed += m.Missed
+		}
+	}
+	s.haveLast, s.last = true, seq
+	s.stats.Received++
+	return m, true
+}
+
+// Close disconnects and stops the Subscriber; Messages() is closed once
+// its goroutine has stopped. It is idempotent.
+func (s *Subscriber) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.cancel()
+		err = s.sub.Close()
+		s.wg.Wait()
+		// A dial that completed while closing may have added a
+		// connection after the first Close; closing again releases it.
+		_ = s.sub.Close()
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, context.Canceled) {
+			err = nil // a connection zmq4 had already dropped
+		}
+	})
+	return err
+}
+
+// Replay asks a publisher's replay endpoint for every buffered batch with
+// seq >= start and collects them until the end marker. It connects a
+// DEALER socket and sends the REQ-style request ["", start], which vLLM's
+// publisher requires and this package's Publisher accepts; replies with or
+// without the delimiter, and in the [seq, payload] or [topic, seq, payload]
+// shape, are understood. Malformed replies are skipped. If ctx ends before
+// the end marker, Replay returns what it got and an error wrapping
+// ctx.Err(). A replay that starts above the publisher's oldest buffered
+// batch is complete; check the first Seq against start to see whether the
+// ring had already dropped some.
+func Replay(ctx context.Context, endpoint string, start uint64) ([]Message, error) {
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dealer := zmq4.NewDealer(sctx, zmq4.WithLogger(log.New(discard{}, "", 0)), zmq4.WithDialerMaxRetries(-1))
+	defer dealer.Close()
+	if err := dealer.Dial(endpoint); err != nil {
+		return nil, fmt.Errorf("zmqevents: replay dial %s: %w", endpoint, errOr(ctx.Err(), err))
+	}
+	if err := dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, EncodeSeq(start))); err != nil {
+		return nil, fmt.Errorf("zmqevents: replay request: %w", errOr(ctx.Err(), err))
+	}
+	var out []Message
+	for {
+		msg, err := dealer.Recv()
+		if ctx.Err() != nil {
+			return out, fmt.Errorf("zmqevents: replay incomplete after %d batches: %w", len(out), ctx.Err())
+		}
+		if err != nil {
+			return out, fmt.Errorf("zmqevents: replay: %w", err)
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		f := msg.Frames
+		if len(f) >= 3 && len(f[0]) == 0 {
+			f = f[1:] // REQ-style delimiter
+		}
+		var m Message
+		switch len(f) {
+		case 2:
+		case 3:
+			m.Topic, f = f[0], f[1:]
+		default:
+			continue
+		}
+		seq, ok := DecodeSeq(f[0])
+		if !ok {
+			continue
+		}
+		if seq == EndSeq {
+			return out, nil
+		}
+		m.Seq, m.Payload = seq, f[1]
+		out = append(out, m)
+	}
+}
+
+func errOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+func newMockerCmd() *cobra.Command {
+	cfg := fleet.DefaultConfig()
+	encoding := "array"
+	cmd := &cobra.Command{
+		Use:   "mocker",
+		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
+		Long: `Starts --num-workers simulated engines in one process. From outside each is a
+vLLM server with KV events enabled: the OpenAI API (/v1/completions,
+/v1/chat/completions, /v1/models, /tokenize, /health, /metrics with vLLM's
+metric names) on --http-port + i, and for every data-parallel rank r a ZMQ PUB
+socket of KV events (vLLM's msgpack batches, one per scheduler step) on
+--kv-events-port + i × dp + r with a replay ROUTER socket on
+--kv-events-replay-port + i × dp + r. Port 0 picks free ports.
+
+Inside, each rank runs a vLLM-like scheduler (waiting/running queues, chunked
+prefill, preemption) over a KV block manager with prefix caching, and times
+each step with a model of an H100 (prefill: quadratic in new tokens; decode:
+in KV usage), divided by --speedup-ratio. Generated tokens are deterministic;
+their text comes from the mocker's own tokenizer (see mocker/tokenizer).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch encoding {
+			case "array":
+				cfg.Encoding = vllmevents.EncodingArray
+			case "map":
+				cfg.Encoding = vllmevents.EncodingMap
+			case "map-batch":
+				cfg.Encoding = vllmevents.EncodingMapBatch
+			default:
+				return fmt.Errorf("--kv-events-encoding must be array, map or map-batch, got %q", encoding)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			f, err := fleet.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
+				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
+			f.PrintTable(out)
+			fmt.Fprintf(out, "\ntry: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", f.Engines()[0].HTTPURL)
+			<-ctx.Done()
+			f.Close()
+			tm := f.Timing()
+			fmt.Fprintf(out, "\nstopped after %d steps; simulated step time %v, wall %v (drift %+.2f%%, %d lag resets)\n",
+				tm.Steps, tm.Model.Round(time.Millisecond), tm.Actual.Round(time.Millisecond), 100*tm.Drift(), tm.LagResets)
+			return f.PublishErr()
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "simulated engines in this process")
+	fl.IntVar(&cfg.DataParallelSize, "data-parallel-size", cfg.DataParallelSize, "data-parallel ranks per engine, each with its own KV cache and event socket")
+	fl.Float64Var(&cfg.SpeedupRatio, "speedup-ratio", cfg.SpeedupRatio, "divide every simulated step time by this")
+	fl.IntVar(&cfg.Engine.BlockSize, "block-size", cfg.Engine.BlockSize, "tokens per KV block")
+	fl.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Engine.NumGPUBlocks, "KV blocks per rank")
+	fl.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "most requests running at once per rank")
+	fl.IntVar(&cfg.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
+	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
+	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
+	fl.IntVar(&cfg.Server.MaxModelLen, "max-model-len", cfg.Server.MaxModelLen, "longest prompt + completion accepted, in tokens")
+	fl.StringVar(&cfg.Host, "host", cfg.Host, "address to bind")
+	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
+	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
+	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
+	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
+	return cmd
+}

@@ -1,0 +1,72 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkStep256Decodes: one step of 256 running requests, all decoding
+// (a block fills, and is Stored, every 16 steps of each).
+func BenchmarkStep256Decodes(b *testing.B) {
+	const seqs, prompt, maxOut = 256, 128, 4096
+	cfg := DefaultConfig()
+	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize
+	var e *Engine
+	left := 0
+	setup := func() {
+		var err error
+		if e, err = New(cfg); err != nil {
+			b.Fatal(err)
+		}
+		for i := range seqs {
+			toks := seqTokens(uint32(i)*1000, prompt)
+			if err := e.Add(Request{ID: fmt.Sprint(i), Tokens: toks, MaxTokens: maxOut}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		steps := 0
+		for e.Step().DecodeSeqs < seqs {
+			steps++
+		}
+		left = maxOut - steps - 2
+	}
+	setup()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if left == 0 {
+			b.StopTimer()
+			setup()
+			b.StartTimer()
+		}
+		res := e.Step()
+		if res.DecodeSeqs != seqs {
+			b.Fatalf("%d decodes", res.DecodeSeqs)
+		}
+		left--
+	}
+}
+
+// BenchmarkPrefill8k: Add an 8192-token prompt (unique, so the cache keeps
+// evicting) and run its one prefill step to the first and only token.
+func BenchmarkPrefill8k(b *testing.B) {
+	e, err := New(DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	toks := make([]uint32, 8192)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range toks {
+			toks[j] = uint32(i*7919 + j)
+		}
+		if err := e.Add(Request{ID: "r", Tokens: toks, MaxTokens: 1}); err != nil {
+			b.Fatal(err)
+		}
+		res := e.Step()
+		if res.PrefillTokens != 8192 || len(res.Outputs) != 1 {
+			b.Fatalf("%d prefill tokens, %d outputs", res.PrefillTokens, len(res.Outputs))
+		}
+	}
+}

@@ -1,0 +1,343 @@
+package engine
+
+// The KV block manager.
+//
+// The GPU holds Config.NumGPUBlocks block slots. A slot is in one of four
+// states:
+//
+//   - active full block: a full block of tokens, identified by its content
+//     (engine hash), held by refcount >= 1 requests;
+//   - inactive full block: refcount 0, still cached and reusable until
+//     evicted; these sit in an LRU list (front = evicted first);
+//   - partial block: the unfinished last block of one request, never shared
+//     and never cached (vLLM caches full blocks only);
+//   - free.
+//
+// With prefix caching on, the content of a full block exists at most once:
+// a request that needs a block whose content is already cached takes that
+// block (refcount++ if active, revived out of the LRU if inactive) instead of
+// a new slot. A new block takes a free slot or, when none is left, evicts the
+// least recently used inactive block (Removed event). Blocks that become full
+// are published (Stored) with their parent, consecutive new blocks of one
+// request batched in one event. A released request's blocks go back
+// tail-first, so the LRU evicts suffixes before the prefixes they hang from.
+//
+// With prefix caching off, slots are anonymous: no ids, no sharing, no events.
+
+const noBlock = -1
+
+type block struct {
+	hash       uint64
+	ref        int32
+	prev, next int32 // LRU links while inactive
+}
+
+type blockManager struct {
+	blockSize int
+	capacity  int
+	caching   bool
+	seed      uint64
+
+	blocks  []block // full blocks by slot index
+	freeIdx []int32 // unused indices into blocks
+	byHash  blockMap
+
+	lruHead, lruTail int32
+	numActive        int // full blocks with ref > 0
+	numInactive      int // full blocks with ref == 0 (in the LRU)
+	numPartial       int // partial blocks
+	numAnon          int // anonymous slots (caching off)
+
+	events  []BlockEvent // sink, drained by the engine each step
+	evicted []uint64     // scratch: blocks evicted by the allocation in progress
+	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
+}
+
+func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
+	return &blockManager{
+		blockSize: blockSize,
+		capacity:  capacity,
+		caching:   caching,
+		seed:      seed,
+		byHash:    newBlockMap(capacity),
+		lruHead:   noBlock,
+		lruTail:   noBlock,
+	}
+}
+
+// free is the number of free slots (not counting evictable inactive blocks).
+func (m *blockManager) free() int {
+	return m.capacity - m.numActive - m.numInactive - m.numPartial - m.numAnon
+}
+
+// used is the number of slots held by requests (KV usage numerator).
+func (m *blockManager) used() int {
+	return m.numActive + m.numPartial + m.numAnon
+}
+
+// seqBlocks is what a request holds in the manager.
+type seqBlocks struct {
+	tokens  []uint32 // all tokens known so far (prompt, then generated)
+	hashes  []uint64 // engine ids of the full blocks of tokens, computed lazily
+	blocks  []int32  // slot indices of the full blocks held, in order
+	partial bool     // holds a partial block
+	anon    int      // anonymous slots held (caching off)
+}
+
+// ensureHashes makes s.hashes cover the first n full blocks of s.tokens.
+func (m *blockManager) ensureHashes(s *seqBlocks, n int) {
+	bs := m.blockSize
+	for i := len(s.hashes); i < n; i++ {
+		var parent uint64
+		if i > 0 {
+			parent = s.hashes[i-1]
+		}
+		s.hashes = append(s.hashes, hashBlock(m.seed, parent, s.tokens[i*bs:(i+1)*bs]))
+	}
+}
+
+// countPrefix is the number of leading full blocks of s found cached
+// (active or inactive), at most maxBlocks. It changes nothing.
+func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
+	if !m.caching {
+		return 0
+	}
+	n := 0
+	for n < maxBlocks {
+		m.ensureHashes(s, n+1)
+		if _, ok := m.byHash.get(s.hashes[n]); !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// allocate makes s hold the blocks for its first upTo tokens (upTo never
+// decreases while s holds blocks). It changes nothing and reports false when
+// the blocks do not fit even after evicting every inactive block.
+func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
+	bs := m.blockSize
+	full := upTo / bs
+	part := upTo%bs != 0
+	if !m.caching {
+		need := full - s.anon
+		if part {
+			need++
+		}
+		if need <= 0 {
+			return true
+		}
+		if need > m.free() {
+			return false
+		}
+		m.numAnon += need
+		s.anon += need
+		return true
+	}
+	have := len(s.blocks)
+	if full == have {
+		// Only the partial tail block, which s may already hold.
+		if part && !s.partial {
+			if m.free()+m.numInactive < 1 {
+				return false
+			}
+			m.makeRoom()
+			m.numPartial++
+			s.partial = true
+			m.flushEvicted()
+		}
+		return true
+	}
+
+	m.ensureHashes(s, full)
+	newCnt, revive := 0, 0
+	m.found = m.found[:0]
+	for i := have; i < full; i++ {
+		idx, ok := m.byHash.get(s.hashes[i])
+		m.found = append(m.found, idx)
+		if !ok {
+			newCnt++
+		} else if m.blocks[idx].ref == 0 {
+			revive++
+		}
+	}
+	need := newCnt + revive
+	if part {
+		need++
+	}
+	if s.partial {
+		need--
+	}
+	if need > m.free()+m.numInactive {
+		return false
+	}
+
+	if s.partial {
+		// The old partial block becomes full: its slot is released and the
+		// full block takes a slot (or an existing copy) below.
+		m.numPartial--
+		s.partial = false
+	}
+	// Take the cached blocks first, so that this allocation cannot evict a
+	// block it is about to reuse.
+	for i := have; i < full; i++ {
+		idx := m.found[i-have]
+		if idx == noBlock {
+			s.blocks = append(s.blocks, noBlock)
+			continue
+		}
+		b := &m.blocks[idx]
+		if b.ref == 0 {
+			m.lruRemove(idx)
+			m.numInactive--
+			m.numActive++
+		}
+		b.ref++
+		s.blocks = append(s.blocks, idx)
+	}
+	if newCnt > 0 {
+		for i := have; i < full; i++ {
+			if s.blocks[i] != noBlock {
+				continue
+			}
+			m.makeRoom()
+			idx := m.newIndex()
+			m.blocks[idx] = block{hash: s.hashes[i], ref: 1, prev: noBlock, next: noBlock}
+			m.byHash.put(s.hashes[i], idx)
+			m.numActive++
+			s.blocks[i] = idx
+		}
+	}
+	if part {
+		m.makeRoom()
+		m.numPartial++
+		s.partial = true
+	}
+	m.flushEvicted()
+	if newCnt > 0 {
+		m.emitStored(s, have, full)
+	}
+	return true
+}
+
+// emitStored publishes the blocks of s in [from, to) that allocate just
+// created (m.found[i-from] == noBlock), one event per run of consecutive new
+// blocks.
+func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
+	bs := m.blockSize
+	start := -1
+	for i := from; i <= to; i++ {
+		isNew := i < to && m.found[i-from] == noBlock
+		if isNew && start < 0 {
+			start = i
+		}
+		if !isNew && start >= 0 {
+			ev := BlockEvent{
+				Kind:        Stored,
+				BlockHashes: s.hashes[start:i:i],
+				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
+			}
+			if start > 0 {
+				p := s.hashes[start-1]
+				ev.Parent = &p
+			}
+			m.events = append(m.events, ev)
+			start = -1
+		}
+	}
+}
+
+// makeRoom frees one slot if none is free, evicting the LRU inactive block.
+// The caller has checked that one is available.
+func (m *blockManager) makeRoom() {
+	if m.free() > 0 {
+		return
+	}
+	idx := m.lruHead
+	if idx == noBlock {
+		panic("engine: block manager out of slots")
+	}
+	m.lruRemove(idx)
+	h := m.blocks[idx].hash
+	m.byHash.delete(h)
+	m.numInactive--
+	m.freeIdx = append(m.freeIdx, idx)
+	m.evicted = append(m.evicted, h)
+}
+
+// flushEvicted publishes the blocks evicted by the current allocation as
+// one Removed event.
+func (m *blockManager) flushEvicted() {
+	if len(m.evicted) == 0 {
+		return
+	}
+	m.events = append(m.events, BlockEvent{Kind: Removed, BlockHashes: append([]uint64(nil), m.evicted...)})
+	m.evicted = m.evicted[:0]
+}
+
+func (m *blockManager) newIndex() int32 {
+	if n := len(m.freeIdx); n > 0 {
+		idx := m.freeIdx[n-1]
+		m.freeIdx = m.freeIdx[:n-1]
+		return idx
+	}
+	m.blocks = append(m.blocks, block{})
+	return int32(len(m.blocks) - 1)
+}
+
+// release returns every block s holds, tail first.
+func (m *blockManager) release(s *seqBlocks) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		idx := s.blocks[i]
+		b := &m.blocks[idx]
+		b.ref--
+		if b.ref == 0 {
+			m.numActive--
+			m.numInactive++
+			m.lruPushBack(idx)
+		}
+	}
+	s.blocks = s.blocks[:0]
+	if s.partial {
+		m.numPartial--
+		s.partial = false
+	}
+	m.numAnon -= s.anon
+	s.anon = 0
+}
+
+// reset drops every cached block. Only valid when no request holds blocks.
+func (m *blockManager) reset() {
+	m.blocks = m.blocks[:0]
+	m.freeIdx = m.freeIdx[:0]
+	m.byHash.clear()
+	m.lruHead, m.lruTail = noBlock, noBlock
+	m.numInactive = 0
+}
+
+func (m *blockManager) lruPushBack(idx int32) {
+	b := &m.blocks[idx]
+	b.prev, b.next = m.lruTail, noBlock
+	if m.lruTail != noBlock {
+		m.blocks[m.lruTail].next = idx
+	} else {
+		m.lruHead = idx
+	}
+	m.lruTail = idx
+}
+
+func (m *blockManager) lruRemove(idx int32) {
+	b := &m.blocks[idx]
+	if b.prev != noBlock {
+		m.blocks[b.prev].next = b.next
+	} else {
+		m.lruHead = b.next
+	}
+	if b.next != noBlock {
+		m.blocks[b.next].prev = b.prev
+	} else {
+		m.lruTail = b.prev
+	}
+	b.prev, b.next = noBlock, noBlock
+}

@@ -1,0 +1,505 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+)
+
+// refManager is a deliberately naive block manager: a map of refcounts and
+// an LRU slice, scanned linearly. The real manager must behave exactly like
+// it, events included.
+type refManager struct {
+	bs, capacity int
+	seed         uint64
+	cached       map[uint64]int // engine id → refcount (0 = inactive)
+	lru          []uint64       // inactive ids, evicted from the front
+	partial      int
+	events       []BlockEvent
+}
+
+type refSeq struct {
+	tokens  []uint32
+	held    []uint64
+	partial bool
+}
+
+func (r *refManager) free() int { return r.capacity - len(r.cached) - r.partial }
+
+func (r *refManager) chain(s *refSeq, n int) []uint64 {
+	out := make([]uint64, n)
+	var parent uint64
+	for i := range n {
+		parent = hashBlock(r.seed, parent, s.tokens[i*r.bs:(i+1)*r.bs])
+		out[i] = parent
+	}
+	return out
+}
+
+func (r *refManager) countPrefix(s *refSeq, max int) int {
+	h := r.chain(s, max)
+	n := 0
+	for n < max {
+		if _, ok := r.cached[h[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+func (r *refManager) evict() uint64 {
+	h := r.lru[0]
+	r.lru = r.lru[1:]
+	delete(r.cached, h)
+	return h
+}
+
+func (r *refManager) allocate(s *refSeq, upTo int) bool {
+	full, part := upTo/r.bs, upTo%r.bs != 0
+	have := len(s.held)
+	h := r.chain(s, full)
+	newCnt, revive := 0, 0
+	for i := have; i < full; i++ {
+		ref, ok := r.cached[h[i]]
+		if !ok {
+			newCnt++
+		} else if ref == 0 {
+			revive++
+		}
+	}
+	slots := newCnt
+	if part && (full > have || !s.partial) {
+		slots++
+	}
+	if s.partial && full > have {
+		slots--
+	}
+	if slots+revive > r.free()+len(r.lru) {
+		return false
+	}
+	if full == have {
+		if part && !s.partial {
+			var ev []uint64
+			if r.free() == 0 {
+				ev = append(ev, r.evict())
+			}
+			r.partial++
+			s.partial = true
+			if ev != nil {
+				r.events = append(r.events, BlockEvent{Kind: Removed, BlockHashes: ev})
+			}
+		}
+		return true
+	}
+	if s.partial {
+		r.partial--
+		s.partial = false
+	}
+	fresh := make([]bool, full-have)
+	for i := have; i < full; i++ {
+		ref, ok := r.cached[h[i]]
+		if !ok {
+			fresh[i-have] = true
+			continue
+		}
+		if ref == 0 {
+			r.lru = slices.DeleteFunc(r.lru, func(x uint64) bool { return x == h[i] })
+		}
+		r.cached[h[i]] = ref + 1
+	}
+	var ev []uint64
+	for i := have; i < full; i++ {
+		if !fresh[i-have] {
+			continue
+		}
+		if r.free() == 0 {
+			ev = append(ev, r.evict())
+		}
+		r.cached[h[i]] = 1
+	}
+	if part {
+		if r.free() == 0 {
+			ev = append(ev, r.evict())
+		}
+		r.partial++
+		s.partial = true
+	}
+	s.held = append(s.held, h[have:full]...)
+	if ev != nil {
+		r.events = append(r.events, BlockEvent{Kind: Removed, BlockHashes: ev})
+	}
+	for i := have; i < full; {
+		if !fresh[i-have] {
+			i++
+			continue
+		}
+		j := i
+		for j < full && fresh[j-have] {
+			j++
+		}
+		e := BlockEvent{Kind: Stored, BlockHashes: h[i:j], TokenIDs: s.tokens[i*r.bs : j*r.bs]}
+		if i > 0 {
+			p := h[i-1]
+			e.Parent = &p
+		}
+		r.events = append(r.events, e)
+		i = j
+	}
+	return true
+}
+
+func (r *refManager) release(s *refSeq) {
+	for i := len(s.held) - 1; i >= 0; i-- {
+		r.cached[s.held[i]]--
+		if r.cached[s.held[i]] == 0 {
+			r.lru = append(r.lru, s.held[i])
+		}
+	}
+	s.held = nil
+	if s.partial {
+		r.partial--
+		s.partial = false
+	}
+}
+
+// checkManager verifies the manager's internal consistency: LRU links,
+// counts, the hash map, capacity, and (if holders is given) refcounts equal
+// to the number of holders of each block.
+func checkManager(t *testing.T, m *blockManager, holders []*seqBlocks) {
+	t.Helper()
+	inLRU := map[int32]bool{}
+	prev := int32(noBlock)
+	for idx := m.lruHead; idx != noBlock; idx = m.blocks[idx].next {
+		if inLRU[idx] {
+			t.Fatalf("LRU cycle at %d", idx)
+		}
+		inLRU[idx] = true
+		b := m.blocks[idx]
+		if b.prev != prev {
+			t.Fatalf("LRU back link of %d is %d, want %d", idx, b.prev, prev)
+		}
+		if b.ref != 0 {
+			t.Fatalf("block %d in the free LRU with refcount %d", idx, b.ref)
+		}
+		if got, ok := m.byHash.get(b.hash); !ok || got != idx {
+			t.Fatalf("LRU block %d (hash %x) not in the cache map", idx, b.hash)
+		}
+		prev = idx
+	}
+	if m.lruTail != prev {
+		t.Fatalf("LRU tail %d, want %d", m.lruTail, prev)
+	}
+	if len(inLRU) != m.numInactive {
+		t.Fatalf("LRU holds %d blocks, numInactive %d", len(inLRU), m.numInactive)
+	}
+	active := 0
+	all := m.byHash.all()
+	if len(all) != m.byHash.len() {
+		t.Fatalf("cache map holds %d entries, counts %d", len(all), m.byHash.len())
+	}
+	for h, idx := range all {
+		b := m.blocks[idx]
+		if b.hash != h {
+			t.Fatalf("block %d has hash %x, mapped from %x", idx, b.hash, h)
+		}
+		switch {
+		case b.ref < 0:
+			t.Fatalf("block %d refcount %d", idx, b.ref)
+		case b.ref > 0:
+			active++
+			if inLRU[idx] {
+				t.Fatalf("block %d both active and free", idx)
+			}
+		case !inLRU[idx]:
+			t.Fatalf("inactive block %d missing from the LRU", idx)
+		}
+	}
+	if active != m.numActive {
+		t.Fatalf("%d active blocks, numActive %d", active, m.numActive)
+	}
+	for _, idx := range m.freeIdx {
+		if b := m.blocks[idx]; b.ref != 0 || inLRU[idx] {
+			t.Fatalf("free slot %d in use", idx)
+		}
+		if got, ok := m.byHash.get(m.blocks[idx].hash); ok && got == idx {
+			t.Fatalf("free slot %d still in the cache map", idx)
+		}
+	}
+	if m.free() < 0 {
+		t.Fatalf("capacity exceeded: %d active + %d inactive + %d partial + %d anonymous > %d",
+			m.numActive, m.numInactive, m.numPartial, m.numAnon, m.capacity)
+	}
+	if holders == nil {
+		return
+	}
+	refs := map[int32]int32{}
+	partial, anon := 0, 0
+	for _, s := range holders {
+		for i, idx := range s.blocks {
+			refs[idx]++
+			if m.blocks[idx].hash != s.hashes[i] {
+				t.Fatalf("held block %d of a request has hash %x, want %x", i, m.blocks[idx].hash, s.hashes[i])
+			}
+		}
+		if s.partial {
+			partial++
+		}
+		anon += s.anon
+	}
+	for idx, n := range refs {
+		if m.blocks[idx].ref != n {
+			t.Fatalf("block %d refcount %d, held by %d requests", idx, m.blocks[idx].ref, n)
+		}
+	}
+	for _, idx := range all {
+		if m.blocks[idx].ref > 0 && refs[idx] == 0 {
+			t.Fatalf("block %d refcount %d but no holder", idx, m.blocks[idx].ref)
+		}
+	}
+	if partial != m.numPartial || anon != m.numAnon {
+		t.Fatalf("holders have %d partial / %d anonymous blocks, manager counts %d / %d", partial, anon, m.numPartial, m.numAnon)
+	}
+}
+
+// TestBlockManagerMatchesReference drives the manager and the reference
+// model with the same long random streams of lookups, chunked allocations,
+// decode-like growth and releases, and compares them after every operation.
+func TestBlockManagerMatchesReference(t *testing.T) {
+	for _, tc := range []struct {
+		bs, capacity, ops int
+	}{
+		{4, 8, 20000},
+		{4, 40, 20000},
+		{16, 64, 10000},
+		{16, 1000, 3000},
+	} {
+		t.Run(fmt.Sprintf("bs%d_cap%d", tc.bs, tc.capacity), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(tc.bs), uint64(tc.capacity)))
+			m := newBlockManager(tc.bs, tc.capacity, true, 7)
+			ref := &refManager{bs: tc.bs, capacity: tc.capacity, seed: 7, cached: map[uint64]int{}}
+			prefixes := make([][]uint32, 4)
+			for i := range prefixes {
+				prefixes[i] = randTokens(rng, tc.bs*(1+rng.IntN(6)), 50)
+			}
+			type pair struct {
+				s    *seqBlocks
+				r    *refSeq
+				upTo int
+			}
+			var live []*pair
+			var nEvicted, nFailed, nHits, nStored, nShared int
+			for op := 0; op < tc.ops; op++ {
+				switch k := rng.IntN(10); {
+				case k < 3 || len(live) == 0: // a new request
+					pre := prefixes[rng.IntN(len(prefixes))]
+					toks := slices.Clone(pre[:rng.IntN(len(pre)+1)])
+					toks = append(toks, randTokens(rng, 1+rng.IntN(3*tc.bs), 50)...)
+					p := &pair{s: &seqBlocks{tokens: slices.Clone(toks)}, r: &refSeq{tokens: slices.Clone(toks)}}
+					max := (len(toks) - 1) / tc.bs
+					hits, rhits := m.countPrefix(p.s, max), ref.countPrefix(p.r, max)
+					if hits != rhits {
+						t.Fatalf("op %d: prefix hit %d blocks, reference %d", op, hits, rhits)
+					}
+					nHits += hits
+					p.upTo = hits*tc.bs + 1 + rng.IntN(len(toks)-hits*tc.bs)
+					ok, rok := m.allocate(p.s, p.upTo), ref.allocate(p.r, p.upTo)
+					if ok != rok {
+						t.Fatalf("op %d: allocate %v, reference %v", op, ok, rok)
+					}
+					if ok {
+						live = append(live, p)
+					}
+				case k < 8: // grow a request: prefill chunk or decode
+					i := rng.IntN(len(live))
+					p := live[i]
+					if p.upTo == len(p.s.tokens) {
+						tok := uint32(rng.IntN(50))
+						p.s.tokens = append(p.s.tokens, tok)
+						p.r.tokens = append(p.r.tokens, tok)
+					}
+					p.upTo += 1 + rng.IntN(len(p.s.tokens)-p.upTo)
+					ok, rok := m.allocate(p.s, p.upTo), ref.allocate(p.r, p.upTo)
+					if ok != rok {
+						t.Fatalf("op %d: allocate %v, reference %v", op, ok, rok)
+					}
+					if !ok { // preempted
+						nFailed++
+						m.release(p.s)
+						ref.release(p.r)
+						live = slices.Delete(live, i, i+1)
+					}
+				default: // finish or abort
+					i := rng.IntN(len(live))
+					m.release(live[i].s)
+					ref.release(live[i].r)
+					live = slices.Delete(live, i, i+1)
+				}
+				if !reflect.DeepEqual(normEvents(m.events), normEvents(ref.events)) {
+					t.Fatalf("op %d: events\n%v\nreference\n%v", op, m.events, ref.events)
+				}
+				for _, e := range m.events {
+					if e.Kind == Removed {
+						nEvicted += len(e.BlockHashes)
+					} else {
+						nStored += len(e.BlockHashes)
+					}
+				}
+				m.events, ref.events = nil, nil
+				m.byHash.each(func(_ uint64, idx int32) {
+					if m.blocks[idx].ref > 1 {
+						nShared++
+					}
+				})
+				holders := make([]*seqBlocks, len(live))
+				for i, p := range live {
+					holders[i] = p.s
+				}
+				checkManager(t, m, holders)
+				compareRef(t, op, m, ref)
+			}
+			t.Logf("stored %d, evicted %d, failed allocations %d, prefix hits %d, shared block-ops %d", nStored, nEvicted, nFailed, nHits, nShared)
+			if nStored == 0 || nHits == 0 || nShared == 0 || (tc.capacity < 100 && (nEvicted == 0 || nFailed == 0)) {
+				t.Fatal("the random stream does not exercise the manager")
+			}
+		})
+	}
+}
+
+// all is the map's content as a Go map.
+func (m *blockMap) all() map[uint64]int32 {
+	out := map[uint64]int32{}
+	m.each(func(k uint64, v int32) { out[k] = v })
+	return out
+}
+
+func normEvents(evs []BlockEvent) []BlockEvent {
+	if len(evs) == 0 {
+		return nil
+	}
+	return evs
+}
+
+func compareRef(t *testing.T, op int, m *blockManager, ref *refManager) {
+	t.Helper()
+	if m.byHash.len() != len(ref.cached) {
+		t.Fatalf("op %d: %d cached blocks, reference %d", op, m.byHash.len(), len(ref.cached))
+	}
+	for h, n := range ref.cached {
+		idx, ok := m.byHash.get(h)
+		if !ok || int(m.blocks[idx].ref) != n {
+			t.Fatalf("op %d: block %x: present %v refcount %d, reference refcount %d", op, h, ok, m.blocks[idx].ref, n)
+		}
+	}
+	var lru []uint64
+	for idx := m.lruHead; idx != noBlock; idx = m.blocks[idx].next {
+		lru = append(lru, m.blocks[idx].hash)
+	}
+	if !slices.Equal(lru, ref.lru) {
+		t.Fatalf("op %d: LRU order differs from the reference", op)
+	}
+	if m.numPartial != ref.partial {
+		t.Fatalf("op %d: %d partial blocks, reference %d", op, m.numPartial, ref.partial)
+	}
+}
+
+func randTokens(rng *rand.Rand, n, vocab int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(rng.IntN(vocab))
+	}
+	return out
+}
+
+// TestEvictionOrder: released blocks are evicted least recently used first,
+// a request's own blocks tail first, so shared prefixes outlive suffixes.
+func TestEvictionOrder(t *testing.T) {
+	m := newBlockManager(4, 6, true, 1)
+	seqOf := func(base uint32, n int) *seqBlocks {
+		toks := make([]uint32, n)
+		for i := range toks {
+			toks[i] = base + uint32(i)
+		}
+		return &seqBlocks{tokens: toks}
+	}
+	a := seqOf(100, 16) // 4 blocks
+	if !m.allocate(a, 16) {
+		t.Fatal("a does not fit")
+	}
+	aIDs := slices.Clone(a.hashes)
+	m.release(a)
+	m.events = nil
+
+	b := seqOf(200, 12) // 3 blocks: 2 free slots, evicts a's tail block
+	if !m.allocate(b, 12) {
+		t.Fatal("b does not fit")
+	}
+	if want := []uint64{aIDs[3]}; !slices.Equal(removed(m.events), want) {
+		t.Fatalf("b evicted %x, want a's last block %x", removed(m.events), want)
+	}
+	m.release(b)
+	m.events = nil
+
+	// a's head is reused (revived) by a request sharing its first block, so
+	// the next evictions take a's remaining suffix, then b's, tail first.
+	c := &seqBlocks{tokens: append(slices.Clone(a.tokens[:4]), 900, 901, 902, 903, 904)}
+	if hits := m.countPrefix(c, 2); hits != 1 {
+		t.Fatalf("c hits %d blocks, want 1", hits)
+	}
+	if !m.allocate(c, 9) { // a0 revived + 1 new full + 1 partial
+		t.Fatal("c does not fit")
+	}
+	want := []uint64{aIDs[2], aIDs[1]}
+	if got := removed(m.events); !slices.Equal(got, want) {
+		t.Fatalf("c evicted %x, want %x (a's suffix, tail first)", got, want)
+	}
+	checkManager(t, m, []*seqBlocks{c})
+}
+
+func removed(evs []BlockEvent) []uint64 {
+	var out []uint64
+	for _, e := range evs {
+		if e.Kind == Removed {
+			out = append(out, e.BlockHashes...)
+		}
+	}
+	return out
+}
+
+// TestBlockMap checks the open-addressing map against a Go map, with keys
+// crowded into few home slots so that probe runs are long and wrap around
+// the end of the table (backward-shift deletion).
+func TestBlockMap(t *testing.T) {
+	m := newBlockMap(8) // 16 slots
+	want := map[uint64]int32{}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for op := 0; op < 200000; op++ {
+		key := uint64(rng.IntN(12))<<32 | uint64(13+rng.IntN(4)) // homes 13..15: runs wrap
+		switch {
+		case rng.IntN(2) == 0 && len(want) < 8:
+			v := int32(rng.IntN(1000))
+			m.put(key, v)
+			want[key] = v
+		default:
+			m.delete(key)
+			delete(want, key)
+		}
+		if m.len() != len(want) {
+			t.Fatalf("op %d: len %d, want %d", op, m.len(), len(want))
+		}
+		for k, v := range want {
+			if got, ok := m.get(k); !ok || got != v {
+				t.Fatalf("op %d: get(%x) = %d %v, want %d", op, k, got, ok, v)
+			}
+		}
+		if !reflect.DeepEqual(m.all(), want) {
+			t.Fatalf("op %d: content differs", op)
+		}
+	}
+	m.clear()
+	if m.len() != 0 || len(m.all()) != 0 {
+		t.Fatal("clear")
+	}
+}

@@ -1,0 +1,487 @@
+// Package engine is the simulated vLLM engine behind the mocker (SPEC §8):
+// a KV block manager with prefix caching, a vLLM v1-like scheduler
+// (waiting and running queues, a per-step token budget, chunked prefill,
+// recompute preemption) and a model of step time.
+//
+// The package is pure and deterministic: no I/O, no goroutines, no clock.
+// The caller owns the loop: it adds requests, calls Step, publishes the
+// step's KV events and outputs, and waits the step's Duration (divided by
+// its speedup ratio) before the next Step. The same Config and the same
+// sequence of calls give the same outputs, events and durations.
+//
+// An Engine is not safe for concurrent use.
+//
+// # Behaviour
+//
+// Each Step is one vLLM scheduler iteration followed by one forward pass.
+// Running requests are served first, in the order they started running: a
+// decoding request takes 1 token of the budget (MaxNumBatchedTokens), a
+// request still prefilling takes as much of its remaining prompt as the
+// budget leaves (chunked prefill). When the blocks a running request needs
+// cannot be found even after evicting every inactive cached block, the
+// running request that started last is preempted (recompute mode: its blocks
+// are released and it goes back to the front of the waiting queue, keeping
+// the tokens it generated), until the request fits or is itself preempted.
+// If no request was preempted, waiting requests are then started in order
+// while budget, MaxNumSeqs and blocks allow; the first that does not fit
+// stops the queue (FCFS, as vLLM). A request starting for the first time
+// looks its prompt up in the prefix cache: the leading full blocks found
+// cached (active or inactive) are not computed. The last prompt token is
+// always computed, as in vLLM: an identical prompt of 64 blocks hits 63 and
+// prefills the 16 tokens of the last. These lookups feed PrefixQueries
+// (prompt tokens) and PrefixHits (hit tokens) and the request's
+// CachedTokens. A preempted request looks its prompt and generated tokens up
+// again when it restarts (the blocks it released are often still cached),
+// without counting in the prefix-cache metrics again.
+//
+// A request produces its first token in the step that computes its last
+// prompt token, then one token per step; it finishes after exactly
+// MaxTokens tokens, in the step that produces the last one, and its blocks
+// are released then. KV events (Stored, Removed) are emitted when blocks are
+// allocated, at scheduling time, as vLLM does: a block whose tokens are all
+// computed by this step is Stored in this step.
+//
+// # KV blocks and events
+//
+// A full block is identified by its content: its engine id is a hash of
+// Config.Seed, its parent's id and its tokens (not kvrouter's block hash, and
+// different for every seed), and the engine holds each content at most once:
+// a request needing a block whose content is cached shares it (refcount) or
+// revives it from the inactive LRU. Prompt and generated tokens alike fill
+// blocks. An allocation that needs new slots evicts the least recently used
+// inactive blocks and reports them in one Removed event, followed by one
+// Stored event per run of consecutive new blocks of the request (with the
+// parent of the run's first block; TokenIDs holds the run's tokens). Released
+// blocks (finished, aborted or preempted requests) join the LRU tail block
+// first, so a request's suffix is evicted before its prefix. The events of
+// a step, applied in order, keep a consumer's index equal to the engine's
+// cached blocks (held or inactive). With prefix caching off, blocks are
+// anonymous and no events are emitted.
+//
+// Step time is StepTime: a prefill part for the step's new prompt tokens
+// plus a decode part at the step's KV usage (see StepTime for why they add).
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config sizes the engine; the names follow vLLM's flags.
+type Config struct {
+	BlockSize           int    // tokens per KV block (--block-size, 16)
+	NumGPUBlocks        int    // KV blocks on the GPU (--num-gpu-blocks, 16384)
+	MaxNumSeqs          int    // most requests running at once (--max-num-seqs, 256)
+	MaxNumBatchedTokens int    // token budget of one step (--max-num-batched-tokens, 8192)
+	EnablePrefixCaching bool   // reuse cached blocks and emit KV events (true)
+	Seed                uint64 // keys block ids and generated tokens: engines with different seeds differ
+	// VocabSize bounds generated token ids: each is in [0, VocabSize).
+	// 0 means 128000 (the range of the trace's synthesised tokens).
+	VocabSize uint32
+}
+
+// DefaultConfig is vLLM's defaults as the mocker's flags have them.
+func DefaultConfig() Config {
+	return Config{
+		BlockSize:           16,
+		NumGPUBlocks:        16384,
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		EnablePrefixCaching: true,
+		VocabSize:           128000,
+	}
+}
+
+// Request is one generation request.
+type Request struct {
+	ID        string
+	Tokens    []uint32 // prompt token ids (copied by Add)
+	MaxTokens int      // tokens to generate (> 0); exactly this many are generated (no EOS)
+}
+
+// Output is one generated token.
+type Output struct {
+	ID    string
+	Token uint32 // deterministic: a function of the prompt, Index and Config.Seed
+	Index int    // 0-based position in the generation
+	// Finished marks the last token (Index == MaxTokens-1).
+	Finished bool
+	// CachedTokens is set on the first output (Index 0) only: the prompt
+	// tokens found in the prefix cache when the request was first scheduled.
+	CachedTokens int
+}
+
+// EventKind is the type of a KV event.
+type EventKind uint8
+
+const (
+	Stored  EventKind = iota + 1 // blocks became full and cached
+	Removed                      // cached blocks were evicted
+	Cleared                      // every cached block was dropped
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case Stored:
+		return "stored"
+	case Removed:
+		return "removed"
+	case Cleared:
+		return "cleared"
+	}
+	return fmt.Sprintf("EventKind(%d)", uint8(k))
+}
+
+// BlockEvent is one vLLM KV event (BlockStored, BlockRemoved,
+// AllBlocksCleared). Its slices may share memory with the engine and with
+// other events: treat them as read-only.
+type BlockEvent struct {
+	Kind        EventKind
+	BlockHashes []uint64 // the engine's own opaque block ids
+	Parent      *uint64  // Stored: id of the parent of the first block, nil at the root
+	TokenIDs    []uint32 // Stored: the tokens of all blocks, len = len(BlockHashes) × BlockSize
+}
+
+// StepResult is what one Step did.
+type StepResult struct {
+	// Duration is the model time of the step (not divided by any speedup);
+	// 0 if nothing ran. A zero Duration while the engine is not Idle (every
+	// running request was preempted in this step) means: Step again now.
+	Duration      time.Duration
+	PrefillTokens int          // new (uncached) tokens computed for prefills (and recomputes)
+	DecodeSeqs    int          // requests that decoded one token
+	Outputs       []Output     // in the order of the running queue
+	Events        []BlockEvent // in the order they happened
+	Preempted     int          // requests preempted in this step
+	KVUsage       float64      // KV usage during the step (the u of the decode time)
+}
+
+// Metrics is the engine's state and counters, as vLLM's /metrics has them.
+type Metrics struct {
+	Running int     // vllm:num_requests_running
+	Waiting int     // vllm:num_requests_waiting
+	KVUsage float64 // vllm:kv_cache_usage_perc: blocks held by requests / NumGPUBlocks
+
+	ActiveBlocks int // blocks held by requests (full and partial)
+	CachedBlocks int // full blocks in the prefix cache (held or reusable)
+	FreeBlocks   int // blocks neither held nor cached
+	TotalBlocks  int // NumGPUBlocks
+
+	PrefixQueries uint64 // vllm:prefix_cache_queries (tokens)
+	PrefixHits    uint64 // vllm:prefix_cache_hits (tokens)
+	Preemptions   uint64 // vllm:num_preemptions
+
+	PromptTokens     uint64 // vllm:prompt_tokens: prompt tokens of requests that produced their first token
+	GenerationTokens uint64 // vllm:generation_tokens: tokens generated
+	RequestsAdded    uint64
+	RequestsFinished uint64 // produced all their tokens
+	RequestsAborted  uint64
+	Steps            uint64 // steps that ran something
+}
+
+var (
+	// ErrInvalid reports an invalid Config or Request.
+	ErrInvalid = errors.New("engine: invalid argument")
+	// ErrDuplicateID reports a request whose ID is already waiting or running.
+	ErrDuplicateID = errors.New("engine: duplicate request id")
+	// ErrPromptTooLong reports a request that cannot fit in the KV cache even alone.
+	ErrPromptTooLong = errors.New("engine: prompt too long")
+)
+
+type seqState uint8
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stDone
+)
+
+type seq struct {
+	seqBlocks
+	id         string
+	numPrompt  int
+	maxTokens  int
+	promptHash uint64
+
+	numComputed  int  // tokens whose KV is computed (from the start of the last (re)schedule)
+	generated    int  // outputs produced
+	cachedTokens int  // prefix-cache hit at first scheduling
+	started      bool // scheduled at least once
+	prefilled    bool // prefill (or recompute) complete: the next steps are decodes
+	state        seqState
+	chunk        int // tokens scheduled in the current step
+}
+
+func (s *seq) numTokens() int { return len(s.tokens) }
+
+// Engine is one simulated vLLM engine (one data-parallel rank).
+type Engine struct {
+	cfg     Config
+	bm      *blockManager
+	waiting deque
+	running []*seq
+	byID    map[string]*seq
+	sched   []*seq // scratch: requests scheduled in the current step
+	m       Metrics
+}
+
+// New makes an engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.VocabSize == 0 {
+		cfg.VocabSize = 128000
+	}
+	switch {
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("%w: block size %d", ErrInvalid, cfg.BlockSize)
+	case cfg.NumGPUBlocks <= 0:
+		return nil, fmt.Errorf("%w: %d GPU blocks", ErrInvalid, cfg.NumGPUBlocks)
+	case cfg.MaxNumSeqs <= 0:
+		return nil, fmt.Errorf("%w: max num seqs %d", ErrInvalid, cfg.MaxNumSeqs)
+	case cfg.MaxNumBatchedTokens <= 0:
+		return nil, fmt.Errorf("%w: max num batched tokens %d", ErrInvalid, cfg.MaxNumBatchedTokens)
+	}
+	return &Engine{
+		cfg:  cfg,
+		bm:   newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed),
+		byID: make(map[string]*seq),
+	}, nil
+}
+
+// Config returns the engine's configuration (defaults filled in).
+func (e *Engine) Config() Config { return e.cfg }
+
+// Add queues a request at the back of the waiting queue.
+func (e *Engine) Add(r Request) error {
+	switch {
+	case r.ID == "":
+		return fmt.Errorf("%w: empty request id", ErrInvalid)
+	case len(r.Tokens) == 0:
+		return fmt.Errorf("%w: request %q has an empty prompt", ErrInvalid, r.ID)
+	case r.MaxTokens <= 0:
+		return fmt.Errorf("%w: request %q asks for %d tokens (must be > 0)", ErrInvalid, r.ID, r.MaxTokens)
+	}
+	if _, dup := e.byID[r.ID]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
+	}
+	bs := e.cfg.BlockSize
+	total := len(r.Tokens) + r.MaxTokens
+	if blocks := (total + bs - 1) / bs; blocks > e.cfg.NumGPUBlocks {
+		return fmt.Errorf("%w: request %q: prompt of %d tokens plus max_tokens %d needs %d KV blocks of %d tokens, but the engine has %d blocks (%d tokens)",
+			ErrPromptTooLong, r.ID, len(r.Tokens), r.MaxTokens, blocks, bs, e.cfg.NumGPUBlocks, e.cfg.NumGPUBlocks*bs)
+	}
+	toks := make([]uint32, len(r.Tokens), total)
+	copy(toks, r.Tokens)
+	s := &seq{
+		seqBlocks:  seqBlocks{tokens: toks},
+		id:         r.ID,
+		numPrompt:  len(r.Tokens),
+		maxTokens:  r.MaxTokens,
+		promptHash: hashBlock(e.cfg.Seed, promptSalt, r.Tokens),
+		state:      stWaiting,
+	}
+	e.byID[r.ID] = s
+	e.waiting.pushBack(s)
+	e.m.RequestsAdded++
+	return nil
+}
+
+// Abort drops a request (its client is gone) and releases its blocks now.
+// It reports whether the request was waiting or running.
+func (e *Engine) Abort(id string) bool {
+	s, ok := e.byID[id]
+	if !ok {
+		return false
+	}
+	switch s.state {
+	case stRunning:
+		for i, r := range e.running {
+			if r == s {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
+			}
+		}
+	case stWaiting:
+		e.waiting.remove(s)
+	}
+	e.bm.release(&s.seqBlocks)
+	s.state = stDone
+	delete(e.byID, id)
+	e.m.RequestsAborted++
+	return true
+}
+
+// Idle reports that no request is waiting or running.
+func (e *Engine) Idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
+
+// KVUsage is the fraction of the GPU blocks held by requests.
+func (e *Engine) KVUsage() float64 {
+	return float64(e.bm.used()) / float64(e.cfg.NumGPUBlocks)
+}
+
+// Metrics returns the engine's state and counters.
+func (e *Engine) Metrics() Metrics {
+	m := e.m
+	m.Running = len(e.running)
+	m.Waiting = e.waiting.len()
+	m.KVUsage = e.KVUsage()
+	m.ActiveBlocks = e.bm.used()
+	m.CachedBlocks = e.bm.numActive + e.bm.numInactive
+	m.FreeBlocks = e.bm.free()
+	m.TotalBlocks = e.cfg.NumGPUBlocks
+	return m
+}
+
+// ResetPrefixCache drops every cached block, as vLLM's /reset_prefix_cache:
+// it fails (false) while any request holds blocks. On success it returns the
+// Cleared event to publish (none with prefix caching off).
+func (e *Engine) ResetPrefixCache() ([]BlockEvent, bool) {
+	if e.bm.used() > 0 {
+		return nil, false
+	}
+	e.bm.reset()
+	if !e.cfg.EnablePrefixCaching {
+		return nil, true
+	}
+	return []BlockEvent{{Kind: Cleared}}, true
+}
+
+// Step runs one scheduler iteration and forward pass.
+func (e *Engine) Step() StepResult {
+	var res StepResult
+	if e.Idle() {
+		return res
+	}
+	bs := e.cfg.BlockSize
+	budget := e.cfg.MaxNumBatchedTokens
+	sched := e.sched[:0]
+	e.bm.events = nil
+
+	// Running requests first.
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(s.numTokens()-s.numComputed, budget)
+		scheduled := true
+		for !e.bm.allocate(&s.seqBlocks, s.numComputed+n) {
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			res.Preempted++
+			if victim == s {
+				scheduled = false
+				break
+			}
+		}
+		if !scheduled {
+			break
+		}
+		s.chunk = n
+		budget -= n
+		sched = append(sched, s)
+	}
+
+	// Then waiting requests, unless this step had to preempt.
+	if res.Preempted == 0 {
+		for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+			s := e.waiting.front()
+			// The last token is always computed: at most numTokens-1
+			// tokens can come from the cache.
+			hits := e.bm.countPrefix(&s.seqBlocks, (s.numTokens()-1)/bs)
+			s.numComputed = hits * bs
+			n := min(s.numTokens()-s.numComputed, budget)
+			if !e.bm.allocate(&s.seqBlocks, s.numComputed+n) {
+				s.numComputed = 0
+				break
+			}
+			e.waiting.popFront()
+			if !s.started {
+				s.started = true
+				s.cachedTokens = hits * bs
+				if e.cfg.EnablePrefixCaching {
+					e.m.PrefixQueries += uint64(s.numPrompt)
+					e.m.PrefixHits += uint64(hits * bs)
+				}
+			}
+			s.state = stRunning
+			e.running = append(e.running, s)
+			s.chunk = n
+			budget -= n
+			sched = append(sched, s)
+		}
+	}
+	e.m.Preemptions += uint64(res.Preempted)
+	res.Events = e.bm.events
+	e.bm.events = nil
+	e.sched = sched
+	if len(sched) == 0 {
+		return res
+	}
+	e.m.Steps++
+
+	// The forward pass.
+	for _, s := range sched {
+		if s.prefilled {
+			res.DecodeSeqs++
+		} else {
+			res.PrefillTokens += s.chunk
+		}
+	}
+	res.KVUsage = e.KVUsage()
+	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+
+	res.Outputs = make([]Output, 0, len(sched))
+	finished := 0
+	for _, s := range sched {
+		s.numComputed += s.chunk
+		s.chunk = 0
+		if s.numComputed < s.numTokens() {
+			continue // prefill chunk
+		}
+		s.prefilled = true
+		out := Output{
+			ID:       s.id,
+			Token:    genToken(e.cfg.Seed, s.promptHash, s.generated, e.cfg.VocabSize),
+			Index:    s.generated,
+			Finished: s.generated+1 == s.maxTokens,
+		}
+		if s.generated == 0 {
+			out.CachedTokens = s.cachedTokens
+			e.m.PromptTokens += uint64(s.numPrompt)
+		}
+		res.Outputs = append(res.Outputs, out)
+		e.m.GenerationTokens++
+		s.generated++
+		if out.Finished {
+			e.bm.release(&s.seqBlocks)
+			s.state = stDone
+			delete(e.byID, s.id)
+			e.m.RequestsFinished++
+			finished++
+		} else {
+			s.tokens = append(s.tokens, out.Token)
+		}
+	}
+	if finished > 0 {
+		kept := e.running[:0]
+		for _, s := range e.running {
+			if s.state == stRunning {
+				kept = append(kept, s)
+			}
+		}
+		clear(e.running[len(kept):])
+		e.running = kept
+	}
+	clear(sched)
+	return res
+}
+
+// preempt releases a running request's blocks and puts it back at the front
+// of the waiting queue, to be recomputed (prompt and generated tokens).
+func (e *Engine) preempt(s *seq) {
+	e.bm.release(&s.seqBlocks)
+	s.numComputed = 0
+	s.prefilled = false
+	s.chunk = 0
+	s.state = stWaiting
+	e.waiting.pushFront(s)
+}

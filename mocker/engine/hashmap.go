@@ -1,0 +1,106 @@
+package engine
+
+// blockMap maps engine block ids to slot indices: open addressing with
+// linear probing and backward-shift deletion, so that the constant churn of
+// a full cache (an eviction and an insertion per new block) leaves no
+// tombstones. Ids are already well-mixed hashes: the low bits index the
+// table directly. The table is sized once for the engine's capacity (load
+// factor at most 1/2) and never grows.
+type blockMap struct {
+	slots []mapSlot
+	mask  uint64
+	n     int
+}
+
+type mapSlot struct {
+	key uint64
+	val int32 // noBlock when empty
+}
+
+func newBlockMap(capacity int) blockMap {
+	size := 16
+	for size < 2*capacity {
+		size *= 2
+	}
+	m := blockMap{slots: make([]mapSlot, size), mask: uint64(size - 1)}
+	m.clear()
+	return m
+}
+
+func (m *blockMap) len() int { return m.n }
+
+func (m *blockMap) clear() {
+	for i := range m.slots {
+		m.slots[i] = mapSlot{val: noBlock}
+	}
+	m.n = 0
+}
+
+func (m *blockMap) get(key uint64) (int32, bool) {
+	for i := key & m.mask; ; i = (i + 1) & m.mask {
+		s := &m.slots[i]
+		if s.val == noBlock {
+			return noBlock, false
+		}
+		if s.key == key {
+			return s.val, true
+		}
+	}
+}
+
+// put inserts or replaces key. The caller keeps the number of keys within
+// the capacity given to newBlockMap.
+func (m *blockMap) put(key uint64, val int32) {
+	for i := key & m.mask; ; i = (i + 1) & m.mask {
+		s := &m.slots[i]
+		if s.val == noBlock {
+			*s = mapSlot{key: key, val: val}
+			m.n++
+			return
+		}
+		if s.key == key {
+			s.val = val
+			return
+		}
+	}
+}
+
+func (m *blockMap) delete(key uint64) {
+	i := key & m.mask
+	for {
+		s := &m.slots[i]
+		if s.val == noBlock {
+			return
+		}
+		if s.key == key {
+			break
+		}
+		i = (i + 1) & m.mask
+	}
+	m.n--
+	// Backward shift: move later entries of the probe run into the hole
+	// unless their home slot lies cyclically after the hole.
+	j := i
+	for {
+		j = (j + 1) & m.mask
+		s := m.slots[j]
+		if s.val == noBlock {
+			break
+		}
+		home := s.key & m.mask
+		if (j-home)&m.mask >= (j-i)&m.mask {
+			m.slots[i] = s
+			i = j
+		}
+	}
+	m.slots[i] = mapSlot{val: noBlock}
+}
+
+// each calls f for every entry, in table order.
+func (m *blockMap) each(f func(key uint64, val int32)) {
+	for _, s := range m.slots {
+		if s.val != noBlock {
+			f(s.key, s.val)
+		}
+	}
+}

@@ -1,0 +1,231 @@
+// Package fleet starts simulated engines in one process, each looking like
+// a vLLM server from outside: an OpenAI HTTP port, and per data-parallel
+// rank a ZMQ PUB socket of KV events with a replay socket. It is what
+// `kvrouter mocker` runs and what `kvrouter up` embeds.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
+	"github.com/kvrouter/kvrouter/mocker/engine"
+	"github.com/kvrouter/kvrouter/mocker/server"
+)
+
+// Config describes the fleet; the comments name the mocker's flags.
+type Config struct {
+	NumWorkers       int     // --num-workers
+	DataParallelSize int     // --data-parallel-size
+	SpeedupRatio     float64 // --speedup-ratio
+	Engine           engine.Config
+	Server           server.Config // --model-name and limits
+	Host             string        // address to bind, 127.0.0.1 by default
+	// Engine i serves HTTP on HTTPPort+i; rank r of engine i publishes KV
+	// events on KVEventsPort + i×dp + r and answers replay requests on
+	// KVEventsReplayPort + i×dp + r. Port 0 picks free ports instead.
+	HTTPPort, KVEventsPort, KVEventsReplayPort int
+	Encoding                                   vllmevents.Encoding // --kv-events-encoding
+	// Clock makes a clock per rank; nil means real time.
+	Clock func() server.Clock
+}
+
+// DefaultConfig is one engine with vLLM's defaults.
+func DefaultConfig() Config {
+	return Config{
+		NumWorkers: 1, DataParallelSize: 1, SpeedupRatio: 1,
+		Engine: engine.DefaultConfig(), Server: server.DefaultConfig(),
+		Host: "127.0.0.1", HTTPPort: 8100, KVEventsPort: 5557, KVEventsReplayPort: 6557,
+	}
+}
+
+// Rank is where one data-parallel rank publishes.
+type Rank struct {
+	Rank           int
+	Events, Replay string // ZMQ endpoints
+	Runner         *server.Runner
+}
+
+// Engine is one simulated vLLM server.
+type Engine struct {
+	Name    string
+	HTTPURL string
+	Ranks   []Rank
+}
+
+// Fleet is a running set of engines. Close stops it.
+type Fleet struct {
+	engines []Engine
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	servers []*http.Server
+	pubs    []*zmqevents.Publisher
+	pubErrs []error // per rank: the last publish error, for diagnosis
+	errMu   sync.Mutex
+}
+
+func port(base, offset int) int {
+	if base == 0 {
+		return 0
+	}
+	return base + offset
+}
+
+// Start binds every socket and starts serving. On error nothing is left
+// running.
+func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
+	if cfg.NumWorkers < 1 || cfg.DataParallelSize < 1 {
+		return nil, fmt.Errorf("fleet: need at least one worker and one rank, got %d × %d", cfg.NumWorkers, cfg.DataParallelSize)
+	}
+	if cfg.SpeedupRatio <= 0 {
+		return nil, fmt.Errorf("fleet: speedup ratio must be positive, got %v", cfg.SpeedupRatio)
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	f := &Fleet{cancel: cancel}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	dp := cfg.DataParallelSize
+	for i := range cfg.NumWorkers {
+		e := Engine{Name: "engine-" + strconv.Itoa(i)}
+		var runners []*server.Runner
+		for r := range dp {
+			ecfg := cfg.Engine
+			// Distinct seeds: engines name the same content with different
+			// ids, as independent vLLM processes with hash salts would.
+			ecfg.Seed = cfg.Engine.Seed ^ uint64(i*dp+r+1)*0x9e3779b97f4a7c15
+			eng, err := engine.New(ecfg)
+			if err != nil {
+				return nil, err
+			}
+			pub, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{
+				Endpoint:       fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsPort, i*dp+r)),
+				ReplayEndpoint: fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsReplayPort, i*dp+r)),
+			})
+			if err != nil {
+				return nil, fmt.Errorf("fleet: %s rank %d: %w", e.Name, r, err)
+			}
+			f.pubs = append(f.pubs, pub)
+			f.pubErrs = append(f.pubErrs, nil)
+			clock := server.Clock(server.RealClock{})
+			if cfg.Clock != nil {
+				clock = cfg.Clock()
+			}
+			runner := server.NewRunner(eng, clock, cfg.SpeedupRatio, f.publisher(len(f.pubs)-1, pub, r, cfg.Engine.BlockSize, cfg.Encoding))
+			runners = append(runners, runner)
+			e.Ranks = append(e.Ranks, Rank{Rank: r, Events: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Runner: runner})
+			f.wg.Add(1)
+			go func() {
+				defer f.wg.Done()
+				_ = runner.Run(ctx)
+			}()
+		}
+		scfg := cfg.Server
+		scfg.Name = e.Name
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port(cfg.HTTPPort, i))))
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %s: %w", e.Name, err)
+		}
+		e.HTTPURL = "http://" + ln.Addr().String()
+		srv := &http.Server{Handler: server.New(scfg, runners).Handler(), ReadHeaderTimeout: 10 * time.Second}
+		f.servers = append(f.servers, srv)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			_ = srv.Serve(ln)
+		}()
+		f.engines = append(f.engines, e)
+	}
+	return f, nil
+}
+
+// publisher encodes each step's events as one vLLM batch on the rank's
+// socket.
+func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, enc vllmevents.Encoding) server.Publisher {
+	return func(at time.Time, events []engine.BlockEvent) {
+		batch := vllmevents.Batch{TS: float64(at.UnixNano()) / 1e9, DPRank: &rank}
+		for _, ev := range events {
+			switch ev.Kind {
+			case engine.Stored:
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: ev.BlockHashes, ParentBlockHash: ev.Parent, TokenIDs: ev.TokenIDs, BlockSize: blockSize, Medium: "GPU"})
+			case engine.Removed:
+				batch.Events = append(batch.Events, &vllmevents.BlockRemoved{BlockHashes: ev.BlockHashes, Medium: "GPU"})
+			case engine.Cleared:
+				batch.Events = append(batch.Events, &vllmevents.AllBlocksCleared{})
+			}
+		}
+		payload, err := vllmevents.EncodeBatch(&batch, enc)
+		if err == nil {
+			_, err = pub.Publish(payload)
+		}
+		if err != nil {
+			f.errMu.Lock()
+			f.pubErrs[i] = err
+			f.errMu.Unlock()
+		}
+	}
+}
+
+// Engines describes the running engines.
+func (f *Fleet) Engines() []Engine { return f.engines }
+
+// Timing sums the pacing figures of every rank.
+func (f *Fleet) Timing() server.Timing {
+	var t server.Timing
+	for _, e := range f.engines {
+		for _, r := range e.Ranks {
+			rt := r.Runner.Timing()
+			t.Steps += rt.Steps
+			t.Model += rt.Model
+			t.Actual += rt.Actual
+			t.LagResets += rt.LagResets
+		}
+	}
+	return t
+}
+
+// PublishErr returns the first error a rank met publishing events, if any.
+func (f *Fleet) PublishErr() error {
+	f.errMu.Lock()
+	defer f.errMu.Unlock()
+	return errors.Join(f.pubErrs...)
+}
+
+// PrintTable writes the engines as a table: name, HTTP URL, events and
+// replay endpoints.
+func (f *Fleet) PrintTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENGINE\tRANK\tHTTP\tKV EVENTS\tREPLAY")
+	for _, e := range f.engines {
+		for _, r := range e.Ranks {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", e.Name, r.Rank, e.HTTPURL, r.Events, r.Replay)
+		}
+	}
+	tw.Flush()
+}
+
+// Close stops serving and releases every socket.
+func (f *Fleet) Close() {
+	f.cancel()
+	for _, s := range f.servers {
+		_ = s.Close()
+	}
+	f.wg.Wait()
+	for _, p := range f.pubs {
+		_ = p.Close()
+	}
+}

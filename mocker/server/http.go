@@ -1,0 +1,525 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrouter/kvrouter/mocker/engine"
+	"github.com/kvrouter/kvrouter/mocker/tokenizer"
+)
+
+// Config describes one simulated engine as its HTTP clients see it.
+type Config struct {
+	Model       string
+	Name        string // engine name, a metrics label
+	MaxModelLen int    // prompt + max_tokens limit, as vLLM's --max-model-len
+	// DefaultMaxTokens applies when a request sets none. Real engines stop
+	// at an end-of-sequence token; the simulator has none, so it needs a
+	// bound.
+	DefaultMaxTokens int
+	MaxBodyBytes     int64
+}
+
+// DefaultConfig mirrors vLLM's defaults where it has them.
+func DefaultConfig() Config {
+	return Config{Model: "kvrouter-mock", Name: "engine-0", MaxModelLen: 131072, DefaultMaxTokens: 16, MaxBodyBytes: 16 << 20}
+}
+
+// Server is the HTTP face of one engine with one runner per
+// data-parallel rank.
+type Server struct {
+	cfg     Config
+	ranks   []*Runner
+	nextID  atomic.Uint64
+	created int64
+	reg     *prometheus.Registry
+	m       serverMetrics
+}
+
+// New builds the server of an engine whose ranks are driven by ranks.
+func New(cfg Config, ranks []*Runner) *Server {
+	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry()}
+	s.m = newServerMetrics(s)
+	return s
+}
+
+// Handler routes the vLLM-compatible endpoints.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// apiError is OpenAI's error shape.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
+	var e apiError
+	e.Error.Message = fmt.Sprintf(format, args...)
+	e.Error.Type = typ
+	e.Error.Code = status
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+func badRequest(w http.ResponseWriter, format string, args ...any) {
+	writeError(w, http.StatusBadRequest, "invalid_request_error", format, args...)
+}
+
+// decode reads a JSON body, answering 413 or 400 itself when it cannot.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request body larger than %d bytes", tooBig.Limit)
+		} else {
+			badRequest(w, "reading the request body: %v", err)
+		}
+		return false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		badRequest(w, "malformed JSON: %v", err)
+		return false
+	}
+	return true
+}
+
+func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
+	if model != "" && model != s.cfg.Model {
+		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
+		return false
+	}
+	return true
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type commonParams struct {
+	Model               string         `json:"model"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	N                   *int           `json:"n"`
+	DPRank              *int           `json:"data_parallel_rank"`
+}
+
+type completionRequest struct {
+	commonParams
+	Prompt json.RawMessage `json:"prompt"`
+}
+
+// promptTokens reads an OpenAI prompt: a string, a list of token ids, or a
+// one-element list of either.
+func promptTokens(raw json.RawMessage) ([]uint32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("prompt is required")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return tokenizer.Encode(text), nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return checkIDs(ids)
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil && len(texts) == 1 {
+		return tokenizer.Encode(texts[0]), nil
+	}
+	var lists [][]int64
+	if json.Unmarshal(raw, &lists) == nil && len(lists) == 1 {
+		return checkIDs(lists[0])
+	}
+	return nil, errors.New("prompt must be a string, a list of token ids, or a list holding one of them (batched prompts are not supported)")
+}
+
+func checkIDs(ids []int64) ([]uint32, error) {
+	out := make([]uint32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= tokenizer.VocabSize {
+			return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary [0, %d)", id, i, tokenizer.VocabSize)
+		}
+		out[i] = uint32(id)
+	}
+	return out, nil
+}
+
+// job is a validated request ready for an engine.
+type job struct {
+	prompt    []uint32
+	maxTokens int
+	stream    bool
+	usage     bool
+	rank      *int
+	chat      bool
+}
+
+func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint32) (job, bool) {
+	if !s.checkModel(w, p.Model) {
+		return job{}, false
+	}
+	if p.N != nil && *p.N != 1 {
+		badRequest(w, "n must be 1, got %d", *p.N)
+		return job{}, false
+	}
+	if len(prompt) == 0 {
+		badRequest(w, "prompt must not be empty")
+		return job{}, false
+	}
+	maxTokens := s.cfg.DefaultMaxTokens
+	if p.MaxCompletionTokens != nil {
+		maxTokens = *p.MaxCompletionTokens
+	}
+	if p.MaxTokens != nil {
+		maxTokens = *p.MaxTokens
+	}
+	if maxTokens < 1 {
+		badRequest(w, "max_tokens must be at least 1, got %d", maxTokens)
+		return job{}, false
+	}
+	if len(prompt)+maxTokens > s.cfg.MaxModelLen {
+		badRequest(w, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			s.cfg.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens)
+		return job{}, false
+	}
+	if p.DPRank != nil && (*p.DPRank < 0 || *p.DPRank >= len(s.ranks)) {
+		badRequest(w, "data_parallel_rank %d out of range [0, %d)", *p.DPRank, len(s.ranks))
+		return job{}, false
+	}
+	return job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank}, true
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if !s.checkModel(w, req.Model) {
+		return
+	}
+	prompt, err := promptTokens(req.Prompt)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if j, ok := s.validate(w, &req.commonParams, prompt); ok {
+		s.serve(w, r, j)
+	}
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type chatRequest struct {
+	commonParams
+	Messages []chatMessage `json:"messages"`
+}
+
+func messagesText(msgs []chatMessage) ([]tokenizer.Message, error) {
+	if len(msgs) == 0 {
+		return nil, errors.New("messages must not be empty")
+	}
+	out := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return nil, fmt.Errorf("messages[%d].role is required", i)
+		}
+		out[i].Role = m.Role
+		var text string
+		if len(m.Content) == 0 || string(m.Content) == "null" || json.Unmarshal(m.Content, &text) == nil {
+			out[i].Content = text
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(m.Content, &parts); err != nil {
+			return nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
+		}
+		var sb strings.Builder
+		for _, p := range parts {
+			if p.Type != "text" {
+				return nil, fmt.Errorf("messages[%d]: content part of type %q is not supported", i, p.Type)
+			}
+			sb.WriteString(p.Text)
+		}
+		out[i].Content = sb.String()
+	}
+	return out, nil
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if !s.checkModel(w, req.Model) {
+		return
+	}
+	msgs, err := messagesText(req.Messages)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if j, ok := s.validate(w, &req.commonParams, tokenizer.ApplyChatTemplate(msgs, true)); ok {
+		j.chat = true
+		s.serve(w, r, j)
+	}
+}
+
+// pickRank chooses the rank with the fewest requests unless the client
+// named one.
+func (s *Server) pickRank(j job) *Runner {
+	if j.rank != nil {
+		return s.ranks[*j.rank]
+	}
+	best := s.ranks[0]
+	bestLoad := best.Load()
+	for _, rr := range s.ranks[1:] {
+		if l := rr.Load(); l < bestLoad {
+			best, bestLoad = rr, l
+		}
+	}
+	return best
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
+	runner := s.pickRank(j)
+	prefix := "cmpl-"
+	if j.chat {
+		prefix = "chatcmpl-"
+	}
+	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	stream, err := runner.Submit(engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens})
+	if err != nil {
+		if errors.Is(err, engine.ErrPromptTooLong) {
+			badRequest(w, "%v", err)
+		} else {
+			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "engine refused the request: %v", err)
+		}
+		return
+	}
+	s.m.prompt.Add(float64(len(j.prompt)))
+	ctx := r.Context()
+	out := &responder{s: s, w: w, j: j, id: id, created: time.Now().Unix()}
+	if j.stream {
+		out.startStream()
+	}
+	var u usage
+	u.PromptTokens = len(j.prompt)
+	var text strings.Builder
+	for {
+		outs, finished, err := stream.Next(ctx)
+		if err != nil {
+			runner.Abort(id) // client went away
+			s.m.aborted.Inc()
+			return
+		}
+		for _, o := range outs {
+			if o.Index == 0 {
+				u.PromptTokensDetails.CachedTokens = o.CachedTokens
+			}
+			u.CompletionTokens++
+			word := tokenizer.Word(o.Token)
+			if j.stream {
+				if err := out.chunk(word, o.Finished); err != nil {
+					runner.Abort(id)
+					s.m.aborted.Inc()
+					return
+				}
+			} else {
+				text.WriteString(word)
+			}
+		}
+		if finished {
+			break
+		}
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	s.m.generation.Add(float64(u.CompletionTokens))
+	s.m.success.Inc()
+	speed := runner.Speedup()
+	s.m.ttft.Observe(stream.FirstAt.Sub(stream.Submitted).Seconds() * speed)
+	s.m.e2e.Observe(stream.DoneAt.Sub(stream.Submitted).Seconds() * speed)
+	if u.CompletionTokens > 1 {
+		s.m.tpot.Observe(stream.DoneAt.Sub(stream.FirstAt).Seconds() * speed / float64(u.CompletionTokens-1))
+	}
+	if j.stream {
+		out.finish(u)
+		return
+	}
+	out.whole(text.String(), u)
+}
+
+// responder writes one response in the completion or chat shape.
+type responder struct {
+	s       *Server
+	w       http.ResponseWriter
+	j       job
+	id      string
+	created int64
+	started bool
+}
+
+func (o *responder) object(stream bool) string {
+	switch {
+	case o.j.chat && stream:
+		return "chat.completion.chunk"
+	case o.j.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (o *responder) envelope(stream bool, choices any) map[string]any {
+	return map[string]any{"id": o.id, "object": o.object(stream), "created": o.created, "model": o.s.cfg.Model, "choices": choices}
+}
+
+func (o *responder) startStream() {
+	h := o.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	o.w.WriteHeader(http.StatusOK)
+}
+
+func (o *responder) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(o.w, "data: %s\n\n", b); err != nil {
+		return err
+	}
+	if f, ok := o.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+func (o *responder) chunk(text string, last bool) error {
+	var finish any
+	if last {
+		finish = "length"
+	}
+	var choice map[string]any
+	if o.j.chat {
+		delta := map[string]any{"content": text}
+		if !o.started {
+			delta["role"] = "assistant"
+		}
+		choice = map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}
+	} else {
+		choice = map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish}
+	}
+	o.started = true
+	return o.event(o.envelope(true, []any{choice}))
+}
+
+func (o *responder) finish(u usage) {
+	if o.j.usage {
+		env := o.envelope(true, []any{})
+		env["usage"] = u
+		_ = o.event(env)
+	}
+	_, _ = io.WriteString(o.w, "data: [DONE]\n\n")
+	if f, ok := o.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (o *responder) whole(text string, u usage) {
+	var choice map[string]any
+	if o.j.chat {
+		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "logprobs": nil, "finish_reason": "length"}
+	} else {
+		choice = map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": "length"}
+	}
+	env := o.envelope(false, []any{choice})
+	env["usage"] = u
+	o.w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(o.w).Encode(env)
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "kvrouter",
+			"root": s.cfg.Model, "max_model_len": s.cfg.MaxModelLen,
+		}},
+	})
+}
+
+type tokenizeRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+}
+
+// tokenize answers as vLLM's /tokenize: a prompt, or chat messages with
+// the chat template applied.
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req tokenizeRequest
+	if !s.decode(w, r, &req) || !s.checkModel(w, req.Model) {
+		return
+	}
+	var ids []uint32
+	switch {
+	case req.Messages != nil:
+		msgs, err := messagesText(req.Messages)
+		if err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+		ids = tokenizer.ApplyChatTemplate(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	default:
+		var err error
+		if ids, err = promptTokens(req.Prompt); err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})
+}

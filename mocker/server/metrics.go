@@ -1,0 +1,62 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// serverMetrics are the metrics of one engine under vLLM's names, so that
+// dashboards and routers built for vLLM read the simulator unchanged.
+// Latencies are in simulated seconds (wall time × speedup): what a real
+// engine at the model's speed would report.
+type serverMetrics struct {
+	prompt, generation, success, aborted prometheus.Counter
+	ttft, e2e, tpot                      prometheus.Histogram
+}
+
+func newServerMetrics(s *Server) serverMetrics {
+	labels := prometheus.Labels{"model_name": s.cfg.Model, "engine": s.cfg.Name}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+		s.reg.MustRegister(c)
+		return c
+	}
+	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+		s.reg.MustRegister(h)
+		return h
+	}
+	gauge := func(name, help string, read func() float64) {
+		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, read))
+	}
+	counterFunc := func(name, help string, read func() float64) {
+		s.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, read))
+	}
+	sum := func(f func(r *Runner) float64) func() float64 {
+		return func() float64 {
+			total := 0.0
+			for _, r := range s.ranks {
+				total += f(r)
+			}
+			return total
+		}
+	}
+	gauge("vllm:num_requests_running", "Requests in the running batch.", sum(func(r *Runner) float64 { return float64(r.Metrics().Running) }))
+	gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", sum(func(r *Runner) float64 { return float64(r.Metrics().Waiting) }))
+	gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", func() float64 {
+		return sum(func(r *Runner) float64 { return r.Metrics().KVUsage })() / float64(len(s.ranks))
+	})
+	counterFunc("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixQueries) }))
+	counterFunc("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixHits) }))
+	counterFunc("vllm:num_preemptions_total", "Requests preempted for lack of KV blocks.", sum(func(r *Runner) float64 { return float64(r.Metrics().Preemptions) }))
+
+	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	return serverMetrics{
+		prompt:     counter("vllm:prompt_tokens_total", "Prompt tokens received."),
+		generation: counter("vllm:generation_tokens_total", "Tokens generated."),
+		success:    counter("vllm:request_success_total", "Requests that finished."),
+		aborted:    counter("vllm:request_aborted_total", "Requests whose client went away."),
+		ttft:       histogram("vllm:time_to_first_token_seconds", "Time to first token (simulated seconds).", latency),
+		e2e:        histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (simulated seconds).", latency),
+		tpot:       histogram("vllm:time_per_output_token_seconds", "Time per output token after the first (simulated seconds).", []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}),
+	}
+}

@@ -1,0 +1,290 @@
+// Package server runs simulated engines (package engine) behind the
+// interfaces of a vLLM server: the OpenAI HTTP API, Prometheus metrics with
+// vLLM's names and KV events on ZMQ. It is the mocker's edge; the
+// simulation itself is pure and lives in mocker/engine.
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/mocker/engine"
+)
+
+// Clock paces the simulation. The real clock sleeps; a virtual clock jumps,
+// so tests run the same schedule faster than real time.
+type Clock interface {
+	Now() time.Time
+	// SleepUntil returns at t, or early with ctx's error.
+	SleepUntil(ctx context.Context, t time.Time) error
+}
+
+// RealClock is wall time.
+type RealClock struct{}
+
+func (RealClock) Now() time.Time { return time.Now() }
+
+func (RealClock) SleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// VirtualClock advances only when the runner sleeps: every step takes
+// exactly its model time and no real time. One per runner.
+type VirtualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewVirtualClock starts at start.
+func NewVirtualClock(start time.Time) *VirtualClock { return &VirtualClock{now: start} }
+
+func (c *VirtualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *VirtualClock) SleepUntil(ctx context.Context, t time.Time) error {
+	c.mu.Lock()
+	if t.After(c.now) {
+		c.now = t
+	}
+	c.mu.Unlock()
+	return ctx.Err()
+}
+
+// maxLag is how far behind its schedule a runner may fall (a GC pause, an
+// overloaded machine) before it stops catching up and restarts the
+// schedule from now: catching up would compress later steps.
+const maxLag = 50 * time.Millisecond
+
+// Publisher receives the KV events of each step when the step completes.
+type Publisher func(at time.Time, events []engine.BlockEvent)
+
+// Runner drives one engine (one data-parallel rank) in real or virtual
+// time and hands each request's outputs to its Stream.
+type Runner struct {
+	clock   Clock
+	speedup float64
+	publish Publisher
+
+	// mu guards eng and streams. The engine is stepped with mu held; the
+	// sleep that gives a step its duration happens without it, so requests
+	// can be added and aborted meanwhile.
+	mu      sync.Mutex
+	eng     *engine.Engine
+	streams map[string]*Stream
+
+	wake chan struct{} // new work for an idle engine; capacity 1
+
+	timing Timing // written by the loop only; read through Timing()
+	tmu    sync.Mutex
+}
+
+// Timing compares the steps' model durations (divided by the speedup) with
+// the wall time they took, the mocker's own overhead included.
+type Timing struct {
+	Steps     uint64
+	Model     time.Duration // Σ model duration / speedup
+	Actual    time.Duration // Σ time from a step's scheduled start to its completion
+	LagResets uint64        // times the runner fell more than maxLag behind
+}
+
+// Drift is (actual − model) / model: 0 means the simulation kept the
+// model's pace exactly.
+func (t Timing) Drift() float64 {
+	if t.Model == 0 {
+		return 0
+	}
+	return float64(t.Actual-t.Model) / float64(t.Model)
+}
+
+// NewRunner wraps eng. speedup divides every model duration; publish may
+// be nil.
+func NewRunner(eng *engine.Engine, clock Clock, speedup float64, publish Publisher) *Runner {
+	if speedup <= 0 {
+		speedup = 1
+	}
+	return &Runner{clock: clock, speedup: speedup, publish: publish, eng: eng, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+}
+
+// Stream is one request's view of its outputs.
+type Stream struct {
+	mu     sync.Mutex
+	outs   []engine.Output
+	done   bool
+	signal chan struct{} // capacity 1: something new
+
+	Submitted time.Time // runner clock
+	FirstAt   time.Time // runner clock, at the first output
+	DoneAt    time.Time
+}
+
+// Next waits for outputs and returns those not seen yet; finished reports
+// that the last one is among them.
+func (s *Stream) Next(ctx context.Context) (outs []engine.Output, finished bool, err error) {
+	for {
+		s.mu.Lock()
+		outs, finished = s.outs, s.done
+		s.outs = nil
+		s.mu.Unlock()
+		if len(outs) > 0 || finished {
+			return outs, finished, nil
+		}
+		select {
+		case <-s.signal:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+// ErrStopped is returned for requests submitted to a stopped runner.
+var ErrStopped = errors.New("server: engine stopped")
+
+// Submit queues a request; its outputs arrive on the returned Stream.
+func (r *Runner) Submit(req engine.Request) (*Stream, error) {
+	s := &Stream{signal: make(chan struct{}, 1)}
+	r.mu.Lock()
+	if err := r.eng.Add(req); err != nil {
+		r.mu.Unlock()
+		return nil, err
+	}
+	s.Submitted = r.clock.Now()
+	r.streams[req.ID] = s
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return s, nil
+}
+
+// Abort drops a request whose client went away: its blocks are released now.
+func (r *Runner) Abort(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.streams[id]; ok {
+		r.eng.Abort(id)
+		delete(r.streams, id)
+	}
+}
+
+// Load is the number of requests the engine holds, for spreading requests
+// over ranks.
+func (r *Runner) Load() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.streams)
+}
+
+// Metrics reads the engine's metrics.
+func (r *Runner) Metrics() engine.Metrics {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.eng.Metrics()
+}
+
+// Timing returns the pacing figures so far.
+func (r *Runner) Timing() Timing {
+	r.tmu.Lock()
+	defer r.tmu.Unlock()
+	return r.timing
+}
+
+// Speedup is the factor model durations are divided by.
+func (r *Runner) Speedup() float64 { return r.speedup }
+
+// Now is the runner's clock.
+func (r *Runner) Now() time.Time { return r.clock.Now() }
+
+// Run steps the engine until ctx ends. Steps are scheduled back to back on
+// absolute deadlines (each starts when the previous one was due to end),
+// so sleep overshoot and the engine's own computing time do not add up
+// into drift.
+func (r *Runner) Run(ctx context.Context) error {
+	var next time.Time
+	for {
+		r.mu.Lock()
+		for r.eng.Idle() {
+			r.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-r.wake:
+			}
+			next = time.Time{}
+			r.mu.Lock()
+		}
+		now := r.clock.Now()
+		if next.IsZero() {
+			next = now
+		} else if now.Sub(next) > maxLag {
+			next = now
+			r.tmu.Lock()
+			r.timing.LagResets++
+			r.tmu.Unlock()
+		}
+		res := r.eng.Step()
+		r.mu.Unlock()
+
+		wall := time.Duration(float64(res.Duration) / r.speedup)
+		due := next.Add(wall)
+		if err := r.clock.SleepUntil(ctx, due); err != nil {
+			return err
+		}
+		done := r.clock.Now()
+		r.tmu.Lock()
+		r.timing.Steps++
+		r.timing.Model += wall
+		r.timing.Actual += done.Sub(next)
+		r.tmu.Unlock()
+		if r.publish != nil && len(res.Events) > 0 {
+			r.publish(done, res.Events)
+		}
+		r.deliver(res.Outputs, done)
+		next = due
+	}
+}
+
+func (r *Runner) deliver(outs []engine.Output, at time.Time) {
+	if len(outs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range outs {
+		s := r.streams[o.ID]
+		if s == nil {
+			continue // aborted meanwhile
+		}
+		s.mu.Lock()
+		if s.FirstAt.IsZero() {
+			s.FirstAt = at
+		}
+		s.outs = append(s.outs, o)
+		if o.Finished {
+			s.done = true
+			s.DoneAt = at
+			delete(r.streams, o.ID)
+		}
+		s.mu.Unlock()
+		select {
+		case s.signal <- struct{}{}:
+		default:
+		}
+	}
+}

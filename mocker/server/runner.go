@@ -95,11 +95,14 @@ type Runner struct {
 }
 
 // Timing compares the steps' model durations (divided by the speedup) with
-// the wall time they took, the mocker's own overhead included.
+// the wall time they took, the mocker's own overhead included. A step's
+// wall time runs from when it could start (its scheduled start, or the end
+// of the step before if that was late) to its completion, so a lag is
+// counted once, not again in every step that inherits it.
 type Timing struct {
 	Steps     uint64
 	Model     time.Duration // Σ model duration / speedup
-	Actual    time.Duration // Σ time from a step's scheduled start to its completion
+	Actual    time.Duration // Σ wall time of the steps
 	LagResets uint64        // times the runner fell more than maxLag behind
 }
 
@@ -216,7 +219,7 @@ func (r *Runner) Now() time.Time { return r.clock.Now() }
 // so sleep overshoot and the engine's own computing time do not add up
 // into drift.
 func (r *Runner) Run(ctx context.Context) error {
-	var next time.Time
+	var next, lastDone time.Time
 	for {
 		r.mu.Lock()
 		for r.eng.Idle() {
@@ -247,11 +250,16 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 		done := r.clock.Now()
+		began := next
+		if lastDone.After(began) {
+			began = lastDone
+		}
 		r.tmu.Lock()
 		r.timing.Steps++
 		r.timing.Model += wall
-		r.timing.Actual += done.Sub(next)
+		r.timing.Actual += done.Sub(began)
 		r.tmu.Unlock()
+		lastDone = done
 		if r.publish != nil && len(res.Events) > 0 {
 			r.publish(done, res.Events)
 		}

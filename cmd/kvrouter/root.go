@@ -20,9 +20,10 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(
 		newVersionCmd(), // version.go
 		newBenchCmd(),   // bench.go
-		newUpCmd(),      // up.go: everything embedded on one machine (today an in-process demo)
+		newUpCmd(),      // up.go: simulated engines and the frontend on one machine
+		newServeCmd(),   // serve.go: the OpenAI frontend in front of real engines
+		newDemoCmd(),    // demo.go: trace replay through the router over in-process caches
 		newMockerCmd(),  // mocker.go: simulated vLLM engines
-		// newServeCmd(),  // serve.go: router for a NATS cluster
 	)
 }
 

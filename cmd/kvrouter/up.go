@@ -2,171 +2,105 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
+	"log/slog"
+	"net"
 	"os"
 	"os/signal"
-	"strings"
-	"text/tabwriter"
+	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/core/sched"
-	"github.com/kvrouter/kvrouter/internal/demo"
-	"github.com/kvrouter/kvrouter/internal/trace"
+	"github.com/kvrouter/kvrouter/internal/serve"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
-
-const defaultUpTrace = "../shared/traces/mooncake_conversation.jsonl"
 
 func newUpCmd() *cobra.Command {
 	var (
-		cfg       demo.Config
-		tracePath string
-		requests  int
+		rf      = newRouterFlags()
+		mock    = fleet.DefaultConfig()
+		host    string
+		port    int
+		verbose bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Run the router over simulated engines on this machine (in-process demo)",
-		Long: `Starts --workers simulated engines, each an LRU prefix cache of --num-gpu-blocks
-blocks, and the router (core/router) in kv mode, and replays the first
---requests requests of a Mooncake trace through it as production would: each
-request is booked with BestWorker, the chosen engine's cache admits the prompt
-and emits Stored/Removed KV events under its own block ids, which the router
-applies, then the first token (MarkPrefillCompleted) and the end of the stream
-(Free) follow. --inflight requests are active at once. The same replay then
-runs on a fresh fleet in round-robin mode, and the two are compared: the
-prefix-cache hit rate the engines saw, the prompt tokens they had to prefill,
-a simulated time to first token and each worker's share of the requests.
-
-The replay runs in virtual time (trace timestamps are ignored): each engine
-prefills one prompt after another at 10,000 uncached tokens/s and decodes at
-20 ms per output token. Without the trace file (default path, relative to the
-repository root) a built-in synthetic workload is used: a few shared system
-prompts and many interleaved multi-turn conversations; --trace "" asks for it.
-
-The HTTP frontend will arrive with "kvrouter serve".`,
+		Short: "Run everything on this machine: simulated engines and the router's OpenAI frontend",
+		Long: `Starts --workers simulated vLLM engines (kvrouter mocker: OpenAI API, vLLM
+metrics, KV events on ZMQ with replay, all on free ports of 127.0.0.1) and the
+router's OpenAI-compatible frontend on --http-port, routing in kv mode on the
+engines' live KV events. Send requests to the frontend as to any OpenAI
+server; Ctrl-C stops everything. It takes serve's router flags (e.g.
+--router-mode, --router-temperature) and the mocker's engine flags.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if requests < 1 {
-				return errors.New("--requests must be positive")
-			}
-			if trace.BlockTokens%cfg.BlockSize != 0 {
-				return fmt.Errorf("--block-size %d must divide %d", cfg.BlockSize, trace.BlockTokens)
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			errOut := cmd.ErrOrStderr()
-
-			var wl demo.Workload
-			tr, err := loadUpTrace(tracePath, cmd.Flags().Changed("trace"))
-			switch {
-			case err != nil:
+			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
-			case tr != nil:
-				wl = demo.TraceWorkload(fmt.Sprintf("first %d requests of %s", min(requests, len(tr.Requests)), tracePath), tr, requests, cfg.BlockSize)
-			default:
-				if tracePath != "" {
-					fmt.Fprintf(errOut, "%s not found: using the synthetic workload\n", tracePath)
-				}
-				wl = demo.SyntheticWorkload(requests, cfg.BlockSize, cfg.Seed)
 			}
-			if len(wl.Requests) == 0 {
-				return errors.New("the trace holds no requests")
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelInfo
 			}
-
-			start := time.Now()
-			res, err := demo.Compare(ctx, cfg, wl, func(m sched.Mode) {
-				fmt.Fprintf(errOut, "replaying %d requests in %s mode...\n", len(wl.Requests), m)
-			})
-			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				fmt.Fprintln(errOut, "interrupted")
-				return nil
-			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			rcfg, err := rf.config(cmd.Flags(), func(w string) { log.Warn(w) })
 			if err != nil {
 				return err
 			}
-			return printUpReport(cmd.OutOrStdout(), cfg, wl, res, time.Since(start))
+			rcfg.BlockSize = mock.Engine.BlockSize
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+
+			mock.Host, mock.HTTPPort, mock.KVEventsPort, mock.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
+			engines, err := fleet.Start(ctx, mock)
+			if err != nil {
+				return err
+			}
+			defer engines.Close()
+			var workers []serve.WorkerSpec
+			for i, e := range engines.Engines() {
+				workers = append(workers, serve.WorkerSpec{
+					ID: uint64(i + 1), Name: e.Name, URL: e.HTTPURL, Model: mock.Server.Model, DPSize: len(e.Ranks),
+					Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay,
+					KVBlocks: mock.Engine.NumGPUBlocks, MaxBatchedTokens: mock.Engine.MaxNumBatchedTokens,
+				})
+			}
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Addr: net.JoinHostPort(host, strconv.Itoa(port)), HealthInterval: time.Second, Logger: log})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ready, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := s.WaitReady(ready); err != nil {
+				return fmt.Errorf("engines did not join routing: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "kvrouter up: %d simulated engine(s) × %d rank(s), model %q, speedup %g; router in %s mode\n\n",
+				mock.NumWorkers, mock.DataParallelSize, mock.Server.Model, mock.SpeedupRatio, rcfg.Mode)
+			printWorkers(out, workers)
+			url := "http://" + s.Addr()
+			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
+			fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, mock.Server.Model)
+			fmt.Fprintln(out, "Ctrl-C stops everything.")
+			<-ctx.Done()
+			fmt.Fprintln(out, "stopping")
+			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.IntVar(&cfg.Workers, "workers", 4, "simulated engines")
-	f.IntVar(&cfg.CapacityBlocks, "num-gpu-blocks", 16384, "KV blocks each engine caches (LRU)")
-	f.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block (must divide 512)")
-	f.IntVar(&requests, "requests", 2000, "requests to replay")
-	f.IntVar(&cfg.InFlight, "inflight", 32, "requests active at once")
-	f.StringVar(&tracePath, "trace", defaultUpTrace, `Mooncake trace to replay ("": the synthetic workload)`)
-	f.Uint64Var(&cfg.Seed, "seed", 1, "seed for engine block ids, tie-breaks and the synthetic workload")
+	fs := cmd.Flags()
+	rf.register(fs)
+	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
+	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
+	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")
+	fs.IntVar(&mock.DataParallelSize, "data-parallel-size", mock.DataParallelSize, "data-parallel ranks per engine")
+	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
+	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")
+	fs.IntVar(&mock.Engine.NumGPUBlocks, "num-gpu-blocks", mock.Engine.NumGPUBlocks, "KV blocks per engine rank")
+	fs.IntVar(&mock.Engine.MaxNumSeqs, "max-num-seqs", mock.Engine.MaxNumSeqs, "most requests running at once per rank")
+	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
+	fs.StringVar(&mock.Server.Model, "model-name", mock.Server.Model, "model the engines serve")
+	fs.BoolVar(&verbose, "verbose", false, "log engines joining and leaving")
 	return cmd
-}
-
-// loadUpTrace loads the trace at path. A missing file at the default path
-// (explicit: false) is no error: the caller falls back to the synthetic
-// workload, as it does for an empty path. A missing file the user named is
-// an error.
-func loadUpTrace(path string, explicit bool) (*trace.Trace, error) {
-	if path == "" {
-		return nil, nil
-	}
-	tr, err := trace.Load(path)
-	if errors.Is(err, fs.ErrNotExist) && !explicit {
-		return nil, nil
-	}
-	return tr, err
-}
-
-func printUpReport(w io.Writer, cfg demo.Config, wl demo.Workload, res []demo.Result, took time.Duration) error {
-	fmt.Fprintf(w, "kvrouter up: %d simulated engines × %d blocks of %d tokens, %d requests in flight\n",
-		cfg.Workers, cfg.CapacityBlocks, cfg.BlockSize, cfg.InFlight)
-	fmt.Fprintf(w, "workload: %s\n\n", wl.Name)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mode\thit rate\tprefill tokens\tsim TTFT mean / p99\tshare of requests per worker")
-	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%.1f %%\t%s\t%s / %s\t%s\n", r.Mode, 100*r.HitRate, millions(r.PrefillTokens),
-			secs(r.TTFTMean), secs(r.TTFTP99), shares(&r))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	var events, errs, mism int
-	for _, r := range res {
-		events += r.Events
-		errs += r.EventErrors
-		mism += r.OverlapMismatches
-	}
-	fmt.Fprintf(w, "\nhit rate: prompt blocks the engines found in their prefix cache / prompt blocks; one engine\n")
-	fmt.Fprintf(w, "with unlimited cache would find %.1f %% on this workload, finite caches evict the rest.\n", 100*wl.HitCeiling())
-	fmt.Fprintf(w, "%d KV events applied (%d refused); router overlap ≠ engine cache on %d requests. Replayed in %.1f s.\n",
-		events, errs, mism, took.Seconds())
-	fmt.Fprintln(w, "The HTTP frontend arrives with `kvrouter serve`; `kvrouter bench index` and `kvrouter bench route` measure the router's speed.")
-	return nil
-}
-
-func millions(n uint64) string {
-	if n >= 1e6 {
-		return fmt.Sprintf("%.2f M", float64(n)/1e6)
-	}
-	return fmt.Sprintf("%.1f k", float64(n)/1e3)
-}
-
-func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
-
-// shares lists every worker's share of requests, or the range of them on
-// a large fleet.
-func shares(r *demo.Result) string {
-	n := len(r.PerWorker)
-	if n > 8 {
-		lo, hi := 1.0, 0.0
-		for i := range n {
-			lo, hi = min(lo, r.Share(i)), max(hi, r.Share(i))
-		}
-		return fmt.Sprintf("%.1f–%.1f %% (%d workers)", 100*lo, 100*hi, n)
-	}
-	parts := make([]string, n)
-	for i := range n {
-		parts[i] = fmt.Sprintf("%.1f", 100*r.Share(i))
-	}
-	return strings.Join(parts, " / ") + " %"
 }

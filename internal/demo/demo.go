@@ -1,5 +1,5 @@
-// Package demo is what `kvrouter up` shows until the HTTP frontend exists:
-// a fleet of simulated engines behind a real router (core/router), fed a
+// Package demo is what `kvrouter demo` shows: the router over in-process
+// simulated engine caches, a fleet behind a real router (core/router), fed a
 // request trace exactly as production would feed it, once in kv mode and
 // once, on a fresh fleet, in round-robin mode, so the prefix-cache hit
 // rates the engines see can be compared.

@@ -1,0 +1,529 @@
+// Package enginesource feeds one engine rank's live KV events into the
+// router: it subscribes to the rank's ZMQ PUB socket (package zmqevents),
+// decodes each batch (package vllmevents) and applies its events, in order,
+// to a Sink (a *router.Router), keeping the router's view of that rank
+// consistent across lost messages and engine restarts (SPEC §3.2).
+//
+// # Events
+//
+// BlockStored becomes Sink.ApplyEngineStored (the router hashes the token
+// ids itself), BlockRemoved a kv.RemovedEvent and AllBlocksCleared a
+// kv.ClearedEvent. Every event of a batch is applied for Config.Worker,
+// except that a dp rank carried by the batch overrides Worker.DPRank. The
+// batch's sequence number is the events' EventID.
+//
+// Only KV-cache group 0 is indexed: on hybrid models (full attention plus
+// sliding window, mamba, ...) vLLM reports one group per attention kind and
+// group 0 is the full-attention group whose prefix the router matches;
+// events of other groups are skipped and counted (Stats.OtherGroup).
+//
+// A payload that does not decode is skipped whole and counted
+// (Stats.Malformed); a malformed or unknown event inside a good batch is
+// skipped alone (Stats.Skipped). Errors returned by the sink (unknown
+// worker, unknown parent, mis-sized blocks, ...) are counted
+// (Stats.ApplyErrors; the router counts them by reason) and never stop the
+// source.
+//
+// # Continuity
+//
+// The source tracks the next sequence number it expects.
+//
+//   - Start-up: when the engine has a replay endpoint, everything it
+//     buffers is fetched (replay from 0) and applied before live messages,
+//     so a router started after the engine learns its cache. Live messages
+//     that the replay already covered are recognised by sequence number and
+//     dropped (Stats.Duplicates): a seq is never applied twice and the
+//     source never goes backwards. The same catch-up runs when the first
+//     live message is not the one expected (ZeroMQ's slow joiner).
+//   - Gap (a live seq above the one expected): the source asks the replay
+//     endpoint for [expected, ...] and applies the batches up to the
+//     current one, in order, then the current one (Stats.Gaps,
+//     Stats.Recovered). When there is no replay endpoint, the replay fails
+//     or times out (Config.ReplayTimeout), or the engine's ring no longer
+//     holds the expected seq, the source drops the blocks of every rank it
+//     has fed (a Cleared event per rank) and rebuilds from what comes next
+//     (Stats.Rebuilds).
+//   - Reset (the seq went backwards: the engine restarted; also a seq
+//     already applied whose payload differs): the ranks' blocks are dropped
+//     (Stats.Resets and Stats.Rebuilds) and the new incarnation's stream is
+//     caught up from 0 through replay like at start-up.
+//
+// An engine that restarts and publishes past the last seq seen before the
+// subscriber reconnects looks like a gap, not a reset: nothing on the wire
+// tells them apart.
+//
+// Closing the source leaves the router's state as it is; the caller removes
+// the worker when the engine goes away.
+package enginesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// Sink receives the events; *router.Router satisfies it. It is called from
+// one goroutine per Source, so one rank's events stay ordered.
+type Sink interface {
+	ApplyEvent(ev *kv.Event) error
+	ApplyEngineStored(es *router.EngineStored) error
+}
+
+var _ Sink = (*router.Router)(nil)
+
+// DefaultReplayTimeout bounds one replay request.
+const DefaultReplayTimeout = 2 * time.Second
+
+// Config describes one engine rank.
+type Config struct {
+	// Worker is the rank's identity in the router; a dp rank carried by a
+	// batch overrides Worker.DPRank.
+	Worker kv.Worker
+	// Events is the engine's ZMQ PUB endpoint, e.g. "tcp://10.0.0.5:5557".
+	Events string
+	// Replay is the engine's replay ROUTER endpoint; "" if it has none.
+	Replay string
+	// Topic is the subscription prefix; "" receives everything.
+	Topic string
+	// HashBytes says how 32-byte block hashes become ids: vLLM's (the
+	// default) or SGLang's.
+	HashBytes vllmevents.HashBytes
+	// ReplayTimeout bounds each replay request; 0 means
+	// DefaultReplayTimeout.
+	ReplayTimeout time.Duration
+	// Logger receives gaps, rebuilds, resets and skipped input; nil
+	// discards.
+	Logger *slog.Logger
+}
+
+// Stats are a Source's counters.
+type Stats struct {
+	LastSeq uint64 // as LastSeq()
+	HaveSeq bool
+
+	Received   uint64 // well-formed messages received live (including those not processed yet)
+	BadFrames  uint64 // live messages of the wrong shape (not 3 frames, bad seq frame)
+	Batches    uint64 // batches decoded and applied, live or replayed
+	Replayed   uint64 // of Batches, those fetched by replay
+	Duplicates uint64 // live messages dropped: their seq was already applied
+
+	Events        uint64 // events passed to the sink
+	BlocksStored  uint64 // blocks of the BlockStored events passed on
+	BlocksRemoved uint64 // blocks of the BlockRemoved events passed on
+	Clears        uint64 // AllBlocksCleared events passed on
+
+	Malformed  uint64 // payloads that did not decode, skipped whole
+	Skipped    uint64 // events skipped: malformed, unknown type, or group != 0
+	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
+
+	Gaps         uint64 // live seqs above the one expected, after the first batch
+	Recovered    uint64 // gaps closed by replay
+	Rebuilds     uint64 // times the rank's blocks were dropped (gap not recovered, or reset)
+	Resets       uint64 // engine restarts seen (seq went backwards)
+	ReplayErrors uint64 // replay requests that failed or timed out
+	ApplyErrors  uint64 // errors returned by the sink
+}
+
+type counters struct {
+	batches, replayed, duplicates          atomic.Uint64
+	events, blocksStored, blocksRemoved    atomic.Uint64
+	clears, malformed, skipped, otherGroup atomic.Uint64
+	gaps, recovered, rebuilds, resets      atomic.Uint64
+	replayErrors, applyErrors              atomic.Uint64
+}
+
+// ErrClosed is returned by WaitSeq once the source has stopped.
+var ErrClosed = errors.New("enginesource: closed")
+
+// recentSize is how many applied seqs keep a payload fingerprint, to tell a
+// duplicate (same payload) from a restarted engine (different payload).
+const recentSize = 1024
+
+type recent struct {
+	seq, sum uint64
+	ok       bool
+}
+
+// Source feeds one engine rank's events to a Sink.
+type Source struct {
+	cfg    Config
+	sink   Sink
+	log    *slog.Logger
+	opts   vllmevents.DecodeOptions
+	sub    *zmqevents.Subscriber
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	st     counters
+
+	// Owned by the run goroutine.
+	started bool   // a batch has been applied since start or the last reset
+	next    uint64 // the seq expected next
+	ranks   map[uint32]struct{}
+	recent  []recent
+
+	mu       sync.Mutex
+	last     uint64 // the last seq processed (applied or given up on)
+	haveLast bool
+	stopped  bool
+	changed  chan struct{} // closed when last changes or the source stops; nil without waiters
+}
+
+// Start subscribes and returns at once; the source runs until ctx ends or
+// Close is called. Connecting happens in the background and is retried (the
+// engine may start after the router).
+func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
+	if cfg.Events == "" {
+		return nil, errors.New("enginesource: no events endpoint")
+	}
+	if sink == nil {
+		return nil, errors.New("enginesource: nil sink")
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("worker", cfg.Worker.String(), "events", cfg.Events)
+	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096})
+	if err != nil {
+		return nil, fmt.Errorf("enginesource: %w", err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	s := &Source{
+		cfg: cfg, sink: sink, log: logger, opts: vllmevents.DecodeOptions{HashBytes: cfg.HashBytes},
+		sub: sub, ctx: sctx, cancel: cancel, done: make(chan struct{}),
+		ranks: map[uint32]struct{}{}, recent: make([]recent, recentSize),
+	}
+	go s.run()
+	return s, nil
+}
+
+// Close stops the source and waits for it. It is idempotent.
+func (s *Source) Close() error {
+	s.cancel()
+	<-s.done
+	return nil
+}
+
+// Done is closed once the source has stopped.
+func (s *Source) Done() <-chan struct{} { return s.done }
+
+// LastSeq is the last sequence number processed (applied, found malformed,
+// or skipped over by a rebuild); ok is false before the first. An engine
+// restart forgets it: it then follows the new incarnation's numbers.
+func (s *Source) LastSeq() (seq uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last, s.haveLast
+}
+
+// Synced reports whether the batch with this sequence number has been
+// processed: applied, found malformed, or given up on in a rebuild.
+func (s *Source) Synced(seq uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.haveLast && s.last >= seq
+}
+
+// WaitSeq waits until Synced(seq). It returns ctx's error if ctx ends first
+// and ErrClosed if the source stops first.
+func (s *Source) WaitSeq(ctx context.Context, seq uint64) error {
+	return s.WaitFor(ctx, func(st Stats) bool { return st.HaveSeq && st.LastSeq >= seq })
+}
+
+// WaitFor waits until cond holds for the source's Stats. cond is evaluated
+// now and again after every message the source handles. It returns ctx's
+// error if ctx ends first and ErrClosed if the source stops first (cond is
+// checked one last time).
+func (s *Source) WaitFor(ctx context.Context, cond func(Stats) bool) error {
+	for {
+		s.mu.Lock()
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		ch, stopped := s.changed, s.stopped
+		s.mu.Unlock()
+		if cond(s.Stats()) {
+			return nil
+		}
+		if stopped {
+			return ErrClosed
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Stats returns the counters.
+func (s *Source) Stats() Stats {
+	sub := s.sub.Stats()
+	c := &s.st
+	last, ok := s.LastSeq()
+	return Stats{
+		LastSeq: last, HaveSeq: ok,
+		Received: sub.Received, BadFrames: sub.Malformed, Batches: c.batches.Load(), Replayed: c.replayed.Load(),
+		Duplicates: c.duplicates.Load(), Events: c.events.Load(), BlocksStored: c.blocksStored.Load(),
+		BlocksRemoved: c.blocksRemoved.Load(), Clears: c.clears.Load(), Malformed: c.malformed.Load(),
+		Skipped: c.skipped.Load(), OtherGroup: c.otherGroup.Load(), Gaps: c.gaps.Load(), Recovered: c.recovered.Load(),
+		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
+	}
+}
+
+func (s *Source) run() {
+	defer close(s.done)
+	defer func() {
+		_ = s.sub.Close()
+		s.mu.Lock()
+		s.stopped = true
+		s.wakeLocked()
+		s.mu.Unlock()
+	}()
+	if s.cfg.Replay != "" {
+		s.catchUp(math.MaxUint64)
+		s.wake()
+	}
+	msgs := s.sub.Messages()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			s.handle(m)
+			s.wake()
+		}
+	}
+}
+
+// handle processes one live message.
+func (s *Source) handle(m zmqevents.Message) {
+	if s.started && (m.Reset || (m.Seq < s.next && s.differs(m))) {
+		s.reset(m)
+		return
+	}
+	if s.started && m.Seq < s.next {
+		s.st.duplicates.Add(1)
+		return
+	}
+	if m.Seq > s.next {
+		switch {
+		case !s.started && s.cfg.Replay == "":
+			// Nothing known and nothing to ask: start here.
+		case !s.started:
+			s.catchUp(m.Seq)
+		default:
+			if !s.fillGap(m.Seq) {
+				return // stopping
+			}
+		}
+	}
+	s.apply(m.Seq, m.Payload, false)
+}
+
+// differs reports whether an already applied seq came back with another
+// payload (the engine restarted and the subscriber could not tell).
+func (s *Source) differs(m zmqevents.Message) bool {
+	r := s.recent[m.Seq%recentSize]
+	return r.ok && r.seq == m.Seq && r.sum != xxh3.Hash(m.Payload)
+}
+
+// fillGap recovers [s.next, until) by replay or rebuilds. It returns false
+// when the source is stopping (nothing is dropped then).
+func (s *Source) fillGap(until uint64) bool {
+	s.st.gaps.Add(1)
+	from := s.next
+	s.log.Warn("kv event gap", "expected", from, "got", until, "missed", until-from)
+	if s.cfg.Replay == "" {
+		s.rebuild("gap and no replay endpoint")
+		return true
+	}
+	s.replayRange(from, until)
+	if s.ctx.Err() != nil {
+		return false
+	}
+	if s.next == until {
+		s.st.recovered.Add(1)
+		s.log.Info("kv event gap recovered by replay", "from", from, "to", until-1)
+		return true
+	}
+	s.rebuild(fmt.Sprintf("replay could not cover [%d, %d]", s.next, until-1))
+	return true
+}
+
+// catchUp applies what the replay endpoint buffers below until, starting
+// wherever its ring starts (nothing is known yet).
+func (s *Source) catchUp(until uint64) {
+	from := s.next
+	s.replayRange(from, until)
+	if s.started {
+		s.log.Info("kv events caught up by replay", "from", from, "next", s.next)
+	}
+}
+
+// replayRange fetches batches from s.next and applies those below until
+// while they follow each other. Once a batch has been applied, the first
+// replayed one must be s.next; before, any start is accepted.
+func (s *Source) replayRange(from, until uint64) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from)
+	if err != nil {
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.st.replayErrors.Add(1)
+		s.log.Warn("kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
+	}
+	for _, r := range msgs {
+		if s.ctx.Err() != nil {
+			return
+		}
+		if r.Seq >= until {
+			break
+		}
+		if s.started && r.Seq < s.next {
+			continue
+		}
+		if s.started && r.Seq != s.next {
+			break // the ring no longer holds s.next, or a hole
+		}
+		s.apply(r.Seq, r.Payload, true)
+	}
+}
+
+// rebuild drops the blocks of every rank this source has fed; what comes
+// next rebuilds them.
+func (s *Source) rebuild(why string) {
+	s.st.rebuilds.Add(1)
+	s.log.Warn("kv events lost: dropping the rank's blocks", "why", why, "ranks", len(s.ranks))
+	for rank := range s.ranks {
+		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, s.next)
+		if err := s.sink.ApplyEvent(&ev); err != nil {
+			s.st.applyErrors.Add(1)
+		}
+	}
+}
+
+// reset handles an engine restart: drop, then start over from m.
+func (s *Source) reset(m zmqevents.Message) {
+	s.st.resets.Add(1)
+	s.log.Warn("kv event sequence went backwards: engine restarted", "last", s.next-1, "got", m.Seq)
+	s.rebuild("engine restarted")
+	s.started, s.next = false, 0
+	clear(s.recent)
+	s.mu.Lock()
+	s.haveLast = false // positions are the new incarnation's from now on
+	s.mu.Unlock()
+	s.handle(m)
+}
+
+// apply processes the batch with this seq.
+func (s *Source) apply(seq uint64, payload []byte, replayed bool) {
+	s.recent[seq%recentSize] = recent{seq: seq, sum: xxh3.Hash(payload), ok: true}
+	s.started, s.next = true, seq+1
+	defer s.processed(seq)
+	b, err := vllmevents.DecodeBatchWith(payload, s.opts)
+	if err == nil && b.DPRank != nil && (*b.DPRank < 0 || int64(*b.DPRank) > math.MaxUint32) {
+		err = fmt.Errorf("dp rank %d out of range", *b.DPRank)
+	}
+	if err != nil {
+		s.st.malformed.Add(1)
+		s.log.Warn("malformed kv event batch skipped", "seq", seq, "err", err)
+		return
+	}
+	s.st.batches.Add(1)
+	if replayed {
+		s.st.replayed.Add(1)
+	}
+	for _, e := range b.Skipped {
+		s.log.Debug("kv event skipped", "seq", seq, "err", e)
+	}
+	s.st.skipped.Add(uint64(len(b.Skipped)))
+	w := s.cfg.Worker
+	if b.DPRank != nil {
+		w.DPRank = uint32(*b.DPRank)
+	}
+	for _, ev := range b.Events {
+		var err error
+		switch e := ev.(type) {
+		case *vllmevents.BlockStored:
+			if e.GroupIdx != 0 {
+				s.otherGroup()
+				continue
+			}
+			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
+			err = s.sink.ApplyEngineStored(&router.EngineStored{
+				Worker: w, EventID: seq, Tier: e.Medium.Tier(), Parent: e.ParentBlockHash,
+				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
+			})
+		case *vllmevents.BlockRemoved:
+			if e.GroupIdx != 0 {
+				s.otherGroup()
+				continue
+			}
+			s.st.blocksRemoved.Add(uint64(len(e.BlockHashes)))
+			kev := kv.RemovedEvent(w, seq, e.BlockHashes...)
+			kev.Tier = e.Medium.Tier()
+			err = s.sink.ApplyEvent(&kev)
+		case *vllmevents.AllBlocksCleared:
+			s.st.clears.Add(1)
+			kev := kv.ClearedEvent(w, seq)
+			err = s.sink.ApplyEvent(&kev)
+		default:
+			s.st.skipped.Add(1)
+			continue
+		}
+		s.st.events.Add(1)
+		s.ranks[w.DPRank] = struct{}{}
+		if err != nil {
+			s.st.applyErrors.Add(1)
+			s.log.Debug("sink refused a kv event", "seq", seq, "type", ev.Type(), "err", err)
+		}
+	}
+}
+
+func (s *Source) otherGroup() {
+	s.st.skipped.Add(1)
+	s.st.otherGroup.Add(1)
+}
+
+// processed publishes the position for LastSeq/Synced/WaitSeq.
+func (s *Source) processed(seq uint64) {
+	s.mu.Lock()
+	s.last, s.haveLast = seq, true
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+func (s *Source) wake() {
+	s.mu.Lock()
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+func (s *Source) wakeLocked() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}

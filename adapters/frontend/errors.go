@@ -1,0 +1,96 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+// apiError is OpenAI's error object.
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// httpError is an error bound for the client, with its status.
+type httpError struct {
+	status int
+	apiError
+}
+
+func (e *httpError) Error() string { return e.Message }
+
+func newError(status int, typ, code, param, format string, args ...any) *httpError {
+	e := &httpError{status: status, apiError: apiError{Message: fmt.Sprintf(format, args...), Type: typ, Code: code}}
+	if param != "" {
+		e.Param = &param
+	}
+	return e
+}
+
+func badRequest(code, param, format string, args ...any) *httpError {
+	return newError(http.StatusBadRequest, "invalid_request_error", code, param, format, args...)
+}
+
+func writeError(w http.ResponseWriter, status int, typ, code, param, format string, args ...any) {
+	writeHTTPError(w, newError(status, typ, code, param, format, args...))
+}
+
+func writeHTTPError(w http.ResponseWriter, e *httpError) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(e.status)
+	_ = json.NewEncoder(w).Encode(struct {
+		Error apiError `json:"error"`
+	}{e.apiError})
+}
+
+// errorEvent is the SSE event that ends a broken stream.
+func errorEvent(code, format string, args ...any) []byte {
+	b, _ := json.Marshal(struct {
+		Error apiError `json:"error"`
+	}{apiError{Message: fmt.Sprintf(format, args...), Type: "server_error", Code: code}})
+	return append(append([]byte("data: "), b...), "\n\n"...)
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *httpError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, newError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body larger than %d bytes", tooBig.Limit)
+		}
+		return nil, badRequest("invalid_body", "", "reading the request body: %v", err)
+	}
+	return body, nil
+}
+
+// routeError turns a router error into the client's answer.
+func routeError(err error, model string) *httpError {
+	switch {
+	case errors.Is(err, sched.ErrAllBusy):
+		return newError(http.StatusServiceUnavailable, "server_error", "all_workers_busy", "", "all workers serving model %q are busy; retry later", model)
+	case errors.Is(err, router.ErrNoWorkers), errors.Is(err, sched.ErrNoCandidates):
+		return newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no worker serves model %q", model)
+	case errors.Is(err, sched.ErrUnknownWorker):
+		return badRequest("unknown_worker", "nvext.backend_instance_id", "%v", err)
+	case errors.Is(err, sched.ErrNoTarget):
+		return badRequest("no_target", "nvext.backend_instance_id", "the router is in direct mode: name a worker with nvext.backend_instance_id")
+	case errors.Is(err, sched.ErrInvalidParams), errors.Is(err, sched.ErrInvalidRequest):
+		return badRequest("invalid_nvext", "nvext", "%v", err)
+	case errors.Is(err, router.ErrDuplicateID):
+		return newError(http.StatusConflict, "invalid_request_error", "duplicate_request_id", "request_id", "%v", err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return newError(http.StatusServiceUnavailable, "server_error", "cancelled", "", "the request ended while waiting for a worker: %v", err)
+	}
+	return newError(http.StatusInternalServerError, "server_error", "routing_failed", "", "routing failed: %v", err)
+}

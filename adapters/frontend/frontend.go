@@ -1,0 +1,242 @@
+// Package frontend is kvrouter's OpenAI-compatible HTTP frontend: it
+// tokenizes each request, asks the router where it should go, forwards it
+// to that engine and streams the answer back, keeping the router's view of
+// every engine's load in step with the request's life.
+//
+// # Endpoints
+//
+//	POST /v1/completions, POST /v1/chat/completions   OpenAI, streaming or not
+//	GET  /v1/models                                   the distinct models of the workers
+//	POST /router/best_worker                          {tokens|prompt|messages, model, request_id?, nvext?}
+//	POST /router/potential_loads                      {tokens|prompt|messages, model}
+//	POST /router/mark_prefill_complete                {request_id}
+//	POST /router/free                                 {request_id}
+//	GET  /router/dump_events                          the index as a JSON list of KV events
+//	GET  /busy_threshold, POST /busy_threshold        SPEC §6
+//	GET  /health, GET /metrics
+//
+// # Tokens
+//
+// The router needs token ids. A completions prompt of token ids (or a list
+// holding one) is used as is, so is nvext.token_data; a text prompt and chat
+// messages are tokenized by an engine serving the model through its
+// /tokenize endpoint (vLLM and SGLang have it), chat template included, so
+// the router hashes exactly what the engine will cache. The chat keys that
+// change the template (chat_template, chat_template_kwargs, tools,
+// add_generation_prompt, continue_final_message, add_special_tokens) are
+// passed on to /tokenize. A batch of several prompts is routed by its first.
+//
+// # Forwarding
+//
+// The body goes to the chosen engine (BaseURL + the same path) byte for
+// byte, except that the "nvext" key is dropped (engines do not know it) and,
+// when the worker has more than one data-parallel rank,
+// "data_parallel_rank" is set to the routed rank (replacing the client's).
+// When neither applies the client's bytes are sent untouched; otherwise the
+// top-level object is re-encoded (values keep their bytes, keys are sorted).
+// The engine's status, headers (hop-by-hop ones aside) and body come back
+// unchanged; server-sent events are passed on as they arrive, flushed
+// whenever the engine has nothing more buffered.
+//
+// Each request is booked in the router under a fresh id. Its prefill is
+// marked complete at the first SSE data chunk (or when a non-streamed answer
+// is complete) and it is freed exactly once when the handler ends, whatever
+// the reason: end of stream, engine error, malformed engine stream, client
+// disconnect.
+//
+// A stream that breaks — a data line that is not JSON, a line that is not
+// SSE, or the engine closing before "data: [DONE]" — ends the client's
+// stream with one event "data: {"error": {...}}" and no [DONE].
+//
+// # nvext
+//
+// The nvext object of a request (SPEC §7, Dynamo's names) is read as:
+//
+//	backend_instance_id (alias decode_worker_id, header x-worker-instance-id), dp_rank → Request.Target
+//	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
+//	session_control {session_id, action, timeout (s)}          → Request.Session
+//	token_data                                                  → the prompt's token ids
+//	router overrides → Request.Overrides, at nvext's top level or inside router_config_override
+//	(which wins); each knob under any of its names:
+//	  overlap credit:     overlap_score_credit, kv_overlap_score_credit, router_kv_overlap_score_credit
+//	  prefill load scale: prefill_load_scale, router_prefill_load_scale
+//	  legacy weight:      overlap_score_weight, kv_overlap_score_weight, router_kv_overlap_score_weight
+//	  temperature:        router_temperature
+//	  reuse assumption:   assume_kv_reuse, router_assume_kv_reuse
+//	  prefill tracking:   track_prefill_tokens, router_track_prefill_tokens
+//	extra_fields ["worker_id", "timing"]
+//
+// extra_fields adds an "nvext" object to the response:
+//
+//	{"worker_id": 3, "dp_rank": 0, "overlap_blocks": 4, "prompt_blocks": 6,   (for "worker_id")
+//	 "timing": {"tokenize_ms", "routing_ms", "queue_ms", "hash_ms",
+//	            "find_matches_ms", "scheduling_ms", "ttft_ms", "total_ms"}}  (for "timing")
+//
+// at the top level of a non-streamed JSON response, and in the first data
+// chunk of a stream (where total_ms is absent: the stream is not over).
+// Without extra_fields the engine's bytes are untouched.
+//
+// # Errors
+//
+// Errors the frontend raises itself use OpenAI's shape {"error": {"message",
+// "type", "param", "code"}} with a string code: malformed JSON, missing
+// prompt or messages, bad nvext → 400; unknown model → 404; body over
+// MaxBodyBytes → 413; every worker busy or none serving the model → 503;
+// engine unreachable or tokenization failing on the engine's side → 502.
+// Engines' own errors pass through unchanged.
+//
+// # Metrics
+//
+// Prefix kvrouter_frontend_: requests_total{model,endpoint,status} (status is
+// the HTTP status, or "stream_error" / "cancelled" for streams that broke or
+// whose client left), inflight_requests{model},
+// time_to_first_token_seconds, inter_token_latency_seconds (between data
+// chunks), request_duration_seconds, input_sequence_tokens,
+// output_sequence_tokens, kv_hit_rate (histograms by model), and
+// routing_overhead_seconds{phase=hash|find_matches|scheduling|queue|total};
+// plus the router's own collector (adapters/metrics).
+package frontend
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrouter/kvrouter/adapters/metrics"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// DefaultMaxBodyBytes bounds a request body when Config.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 16 << 20
+
+// Worker is one engine as the frontend reaches it.
+type Worker struct {
+	ID      uint64 // the router's worker id
+	Name    string
+	BaseURL string // e.g. http://10.0.0.7:8000, no trailing /v1
+	Model   string // "" serves every model
+	DPSize  int    // data-parallel ranks; > 1 makes the frontend set data_parallel_rank
+}
+
+// Config configures a Frontend.
+type Config struct {
+	Router *router.Router
+	// Workers returns the current registry. Whoever adds and removes
+	// engines also calls Router.AddWorker / RemoveWorker.
+	Workers func() []Worker
+	// Client reaches the engines; nil uses a client without a timeout
+	// (streams last as long as they last) over a pooled transport.
+	Client *http.Client
+	// MaxBodyBytes bounds request bodies (413 beyond); 0 means
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Registry receives the frontend's metrics and the router's collector,
+	// and is served on /metrics; nil makes a new one.
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+}
+
+// Frontend serves the HTTP API. Build it with New.
+type Frontend struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *frontendMetrics
+	created int64
+	idBase  string
+	nextID  atomic.Uint64
+	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
+}
+
+// New checks cfg and registers the metrics.
+func New(cfg Config) (*Frontend, error) {
+	if cfg.Router == nil {
+		return nil, errors.New("frontend: Config.Router is required")
+	}
+	if cfg.Workers == nil {
+		return nil, errors.New("frontend: Config.Workers is required")
+	}
+	if cfg.Client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = 1024
+		tr.MaxIdleConnsPerHost = 256
+		tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		cfg.Client = &http.Client{Transport: tr}
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m := newFrontendMetrics()
+	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router)) {
+		if err := cfg.Registry.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	var salt [6]byte
+	_, _ = rand.Read(salt[:])
+	return &Frontend{
+		cfg: cfg, log: cfg.Logger, m: m, created: time.Now().Unix(),
+		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
+	}, nil
+}
+
+// Handler routes every endpoint.
+func (f *Frontend) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointCompletions) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointChat) })
+	mux.HandleFunc("GET /v1/models", f.models)
+	mux.HandleFunc("POST /router/best_worker", f.bestWorker)
+	mux.HandleFunc("POST /router/potential_loads", f.potentialLoads)
+	mux.HandleFunc("POST /router/mark_prefill_complete", f.markPrefillComplete)
+	mux.HandleFunc("POST /router/free", f.free)
+	mux.HandleFunc("GET /router/dump_events", f.dumpEvents)
+	mux.HandleFunc("GET /busy_threshold", f.listThresholds)
+	mux.HandleFunc("POST /busy_threshold", f.postThreshold)
+	mux.HandleFunc("GET /health", f.health)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// newID is a booking id unique to this process (and, by its random part,
+// unlikely to meet one a client picks for /router/best_worker).
+func (f *Frontend) newID() string {
+	return f.idBase + strconv.FormatUint(f.nextID.Add(1), 10)
+}
+
+// workersFor returns the workers serving model (all of them for "").
+func (f *Frontend) workersFor(model string) (all, serving []Worker) {
+	all = f.cfg.Workers()
+	for _, w := range all {
+		if model == "" || w.Model == "" || w.Model == model {
+			serving = append(serving, w)
+		}
+	}
+	return all, serving
+}
+
+func findWorker(ws []Worker, id uint64) (Worker, bool) {
+	for _, w := range ws {
+		if w.ID == id {
+			return w, true
+		}
+	}
+	return Worker{}, false
+}

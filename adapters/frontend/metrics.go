@@ -1,0 +1,54 @@
+package frontend
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/adapters/metrics"
+)
+
+const subsystem = "frontend"
+
+type frontendMetrics struct {
+	requests     *prometheus.CounterVec
+	inflight     *prometheus.GaugeVec
+	ttft         *prometheus.HistogramVec
+	itl          *prometheus.HistogramVec
+	duration     *prometheus.HistogramVec
+	inputTokens  *prometheus.HistogramVec
+	outputTokens *prometheus.HistogramVec
+	hitRate      *prometheus.HistogramVec
+	routing      *prometheus.HistogramVec
+}
+
+func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metrics.Namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets,
+	}, labels)
+}
+
+func newFrontendMetrics() *frontendMetrics {
+	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 … 131072
+	return &frontendMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "requests_total",
+			Help: "OpenAI requests by model, endpoint and outcome (the HTTP status, or stream_error / cancelled).",
+		}, []string{"model", "endpoint", "status"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "inflight_requests",
+			Help: "OpenAI requests being served.",
+		}, []string{"model"}),
+		ttft:         histogram("time_to_first_token_seconds", "Time from the request's arrival to its first streamed chunk (or its whole answer).", latency, "model"),
+		itl:          histogram("inter_token_latency_seconds", "Time between consecutive streamed chunks.", []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5}, "model"),
+		duration:     histogram("request_duration_seconds", "Time from the request's arrival to the end of its answer.", latency, "model"),
+		inputTokens:  histogram("input_sequence_tokens", "Prompt tokens of routed requests.", tokens, "model"),
+		outputTokens: histogram("output_sequence_tokens", "Generated tokens (the engine's usage when reported, else streamed chunks).", tokens, "model"),
+		hitRate:      histogram("kv_hit_rate", "Prompt blocks cached on the chosen worker over prompt blocks, per routed request.", prometheus.LinearBuckets(0, 0.1, 11), "model"),
+		routing: histogram("routing_overhead_seconds", "The router's own time per decision, by phase.",
+			[]float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1}, "phase"),
+	}
+}
+
+func (m *frontendMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing}
+}

@@ -1,0 +1,244 @@
+package frontend
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+// overrideFields are the router knobs a request may override, under every
+// name Dynamo has used for them.
+type overrideFields struct {
+	OverlapScoreCredit         *float64 `json:"overlap_score_credit"`
+	KVOverlapScoreCredit       *float64 `json:"kv_overlap_score_credit"`
+	RouterKVOverlapScoreCredit *float64 `json:"router_kv_overlap_score_credit"`
+	PrefillLoadScale           *float64 `json:"prefill_load_scale"`
+	RouterPrefillLoadScale     *float64 `json:"router_prefill_load_scale"`
+	OverlapScoreWeight         *float64 `json:"overlap_score_weight"`
+	KVOverlapScoreWeight       *float64 `json:"kv_overlap_score_weight"`
+	RouterKVOverlapScoreWeight *float64 `json:"router_kv_overlap_score_weight"`
+	RouterTemperature          *float64 `json:"router_temperature"`
+	AssumeKVReuse              *bool    `json:"assume_kv_reuse"`
+	RouterAssumeKVReuse        *bool    `json:"router_assume_kv_reuse"`
+	TrackPrefillTokens         *bool    `json:"track_prefill_tokens"`
+	RouterTrackPrefillTokens   *bool    `json:"router_track_prefill_tokens"`
+}
+
+func first[T any](ps ...*T) *T {
+	for _, p := range ps {
+		if p != nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// apply sets the knobs o names onto out, keeping out's others.
+func (o *overrideFields) apply(out *sched.Overrides) {
+	if o == nil {
+		return
+	}
+	if v := first(o.OverlapScoreCredit, o.KVOverlapScoreCredit, o.RouterKVOverlapScoreCredit); v != nil {
+		out.OverlapCredit = v
+	}
+	if v := first(o.PrefillLoadScale, o.RouterPrefillLoadScale); v != nil {
+		out.PrefillLoadScale = v
+	}
+	if v := first(o.OverlapScoreWeight, o.KVOverlapScoreWeight, o.RouterKVOverlapScoreWeight); v != nil {
+		out.LegacyOverlapWeight = v
+	}
+	if o.RouterTemperature != nil {
+		out.Temperature = o.RouterTemperature
+	}
+	if v := first(o.AssumeKVReuse, o.RouterAssumeKVReuse); v != nil {
+		out.AssumeKVReuse = v
+	}
+	if v := first(o.TrackPrefillTokens, o.RouterTrackPrefillTokens); v != nil {
+		out.TrackPrefillTokens = v
+	}
+}
+
+// nvext is the request extension as far as the frontend reads it; other
+// keys (greed_sampling, annotations, ...) are accepted and ignored.
+type nvext struct {
+	overrideFields
+	BackendInstanceID    *uint64         `json:"backend_instance_id"`
+	DecodeWorkerID       *uint64         `json:"decode_worker_id"`
+	DPRank               *uint32         `json:"dp_rank"`
+	TokenData            []uint32        `json:"token_data"`
+	ExtraFields          []string        `json:"extra_fields"`
+	AgentHints           *agentHints     `json:"agent_hints"`
+	SessionControl       *sessionControl `json:"session_control"`
+	RouterConfigOverride *overrideFields `json:"router_config_override"`
+}
+
+type agentHints struct {
+	Priority *float64 `json:"priority"`
+	OSL      *int     `json:"osl"`
+}
+
+type sessionControl struct {
+	SessionID string   `json:"session_id"`
+	Action    string   `json:"action"`
+	Timeout   *float64 `json:"timeout"` // seconds
+}
+
+// extras are what extra_fields asked for.
+type extras struct{ workerID, timing bool }
+
+// parseNvext reads raw (absent or null is fine) into the routing fields of
+// req and returns what the response should carry.
+func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (nvext, extras, *httpError) {
+	var n nvext
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return n, extras{}, badRequest("invalid_nvext", "nvext", "malformed nvext: %v", err)
+		}
+	}
+	n.overrideFields.apply(&req.Overrides)
+	n.RouterConfigOverride.apply(&req.Overrides)
+
+	target := first(n.BackendInstanceID, n.DecodeWorkerID)
+	if h := header.Get("x-worker-instance-id"); h != "" {
+		id, err := strconv.ParseUint(h, 10, 64)
+		if err != nil {
+			return n, extras{}, badRequest("invalid_header", "x-worker-instance-id", "x-worker-instance-id %q is not a worker id", h)
+		}
+		target = &id
+	}
+	switch {
+	case target != nil:
+		w := kv.Worker{ID: *target}
+		if n.DPRank != nil {
+			w.DPRank = *n.DPRank
+		}
+		req.Target = &w
+	case n.DPRank != nil:
+		return n, extras{}, badRequest("invalid_nvext", "nvext.dp_rank", "nvext.dp_rank needs nvext.backend_instance_id")
+	}
+
+	if h := n.AgentHints; h != nil {
+		if h.Priority != nil {
+			req.Priority = *h.Priority
+		}
+		if h.OSL != nil {
+			if *h.OSL < 0 {
+				return n, extras{}, badRequest("invalid_nvext", "nvext.agent_hints.osl", "nvext.agent_hints.osl must be ≥ 0, got %d", *h.OSL)
+			}
+			req.OSL = *h.OSL
+		}
+	}
+
+	if s := n.SessionControl; s != nil {
+		if s.SessionID == "" {
+			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.session_id", "nvext.session_control needs a session_id")
+		}
+		action, err := sched.ParseSessionAction(s.Action)
+		if err != nil {
+			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.action", "%v", err)
+		}
+		sc := &sched.SessionControl{ID: s.SessionID, Action: action}
+		if s.Timeout != nil {
+			t := *s.Timeout
+			if math.IsNaN(t) || t < 0 || t > 1e9 {
+				return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.timeout", "nvext.session_control.timeout must be seconds ≥ 0, got %v", t)
+			}
+			sc.Timeout = time.Duration(t * float64(time.Second))
+		}
+		req.Session = sc
+	}
+
+	var ex extras
+	for _, f := range n.ExtraFields {
+		switch f {
+		case "worker_id":
+			ex.workerID = true
+		case "timing":
+			ex.timing = true
+		}
+	}
+	return n, ex, nil
+}
+
+func (e extras) any() bool { return e.workerID || e.timing }
+
+// responseNvext is the nvext object added to responses.
+type responseNvext struct {
+	WorkerID      *uint64 `json:"worker_id,omitempty"`
+	DPRank        *uint32 `json:"dp_rank,omitempty"`
+	OverlapBlocks *int    `json:"overlap_blocks,omitempty"`
+	PromptBlocks  *int    `json:"prompt_blocks,omitempty"`
+	Timing        *timing `json:"timing,omitempty"`
+}
+
+type timing struct {
+	TokenizeMS    float64  `json:"tokenize_ms"`
+	RoutingMS     float64  `json:"routing_ms"`
+	QueueMS       float64  `json:"queue_ms"`
+	HashMS        float64  `json:"hash_ms"`
+	FindMatchesMS float64  `json:"find_matches_ms"`
+	SchedulingMS  float64  `json:"scheduling_ms"`
+	TTFTMS        float64  `json:"ttft_ms"`
+	TotalMS       *float64 `json:"total_ms,omitempty"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// build renders the response nvext; total < 0 leaves total_ms out.
+func (e extras) build(d *router.Decision, tokenize, ttft, total time.Duration) []byte {
+	var out responseNvext
+	if e.workerID {
+		id, rank, ov, pb := d.Worker.ID, d.Worker.DPRank, d.OverlapBlocks, d.PromptBlocks
+		out.WorkerID, out.DPRank, out.OverlapBlocks, out.PromptBlocks = &id, &rank, &ov, &pb
+	}
+	if e.timing {
+		t := &timing{
+			TokenizeMS: ms(tokenize), RoutingMS: ms(d.Timings.Total), QueueMS: ms(d.Queued),
+			HashMS: ms(d.Timings.Hash), FindMatchesMS: ms(d.Timings.FindMatches), SchedulingMS: ms(d.Timings.Schedule),
+			TTFTMS: ms(ttft),
+		}
+		if total >= 0 {
+			v := ms(total)
+			t.TotalMS = &v
+		}
+		out.Timing = t
+	}
+	b, _ := json.Marshal(out)
+	return b
+}
+
+// injectNvext adds "nvext": ext to the JSON object obj, keeping obj's bytes
+// otherwise. ok is false when obj is not a JSON object.
+func injectNvext(obj, ext []byte) ([]byte, bool) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &m); err != nil || m == nil {
+		return nil, false
+	}
+	if _, dup := m["nvext"]; dup {
+		m["nvext"] = ext
+		b, err := json.Marshal(m)
+		return b, err == nil
+	}
+	end := len(obj) - 1
+	for end >= 0 && isSpace(obj[end]) {
+		end--
+	}
+	out := make([]byte, 0, len(obj)+len(ext)+12)
+	out = append(out, obj[:end]...) // up to the closing brace
+	if len(m) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, `"nvext":`...)
+	out = append(out, ext...)
+	out = append(out, '}')
+	out = append(out, obj[end+1:]...)
+	return out, true
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -1,0 +1,276 @@
+package frontend
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decodeObject reads a JSON object body into a map.
+func (f *Frontend) decodeObject(w http.ResponseWriter, r *http.Request) (map[string]json.RawMessage, *httpError) {
+	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
+	if herr != nil {
+		return nil, herr
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+		return nil, badRequest("invalid_json", "", "the body must be a JSON object: %v", errOrNull(err))
+	}
+	return top, nil
+}
+
+func stringField(top map[string]json.RawMessage, key string) (string, *httpError) {
+	if !present(top[key]) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(top[key], &s); err != nil {
+		return "", badRequest("invalid_"+key, key, "%s must be a string", key)
+	}
+	return s, nil
+}
+
+// routeQuery reads the common part of /router/best_worker and
+// /router/potential_loads: the model, the LoRA adapter and the tokens.
+func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[string]json.RawMessage, req router.Request, n nvext, herr *httpError) {
+	if top, herr = f.decodeObject(w, r); herr != nil {
+		return
+	}
+	if req.Model, herr = stringField(top, "model"); herr != nil {
+		return
+	}
+	if req.LoRA, herr = stringField(top, "lora_name"); herr != nil {
+		return
+	}
+	if herr = checkPrompt(top, kindAny); herr != nil {
+		return
+	}
+	all, serving := f.workersFor(req.Model)
+	if req.Model != "" && len(all) > 0 && len(serving) == 0 {
+		herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", req.Model)
+		return
+	}
+	if n, _, herr = parseNvext(top["nvext"], r.Header, &req); herr != nil {
+		return
+	}
+	req.Tokens, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
+	return
+}
+
+// bestWorkerResponse is the answer of POST /router/best_worker.
+type bestWorkerResponse struct {
+	WorkerID      uint64  `json:"worker_id"`
+	DPRank        uint32  `json:"dp_rank"`
+	OverlapBlocks int     `json:"overlap_blocks"`
+	PromptBlocks  int     `json:"prompt_blocks"`
+	RequestID     string  `json:"request_id,omitempty"` // set when booked
+	Via           string  `json:"via"`
+	Timing        *timing `json:"timing"`
+	Warning       string  `json:"warning,omitempty"`
+}
+
+// bestWorker is KvPushRouter.best_worker over HTTP: with request_id the
+// request is booked (free it with /router/free), without it nothing changes.
+func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
+	top, req, _, herr := f.routeQuery(w, r)
+	if herr == nil {
+		req.ID, herr = stringField(top, "request_id")
+	}
+	if herr != nil {
+		writeHTTPError(w, herr)
+		return
+	}
+	d, err := f.cfg.Router.BestWorker(r.Context(), &req)
+	if err != nil {
+		writeHTTPError(w, routeError(err, req.Model))
+		return
+	}
+	f.observeDecision(req.Model, &d)
+	writeJSON(w, http.StatusOK, bestWorkerResponse{
+		WorkerID: d.Worker.ID, DPRank: d.Worker.DPRank, OverlapBlocks: d.OverlapBlocks, PromptBlocks: d.PromptBlocks,
+		RequestID: req.ID, Via: d.Via.String(), Warning: d.Warning,
+		Timing: &timing{
+			RoutingMS: ms(d.Timings.Total), QueueMS: ms(d.Queued), HashMS: ms(d.Timings.Hash),
+			FindMatchesMS: ms(d.Timings.FindMatches), SchedulingMS: ms(d.Timings.Schedule),
+		},
+	})
+}
+
+// potentialLoad is one rank in the answer of POST /router/potential_loads.
+type potentialLoad struct {
+	WorkerID               uint64  `json:"worker_id"`
+	DPRank                 uint32  `json:"dp_rank"`
+	OverlapBlocks          int     `json:"overlap_blocks"`
+	ActiveDecodeBlocks     float64 `json:"active_decode_blocks"`
+	ActivePrefillTokens    int     `json:"active_prefill_tokens"`
+	ActiveRequests         int     `json:"active_requests"`
+	PotentialDecodeBlocks  float64 `json:"potential_decode_blocks"`
+	PotentialPrefillTokens int     `json:"potential_prefill_tokens"`
+}
+
+func (f *Frontend) potentialLoads(w http.ResponseWriter, r *http.Request) {
+	_, req, _, herr := f.routeQuery(w, r)
+	if herr != nil {
+		writeHTTPError(w, herr)
+		return
+	}
+	models := map[uint64]string{}
+	for _, in := range f.cfg.Router.Workers() {
+		models[in.ID] = in.Model
+	}
+	out := []potentialLoad{}
+	for _, l := range f.cfg.Router.PotentialLoads(req.Tokens, req.LoRA) {
+		if m := models[l.Worker.ID]; req.Model != "" && m != "" && m != req.Model {
+			continue
+		}
+		out = append(out, potentialLoad{
+			WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, OverlapBlocks: l.OverlapBlocks,
+			ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActivePrefillTokens: l.ActivePrefillTokens, ActiveRequests: l.ActiveRequests,
+			PotentialDecodeBlocks: l.PotentialDecodeBlocks, PotentialPrefillTokens: l.PotentialPrefillTokens,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// requestIDOp answers /router/mark_prefill_complete and /router/free:
+// {"request_id", "found"}, found false when no such request is booked.
+func (f *Frontend) requestIDOp(w http.ResponseWriter, r *http.Request, op func(string) bool) {
+	top, herr := f.decodeObject(w, r)
+	var id string
+	if herr == nil {
+		id, herr = stringField(top, "request_id")
+	}
+	if herr == nil && id == "" {
+		herr = badRequest("missing_request_id", "request_id", "request_id is required")
+	}
+	if herr != nil {
+		writeHTTPError(w, herr)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"request_id": id, "found": op(id)})
+}
+
+func (f *Frontend) markPrefillComplete(w http.ResponseWriter, r *http.Request) {
+	f.requestIDOp(w, r, f.cfg.Router.MarkPrefillCompleted)
+}
+
+func (f *Frontend) free(w http.ResponseWriter, r *http.Request) {
+	f.requestIDOp(w, r, f.cfg.Router.Free)
+}
+
+func (f *Frontend) dumpEvents(w http.ResponseWriter, _ *http.Request) {
+	evs := f.cfg.Router.DumpEvents()
+	if evs == nil {
+		evs = []kv.Event{}
+	}
+	writeJSON(w, http.StatusOK, evs)
+}
+
+// models lists the distinct models of the workers; workers serving every
+// model ("") add none.
+func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
+	var names []string
+	for _, wk := range f.cfg.Workers() {
+		if wk.Model != "" && !slices.Contains(names, wk.Model) {
+			names = append(names, wk.Model)
+		}
+	}
+	slices.Sort(names)
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := make([]model, len(names))
+	for i, n := range names {
+		data[i] = model{ID: n, Object: "model", Created: f.created, OwnedBy: "kvrouter"}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+type healthWorker struct {
+	ID         uint64 `json:"id"`
+	Name       string `json:"name"`
+	Model      string `json:"model"`
+	BaseURL    string `json:"base_url"`
+	DPSize     int    `json:"dp_size"`
+	Registered bool   `json:"registered"` // known to the router
+}
+
+// health is "ok" (200) with at least one worker, all known to the router;
+// "degraded" (503) with none, or with registry and router out of step.
+func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
+	known := map[uint64]bool{}
+	for _, in := range f.cfg.Router.Workers() {
+		known[in.ID] = true
+	}
+	ws := f.cfg.Workers()
+	out := make([]healthWorker, len(ws))
+	status := "ok"
+	if len(ws) == 0 {
+		status = "degraded"
+	}
+	for i, wk := range ws {
+		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		if !known[wk.ID] {
+			status = "degraded"
+		}
+	}
+	code := http.StatusOK
+	if status != "ok" {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"status": status, "workers": out})
+}
+
+func (f *Frontend) listThresholds(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"thresholds": f.cfg.Router.Thresholds().List()})
+}
+
+// postThreshold sets the fields given for the model and answers the
+// thresholds now in force; with only the model it just reads them.
+func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
+	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
+	if herr != nil {
+		writeHTTPError(w, herr)
+		return
+	}
+	var mt sched.ModelThreshold
+	if err := json.Unmarshal(body, &mt); err != nil {
+		writeHTTPError(w, badRequest("invalid_json", "", "malformed busy threshold: %v", err))
+		return
+	}
+	if strings.TrimSpace(mt.Model) == "" {
+		writeHTTPError(w, badRequest("missing_model", "model", "model is required"))
+		return
+	}
+	th := f.cfg.Router.Thresholds()
+	if mt.ActiveDecodeBlocks == nil && mt.ActivePrefillTokens == nil {
+		writeJSON(w, http.StatusOK, sched.ModelThreshold{Model: mt.Model, BusyThreshold: th.Get(mt.Model)})
+		return
+	}
+	cur, err := th.Set(mt.Model, mt.BusyThreshold)
+	if err != nil {
+		if errors.Is(err, sched.ErrInvalidThreshold) {
+			writeHTTPError(w, badRequest("invalid_threshold", "", "%v", err))
+		} else {
+			writeHTTPError(w, newError(http.StatusInternalServerError, "server_error", "internal", "", "%v", err))
+		}
+		return
+	}
+	f.log.Info("busy threshold set", "model", mt.Model, "decode", cur.ActiveDecodeBlocks, "prefill", cur.ActivePrefillTokens)
+	writeJSON(w, http.StatusOK, sched.ModelThreshold{Model: mt.Model, BusyThreshold: cur})
+}

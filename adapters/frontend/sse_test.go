@@ -1,0 +1,116 @@
+package frontend
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func readAll(t *testing.T, in string, oneByte bool) ([]event, error) {
+	t.Helper()
+	var r io.Reader = strings.NewReader(in)
+	if oneByte {
+		r = iotest.OneByteReader(r)
+	}
+	s := newSSEReader(r)
+	var out []event
+	for range 1000 {
+		ev, err := s.next()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, ev)
+	}
+	t.Fatal("no end")
+	return nil, nil
+}
+
+func TestSSEReader(t *testing.T) {
+	big := strings.Repeat("x", 100<<10)
+	in := "\n: keep-alive\n\n" +
+		"data: {\"a\":1}\n\n" +
+		"event: message\r\nid: 7\r\ndata:{\"b\":\r\ndata: 2}\r\n\r\n" +
+		"data: \"" + big + "\"\n\n" +
+		"data: [DONE]\n\n"
+	for _, oneByte := range []bool{false, true} {
+		evs, err := readAll(t, in, oneByte)
+		if !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		if len(evs) != 5 {
+			t.Fatalf("%d events", len(evs))
+		}
+		if evs[0].hasData || string(evs[0].raw) != ": keep-alive\n\n" {
+			t.Fatalf("comment %+v", evs[0])
+		}
+		if string(evs[1].data) != `{"a":1}` || string(evs[1].raw) != "data: {\"a\":1}\n\n" {
+			t.Fatalf("%q", evs[1].raw)
+		}
+		if string(evs[2].data) != "{\"b\":\n2}" || string(evs[2].raw) != "event: message\r\nid: 7\r\ndata:{\"b\":\r\ndata: 2}\r\n\r\n" {
+			t.Fatalf("%q %q", evs[2].data, evs[2].raw)
+		}
+		if len(evs[3].data) != len(big)+2 {
+			t.Fatalf("big event %d bytes", len(evs[3].data))
+		}
+		if string(evs[4].data) != "[DONE]" {
+			t.Fatalf("%q", evs[4].data)
+		}
+	}
+}
+
+func TestSSEReaderErrors(t *testing.T) {
+	for in, want := range map[string]error{
+		"data: {}\n\ngarbage\n\n":  errMalformed,
+		"data: {}\n\ndata: {\"a\"": io.ErrUnexpectedEOF,
+		"data: {}\n":               io.EOF,
+		"":                         io.EOF,
+	} {
+		_, err := readAll(t, in, false)
+		if !errors.Is(err, want) {
+			t.Errorf("%q: %v, want %v", in, err, want)
+		}
+	}
+}
+
+func FuzzSSEReader(f *testing.F) {
+	f.Add("data: {}\n\n")
+	f.Add(": c\n\nevent: x\ndata: [DONE]\n\n")
+	f.Add("data\n\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		s := newSSEReader(strings.NewReader(in))
+		total := 0
+		for range len(in) + 2 {
+			ev, err := s.next()
+			if err != nil {
+				return
+			}
+			total += len(ev.raw)
+			if total > len(in) {
+				t.Fatalf("events hold more bytes than the input")
+			}
+		}
+		t.Fatal("reader did not end")
+	})
+}
+
+func TestInjectNvext(t *testing.T) {
+	ext := []byte(`{"worker_id":1}`)
+	for in, want := range map[string]string{
+		`{}`:                        `{"nvext":{"worker_id":1}}`,
+		"{\"a\": 1}\n":              "{\"a\": 1,\"nvext\":{\"worker_id\":1}}\n",
+		`{"nvext":{"x":2},"a":[1]}`: `{"a":[1],"nvext":{"worker_id":1}}`,
+		` { "b" : "}" } `:           ` { "b" : "}" ,"nvext":{"worker_id":1}} `,
+	} {
+		got, ok := injectNvext([]byte(in), ext)
+		if !ok || string(got) != want {
+			t.Errorf("%q → %q %v, want %q", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{`[1]`, `"s"`, `null`, `{`} {
+		if _, ok := injectNvext([]byte(in), ext); ok {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package frontend
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+)
+
+// promptKind says where a request's prompt is.
+type promptKind uint8
+
+const (
+	kindCompletion promptKind = iota // "prompt"
+	kindChat                         // "messages"
+	kindAny                          // router API: "tokens", "messages" or "prompt"
+)
+
+// chatTemplateKeys change what a chat request tokenizes to; they go to
+// /tokenize with the messages.
+var chatTemplateKeys = []string{"chat_template", "chat_template_kwargs", "tools", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents"}
+
+// maxTokenizeResponse bounds an engine's /tokenize answer.
+const maxTokenizeResponse = 64 << 20
+
+func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// checkPrompt reports a missing prompt before anything else is done.
+func checkPrompt(top map[string]json.RawMessage, kind promptKind) *httpError {
+	switch kind {
+	case kindCompletion:
+		if !present(top["prompt"]) {
+			return badRequest("missing_prompt", "prompt", "prompt is required")
+		}
+	case kindChat:
+		if !present(top["messages"]) {
+			return badRequest("missing_messages", "messages", "messages is required")
+		}
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(top["messages"], &msgs); err != nil || len(msgs) == 0 {
+			return badRequest("invalid_messages", "messages", "messages must be a non-empty list")
+		}
+	default:
+		if !present(top["tokens"]) && !present(top["prompt"]) && !present(top["messages"]) {
+			return badRequest("missing_prompt", "tokens", "one of tokens, prompt or messages is required")
+		}
+	}
+	return nil
+}
+
+// tokenIDs reads a list of token ids.
+func tokenIDs(raw json.RawMessage, param string) ([]uint32, *httpError) {
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, badRequest("invalid_tokens", param, "%s must be a list of token ids", param)
+	}
+	out := make([]uint32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id > math.MaxUint32 {
+			return nil, badRequest("invalid_tokens", param, "%s[%d] = %d is not a token id", param, i, id)
+		}
+		out[i] = uint32(id)
+	}
+	return out, nil
+}
+
+// completionPrompt reads an OpenAI prompt: token ids (returned), or text
+// (returned for tokenizing). A batch is represented by its first prompt.
+func completionPrompt(raw json.RawMessage) (ids []uint32, text *string, herr *httpError) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return nil, &s, nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, nil, badRequest("invalid_prompt", "prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+	}
+	if len(list) == 0 {
+		return nil, nil, badRequest("invalid_prompt", "prompt", "prompt must not be an empty list")
+	}
+	switch el := bytes.TrimSpace(list[0]); {
+	case len(el) > 0 && el[0] == '"':
+		if err := json.Unmarshal(el, &s); err != nil {
+			return nil, nil, badRequest("invalid_prompt", "prompt", "prompt[0]: %v", err)
+		}
+		return nil, &s, nil
+	case len(el) > 0 && el[0] == '[':
+		ids, herr = tokenIDs(el, "prompt[0]")
+	default:
+		ids, herr = tokenIDs(raw, "prompt")
+	}
+	return ids, nil, herr
+}
+
+// promptTokens finds the token ids the router hashes: tokenData if given
+// (nvext.token_data), token ids in the request, or an engine's
+// tokenization of its text or messages.
+func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMessage, kind promptKind, model string, serving []Worker, tokenData []uint32) ([]uint32, *httpError) {
+	if tokenData != nil {
+		return tokenData, nil
+	}
+	if kind == kindAny && present(top["tokens"]) {
+		return tokenIDs(top["tokens"], "tokens")
+	}
+	body := map[string]any{}
+	if model != "" {
+		body["model"] = model
+	}
+	if kind == kindChat || (kind == kindAny && present(top["messages"])) {
+		body["messages"] = top["messages"]
+		body["add_generation_prompt"] = true
+		for _, k := range chatTemplateKeys {
+			if present(top[k]) {
+				body[k] = top[k]
+			}
+		}
+	} else {
+		ids, text, herr := completionPrompt(top["prompt"])
+		if herr != nil || text == nil {
+			return ids, herr
+		}
+		body["prompt"] = *text
+		if present(top["add_special_tokens"]) {
+			body["add_special_tokens"] = top["add_special_tokens"]
+		}
+	}
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return nil, badRequest("invalid_body", "", "%v", err)
+	}
+	return f.tokenize(ctx, serving, payload)
+}
+
+// tokenize asks the engines serving the model, one after the other from a
+// rotating start, until one answers. A client error (400, 422) ends the
+// search; an engine that cannot (unreachable, 5xx, no /tokenize) does not.
+func (f *Frontend) tokenize(ctx context.Context, serving []Worker, payload []byte) ([]uint32, *httpError) {
+	if len(serving) == 0 {
+		return nil, newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no worker can tokenize the prompt")
+	}
+	start := int(f.tokRR.Add(1) % uint64(len(serving)))
+	var last error
+	for i := range serving {
+		w := serving[(start+i)%len(serving)]
+		ids, clientErr, err := f.tokenizeOn(ctx, w, payload)
+		switch {
+		case err == nil:
+			return ids, nil
+		case clientErr:
+			return nil, badRequest("tokenization_failed", "", "tokenizing the prompt on engine %s: %v", w.Name, err)
+		case ctx.Err() != nil:
+			return nil, newError(http.StatusServiceUnavailable, "server_error", "cancelled", "", "request ended while tokenizing: %v", ctx.Err())
+		}
+		f.log.Warn("tokenize failed", "worker", w.Name, "url", w.BaseURL, "err", err)
+		last = fmt.Errorf("engine %s: %w", w.Name, err)
+	}
+	return nil, newError(http.StatusBadGateway, "server_error", "tokenization_failed", "", "no engine could tokenize the prompt: %v", last)
+}
+
+func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload []byte) (ids []uint32, clientErr bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(w.BaseURL, "/")+"/tokenize", bytes.NewReader(payload))
+	if err != nil {
+		return nil, false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := f.cfg.Client.Do(req)
+	if err != nil {
+		return nil, false, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizeResponse))
+	if err != nil {
+		return nil, false, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg := engineMessage(body)
+		switch resp.StatusCode {
+		case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge:
+			return nil, true, errors.New(msg)
+		}
+		return nil, false, fmt.Errorf("/tokenize answered %s: %s", resp.Status, msg)
+	}
+	var out struct {
+		Tokens []int64 `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || out.Tokens == nil {
+		return nil, false, fmt.Errorf("/tokenize answered no token list: %.200s", body)
+	}
+	ids = make([]uint32, len(out.Tokens))
+	for i, t := range out.Tokens {
+		if t < 0 || t > math.MaxUint32 {
+			return nil, false, fmt.Errorf("/tokenize answered token id %d", t)
+		}
+		ids[i] = uint32(t)
+	}
+	return ids, false, nil
+}
+
+// engineMessage extracts the message of an engine's error body.
+func engineMessage(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Detail  any    `json:"detail"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		switch {
+		case e.Error.Message != "":
+			return e.Error.Message
+		case e.Message != "":
+			return e.Message
+		case e.Detail != nil:
+			return fmt.Sprint(e.Detail)
+		}
+	}
+	s := strings.TrimSpace(string(body))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+// routerFlags binds the router's configuration to Dynamo's flag names, so
+// its users find the knobs where they expect them.
+type routerFlags struct {
+	cfg router.Config
+
+	mode                          string
+	credit, scale, weight, temp   float64
+	decodeThreshold               float64
+	prefillThreshold              int
+	queueThreshold, queuePolicy   string
+	ttlSecs, predictedTTLSecs     float64
+	noKVEvents, noTrackActive     bool
+	noAssumeReuse, noTrackPrefill bool
+	overlapRefreshSecs            float64
+}
+
+func newRouterFlags() *routerFlags {
+	cfg := router.DefaultConfig()
+	return &routerFlags{
+		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: 1,
+		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
+		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
+	}
+}
+
+func (f *routerFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.mode, "router-mode", f.mode, "routing mode: "+modeNames())
+	fs.IntVar(&f.cfg.BlockSize, "kv-cache-block-size", f.cfg.BlockSize, "tokens per KV block, as the engines use")
+	fs.Float64Var(&f.temp, "router-temperature", 0, "softmax temperature over normalised costs; 0 picks the cheapest worker")
+	fs.Float64Var(&f.credit, "router-kv-overlap-score-credit", f.credit, "prefill blocks credited per cached prefix block, in [0, 1]; 0 disables the index")
+	fs.Float64Var(&f.scale, "router-prefill-load-scale", f.scale, "weight of prompt-side load against decode blocks")
+	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
+	fs.Float64Var(&f.weight, "kv-overlap-score-weight", -1, "deprecated alias of --router-kv-overlap-score-weight")
+	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
+	fs.BoolVar(&f.noKVEvents, "no-router-kv-events", false, "ignore KV events and predict caches from routing decisions (approximate mode)")
+	fs.Float64Var(&f.ttlSecs, "router-ttl-secs", f.ttlSecs, "approximate mode: seconds a routed prefix is assumed cached")
+	fs.IntVar(&f.cfg.MaxTreeSize, "router-max-tree-size", f.cfg.MaxTreeSize, "approximate mode: most (block, worker) pairs before pruning")
+	fs.Float64Var(&f.cfg.PruneTargetRatio, "router-prune-target-ratio", f.cfg.PruneTargetRatio, "approximate mode: prune down to this fraction of the maximum")
+	fs.Float64Var(&f.predictedTTLSecs, "router-predicted-ttl-secs", 0, "predict-on-route: also index each decision for this many seconds (needs KV events); 0 = off")
+	fs.IntVar(&f.cfg.EventThreads, "router-event-threads", f.cfg.EventThreads, "index write parallelism")
+	fs.Uint64Var(&f.cfg.MaxIndexedPairs, "router-max-indexed-pairs", 0, "memory cap of the event-fed index in (block, worker) pairs, least recently matched evicted first; 0 = none")
+	fs.BoolVar(&f.noTrackActive, "no-router-track-active-blocks", false, "do not count active decode blocks")
+	fs.BoolVar(&f.cfg.TrackOutputBlocks, "router-track-output-blocks", false, "count output blocks as they fill (decayed by nvext agent_hints.osl)")
+	fs.BoolVar(&f.noAssumeReuse, "no-router-assume-kv-reuse", false, "count every prompt block as new on its worker (disaggregated decode)")
+	fs.BoolVar(&f.noTrackPrefill, "no-router-track-prefill-tokens", false, "do not count prompt tokens awaiting prefill")
+	fs.Float64Var(&f.decodeThreshold, "active-decode-blocks-threshold", 0, "busy above this fraction of a worker's KV blocks in use; 0 = off")
+	fs.IntVar(&f.prefillThreshold, "active-prefill-tokens-threshold", 0, "busy above this many prompt tokens awaiting prefill; 0 = off")
+	fs.StringVar(&f.queueThreshold, "router-queue-threshold", f.queueThreshold, "hold requests while every worker's prefill backlog exceeds this × its max batched tokens; \"none\" disables")
+	fs.StringVar(&f.queuePolicy, "router-queue-policy", f.queuePolicy, "queue order: fcfs, lcfs or wspt")
+	fs.Float64Var(&f.overlapRefreshSecs, "router-overlap-refresh-after-secs", f.overlapRefreshSecs, "re-match queued requests that waited this long; 0 = never")
+}
+
+func modeNames() string {
+	var names []string
+	for _, m := range sched.Modes() {
+		names = append(names, string(m))
+	}
+	return strings.Join(names, ", ")
+}
+
+// envAliases maps environment variables Dynamo reads under other names.
+var envAliases = map[string]string{
+	"DYN_OVERLAP_SCORE_WEIGHT": "router-kv-overlap-score-weight",
+}
+
+// applyEnv fills every flag the command line left unset from DYN_<FLAG>
+// (upper case, dashes as underscores: --router-temperature is
+// DYN_ROUTER_TEMPERATURE), as Dynamo does.
+func applyEnv(fs *pflag.FlagSet) error {
+	var err error
+	set := func(name, env string) {
+		fl := fs.Lookup(name)
+		if fl == nil || fl.Changed || err != nil {
+			return
+		}
+		if v, ok := os.LookupEnv(env); ok {
+			if e := fs.Set(name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+		}
+	}
+	fs.VisitAll(func(fl *pflag.Flag) {
+		set(fl.Name, "DYN_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
+	})
+	for env, name := range envAliases {
+		set(name, env)
+	}
+	return err
+}
+
+// config resolves the flags into a router configuration; warnings (such
+// as a deprecated flag) go to warn.
+func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Config, error) {
+	cfg := f.cfg
+	mode, err := sched.ParseMode(f.mode)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Mode = mode
+	cfg.Routing = sched.Overrides{OverlapCredit: &f.credit, PrefillLoadScale: &f.scale, Temperature: &f.temp}
+	if f.weight >= 0 {
+		w := f.weight
+		cfg.Routing.LegacyOverlapWeight = &w
+	}
+	if f.noAssumeReuse {
+		cfg.Routing.AssumeKVReuse = new(bool)
+	}
+	if f.noTrackPrefill {
+		cfg.Routing.TrackPrefillTokens = new(bool)
+	}
+	cfg.KVEvents = !f.noKVEvents
+	cfg.TrackActiveBlocks = !f.noTrackActive
+	cfg.ApproxTTL = seconds(f.ttlSecs)
+	cfg.PredictedTTL = seconds(f.predictedTTLSecs)
+	cfg.OverlapRefreshAfter = seconds(f.overlapRefreshSecs)
+	if f.decodeThreshold > 0 {
+		v := f.decodeThreshold
+		cfg.Busy.ActiveDecodeBlocks = &v
+	}
+	if f.prefillThreshold > 0 {
+		v := f.prefillThreshold
+		cfg.Busy.ActivePrefillTokens = &v
+	}
+	if cfg.QueueThreshold, err = sched.ParseQueueThreshold(f.queueThreshold); err != nil {
+		return cfg, err
+	}
+	if cfg.QueuePolicy, err = sched.ParseQueuePolicy(f.queuePolicy); err != nil {
+		return cfg, err
+	}
+	if fs.Changed("kv-overlap-score-weight") || fs.Changed("router-kv-overlap-score-weight") || f.weight >= 0 {
+		warn(sched.LegacyWeightWarning)
+	}
+	return cfg, nil
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

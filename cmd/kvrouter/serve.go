@@ -1,0 +1,165 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvrouter/kvrouter/internal/serve"
+)
+
+func newServeCmd() *cobra.Command {
+	var (
+		rf         = newRouterFlags()
+		host       string
+		port       int
+		specs      []string
+		configPath string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "OpenAI-compatible frontend routing on the engines' live KV events",
+		Long: `Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) in
+front of engines (vLLM, SGLang or kvrouter mocker), routing every request on
+the engines' live KV events (ZMQ, vLLM's format) and the router's load
+prediction. Also: the router API (/router/...), /health, /metrics and
+/busy_threshold.
+
+Engines are given with --worker (repeatable) or in a JSON file (--config,
+{"workers": [...]}) with the same fields:
+
+  --worker url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,dp=1,model=llama
+
+url is the engine's HTTP base; events its KV-event PUB endpoint (rank r of a
+data-parallel engine on port + r); replay its replay endpoint (optional);
+dp its data-parallel size; model the model it serves; optional: id, name,
+kv-blocks (its KV capacity, for busy detection) and max-batched-tokens (for
+the queue). Every router flag can also be set as DYN_<FLAG>, e.g.
+DYN_ROUTER_TEMPERATURE=0.5.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			rcfg, err := rf.config(cmd.Flags(), func(w string) { log.Warn(w) })
+			if err != nil {
+				return err
+			}
+			workers, err := loadWorkers(configPath, specs)
+			if err != nil {
+				return err
+			}
+			if len(workers) == 0 {
+				return fmt.Errorf("no engines: give --worker or --config")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			if err != nil {
+				return err
+			}
+			printWorkers(cmd.OutOrStdout(), workers)
+			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on http://%s (mode %s)\n", s.Addr(), rcfg.Mode)
+			<-ctx.Done()
+			return s.Close()
+		},
+	}
+	fs := cmd.Flags()
+	rf.register(fs)
+	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
+	fs.IntVar(&port, "http-port", 8000, "port to listen on")
+	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
+	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
+	return cmd
+}
+
+// loadWorkers reads the config file, then the --worker specs; ids default
+// to the position in that order.
+func loadWorkers(path string, specs []string) ([]serve.WorkerSpec, error) {
+	var workers []serve.WorkerSpec
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		var file struct {
+			Workers []serve.WorkerSpec `json:"workers"`
+		}
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&file); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		workers = file.Workers
+	}
+	for _, spec := range specs {
+		w, err := parseWorker(spec)
+		if err != nil {
+			return nil, err
+		}
+		workers = append(workers, w)
+	}
+	for i := range workers {
+		if workers[i].ID == 0 {
+			workers[i].ID = uint64(i + 1)
+		}
+	}
+	return workers, nil
+}
+
+func parseWorker(spec string) (serve.WorkerSpec, error) {
+	var w serve.WorkerSpec
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return w, fmt.Errorf("--worker %q: %q is not key=value", spec, kv)
+		}
+		var err error
+		switch k {
+		case "url":
+			w.URL = v
+		case "events":
+			w.Events = v
+		case "replay":
+			w.Replay = v
+		case "model":
+			w.Model = v
+		case "name":
+			w.Name = v
+		case "id":
+			w.ID, err = strconv.ParseUint(v, 10, 64)
+		case "dp":
+			w.DPSize, err = strconv.Atoi(v)
+		case "kv-blocks":
+			w.KVBlocks, err = strconv.Atoi(v)
+		case "max-batched-tokens":
+			w.MaxBatchedTokens, err = strconv.Atoi(v)
+		default:
+			return w, fmt.Errorf("--worker %q: unknown key %q", spec, k)
+		}
+		if err != nil {
+			return w, fmt.Errorf("--worker %q: %s: %w", spec, k, err)
+		}
+	}
+	return w, nil
+}
+
+func printWorkers(out io.Writer, workers []serve.WorkerSpec) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tMODEL\tDP\tHTTP\tKV EVENTS\tREPLAY")
+	for _, w := range workers {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", w.ID, w.Name, w.Model, max(w.DPSize, 1), w.URL, w.Events, w.Replay)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,331 @@
+// Package serve assembles kvrouter's frontend: one router, a KV-event
+// source per engine rank, health supervision of the engines, and the
+// OpenAI HTTP frontend. `kvrouter serve` and `kvrouter up` run it.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/adapters/frontend"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// WorkerSpec describes one engine as the router sees it.
+type WorkerSpec struct {
+	ID   uint64 `json:"id"`
+	Name string `json:"name"`
+	URL  string `json:"url"` // HTTP base URL
+	// Events is the KV-event PUB endpoint of rank 0; rank r publishes on
+	// the next ports (port + r), as vLLM numbers them. Replay likewise.
+	Events           string `json:"events"`
+	Replay           string `json:"replay"`
+	Model            string `json:"model"`
+	DPSize           int    `json:"dp_size"`
+	KVBlocks         int    `json:"kv_blocks"`
+	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+}
+
+// Config is the frontend's configuration.
+type Config struct {
+	Router  router.Config
+	Workers []WorkerSpec
+	Addr    string // host:port to listen on
+	// HealthInterval is how often engines are probed on /health; an
+	// engine failing two probes in a row leaves routing. 0 means 2 s.
+	HealthInterval time.Duration
+	Logger         *slog.Logger
+}
+
+// Server is a running frontend.
+type Server struct {
+	cfg    Config
+	router *router.Router
+	ln     net.Listener
+	http   *http.Server
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    *slog.Logger
+
+	mu      sync.Mutex // guards workers and changed
+	workers map[uint64]*supervised
+	// changed is closed and replaced whenever an engine joins or leaves.
+	changed chan struct{}
+}
+
+type supervised struct {
+	spec    WorkerSpec
+	up      bool
+	sources []*enginesource.Source
+}
+
+// rankEndpoint returns endpoint with its port moved up by rank.
+func rankEndpoint(endpoint string, rank int) (string, error) {
+	if endpoint == "" || rank == 0 {
+		return endpoint, nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if i < 0 || err != nil {
+		return "", fmt.Errorf("serve: endpoint %q has no port to number ranks from", endpoint)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
+}
+
+func (w *WorkerSpec) validate() error {
+	if w.URL == "" {
+		return fmt.Errorf("serve: worker %q has no url", w.Name)
+	}
+	if _, err := url.Parse(w.URL); err != nil {
+		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
+	}
+	if w.DPSize <= 0 {
+		w.DPSize = 1
+	}
+	if w.Name == "" {
+		w.Name = "worker-" + strconv.FormatUint(w.ID, 10)
+	}
+	_, err := rankEndpoint(w.Events, w.DPSize-1)
+	return err
+}
+
+// Start binds the listener and starts everything; engines join routing as
+// soon as they answer /health.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = 2 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ids := map[uint64]bool{}
+	for i := range cfg.Workers {
+		if err := cfg.Workers[i].validate(); err != nil {
+			return nil, err
+		}
+		if ids[cfg.Workers[i].ID] {
+			return nil, fmt.Errorf("serve: two workers have id %d", cfg.Workers[i].ID)
+		}
+		ids[cfg.Workers[i].ID] = true
+	}
+	r, err := router.New(cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{})}
+	for _, w := range cfg.Workers {
+		s.workers[w.ID] = &supervised{spec: w}
+	}
+	reg := prometheus.NewRegistry()
+	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Client: &http.Client{}, Registry: reg, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s.ln, s.cancel = ln, cancel
+	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = s.http.Serve(ln)
+	}()
+	for _, w := range s.workers {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.supervise(ctx, w)
+		}()
+	}
+	return s, nil
+}
+
+// Addr is the address the frontend listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Router is the routing engine, for inspection.
+func (s *Server) Router() *router.Router { return s.router }
+
+// WaitReady blocks until every configured engine is in routing or ctx ends.
+func (s *Server) WaitReady(ctx context.Context) error {
+	return s.WaitWorkers(ctx, func(live int) bool { return live == len(s.cfg.Workers) })
+}
+
+// WaitWorkers blocks until cond holds for the number of engines in
+// routing, re-checking whenever one joins or leaves.
+func (s *Server) WaitWorkers(ctx context.Context, cond func(live int) bool) error {
+	for {
+		s.mu.Lock()
+		live := 0
+		for _, w := range s.workers {
+			if w.up {
+				live++
+			}
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		if cond(live) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+func (s *Server) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Sources returns the event sources of a worker that is up.
+func (s *Server) Sources(id uint64) []*enginesource.Source {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.workers[id]; w != nil {
+		return slices.Clone(w.sources)
+	}
+	return nil
+}
+
+func (s *Server) liveWorkers() []frontend.Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []frontend.Worker
+	for _, w := range s.workers {
+		if w.up {
+			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize})
+		}
+	}
+	slices.SortFunc(out, func(a, b frontend.Worker) int { return int(a.ID) - int(b.ID) })
+	return out
+}
+
+// supervise probes one engine's health: it joins routing (registered,
+// its events followed from whatever its replay buffer holds) when it
+// answers, and leaves it, with all its blocks and load, after two failed
+// probes in a row.
+func (s *Server) supervise(ctx context.Context, w *supervised) {
+	client := &http.Client{Timeout: s.cfg.HealthInterval}
+	failures := 0
+	for {
+		healthy := probe(ctx, client, w.spec.URL)
+		switch {
+		case healthy && !w.up:
+			failures = 0
+			if err := s.join(ctx, w); err != nil {
+				s.log.Warn("engine could not join routing", "worker", w.spec.Name, "err", err)
+			}
+		case healthy:
+			failures = 0
+		case w.up:
+			if failures++; failures >= 2 {
+				s.leave(w, "stopped answering /health")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			s.leave(w, "shutting down")
+			return
+		case <-time.After(s.cfg.HealthInterval):
+		}
+	}
+}
+
+func probe(ctx context.Context, client *http.Client, base string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (s *Server) join(ctx context.Context, w *supervised) error {
+	spec := w.spec
+	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens})
+	var sources []*enginesource.Source
+	if spec.Events != "" {
+		for rank := range spec.DPSize {
+			events, _ := rankEndpoint(spec.Events, rank)
+			replay, err := rankEndpoint(spec.Replay, rank)
+			if err != nil {
+				return err
+			}
+			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Logger: s.log}, s.router)
+			if err != nil {
+				for _, src := range sources {
+					_ = src.Close()
+				}
+				s.router.RemoveWorker(spec.ID)
+				return err
+			}
+			sources = append(sources, src)
+		}
+	}
+	s.mu.Lock()
+	w.up, w.sources = true, sources
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize)
+	return nil
+}
+
+func (s *Server) leave(w *supervised, why string) {
+	s.mu.Lock()
+	up, sources := w.up, w.sources
+	w.up, w.sources = false, nil // the frontend stops sending to it now
+	s.mu.Unlock()
+	if !up {
+		return
+	}
+	for _, src := range sources {
+		_ = src.Close()
+	}
+	s.router.RemoveWorker(w.spec.ID)
+	s.mu.Lock()
+	s.notifyLocked() // only once the router has forgotten it too
+	s.mu.Unlock()
+	level := slog.LevelWarn
+	if why == "shutting down" {
+		level = slog.LevelInfo
+	}
+	s.log.Log(context.Background(), level, "engine left routing", "worker", w.spec.Name, "why", why)
+}
+
+// Close stops serving, the sources and the supervisors.
+func (s *Server) Close() error {
+	s.cancel()
+	err := s.http.Close()
+	s.wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

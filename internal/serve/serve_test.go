@@ -1,0 +1,125 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// engineFleet starts one simulated engine on free ports of 127.0.0.1.
+func engineFleet(t *testing.T) *fleet.Fleet {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.SpeedupRatio = 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+func spec(id uint64, f *fleet.Fleet) WorkerSpec {
+	e := f.Engines()[0]
+	return WorkerSpec{ID: id, Name: e.Name, URL: e.HTTPURL, Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay, Model: "kvrouter-mock", KVBlocks: 16384, MaxBatchedTokens: 8192}
+}
+
+func startServer(t *testing.T, workers ...WorkerSpec) *Server {
+	t.Helper()
+	s, err := Start(context.Background(), Config{Router: router.DefaultConfig(), Workers: workers, Addr: "127.0.0.1:0", HealthInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func prompt(shared, salt, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		src := salt
+		if i < shared {
+			src = 0
+		}
+		out[i] = 300 + (i*131+src*7919)%90000
+	}
+	return out
+}
+
+// complete sends a completion through the frontend and returns the worker
+// the router chose (nvext.worker_id).
+func complete(t *testing.T, s *Server, p []int) uint64 {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 3, "nvext": map[string]any{"extra_fields": []string{"worker_id"}}})
+	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out struct {
+		NVExt struct {
+			WorkerID *uint64 `json:"worker_id"`
+		} `json:"nvext"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(body, &out) != nil || out.NVExt.WorkerID == nil {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	return *out.NVExt.WorkerID
+}
+
+func TestLiveEventsSteerFollowUpsToTheCachingEngine(t *testing.T) {
+	a, b := engineFleet(t), engineFleet(t)
+	s := startServer(t, spec(1, a), spec(2, b))
+	first := complete(t, s, prompt(0, 1, 640)) // 40 blocks
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	src := s.Sources(first)[0]
+	if err := src.WaitFor(ctx, func(st enginesource.Stats) bool { return st.BlocksStored >= 40 }); err != nil {
+		t.Fatalf("the engine's KV events never reached the router: %v", err)
+	}
+	for i := range 4 {
+		if got := complete(t, s, append(prompt(0, 1, 640), prompt(0, 50+i, 64)...)); got != first {
+			t.Fatalf("follow-up %d went to worker %d; worker %d caches its prefix", i, got, first)
+		}
+	}
+	for _, l := range s.Router().Loads() {
+		if l.ActiveRequests != 0 || l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 0 {
+			t.Fatalf("load left after every request ended: %+v", l)
+		}
+	}
+}
+
+func TestAnEngineThatDiesLeavesRoutingAndComesBack(t *testing.T) {
+	a, b := engineFleet(t), engineFleet(t)
+	s := startServer(t, spec(1, a), spec(2, b))
+	complete(t, s, prompt(0, 2, 320))
+	a.Close() // engine 1 stops answering
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 1 }); err != nil {
+		t.Fatalf("the dead engine stayed in routing: %v", err)
+	}
+	if ws := s.Router().Workers(); len(ws) != 1 || ws[0].ID != 2 {
+		t.Fatalf("router workers %+v", ws)
+	}
+	for range 3 {
+		if got := complete(t, s, prompt(0, 3, 64)); got != 2 {
+			t.Fatalf("routed to %d after worker 1 died", got)
+		}
+	}
+}

@@ -35,7 +35,8 @@
 // When neither applies the client's bytes are sent untouched; otherwise the
 // top-level object is re-encoded (values keep their bytes, keys are sorted).
 // The engine's status, headers (hop-by-hop ones aside) and body come back
-// unchanged; server-sent events are passed on as they arrive, flushed
+// unchanged; the engine request carries X-Request-Id (the booking id) and
+// the client's Accept. Server-sent events are passed on as they arrive, flushed
 // whenever the engine has nothing more buffered.
 //
 // Each request is booked in the router under a fresh id. Its prefill is
@@ -82,8 +83,19 @@
 // "type", "param", "code"}} with a string code: malformed JSON, missing
 // prompt or messages, bad nvext → 400; unknown model → 404; body over
 // MaxBodyBytes → 413; every worker busy or none serving the model → 503;
-// engine unreachable or tokenization failing on the engine's side → 502.
-// Engines' own errors pass through unchanged.
+// engine unreachable or tokenization failing on the engine's side → 502;
+// a request_id already booked (router API) → 409. Engines' own errors pass
+// through unchanged.
+//
+// The router API answers: best_worker {worker_id, dp_rank, overlap_blocks,
+// prompt_blocks, request_id (when booked), via, timing}; potential_loads a
+// list of {worker_id, dp_rank, overlap_blocks, active_decode_blocks,
+// active_prefill_tokens, active_requests, potential_decode_blocks,
+// potential_prefill_tokens}; mark_prefill_complete and free {request_id,
+// found}. GET /busy_threshold answers {"thresholds": [...]}, POST the
+// model's thresholds now in force. /health is 200 {"status": "ok"} when at
+// least one worker is registered and all are known to the router, else 503
+// "degraded".
 //
 // # Metrics
 //

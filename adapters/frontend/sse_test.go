@@ -3,9 +3,15 @@ package frontend
 import (
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 func readAll(t *testing.T, in string, oneByte bool) ([]event, error) {
@@ -111,6 +117,44 @@ func TestInjectNvext(t *testing.T) {
 	for _, in := range []string{`[1]`, `"s"`, `null`, `{`} {
 		if _, ok := injectNvext([]byte(in), ext); ok {
 			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+func TestParseNvext(t *testing.T) {
+	raw := `{"overlap_score_credit": 0.5, "kv_overlap_score_credit": 0.9, "prefill_load_scale": 2,
+		"router_temperature": 0.3, "assume_kv_reuse": false, "router_track_prefill_tokens": false,
+		"router_config_override": {"overlap_score_weight": 1.5, "router_temperature": 0.7},
+		"backend_instance_id": 4, "dp_rank": 1, "agent_hints": {"priority": 3, "osl": 128},
+		"session_control": {"session_id": "s", "action": "bind", "timeout": 2.5},
+		"extra_fields": ["timing", "unknown"], "greed_sampling": true}`
+	var req router.Request
+	_, ex, herr := parseNvext([]byte(raw), http.Header{}, &req)
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	o := req.Overrides
+	if *o.OverlapCredit != 0.5 || *o.PrefillLoadScale != 2 || *o.LegacyOverlapWeight != 1.5 || *o.Temperature != 0.7 ||
+		*o.AssumeKVReuse || *o.TrackPrefillTokens {
+		t.Fatalf("overrides %+v", o)
+	}
+	if *req.Target != (kv.Worker{ID: 4, DPRank: 1}) || req.Priority != 3 || req.OSL != 128 {
+		t.Fatalf("%+v", req)
+	}
+	if s := req.Session; s.ID != "s" || s.Action != sched.SessionBind || s.Timeout != 2500*time.Millisecond {
+		t.Fatalf("%+v", s)
+	}
+	if ex.workerID || !ex.timing {
+		t.Fatalf("%+v", ex)
+	}
+	// The header names the worker over the body.
+	req = router.Request{}
+	if _, _, herr := parseNvext([]byte(`{"backend_instance_id": 4}`), http.Header{"X-Worker-Instance-Id": {"9"}}, &req); herr != nil || req.Target.ID != 9 {
+		t.Fatalf("%v %+v", herr, req.Target)
+	}
+	for _, bad := range []string{`[]`, `{"agent_hints": {"osl": -1}}`, `{"session_control": {"action": "open"}}`, `{"session_control": {"session_id": "s", "timeout": -1}}`} {
+		if _, _, herr := parseNvext([]byte(bad), http.Header{}, &router.Request{}); herr == nil || herr.status != 400 {
+			t.Errorf("%s accepted", bad)
 		}
 	}
 }

@@ -30,8 +30,9 @@ func addCommands(root *cobra.Command) {
 // addBenchCommands registers the subcommands of "kvrouter bench".
 func addBenchCommands(bench *cobra.Command) {
 	bench.AddCommand(
-		newBenchIndexCmd(),  // bench_index.go
-		newBenchRouteCmd(),  // bench_route.go
-		newBenchMockerCmd(), // bench_mocker.go
+		newBenchIndexCmd(),    // bench_index.go
+		newBenchRouteCmd(),    // bench_route.go
+		newBenchMockerCmd(),   // bench_mocker.go
+		newBenchOverheadCmd(), // bench_overhead.go
 	)
 }

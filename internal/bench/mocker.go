@@ -98,7 +98,7 @@ func RunMocker(ctx context.Context, cfg MockerConfig, progress io.Writer) (Mocke
 				prompt := append(append([]uint32(nil), systems[r.IntN(len(systems))]...), randomTokens(r, cfg.MinUser+r.IntN(cfg.MaxUser-cfg.MinUser+1))...)
 				maxTokens := cfg.MinOutput + r.IntN(cfg.MaxOutput-cfg.MinOutput+1)
 				url := engines[(c+i)%len(engines)].HTTPURL
-				ttft, n, err := streamOnce(ctx, client, url, prompt, maxTokens, cfg.Stream)
+				ttft, n, err := streamOnce(ctx, client, url, fcfg.Server.Model, prompt, maxTokens, cfg.Stream)
 				if ctx.Err() != nil {
 					return
 				}
@@ -166,8 +166,8 @@ func RunMocker(ctx context.Context, cfg MockerConfig, progress io.Writer) (Mocke
 
 // streamOnce sends one completion and reads it to the end; it returns the
 // time to the first token and the number of tokens received.
-func streamOnce(ctx context.Context, client *http.Client, url string, prompt []uint32, maxTokens int, stream bool) (time.Duration, int, error) {
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "stream": stream})
+func streamOnce(ctx context.Context, client *http.Client, url, model string, prompt []uint32, maxTokens int, stream bool) (time.Duration, int, error) {
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "stream": stream})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, err

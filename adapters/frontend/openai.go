@@ -56,9 +56,9 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		c.fail(badRequest("invalid_json", "", "the body must be a JSON object: %v", errOrNull(err)))
+	top, err := splitObject(body)
+	if err != nil {
+		c.fail(badRequest("invalid_json", "", "the body must be a JSON object: %v", err))
 		return
 	}
 	var model string

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -157,4 +158,85 @@ func TestParseNvext(t *testing.T) {
 			t.Errorf("%s accepted", bad)
 		}
 	}
+}
+
+func TestFastTokenIDsAgreesWithEncodingJSON(t *testing.T) {
+	for _, in := range []string{
+		`[1,2,3]`, ` [ 0 , 4294967295 ]  `, `[]`, `[ ]`, `[1,]`, `[01]`, `[-1]`, `[1e3]`, `[4294967296]`,
+		`[1 2]`, `[1,2`, `1`, `["1"]`, `[1.0]`, `[1]x`, "[\n7,\t8\r]",
+	} {
+		fast, ok := fastTokenIDs([]byte(in))
+		var ref []int64
+		refErr := json.Unmarshal([]byte(in), &ref)
+		if !ok {
+			continue // left to the slow path, which decides
+		}
+		if refErr != nil || len(ref) != len(fast) {
+			t.Fatalf("%q: fast path accepted %v, encoding/json says %v %v", in, fast, ref, refErr)
+		}
+		for i := range ref {
+			if int64(fast[i]) != ref[i] {
+				t.Fatalf("%q: %v vs %v", in, fast, ref)
+			}
+		}
+	}
+}
+
+func FuzzFastTokenIDs(f *testing.F) {
+	f.Add("[1,2,3]")
+	f.Fuzz(func(t *testing.T, in string) {
+		fast, ok := fastTokenIDs([]byte(in))
+		if !ok {
+			return
+		}
+		var ref []int64
+		if err := json.Unmarshal([]byte(in), &ref); err != nil || len(ref) != len(fast) {
+			t.Fatalf("%q: fast %v, encoding/json %v %v", in, fast, ref, err)
+		}
+		for i := range ref {
+			if int64(fast[i]) != ref[i] {
+				t.Fatalf("%q: %v vs %v", in, fast, ref)
+			}
+		}
+	})
+}
+
+func TestSplitObjectAgreesWithEncodingJSON(t *testing.T) {
+	valid := []string{`{}`, ` { "a" : 1 , "b":[1,2,{"c":"]"}], "d\"e": "x\"y\\", "n": null, "t": true, "f": -1.5e3 } `,
+		`{"prompt": [1,2,3], "nvext": {"extra_fields": ["worker_id"]}}`}
+	for _, in := range valid {
+		got, err := splitObject([]byte(in))
+		var ref map[string]json.RawMessage
+		if err != nil || json.Unmarshal([]byte(in), &ref) != nil || len(got) != len(ref) {
+			t.Fatalf("%q: %v %v / %v", in, got, err, ref)
+		}
+		for k, v := range ref {
+			if string(got[k]) != string(v) {
+				t.Fatalf("%q: member %q = %s, want %s", in, k, got[k], v)
+			}
+		}
+	}
+	for _, in := range []string{``, `[]`, `{`, `{"a"}`, `{"a":}`, `{"a":1,}`, `{"a":1}x`, `{"a":tru}`, `{"a":[1,2}`, `{"a":"x}`, `{a:1}`, `{"a":{"b":}}`} {
+		if got, err := splitObject([]byte(in)); err == nil {
+			t.Fatalf("%q accepted as %v", in, got)
+		}
+	}
+}
+
+func FuzzSplitObject(f *testing.F) {
+	f.Add(`{"a": [1, {"b": "c"}], "d": null}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := splitObject([]byte(in))
+		var ref map[string]json.RawMessage
+		if json.Unmarshal([]byte(in), &ref) == nil && ref != nil {
+			if err != nil {
+				t.Fatalf("%q: valid object refused: %v", in, err)
+			}
+			for k, v := range ref {
+				if string(got[k]) != string(v) && len(ref) == len(got) {
+					t.Fatalf("%q: member %q = %s, want %s", in, k, got[k], v)
+				}
+			}
+		}
+	})
 }

@@ -55,6 +55,9 @@ func checkPrompt(top map[string]json.RawMessage, kind promptKind) *httpError {
 
 // tokenIDs reads a list of token ids.
 func tokenIDs(raw json.RawMessage, param string) ([]uint32, *httpError) {
+	if ids, ok := fastTokenIDs(raw); ok {
+		return ids, nil
+	}
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
 		return nil, badRequest("invalid_tokens", param, "%s must be a list of token ids", param)
@@ -225,4 +228,55 @@ func engineMessage(body []byte) string {
 		s = s[:300] + "…"
 	}
 	return s
+}
+
+// fastTokenIDs parses the common shape of a token-id prompt, a JSON array
+// of plain non-negative integers, without reflection: for an 8k-token
+// prompt it is an order of magnitude cheaper than encoding/json. Anything
+// else (exponents, signs, overflow, malformed input) reports false and is
+// left to encoding/json, which also words the error.
+func fastTokenIDs(raw []byte) ([]uint32, bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, false
+	}
+	out := make([]uint32, 0, len(raw)/6)
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return out, skipSpace(raw, i+1) == len(raw)
+	}
+	for {
+		start := i
+		var v uint64
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + uint64(raw[i]-'0')
+			if v > math.MaxUint32 {
+				return nil, false
+			}
+			i++
+		}
+		if i == start || (raw[start] == '0' && i-start > 1) {
+			return nil, false // not a number, or a leading zero JSON forbids
+		}
+		out = append(out, uint32(v))
+		i = skipSpace(raw, i)
+		if i >= len(raw) {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipSpace(raw, i+1)
+		case ']':
+			return out, skipSpace(raw, i+1) == len(raw)
+		default:
+			return nil, false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+		i++
+	}
+	return i
 }

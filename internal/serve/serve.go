@@ -133,6 +133,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.workers[w.ID] = &supervised{spec: w}
 	}
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(newSourceCollector(s))
 	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Client: &http.Client{}, Registry: reg, Logger: log})
 	if err != nil {
 		return nil, err

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,10 +67,18 @@ func prompt(shared, salt, n int) []int {
 // the router chose (nvext.worker_id).
 func complete(t *testing.T, s *Server, p []int) uint64 {
 	t.Helper()
+	id, err := tryComplete(s, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func tryComplete(s *Server, p []int) (uint64, error) {
 	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 3, "nvext": map[string]any{"extra_fields": []string{"worker_id"}}})
 	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
@@ -77,9 +88,9 @@ func complete(t *testing.T, s *Server, p []int) uint64 {
 		} `json:"nvext"`
 	}
 	if resp.StatusCode != 200 || json.Unmarshal(body, &out) != nil || out.NVExt.WorkerID == nil {
-		t.Fatalf("%d %s", resp.StatusCode, body)
+		return 0, fmt.Errorf("%d %s", resp.StatusCode, body)
 	}
-	return *out.NVExt.WorkerID
+	return *out.NVExt.WorkerID, nil
 }
 
 func TestLiveEventsSteerFollowUpsToTheCachingEngine(t *testing.T) {
@@ -122,4 +133,78 @@ func TestAnEngineThatDiesLeavesRoutingAndComesBack(t *testing.T) {
 			t.Fatalf("routed to %d after worker 1 died", got)
 		}
 	}
+}
+
+func TestHotPrefixBurstSpreadsAndEngineComesBack(t *testing.T) {
+	a, b := engineFleet(t), engineFleet(t)
+	s := startServer(t, spec(1, a), spec(2, b))
+	// One hot prefix, sixteen concurrent requests: the router's load
+	// prediction must spread them rather than pile them on one engine
+	// (Dynamo issue #737).
+	hot := prompt(0, 9, 1024)
+	type result struct {
+		id  uint64
+		err error
+	}
+	results := make(chan result, 16)
+	for i := range 16 {
+		go func() {
+			id, err := tryComplete(s, append(hot, prompt(0, 100+i, 32)...))
+			results <- result{id, err}
+		}()
+	}
+	seen := map[uint64]int{}
+	for range 16 {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		seen[r.id]++
+	}
+	if len(seen) != 2 {
+		t.Fatalf("a burst on one hot prefix used %v", seen)
+	}
+
+	resp, err := http.Get("http://" + s.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(body, []byte(`kvrouter_engine_kv_event_stream_total{dp_rank="0",what="malformed",worker_id="1"} 0`)) ||
+		!bytes.Contains(body, []byte(`kvrouter_engine_up{name="engine-0",worker_id="2"} 1`)) {
+		t.Fatalf("per-engine stream metrics missing:\n%s", body)
+	}
+
+	// Engine 1 dies and a new one takes its ports: it leaves routing and
+	// then comes back, rebuilt from its own events.
+	e := a.Engines()[0]
+	a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fleet.DefaultConfig()
+	cfg.SpeedupRatio = 100
+	cfg.HTTPPort = portOf(t, e.HTTPURL)
+	cfg.KVEventsPort, cfg.KVEventsReplayPort = portOf(t, e.Ranks[0].Events), portOf(t, e.Ranks[0].Replay)
+	again, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Skipf("could not rebind the dead engine's ports: %v", err)
+	}
+	defer again.Close()
+	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
+		t.Fatalf("the restarted engine did not come back: %v", err)
+	}
+}
+
+func portOf(t *testing.T, endpoint string) int {
+	t.Helper()
+	i := strings.LastIndexByte(endpoint, ':')
+	p, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

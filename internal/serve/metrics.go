@@ -1,0 +1,60 @@
+package serve
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/adapters/metrics"
+)
+
+// sourceCollector exports each engine rank's event-stream health: what was
+// received, what could not be used, and how gaps were closed.
+type sourceCollector struct {
+	s       *Server
+	counter *prometheus.Desc
+	up      *prometheus.Desc
+}
+
+func newSourceCollector(s *Server) *sourceCollector {
+	return &sourceCollector{
+		s: s,
+		counter: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "kv_event_stream_total"),
+			"KV-event stream of an engine rank, by what happened: batches, replayed, malformed (payloads that did not decode), skipped (events), bad_frames, gaps, recovered (by replay), rebuilds (blocks dropped), resets (engine restarts), apply_errors.",
+			[]string{"worker_id", "dp_rank", "what"}, nil),
+		up: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "up"),
+			"1 while the engine answers /health and takes part in routing.", []string{"worker_id", "name"}, nil),
+	}
+}
+
+func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.counter
+	ch <- c.up
+}
+
+func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	for _, w := range c.s.workers {
+		id := strconv.FormatUint(w.spec.ID, 10)
+		up := 0.0
+		if w.up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, id, w.spec.Name)
+		for rank, src := range w.sources {
+			st := src.Stats()
+			r := strconv.Itoa(rank)
+			for _, kv := range []struct {
+				what string
+				v    uint64
+			}{
+				{"batches", st.Batches}, {"replayed", st.Replayed}, {"malformed", st.Malformed}, {"skipped", st.Skipped},
+				{"bad_frames", st.BadFrames}, {"gaps", st.Gaps}, {"recovered", st.Recovered}, {"rebuilds", st.Rebuilds},
+				{"resets", st.Resets}, {"apply_errors", st.ApplyErrors},
+			} {
+				ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(kv.v), id, r, kv.what)
+			}
+		}
+	}
+}

@@ -71,7 +71,8 @@
 //
 //	{"worker_id": 3, "dp_rank": 0, "overlap_blocks": 4, "prompt_blocks": 6,   (for "worker_id")
 //	 "timing": {"tokenize_ms", "routing_ms", "queue_ms", "hash_ms",
-//	            "find_matches_ms", "scheduling_ms", "ttft_ms", "total_ms"}}  (for "timing")
+//	            "find_matches_ms", "scheduling_ms", "frontend_ms", "ttft_ms",
+//	            "total_ms"}}  (for "timing"; frontend_ms: held before the engine)
 //
 // at the top level of a non-streamed JSON response, and in the first data
 // chunk of a stream (where total_ms is absent: the stream is not over).

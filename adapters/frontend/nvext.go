@@ -178,20 +178,23 @@ type responseNvext struct {
 }
 
 type timing struct {
-	TokenizeMS    float64  `json:"tokenize_ms"`
-	RoutingMS     float64  `json:"routing_ms"`
-	QueueMS       float64  `json:"queue_ms"`
-	HashMS        float64  `json:"hash_ms"`
-	FindMatchesMS float64  `json:"find_matches_ms"`
-	SchedulingMS  float64  `json:"scheduling_ms"`
-	TTFTMS        float64  `json:"ttft_ms"`
-	TotalMS       *float64 `json:"total_ms,omitempty"`
+	TokenizeMS    float64 `json:"tokenize_ms"`
+	RoutingMS     float64 `json:"routing_ms"`
+	QueueMS       float64 `json:"queue_ms"`
+	HashMS        float64 `json:"hash_ms"`
+	FindMatchesMS float64 `json:"find_matches_ms"`
+	SchedulingMS  float64 `json:"scheduling_ms"`
+	// FrontendMS is the time the frontend held the request before sending
+	// it to the engine: reading and parsing it, tokenizing, routing.
+	FrontendMS float64  `json:"frontend_ms"`
+	TTFTMS     float64  `json:"ttft_ms"`
+	TotalMS    *float64 `json:"total_ms,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // build renders the response nvext; total < 0 leaves total_ms out.
-func (e extras) build(d *router.Decision, tokenize, ttft, total time.Duration) []byte {
+func (e extras) build(d *router.Decision, tokenize, frontend, ttft, total time.Duration) []byte {
 	var out responseNvext
 	if e.workerID {
 		id, rank, ov, pb := d.Worker.ID, d.Worker.DPRank, d.OverlapBlocks, d.PromptBlocks
@@ -201,7 +204,7 @@ func (e extras) build(d *router.Decision, tokenize, ttft, total time.Duration) [
 		t := &timing{
 			TokenizeMS: ms(tokenize), RoutingMS: ms(d.Timings.Total), QueueMS: ms(d.Queued),
 			HashMS: ms(d.Timings.Hash), FindMatchesMS: ms(d.Timings.FindMatches), SchedulingMS: ms(d.Timings.Schedule),
-			TTFTMS: ms(ttft),
+			FrontendMS: ms(frontend), TTFTMS: ms(ttft),
 		}
 		if total >= 0 {
 			v := ms(total)

@@ -32,9 +32,10 @@ type call struct {
 	r        *http.Request
 	ep       endpoint
 	start    time.Time
-	model    string // "" until known to be served: a metrics label
-	status   string // requests_total's status label
-	id       string // booking id
+	sent     time.Time // when the request left for the engine
+	model    string    // "" until known to be served: a metrics label
+	status   string    // requests_total's status label
+	id       string    // booking id
 	decision router.Decision
 	worker   Worker
 	ex       extras
@@ -181,6 +182,7 @@ func (c *call) forward(body []byte) {
 		ereq.Header.Set("Accept", a)
 	}
 	ereq.Header.Set("X-Request-Id", c.id)
+	c.sent = time.Now()
 	resp, err := c.f.cfg.Client.Do(ereq)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -223,7 +225,7 @@ func (c *call) whole(resp *http.Response) {
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
-		ext := c.ex.build(&c.decision, c.tokenize, elapsed, elapsed)
+		ext := c.ex.build(&c.decision, c.tokenize, c.sent.Sub(c.start), elapsed, elapsed)
 		if b, ok := injectNvext(data, ext); ok {
 			data = b
 		}
@@ -359,7 +361,7 @@ func (c *call) stream(resp *http.Response) {
 					first = now
 					c.f.cfg.Router.MarkPrefillCompleted(c.id)
 					if c.ex.any() && isObject(ev.data) {
-						ext := c.ex.build(&c.decision, c.tokenize, now.Sub(c.start), -1)
+						ext := c.ex.build(&c.decision, c.tokenize, c.sent.Sub(c.start), now.Sub(c.start), -1)
 						if b, ok := injectNvext(ev.data, ext); ok {
 							raw = append(append([]byte("data: "), b...), "\n\n"...)
 						}

@@ -58,7 +58,9 @@ second pair of phases measures requests/s of short non-streamed completions
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t\n", p.name, p.p.Requests, p.p.Errors, p.p.RequestsPS, p.p.TTFTp50ms, p.p.TTFTp99ms, p.p.E2Ep50ms)
 			}
 			tw.Flush()
-			fmt.Fprintf(cmd.OutOrStdout(), "\nthe router adds %.2f ms to p50 TTFT and %.2f ms to p99\n", res.AddedP50ms, res.AddedP99ms)
+			fmt.Fprintf(cmd.OutOrStdout(), "\nTTFT through the router minus direct: %+.2f ms at p50, %+.2f ms at p99\n", res.AddedP50ms, res.AddedP99ms)
+			fmt.Fprintf(cmd.OutOrStdout(), "time the frontend held a request before the engine got it: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
+				res.Routed.FrontendP50ms, res.Routed.FrontendP99ms, res.ShortRouted.FrontendP50ms, res.ShortRouted.FrontendP99ms)
 			return nil
 		},
 	}

@@ -167,41 +167,74 @@ func RunMocker(ctx context.Context, cfg MockerConfig, progress io.Writer) (Mocke
 // streamOnce sends one completion and reads it to the end; it returns the
 // time to the first token and the number of tokens received.
 func streamOnce(ctx context.Context, client *http.Client, url, model string, prompt []uint32, maxTokens int, stream bool) (time.Duration, int, error) {
-	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "stream": stream})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
-	if err != nil {
-		return 0, 0, err
+	r, err := send(ctx, client, url, model, prompt, maxTokens, stream, false)
+	return r.ttft, r.tokens, err
+}
+
+type sent struct {
+	ttft   time.Duration
+	tokens int
+	// frontendMS is what a kvrouter frontend reported holding the request
+	// before the engine got it (nvext timing); -1 when not asked or absent.
+	frontendMS float64
+}
+
+// send posts one completion; with timing it asks a kvrouter frontend for
+// its nvext timing and reads frontend_ms from the first chunk (or the
+// whole response).
+func send(ctx context.Context, client *http.Client, url, model string, prompt []uint32, maxTokens int, stream, timing bool) (sent, error) {
+	res := sent{frontendMS: -1}
+	req := map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "stream": stream}
+	if timing {
+		req["nvext"] = map[string]any{"extra_fields": []string{"timing"}}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	t0 := time.Now()
-	resp, err := client.Do(req)
+	body, _ := json.Marshal(req)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
-		return 0, 0, err
+		return res, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := client.Do(hreq)
+	if err != nil {
+		return res, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		return 0, 0, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		return res, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	var nv struct {
+		NVExt struct {
+			Timing *struct {
+				FrontendMS float64 `json:"frontend_ms"`
+			} `json:"timing"`
+		} `json:"nvext"`
 	}
 	if !stream {
-		_, err := io.Copy(io.Discard, resp.Body)
-		return time.Since(t0), maxTokens, err
+		b, err := io.ReadAll(resp.Body)
+		res.ttft, res.tokens = time.Since(t0), maxTokens
+		if timing && json.Unmarshal(b, &nv) == nil && nv.NVExt.Timing != nil {
+			res.frontendMS = nv.NVExt.Timing.FrontendMS
+		}
+		return res, err
 	}
-	var ttft time.Duration
-	n := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, "data: {") {
 			continue
 		}
-		if n == 0 {
-			ttft = time.Since(t0)
+		if res.tokens == 0 {
+			res.ttft = time.Since(t0)
+			if timing && json.Unmarshal([]byte(line[len("data: "):]), &nv) == nil && nv.NVExt.Timing != nil {
+				res.frontendMS = nv.NVExt.Timing.FrontendMS
+			}
 		}
-		n++
+		res.tokens++
 	}
-	if n != maxTokens {
-		return 0, n, fmt.Errorf("received %d of %d tokens", n, maxTokens)
+	if res.tokens != maxTokens {
+		return res, fmt.Errorf("received %d of %d tokens", res.tokens, maxTokens)
 	}
-	return ttft, n, sc.Err()
+	return res, sc.Err()
 }

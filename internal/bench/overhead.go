@@ -37,15 +37,19 @@ func DefaultOverheadConfig() OverheadConfig {
 
 // Phase is one measured load.
 type Phase struct {
-	Requests    int     `json:"requests"`
-	Errors      int     `json:"errors"`
-	RequestsPS  float64 `json:"requests_per_s"`
-	TTFTp50ms   float64 `json:"ttft_p50_ms"`
-	TTFTp99ms   float64 `json:"ttft_p99_ms"`
-	TTFTmeanMs  float64 `json:"ttft_mean_ms"`
-	E2Ep50ms    float64 `json:"e2e_p50_ms"`
-	E2Ep99ms    float64 `json:"e2e_p99_ms"`
-	DurationSec float64 `json:"duration_s"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	RequestsPS float64 `json:"requests_per_s"`
+	TTFTp50ms  float64 `json:"ttft_p50_ms"`
+	TTFTp99ms  float64 `json:"ttft_p99_ms"`
+	TTFTmeanMs float64 `json:"ttft_mean_ms"`
+	E2Ep50ms   float64 `json:"e2e_p50_ms"`
+	E2Ep99ms   float64 `json:"e2e_p99_ms"`
+	// Frontend* are what the kvrouter frontend reported holding each
+	// request before the engine got it (routed phases only).
+	FrontendP50ms float64 `json:"frontend_p50_ms,omitempty"`
+	FrontendP99ms float64 `json:"frontend_p99_ms,omitempty"`
+	DurationSec   float64 `json:"duration_s"`
 }
 
 // OverheadResult compares the same load sent straight to the engines and
@@ -101,7 +105,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 		if progress != nil {
 			fmt.Fprintf(progress, "overhead: %s, %d clients, %d-token prompts, %d output tokens...\n", name, conc, isl, osl)
 		}
-		return loadPhase(ctx, targets, fcfg.Server.Model, isl, osl, conc, stream, cfg.Warmup, cfg.Duration, cfg.Seed)
+		return loadPhase(ctx, targets, fcfg.Server.Model, isl, osl, conc, stream, targets[0] == routed[0], cfg.Warmup, cfg.Duration, cfg.Seed)
 	}
 	if res.Direct, err = run("direct to the engines", direct, cfg.ISL, cfg.OSL, cfg.Concurrency, true); err != nil {
 		return res, err
@@ -122,7 +126,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 
 // loadPhase keeps conc clients busy against targets (round-robin) and
 // measures after warmup.
-func loadPhase(ctx context.Context, targets []string, model string, isl, osl, conc int, stream bool, warmup, duration time.Duration, seed uint64) (Phase, error) {
+func loadPhase(ctx context.Context, targets []string, model string, isl, osl, conc int, stream, timing bool, warmup, duration time.Duration, seed uint64) (Phase, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	defer client.CloseIdleConnections()
 	var (
@@ -130,6 +134,7 @@ func loadPhase(ctx context.Context, targets []string, model string, isl, osl, co
 		mu        sync.Mutex
 		ttfts     []float64
 		e2es      []float64
+		held      []float64
 		errs      atomic.Int64
 		firstErr  atomic.Value
 	)
@@ -144,7 +149,8 @@ func loadPhase(ctx context.Context, targets []string, model string, isl, osl, co
 			for i := 0; ctx.Err() == nil; i++ {
 				prompt := randomTokens(r, isl)
 				t0 := time.Now()
-				ttft, _, err := streamOnce(ctx, client, targets[(c+i)%len(targets)], model, prompt, osl, stream)
+				res, err := send(ctx, client, targets[(c+i)%len(targets)], model, prompt, osl, stream, timing)
+				ttft := res.ttft
 				e2e := time.Since(t0)
 				if ctx.Err() != nil || !measuring.Load() {
 					continue
@@ -157,6 +163,9 @@ func loadPhase(ctx context.Context, targets []string, model string, isl, osl, co
 				mu.Lock()
 				ttfts = append(ttfts, float64(ttft.Microseconds())/1e3)
 				e2es = append(e2es, float64(e2e.Microseconds())/1e3)
+				if res.frontendMS >= 0 {
+					held = append(held, res.frontendMS)
+				}
 				mu.Unlock()
 			}
 		}()
@@ -181,6 +190,7 @@ func loadPhase(ctx context.Context, targets []string, model string, isl, osl, co
 		Requests: len(ttfts), Errors: int(errs.Load()), RequestsPS: float64(len(ttfts)) / elapsed.Seconds(),
 		TTFTmeanMs: mean(ttfts), TTFTp50ms: percentile(ttfts, 50), TTFTp99ms: percentile(ttfts, 99),
 		E2Ep50ms: percentile(e2es, 50), E2Ep99ms: percentile(e2es, 99), DurationSec: elapsed.Seconds(),
+		FrontendP50ms: percentile(held, 50), FrontendP99ms: percentile(held, 99),
 	}
 	if p.Requests == 0 {
 		if err, ok := firstErr.Load().(error); ok {

@@ -34,5 +34,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchRouteCmd(),    // bench_route.go
 		newBenchMockerCmd(),   // bench_mocker.go
 		newBenchOverheadCmd(), // bench_overhead.go
+		newBenchReplayCmd(),   // bench_replay.go
 	)
 }

@@ -171,6 +171,12 @@ type Router struct {
 	// the queue; tests synchronise on it.
 	onQueued func(id string)
 
+	// engineLoads is what each rank last reported about its own load, for
+	// the modes that read it; replaced whole on every update so decisions
+	// read it without a lock.
+	engineLoads  atomic.Pointer[map[kv.Worker]sched.EngineLoad]
+	engineLoadMu sync.Mutex // serialises engineLoads writers
+
 	scratch sync.Pool
 	stats   counters
 }
@@ -605,6 +611,12 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	}
 	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse}
 	sc.pots = r.tracker.PotentialLoads(q, sc.workers, sc.overlaps, sc.pots[:0])
+	var engine map[kv.Worker]sched.EngineLoad
+	if r.cfg.Mode.UsesEngineLoad() {
+		if m := r.engineLoads.Load(); m != nil {
+			engine = *m
+		}
+	}
 	sc.cands = sc.cands[:0]
 	for i, pot := range sc.pots {
 		info := sc.infos[i]
@@ -613,6 +625,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		}
 		c := sched.Candidate{
 			Worker:                 pot.Worker,
+			Engine:                 engine[pot.Worker],
 			OverlapBlocks:          sc.overlaps[i],
 			ActiveDecodeBlocks:     pot.ActiveDecodeBlocks,
 			ActivePrefillTokens:    pot.ActivePrefillTokens,
@@ -639,6 +652,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
 		Target: p.req.Target, Session: p.req.Session,
 		Busy: r.thresholds.Get(p.req.Model), Now: r.now(),
+		Tokens: p.req.Tokens, Commit: book,
 	}
 	choice, err := r.scheduler.Select(&sreq, cands, r.rng)
 	if err != nil {
@@ -763,6 +777,22 @@ func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
 		}
 	}
 	return out
+}
+
+// SetEngineLoad records what an engine rank reported about its own load
+// (its /metrics), which the modes scoring by engine-reported load read.
+func (r *Router) SetEngineLoad(w kv.Worker, l sched.EngineLoad) {
+	r.engineLoadMu.Lock()
+	defer r.engineLoadMu.Unlock()
+	next := map[kv.Worker]sched.EngineLoad{}
+	if old := r.engineLoads.Load(); old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	l.Known = true
+	next[w] = l
+	r.engineLoads.Store(&next)
 }
 
 // Loads returns every rank's current load.

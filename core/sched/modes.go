@@ -34,6 +34,10 @@ var policies = map[Mode]func() policy{
 	ModeDirect:      func() policy { return directPolicy{} },
 	ModeLeastLoaded: func() policy { return leastLoaded{} },
 	ModePowerOfTwo:  func() policy { return powerOfTwo{} },
+
+	ModeSGLangCacheAware: newSGLangCacheAware,
+	ModeLLMDPrecise:      func() policy { return llmdPrecise{} },
+	ModeGIEApproxPrefix:  newGIEApproxPrefix,
 }
 
 // Modes lists the valid mode names in sorted order.

@@ -34,6 +34,13 @@ type Request struct {
 	Busy BusyThreshold
 	// Now is the time sessions are judged by.
 	Now time.Time
+	// Tokens is the prompt, for the policies that keep their own view of
+	// what each worker has seen (sglang-cache-aware, gie-approx-prefix).
+	Tokens []uint32
+	// Commit says the choice will be booked: the policies that learn from
+	// their own decisions record it. A query-only decision leaves them as
+	// they were.
+	Commit bool
 }
 
 // Via tells how a Choice was made, for metrics and logs.

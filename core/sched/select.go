@@ -21,6 +21,20 @@ type Candidate struct {
 	TotalKVBlocks          int // capacity; 0 when the worker has not said
 	MaxNumBatchedTokens    int // per-step token budget; 0 when unknown
 	ActiveRequests         int
+	// Engine is the load the engine last reported about itself, for the
+	// policies that score by it (llm-d, the Gateway API Inference
+	// Extension); kvrouter's own kv mode predicts load instead of reading it.
+	Engine EngineLoad
+}
+
+// EngineLoad is one engine rank's own report of its load (vLLM's /metrics:
+// vllm:num_requests_waiting, vllm:num_requests_running,
+// vllm:kv_cache_usage_perc). It lags the router's decisions by a scrape
+// interval, which is why kv mode does not rely on it.
+type EngineLoad struct {
+	Known            bool // false until the engine has been scraped once
+	Waiting, Running int
+	KVUsage          float64 // fraction of KV blocks in use, 0..1
 }
 
 // load is the current (not potential) load in blocks, the measure of the

@@ -163,7 +163,7 @@ func TestSoftmaxExtremes(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for _, s := range []string{"kv", "round-robin", "random", "direct", "least-loaded", "power-of-two", " KV "} {
+	for _, s := range []string{"kv", "round-robin", "random", "direct", "least-loaded", "power-of-two", "sglang-cache-aware", "llm-d-precise", "gie-approx-prefix", " KV "} {
 		m, err := ParseMode(s)
 		if err != nil {
 			t.Errorf("ParseMode(%q): %v", s, err)
@@ -185,8 +185,8 @@ func TestParseMode(t *testing.T) {
 	if _, err := New("fastest", nil); err == nil {
 		t.Error("New accepted an unknown mode")
 	}
-	if got := len(Modes()); got != 6 {
-		t.Errorf("%d modes, want 6", got)
+	if got := len(Modes()); got != 9 {
+		t.Errorf("%d modes, want 9", got)
 	}
 }
 

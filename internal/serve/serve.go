@@ -20,10 +20,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/frontend"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // WorkerSpec describes one engine as the router sees it.
@@ -49,7 +51,11 @@ type Config struct {
 	// HealthInterval is how often engines are probed on /health; an
 	// engine failing two probes in a row leaves routing. 0 means 2 s.
 	HealthInterval time.Duration
-	Logger         *slog.Logger
+	// EngineMetricsInterval is how often engines' /metrics are read when
+	// the router's mode scores by engine-reported load (llm-d-precise,
+	// gie-approx-prefix); 0 means 50 ms, the Inference Extension's default.
+	EngineMetricsInterval time.Duration
+	Logger                *slog.Logger
 }
 
 // Server is a running frontend.
@@ -155,6 +161,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		go func() {
 			defer s.wg.Done()
 			s.supervise(ctx, w)
+		}()
+	}
+	if cfg.Router.Mode.UsesEngineLoad() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.pollEngineMetrics(ctx)
 		}()
 	}
 	return s, nil
@@ -329,4 +342,30 @@ func (s *Server) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// pollEngineMetrics feeds the engines' own load reports to the router for
+// the modes that score by them. A failed scrape keeps the last report: the
+// health probes, not this, decide whether an engine is routable.
+func (s *Server) pollEngineMetrics(ctx context.Context) {
+	interval := s.cfg.EngineMetricsInterval
+	if interval <= 0 {
+		interval = 50 * time.Millisecond
+	}
+	targets := make([]enginemetrics.Target, 0, len(s.cfg.Workers))
+	for _, w := range s.cfg.Workers {
+		targets = append(targets, enginemetrics.Target{ID: w.ID, URL: w.URL})
+	}
+	p := enginemetrics.Poller{
+		Interval: interval,
+		OnSamples: func(id uint64, samples map[int]enginemetrics.Sample) {
+			for rank, smp := range samples {
+				s.router.SetEngineLoad(kv.Worker{ID: id, DPRank: uint32(rank)}, sched.EngineLoad{
+					Waiting: smp.Waiting, Running: smp.Running, KVUsage: smp.KVUsage,
+				})
+			}
+		},
+		OnError: func(id uint64, err error) { s.log.Debug("engine metrics", "worker", id, "err", err) },
+	}
+	p.Run(ctx, targets)
 }

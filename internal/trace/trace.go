@@ -96,7 +96,13 @@ var ErrBadLine = errors.New("bad trace line")
 // Parse reads a trace in JSON lines. Blank lines are skipped. Every field is
 // required, and len(hash_ids) must be ceil(input_length/512); a line that
 // breaks a rule fails the whole parse with its line number.
-func Parse(r io.Reader) (*Trace, error) {
+func Parse(r io.Reader) (*Trace, error) { return ParseSkipping(r, nil) }
+
+// ParseSkipping is Parse that, when skip is not nil, hands each malformed
+// line to skip (its 1-based number and what is wrong with it) and goes on
+// without it: one bad line of a long production trace should not void the
+// rest. With skip nil the first bad line fails the parse.
+func ParseSkipping(r io.Reader, skip func(line int, err error)) (*Trace, error) {
 	tr := &Trace{}
 	dense := make(map[uint64]uint32)
 	sc := bufio.NewScanner(r)
@@ -110,7 +116,12 @@ func Parse(r io.Reader) (*Trace, error) {
 		}
 		req, err := parseLine(b)
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %w: %v", n, ErrBadLine, err)
+			err = fmt.Errorf("line %d: %w: %v", n, ErrBadLine, err)
+			if skip == nil {
+				return nil, err
+			}
+			skip(n, err)
+			continue
 		}
 		req.idx = make([]uint32, len(req.HashIDs))
 		for i, id := range req.HashIDs {

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/replay"
+	"github.com/kvrouter/kvrouter/internal/trace"
+	"github.com/kvrouter/kvrouter/internal/workload"
+)
+
+// allReplayModes is every policy worth comparing: kvrouter's kv mode, the
+// peers' policies and the load-only baselines.
+var allReplayModes = []sched.Mode{
+	sched.ModeKV, sched.ModeLLMDPrecise, sched.ModeSGLangCacheAware, sched.ModeGIEApproxPrefix,
+	sched.ModeLeastLoaded, sched.ModePowerOfTwo, sched.ModeRoundRobin, sched.ModeRandom,
+}
+
+func newBenchReplayCmd() *cobra.Command {
+	var (
+		cfg         = replay.DefaultConfig()
+		rf          = newRouterFlags()
+		syn         = workload.DefaultSyntheticConfig()
+		tracePath   string
+		synthetic   bool
+		modes       string
+		maxRequests int
+		strict      bool
+		out         string
+		quiet       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Replay a trace through the router in several routing modes and compare TTFT, latency and cache hits",
+		Long: `For each mode of --modes, starts a fresh fleet of --workers simulated
+engines (empty caches) and kvrouter's frontend in that mode, replays the
+workload open-loop at its arrival times over HTTP (token-id prompts,
+streamed), with the engines' KV events live on ZMQ, and records every
+request's time to first token, inter-token latency, end-to-end latency,
+output tokens, the worker chosen and the prefix-cache hits the engine
+reported.
+
+The workload is a Mooncake JSONL trace (--trace; --max-requests keeps the
+first N) or a synthetic shared-prefix workload (--synthetic, see its flags).
+Arrival times are divided by --arrival-speedup (more load) and, with the
+engines running --speedup times faster than the timing model, by --speedup
+(the same load in less wall time); latencies are reported in model time.
+
+Modes: kv (kvrouter), llm-d-precise, sglang-cache-aware, gie-approx-prefix
+(the peers' policies), least-loaded, power-of-two, round-robin, random;
+"all" runs them all. Router flags (--router-temperature, ...) apply to every
+mode. --target URL replays against a running OpenAI-compatible endpoint
+instead (e.g. vLLM or a router in front of it).
+
+Writes DIR/results.json, DIR/report.md, DIR/ttft_cdf.png,
+DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var progress io.Writer = cmd.ErrOrStderr()
+			if quiet {
+				progress = nil
+			}
+			rcfg, err := rf.config(cmd.Flags(), func(w string) { fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w) })
+			if err != nil {
+				return err
+			}
+			cfg.Router, cfg.Progress = rcfg, progress
+			if cfg.Modes, err = parseModes(modes); err != nil {
+				return err
+			}
+			reqs, name, err := loadWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				return fmt.Errorf("--out DIR is required")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			if progress != nil {
+				fmt.Fprintf(progress, "replaying %d requests of %s (span %.0f s, %.0f s per mode at arrival speedup %g and speedup %g)\n",
+					len(reqs), name, workload.Span(reqs).Seconds(), workload.Span(reqs).Seconds()/cfg.ArrivalSpeedup/cfg.Speedup, cfg.ArrivalSpeedup, cfg.Speedup)
+			}
+			t0 := time.Now()
+			res, err := replay.Run(ctx, cfg, reqs)
+			if err != nil {
+				return err
+			}
+			res.Config.Workload = name
+			res.Config.Command = "kvrouter " + strings.Join(os.Args[1:], " ")
+			res.Config.WallSeconds = time.Since(t0).Seconds()
+			if err := replay.WriteReport(out, res); err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), replay.Summary(res))
+			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s/report.md (%.0f s)\n", out, res.Config.WallSeconds)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	rf.register(f)
+	f.StringVar(&tracePath, "trace", "", "Mooncake JSONL trace to replay")
+	f.BoolVar(&synthetic, "synthetic", false, "replay a generated shared-prefix workload instead of a trace")
+	f.StringVar(&modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
+	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated engines per mode")
+	f.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "engines' speedup ratio (wall time = model time / speedup)")
+	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
+	f.IntVar(&maxRequests, "max-requests", 0, "replay only the first N requests of the trace (0 = all)")
+	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the router's tie-breaks and of the synthetic workload")
+	f.StringVar(&cfg.Target, "target", "", "drive this OpenAI-compatible endpoint instead of spawned fleets")
+	f.StringVar(&cfg.Model, "model", "", "model name to request (default: the fleet's, or the target's first)")
+	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
+	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")
+	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	f.IntVar(&cfg.Fleet.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Fleet.Engine.NumGPUBlocks, "KV blocks per engine")
+	f.IntVar(&cfg.Fleet.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Fleet.Engine.MaxNumBatchedTokens, "engines' token budget per step")
+	f.IntVar(&cfg.Fleet.Engine.MaxNumSeqs, "max-num-seqs", cfg.Fleet.Engine.MaxNumSeqs, "engines' most running requests")
+	f.DurationVar(&cfg.EngineMetricsInterval, "engine-metrics-interval", cfg.EngineMetricsInterval, "model-time interval of /metrics reads for modes scoring by engine load")
+	f.IntVar(&syn.Requests, "synthetic-requests", syn.Requests, "synthetic: requests")
+	f.IntVar(&syn.Groups, "groups", syn.Groups, "synthetic: distinct system prompts")
+	f.IntVar(&syn.SystemTokens, "system-tokens", syn.SystemTokens, "synthetic: tokens per system prompt")
+	f.IntVar(&syn.QuestionTokens, "question-tokens", syn.QuestionTokens, "synthetic: new user tokens per turn")
+	f.IntVar(&syn.OutputTokens, "output-tokens", syn.OutputTokens, "synthetic: output tokens per turn")
+	f.Float64Var(&syn.Rate, "rate", syn.Rate, "synthetic: requests per second")
+	f.IntVar(&syn.Turns, "turns", syn.Turns, "synthetic: turns per session")
+	f.DurationVar(&syn.ThinkTime, "think-time", syn.ThinkTime, "synthetic: mean time between a session's turns")
+	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed = cfg.Seed }
+	return cmd
+}
+
+func parseModes(s string) ([]sched.Mode, error) {
+	if strings.TrimSpace(s) == "all" {
+		return allReplayModes, nil
+	}
+	var out []sched.Mode
+	for _, part := range strings.Split(s, ",") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		m, err := sched.ParseMode(part)
+		if err != nil {
+			return nil, err
+		}
+		if m == sched.ModeDirect {
+			return nil, fmt.Errorf("mode direct needs requests that name their worker; a replay cannot use it")
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--modes names no mode")
+	}
+	return out, nil
+}
+
+// loadWorkload reads the trace (skipping malformed lines with a warning
+// unless strict) or generates the synthetic workload.
+func loadWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max int, strict bool, warn io.Writer) ([]workload.Request, string, error) {
+	switch {
+	case synthetic && path != "":
+		return nil, "", fmt.Errorf("give --trace or --synthetic, not both")
+	case synthetic:
+		if max > 0 {
+			syn.Requests = max
+		}
+		reqs, err := workload.Synthetic(syn)
+		name := fmt.Sprintf("synthetic (%d groups × %d system tokens, %d question and %d output tokens, %d turns, %g req/s)",
+			syn.Groups, syn.SystemTokens, syn.QuestionTokens, syn.OutputTokens, syn.Turns, syn.Rate)
+		return reqs, name, err
+	case path == "":
+		return nil, "", fmt.Errorf("give --trace FILE or --synthetic")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	var skip func(int, error)
+	if !strict {
+		skip = func(line int, err error) { fmt.Fprintf(warn, "warning: %s: skipped: %v\n", path, err) }
+	}
+	tr, err := trace.ParseSkipping(f, skip)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", path, err)
+	}
+	name := path
+	if max > 0 && max < len(tr.Requests) {
+		name = fmt.Sprintf("%s (first %d requests)", path, max)
+	}
+	return workload.FromTrace(tr, max), name, nil
+}

@@ -1,0 +1,237 @@
+package sched
+
+// The peer policies: what other routers do, written from their public
+// descriptions so that `kvrouter bench replay` compares kvrouter's kv mode
+// with them on the same fleet and trace. They are modes like any other and
+// can serve real traffic.
+
+import (
+	"container/list"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/prefixtree"
+)
+
+// Peer modes.
+const (
+	// ModeSGLangCacheAware is SGLang's router (sgl-model-gateway) in its
+	// cache_aware policy: a prefix tree per worker learnt from its own
+	// routing decisions, switching to the least loaded worker when loads
+	// are imbalanced or the best match is short.
+	ModeSGLangCacheAware Mode = "sglang-cache-aware"
+	// ModeLLMDPrecise is llm-d's inference scheduler with the precise
+	// (KV-event-fed) prefix-cache scorer, plus queue-depth and
+	// KV-utilisation scorers read from the engines, equally weighted.
+	ModeLLMDPrecise Mode = "llm-d-precise"
+	// ModeGIEApproxPrefix is the Gateway API Inference Extension's endpoint
+	// picker with its approximate prefix-cache scorer (hashed chunks
+	// remembered per server from its own decisions) plus queue-depth and
+	// KV-utilisation scorers, equally weighted.
+	ModeGIEApproxPrefix Mode = "gie-approx-prefix"
+)
+
+// UsesEngineLoad tells whether the mode's policy reads Candidate.Engine, so
+// the engines' /metrics must be polled for it.
+func (m Mode) UsesEngineLoad() bool {
+	return m == ModeLLMDPrecise || m == ModeGIEApproxPrefix
+}
+
+// SGLang's defaults (--cache-threshold, --balance-abs-threshold,
+// --balance-rel-threshold, --max-tree-size).
+const (
+	SGLangCacheThreshold      = 0.3
+	SGLangBalanceAbsThreshold = 64
+	SGLangBalanceRelThreshold = 1.5
+	SGLangMaxTreeSize         = 1 << 26
+)
+
+// sglangCacheAware keeps one token tree per worker, filled with the prompts
+// it routed there. When in-flight requests are imbalanced (max − min above
+// the absolute threshold and max above min × the relative one) it routes to
+// the worker with the fewest; otherwise to the worker with the longest
+// match if that match covers more than the cache threshold of the prompt,
+// else to the least loaded. The prompt is recorded on the chosen worker in
+// every case. In-flight requests are the router's own count of booked
+// requests, as SGLang counts requests it has sent and not seen finish.
+type sglangCacheAware struct {
+	mu    sync.RWMutex // guards trees and clock; Match under RLock, Insert under Lock
+	trees map[kv.Worker]*prefixtree.Tree
+	clock int64
+}
+
+func newSGLangCacheAware() policy {
+	return &sglangCacheAware{trees: map[kv.Worker]*prefixtree.Tree{}}
+}
+
+func (s *sglangCacheAware) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	leastLoaded := func() int {
+		return pickMin(len(cands), func(i int) float64 { return float64(cands[i].ActiveRequests) }, rng)
+	}
+	lo, hi := cands[0].ActiveRequests, cands[0].ActiveRequests
+	for i := range cands {
+		lo, hi = min(lo, cands[i].ActiveRequests), max(hi, cands[i].ActiveRequests)
+	}
+	var choice int
+	if hi-lo > SGLangBalanceAbsThreshold && float64(hi) > float64(lo)*SGLangBalanceRelThreshold {
+		choice = leastLoaded()
+	} else {
+		s.mu.RLock()
+		matched := make([]int, len(cands))
+		for i := range cands {
+			if t := s.trees[cands[i].Worker]; t != nil {
+				matched[i] = t.Match(req.Tokens)
+			}
+		}
+		s.mu.RUnlock()
+		best := pickMin(len(cands), func(i int) float64 { return -float64(matched[i]) }, rng)
+		if len(req.Tokens) > 0 && float64(matched[best])/float64(len(req.Tokens)) > SGLangCacheThreshold {
+			choice = best
+		} else {
+			choice = leastLoaded()
+		}
+	}
+	if req.Commit && len(req.Tokens) > 0 {
+		s.mu.Lock()
+		t := s.trees[cands[choice].Worker]
+		if t == nil {
+			t = prefixtree.New(SGLangMaxTreeSize)
+			s.trees[cands[choice].Worker] = t
+		}
+		s.clock++
+		t.Insert(req.Tokens, s.clock)
+		s.mu.Unlock()
+	}
+	return choice, nil
+}
+
+// engineScores adds the two load scorers the Gateway API Inference
+// Extension and llm-d share, each in [0, 1] with 1 the best: queue depth,
+// min-max normalised over the candidates (all equal: 1), and free KV cache
+// (1 − utilisation). An engine never scraped counts as idle.
+func engineScores(cands []Candidate, weight float64, scores []float64) {
+	lo, hi := cands[0].Engine.Waiting, cands[0].Engine.Waiting
+	for i := range cands {
+		lo, hi = min(lo, cands[i].Engine.Waiting), max(hi, cands[i].Engine.Waiting)
+	}
+	for i := range cands {
+		q := 1.0
+		if hi > lo {
+			q = float64(hi-cands[i].Engine.Waiting) / float64(hi-lo)
+		}
+		kvFree := 1 - min(max(cands[i].Engine.KVUsage, 0), 1)
+		scores[i] += weight*q + weight*kvFree
+	}
+}
+
+// pickMax returns the index of the highest score, ties at random (the
+// max-score picker of both schedulers).
+func pickMax(scores []float64, rng Rand) int {
+	return pickMin(len(scores), func(i int) float64 { return -scores[i] }, rng)
+}
+
+// llmdPrecise scores the fraction of the prompt's blocks cached on each
+// worker, as the router's event-fed index knows it, plus the engine load
+// scorers, all with weight 1.
+type llmdPrecise struct{}
+
+func (llmdPrecise) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	scores := make([]float64, len(cands))
+	if blocks := req.ISL / req.BlockSize; blocks > 0 {
+		for i := range cands {
+			scores[i] = float64(cands[i].OverlapBlocks) / float64(blocks)
+		}
+	}
+	engineScores(cands, 1, scores)
+	return pickMax(scores, rng), nil
+}
+
+// The Gateway API Inference Extension's prefix-cache scorer defaults.
+const (
+	GIEHashBlockTokens      = 64
+	GIEMaxPrefixBlocks      = 256
+	GIELRUCapacityPerServer = 31250
+)
+
+// gieApproxPrefix hashes the prompt in chained chunks of 64 tokens (at
+// most 256 of them) and remembers, per server, the chunks of the prompts
+// it sent there in an LRU of 31,250 entries. A server's prefix score is
+// the fraction of the prompt's chunks it holds as a leading run; the
+// engine load scorers are added with the same weight.
+type gieApproxPrefix struct {
+	mu      sync.Mutex // guards servers and their LRU order
+	servers map[kv.Worker]*chunkLRU
+}
+
+func newGIEApproxPrefix() policy {
+	return &gieApproxPrefix{servers: map[kv.Worker]*chunkLRU{}}
+}
+
+var gieHasher = blockhash.New(GIEHashBlockTokens, "")
+
+func (g *gieApproxPrefix) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
+	local := gieHasher.AppendLocalHashes(nil, req.Tokens)
+	if len(local) > GIEMaxPrefixBlocks {
+		local = local[:GIEMaxPrefixBlocks]
+	}
+	chunks := blockhash.AppendSequenceHashes(nil, local)
+	scores := make([]float64, len(cands))
+	g.mu.Lock()
+	if len(chunks) > 0 {
+		for i := range cands {
+			if l := g.servers[cands[i].Worker]; l != nil {
+				scores[i] = float64(l.leadingRun(chunks)) / float64(len(chunks))
+			}
+		}
+	}
+	g.mu.Unlock()
+	engineScores(cands, 1, scores)
+	choice := pickMax(scores, rng)
+	if req.Commit && len(chunks) > 0 {
+		g.mu.Lock()
+		l := g.servers[cands[choice].Worker]
+		if l == nil {
+			l = newChunkLRU(GIELRUCapacityPerServer)
+			g.servers[cands[choice].Worker] = l
+		}
+		for _, h := range chunks {
+			l.add(h)
+		}
+		g.mu.Unlock()
+	}
+	return choice, nil
+}
+
+// chunkLRU is a set of chunk hashes with least-recently-added eviction.
+type chunkLRU struct {
+	capacity int
+	order    *list.List // front = most recent; values are uint64 hashes
+	at       map[uint64]*list.Element
+}
+
+func newChunkLRU(capacity int) *chunkLRU {
+	return &chunkLRU{capacity: capacity, order: list.New(), at: make(map[uint64]*list.Element)}
+}
+
+func (l *chunkLRU) add(h uint64) {
+	if e, ok := l.at[h]; ok {
+		l.order.MoveToFront(e)
+		return
+	}
+	l.at[h] = l.order.PushFront(h)
+	for l.order.Len() > l.capacity {
+		e := l.order.Back()
+		l.order.Remove(e)
+		delete(l.at, e.Value.(uint64))
+	}
+}
+
+func (l *chunkLRU) leadingRun(chunks []uint64) int {
+	for i, h := range chunks {
+		if _, ok := l.at[h]; !ok {
+			return i
+		}
+	}
+	return len(chunks)
+}

@@ -1,0 +1,235 @@
+package sched
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func tokens(seed uint64, n int) []uint32 {
+	r := rand.New(rand.NewPCG(seed, 7))
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(r.IntN(128000))
+	}
+	return out
+}
+
+func concat(parts ...[]uint32) []uint32 {
+	var out []uint32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func engineLoad(waiting int, usage float64) EngineLoad {
+	return EngineLoad{Known: true, Waiting: waiting, KVUsage: usage}
+}
+
+func TestLLMDPreciseScores(t *testing.T) {
+	const bs, isl = 16, 160 // 10 prompt blocks
+	tests := []struct {
+		name  string
+		cands []Candidate
+		want  int
+	}{
+		{
+			name: "equal load: the longest cached prefix wins",
+			cands: []Candidate{
+				{Worker: worker(1), OverlapBlocks: 2, Engine: engineLoad(1, 0.5)},
+				{Worker: worker(2), OverlapBlocks: 9, Engine: engineLoad(1, 0.5)},
+				{Worker: worker(3), OverlapBlocks: 5, Engine: engineLoad(1, 0.5)},
+			},
+			want: 1,
+		},
+		{
+			// 1 + 0 + 0.1 = 1.1; 0 + 1 + 0.9 = 1.9; 0.5 + 0.6 + 0.5 = 1.6.
+			name: "a full cache hit loses to an idle engine with free KV",
+			cands: []Candidate{
+				{Worker: worker(1), OverlapBlocks: 10, Engine: engineLoad(5, 0.9)},
+				{Worker: worker(2), OverlapBlocks: 0, Engine: engineLoad(0, 0.1)},
+				{Worker: worker(3), OverlapBlocks: 5, Engine: engineLoad(2, 0.5)},
+			},
+			want: 1,
+		},
+		{
+			// 1 + 0 + 0.5 = 1.5 against 0.2 + 1 + 0.2 = 1.4.
+			name: "queue depth is min-max normalised",
+			cands: []Candidate{
+				{Worker: worker(1), OverlapBlocks: 10, Engine: engineLoad(100, 0.5)},
+				{Worker: worker(2), OverlapBlocks: 2, Engine: engineLoad(99, 0.8)},
+			},
+			want: 0,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := mustNew(t, ModeLLMDPrecise, nil)
+			c, err := s.Select(&Request{ISL: isl, BlockSize: bs}, tc.cands, rand.New(rand.NewPCG(1, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Index != tc.want {
+				t.Fatalf("picked %d, want %d", c.Index, tc.want)
+			}
+		})
+	}
+}
+
+func TestPeerModesUseEngineLoad(t *testing.T) {
+	for _, m := range Modes() {
+		want := m == ModeLLMDPrecise || m == ModeGIEApproxPrefix
+		if m.UsesEngineLoad() != want {
+			t.Errorf("%s.UsesEngineLoad() = %v", m, !want)
+		}
+	}
+}
+
+// equalCands are n idle workers: only what a policy learnt separates them.
+func equalCands(n int) []Candidate {
+	out := make([]Candidate, n)
+	for i := range out {
+		out[i] = Candidate{Worker: worker(uint64(i + 1)), Engine: engineLoad(0, 0)}
+	}
+	return out
+}
+
+func TestLearningPoliciesFollowTheirOwnDecisions(t *testing.T) {
+	for _, mode := range []Mode{ModeGIEApproxPrefix, ModeSGLangCacheAware} {
+		t.Run(string(mode), func(t *testing.T) {
+			s := mustNew(t, mode, nil)
+			rng := rand.New(rand.NewPCG(5, 6))
+			cands := equalCands(8)
+			system := tokens(1, 1024)
+			first, err := s.Select(&Request{ISL: 2048, BlockSize: 16, Tokens: concat(system, tokens(2, 1024)), Commit: true}, cands, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The same conversation, one turn later: it must follow.
+			for turn := range 20 {
+				prompt := concat(system, tokens(2, 1024), tokens(uint64(100+turn), 64))
+				c, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt, Commit: true}, cands, rng)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Index != first.Index {
+					t.Fatalf("turn %d went to %d, the conversation is on %d", turn, c.Index, first.Index)
+				}
+			}
+		})
+	}
+}
+
+func TestLearningPoliciesIgnoreQueries(t *testing.T) {
+	for _, mode := range []Mode{ModeGIEApproxPrefix, ModeSGLangCacheAware} {
+		t.Run(string(mode), func(t *testing.T) {
+			s := mustNew(t, mode, nil)
+			rng := rand.New(rand.NewPCG(5, 6))
+			cands := equalCands(8)
+			prompt := tokens(3, 4096)
+			seen := map[int]bool{}
+			// Queries never teach the policy, so an idle fleet keeps
+			// answering at random.
+			for range 200 {
+				c, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt}, cands, rng)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen[c.Index] = true
+			}
+			if len(seen) < 6 {
+				t.Fatalf("queries went to only %d of 8 workers: a query taught the policy", len(seen))
+			}
+		})
+	}
+}
+
+func TestSGLangBalancing(t *testing.T) {
+	prompt := tokens(9, 1000)
+	warm := func(t *testing.T) (*Scheduler, []Candidate) {
+		s := mustNew(t, ModeSGLangCacheAware, nil)
+		cands := equalCands(3)
+		// Teach worker 0 the prompt by pinning it there (the only
+		// candidate), then route among all three.
+		if _, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt, Commit: true}, cands[:1], rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		return s, cands
+	}
+	tests := []struct {
+		name   string
+		active []int
+		tokens []uint32
+		want   int
+	}{
+		{"balanced, cached: the match wins", []int{10, 0, 5}, prompt, 0},
+		{"imbalanced beyond both thresholds: the least loaded", []int{100, 30, 20}, prompt, 2},
+		{"absolute gap within 64: still cache", []int{60, 0, 30}, prompt, 0},
+		{"relative gap within 1.5: still cache", []int{200, 134, 150}, prompt, 0},
+		{"match below 0.3 of the prompt: the least loaded", []int{10, 5, 3}, concat(prompt[:250], tokens(10, 750)), 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, cands := warm(t)
+			for i, a := range tc.active {
+				cands[i].ActiveRequests = a
+			}
+			c, err := s.Select(&Request{ISL: len(tc.tokens), BlockSize: 16, Tokens: tc.tokens}, cands, rand.New(rand.NewPCG(2, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Index != tc.want {
+				t.Fatalf("picked %d, want %d", c.Index, tc.want)
+			}
+		})
+	}
+}
+
+func TestGIEPrefixScore(t *testing.T) {
+	s := mustNew(t, ModeGIEApproxPrefix, nil)
+	cands := equalCands(2)
+	prompt := tokens(11, 64*10)
+	if _, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt, Commit: true}, cands[:1], rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Fatal(err)
+	}
+	// Worker 0 holds all 10 chunks: prefix score 1 against 0, which
+	// outweighs a queue-depth disadvantage (score 0 against 1) only
+	// together with its free KV: 1 + 0 + 1 > 0 + 1 + 0.5.
+	cands[0].Engine = engineLoad(4, 0)
+	cands[1].Engine = engineLoad(0, 0.5)
+	c, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt}, cands, rand.New(rand.NewPCG(3, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Index != 0 {
+		t.Fatalf("picked %d, want the worker holding the prefix", c.Index)
+	}
+	// Half the chunks: 0.5 + 0 + 1 < 0 + 1 + 1 against an idle worker.
+	cands[1].Engine = engineLoad(0, 0)
+	half := concat(prompt[:64*5], tokens(12, 64*5))
+	c, err = s.Select(&Request{ISL: len(half), BlockSize: 16, Tokens: half}, cands, rand.New(rand.NewPCG(3, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Index != 1 {
+		t.Fatalf("picked %d, want the idle worker", c.Index)
+	}
+}
+
+func TestChunkLRUEvictsOldest(t *testing.T) {
+	l := newChunkLRU(3)
+	for _, h := range []uint64{1, 2, 3} {
+		l.add(h)
+	}
+	l.add(1) // refresh: 2 is now the oldest
+	l.add(4)
+	if got := l.leadingRun([]uint64{1, 3, 4}); got != 3 {
+		t.Fatalf("leading run %d, want 3", got)
+	}
+	if got := l.leadingRun([]uint64{2}); got != 0 {
+		t.Fatalf("2 should have been evicted")
+	}
+	if len(l.at) != 3 || l.order.Len() != 3 {
+		t.Fatalf("size %d/%d, want 3", len(l.at), l.order.Len())
+	}
+}

@@ -1,0 +1,227 @@
+package replay
+
+import (
+	"context"
+	"encoding/json"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+func block(seed uint32, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = seed*100000 + uint32(i)
+	}
+	return out
+}
+
+func cat(parts ...[]uint32) []uint32 {
+	var out []uint32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func TestCeilingHitRate(t *testing.T) {
+	sys := block(1, 64) // 4 blocks of 16
+	reqs := []workload.Request{
+		{At: 0, Tokens: cat(sys, block(2, 32))},                  // 96 tokens, nothing seen
+		{At: time.Second, Tokens: cat(sys, block(3, 16))},        // 80 tokens: the 4 system blocks hit
+		{At: 2 * time.Second, Tokens: cat(sys, block(2, 32))},    // identical to the first: 5 of 6 blocks (last token computed)
+		{At: 3 * time.Second, Tokens: cat(sys[:40], block(4, 8))}, // 48 tokens: 2 full blocks hit, the third differs
+	}
+	want := float64(0+64+80+32) / float64(96+80+96+48)
+	if got := CeilingHitRate(reqs, 16); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("ceiling %v, want %v", got, want)
+	}
+	// Arrival order, not slice order, decides what was seen first.
+	swapped := []workload.Request{reqs[2], reqs[1], reqs[0], reqs[3]}
+	swapped[0].At, swapped[2].At = 0, 2*time.Second
+	if got := CeilingHitRate(swapped, 16); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("ceiling over reordered requests %v, want %v", got, want)
+	}
+}
+
+func TestDistAndPeaks(t *testing.T) {
+	d := dist([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
+	if d.Mean != 5.5 || d.P50 != 5 || d.P90 != 9 || d.P99 != 10 {
+		t.Fatalf("dist %+v", d)
+	}
+	recs := []Record{
+		{Worker: "a", SentMS: 0, E2EMS: 10},
+		{Worker: "a", SentMS: 5, E2EMS: 10},
+		{Worker: "a", SentMS: 10, E2EMS: 1}, // starts as the first ends
+		{Worker: "b", SentMS: 0, E2EMS: 1},
+		{Worker: "b", SentMS: 0, E2EMS: 1, Err: "failed"},
+	}
+	p := peakActive(recs)
+	if p["a"] != 2 || p["b"] != 1 {
+		t.Fatalf("peaks %v", p)
+	}
+}
+
+// smallFleet keeps the end-to-end runs short: few, small engines that a
+// shared-prefix workload overloads when routing ignores the caches.
+func smallConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Workers = 3
+	cfg.Speedup = 20
+	cfg.Fleet = fleet.DefaultConfig()
+	cfg.Fleet.Engine.NumGPUBlocks = 2048
+	return cfg
+}
+
+func sharedPrefixWorkload(t *testing.T) []workload.Request {
+	syn := workload.DefaultSyntheticConfig()
+	syn.Requests, syn.Groups, syn.SystemTokens, syn.QuestionTokens, syn.OutputTokens = 60, 3, 1024, 64, 8
+	syn.Rate, syn.Turns, syn.ThinkTime = 20, 3, time.Second
+	reqs, err := workload.Synthetic(syn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+func TestReplayModesEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts fleets")
+	}
+	cfg := smallConfig()
+	cfg.Modes = []sched.Mode{sched.ModeKV, sched.ModeRoundRobin, sched.ModeLLMDPrecise, sched.ModeSGLangCacheAware, sched.ModeGIEApproxPrefix}
+	reqs := sharedPrefixWorkload(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range res.Order {
+		m := res.Modes[mode]
+		if m.Requests != len(reqs) || m.Errors != 0 {
+			t.Fatalf("%s: %d requests, %d errors (%s)", mode, m.Requests, m.Errors, m.FirstError)
+		}
+		if len(m.WorkerShare) != cfg.Workers {
+			t.Fatalf("%s: shares of %d workers, want %d: %v", mode, len(m.WorkerShare), cfg.Workers, m.WorkerShare)
+		}
+		var sum float64
+		for _, s := range m.WorkerShare {
+			sum += s
+		}
+		if math.Abs(sum-1) > 1e-9 {
+			t.Fatalf("%s: shares sum to %v", mode, sum)
+		}
+		for _, r := range res.Records(mode) {
+			if r.OutputTokens != 8 || r.TTFTMS <= 0 || r.E2EMS < r.TTFTMS || r.Worker == "" {
+				t.Fatalf("%s: bad record %+v", mode, r)
+			}
+		}
+		if m.PrefixHitRate > m.CeilingHitRate+1e-9 {
+			t.Fatalf("%s: hit rate %v above the ceiling %v", mode, m.PrefixHitRate, m.CeilingHitRate)
+		}
+	}
+	// Sessions extend each other and share system prompts: a cache-aware
+	// router must find far more of them cached than a cycle over workers.
+	kv, rr := res.Modes["kv"], res.Modes["round-robin"]
+	if kv.PrefixHitRate < 0.8*kv.CeilingHitRate {
+		t.Errorf("kv hit rate %.3f, under 80%% of the ceiling %.3f", kv.PrefixHitRate, kv.CeilingHitRate)
+	}
+	if kv.PrefixHitRate <= rr.PrefixHitRate {
+		t.Errorf("kv hit rate %.3f not above round-robin's %.3f", kv.PrefixHitRate, rr.PrefixHitRate)
+	}
+
+	dir := t.TempDir()
+	res.Config.Workload = "synthetic"
+	if err := WriteReport(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Modes map[string]map[string]json.RawMessage `json:"modes"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"requests", "errors", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "requests_per_s", "prefix_hit_rate", "ceiling_hit_rate", "worker_share", "peak_active"} {
+		if _, ok := back.Modes["kv"][key]; !ok {
+			t.Errorf("results.json lacks modes.kv.%s", key)
+		}
+	}
+	for _, name := range []string{"ttft_cdf.png", "worker_load.png", "hit_rate.png"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(f); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		f.Close()
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range res.Order {
+		if !strings.Contains(string(md), "| "+mode+" |") {
+			t.Errorf("report.md has no row for %s", mode)
+		}
+	}
+}
+
+func TestReplayTarget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fcfg := fleet.DefaultConfig()
+	fcfg.SpeedupRatio, fcfg.HTTPPort, fcfg.KVEventsPort, fcfg.KVEventsReplayPort = 20, 0, 0, 0
+	engines, err := fleet.Start(ctx, fcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engines.Close()
+	cfg := smallConfig()
+	cfg.Target = engines.Engines()[0].HTTPURL
+	reqs := sharedPrefixWorkload(t)[:20]
+	res, err := Run(ctx, cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := res.Modes["target"]
+	if m == nil || m.Requests != 20 || m.Errors != 0 {
+		t.Fatalf("target run: %+v", m)
+	}
+	if res.Config.Model != fcfg.Server.Model {
+		t.Fatalf("model %q, want the target's %q", res.Config.Model, fcfg.Server.Model)
+	}
+	// One engine sees every request: it reports the prefix hits itself.
+	if m.PrefixHitRate <= 0 {
+		t.Fatalf("no prefix hits reported by the engine")
+	}
+}
+
+func TestReplayUnreachableTargetFailsFast(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Target = "http://127.0.0.1:1"
+	start := time.Now()
+	_, err := Run(context.Background(), cfg, []workload.Request{{Tokens: []uint32{1, 2, 3}, OSL: 1}})
+	if err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Fatalf("err = %v, want an unreachable target", err)
+	}
+	if time.Since(start) > 6*time.Second {
+		t.Fatalf("took %v to give up", time.Since(start))
+	}
+}

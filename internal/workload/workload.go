@@ -1,0 +1,61 @@
+// Package workload turns traces and generators into the requests a replay
+// sends: token-id prompts with arrival times and output lengths, fully
+// materialised before the run so that building them never delays a send.
+package workload
+
+import (
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/trace"
+)
+
+// Request is one request of a workload.
+type Request struct {
+	// At is the arrival time from the start of the workload, in the time of
+	// the workload itself (before any arrival speedup).
+	At     time.Duration
+	Tokens []uint32
+	// OSL is the number of output tokens to generate (sent as max_tokens
+	// with ignore_eos, so the engine produces exactly this many).
+	OSL int
+	// Session names the multi-turn conversation the request belongs to; ""
+	// for a request on its own.
+	Session string
+}
+
+// FromTrace materialises the first max requests of tr (all with max <= 0)
+// in trace order: each hash id becomes its 512 deterministic tokens, the
+// last block cut to the input length. Output lengths of 0 become 1: a
+// request must produce a first token for its TTFT to exist.
+func FromTrace(tr *trace.Trace, max int) []Request {
+	reqs := tr.Requests
+	if max > 0 && max < len(reqs) {
+		reqs = reqs[:max]
+	}
+	out := make([]Request, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		out[i] = Request{
+			At:     time.Duration(r.Timestamp) * time.Millisecond,
+			Tokens: r.Tokens(0),
+			OSL:    max1(r.OutputLength),
+		}
+	}
+	return out
+}
+
+func max1(n int) int {
+	if n < 1 {
+		return 1
+	}
+	return n
+}
+
+// Span is the arrival time of the last request.
+func Span(reqs []Request) time.Duration {
+	var s time.Duration
+	for i := range reqs {
+		s = max(s, reqs[i].At)
+	}
+	return s
+}

@@ -35,9 +35,9 @@ func cat(parts ...[]uint32) []uint32 {
 func TestCeilingHitRate(t *testing.T) {
 	sys := block(1, 64) // 4 blocks of 16
 	reqs := []workload.Request{
-		{At: 0, Tokens: cat(sys, block(2, 32))},                  // 96 tokens, nothing seen
-		{At: time.Second, Tokens: cat(sys, block(3, 16))},        // 80 tokens: the 4 system blocks hit
-		{At: 2 * time.Second, Tokens: cat(sys, block(2, 32))},    // identical to the first: 5 of 6 blocks (last token computed)
+		{At: 0, Tokens: cat(sys, block(2, 32))},                   // 96 tokens, nothing seen
+		{At: time.Second, Tokens: cat(sys, block(3, 16))},         // 80 tokens: the 4 system blocks hit
+		{At: 2 * time.Second, Tokens: cat(sys, block(2, 32))},     // identical to the first: 5 of 6 blocks (last token computed)
 		{At: 3 * time.Second, Tokens: cat(sys[:40], block(4, 8))}, // 48 tokens: 2 full blocks hit, the third differs
 	}
 	want := float64(0+64+80+32) / float64(96+80+96+48)

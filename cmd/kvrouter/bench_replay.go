@@ -18,9 +18,10 @@ import (
 
 // allReplayModes is every policy worth comparing: kvrouter's kv mode, the
 // peers' policies and the load-only baselines.
-var allReplayModes = []sched.Mode{
-	sched.ModeKV, sched.ModeLLMDPrecise, sched.ModeSGLangCacheAware, sched.ModeGIEApproxPrefix,
-	sched.ModeLeastLoaded, sched.ModePowerOfTwo, sched.ModeRoundRobin, sched.ModeRandom,
+var allReplayModes = []string{
+	string(sched.ModeKV), replay.DynamoKV,
+	string(sched.ModeLLMDPrecise), string(sched.ModeSGLangCacheAware), string(sched.ModeGIEApproxPrefix),
+	string(sched.ModeLeastLoaded), string(sched.ModePowerOfTwo), string(sched.ModeRoundRobin), string(sched.ModeRandom),
 }
 
 func newBenchReplayCmd() *cobra.Command {
@@ -53,9 +54,10 @@ Arrival times are divided by --arrival-speedup (more load) and, with the
 engines running --speedup times faster than the timing model, by --speedup
 (the same load in less wall time); latencies are reported in model time.
 
-Modes: kv (kvrouter), llm-d-precise, sglang-cache-aware, gie-approx-prefix
-(the peers' policies), least-loaded, power-of-two, round-robin, random;
-"all" runs them all. Router flags (--router-temperature, ...) apply to every
+Modes: kv (kvrouter), dynamo-kv (kv with Dynamo's cost: no cache
+affinity), llm-d-precise, sglang-cache-aware, gie-approx-prefix (the peers'
+policies), least-loaded, power-of-two, round-robin, random; "all" runs them
+all. Router flags (--router-temperature, ...) apply to every
 mode. --target URL replays against a running OpenAI-compatible endpoint
 instead (e.g. vLLM or a router in front of it).
 
@@ -135,23 +137,23 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	return cmd
 }
 
-func parseModes(s string) ([]sched.Mode, error) {
+func parseModes(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "all" {
 		return allReplayModes, nil
 	}
-	var out []sched.Mode
+	var out []string
 	for _, part := range strings.Split(s, ",") {
-		if strings.TrimSpace(part) == "" {
+		part = strings.TrimSpace(part)
+		if part == "" {
 			continue
 		}
-		m, err := sched.ParseMode(part)
-		if err != nil {
+		if _, err := replay.ParseMode(part); err != nil {
 			return nil, err
 		}
-		if m == sched.ModeDirect {
-			return nil, fmt.Errorf("mode direct needs requests that name their worker; a replay cannot use it")
+		if part != replay.DynamoKV {
+			part = strings.ToLower(part)
 		}
-		out = append(out, m)
+		out = append(out, part)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("--modes names no mode")

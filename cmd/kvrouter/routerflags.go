@@ -19,6 +19,7 @@ type routerFlags struct {
 
 	mode                          string
 	credit, scale, weight, temp   float64
+	affinity                      float64
 	decodeThreshold               float64
 	prefillThreshold              int
 	queueThreshold, queuePolicy   string
@@ -31,7 +32,7 @@ type routerFlags struct {
 func newRouterFlags() *routerFlags {
 	cfg := router.DefaultConfig()
 	return &routerFlags{
-		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: 1,
+		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: 1, affinity: sched.DefaultCacheAffinity,
 		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
 		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
 	}
@@ -43,6 +44,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.temp, "router-temperature", 0, "softmax temperature over normalised costs; 0 picks the cheapest worker")
 	fs.Float64Var(&f.credit, "router-kv-overlap-score-credit", f.credit, "prefill blocks credited per cached prefix block, in [0, 1]; 0 disables the index")
 	fs.Float64Var(&f.scale, "router-prefill-load-scale", f.scale, "weight of prompt-side load against decode blocks")
+	fs.Float64Var(&f.affinity, "router-cache-affinity", f.affinity, "extra blocks of cost credited per cached prefix block (the KV memory and later turns a reuse saves); 0 = Dynamo's cost")
 	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
 	fs.Float64Var(&f.weight, "kv-overlap-score-weight", -1, "deprecated alias of --router-kv-overlap-score-weight")
 	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
@@ -111,7 +113,7 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 		return cfg, err
 	}
 	cfg.Mode = mode
-	cfg.Routing = sched.Overrides{OverlapCredit: &f.credit, PrefillLoadScale: &f.scale, Temperature: &f.temp}
+	cfg.Routing = sched.Overrides{OverlapCredit: &f.credit, PrefillLoadScale: &f.scale, CacheAffinity: &f.affinity, Temperature: &f.temp}
 	if f.weight >= 0 {
 		w := f.weight
 		cfg.Routing.LegacyOverlapWeight = &w

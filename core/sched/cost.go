@@ -14,6 +14,13 @@ type Params struct {
 	OverlapCredit float64
 	// PrefillLoadScale weighs prompt work against decode blocks.
 	PrefillLoadScale float64
+	// CacheAffinity credits each cached prefix block with this many more
+	// blocks of cost, beyond the prefill it saves and without the clamp
+	// at 0: a reused prefix also spares the KV memory a second copy would
+	// take and the prefill of the conversation's later turns, which stay
+	// where their prefix is. It only applies while OverlapCredit > 0.
+	// Dynamo has no such term (0).
+	CacheAffinity float64
 	// Temperature 0 picks the cheapest worker; above 0 it samples.
 	Temperature float64
 	// AssumeKVReuse and TrackPrefillTokens do not enter the cost here: the
@@ -23,9 +30,16 @@ type Params struct {
 	TrackPrefillTokens bool
 }
 
+// DefaultCacheAffinity is kvrouter's default --router-cache-affinity,
+// measured with `kvrouter bench replay` on the Mooncake conversation trace
+// (docs/benchmarks.md): it keeps conversations on the worker caching them,
+// for a prefix-cache hit rate near the infinite-cache ceiling, while the
+// load terms still move requests off a worker whose backlog outweighs it.
+const DefaultCacheAffinity = 5
+
 // DefaultParams are the values a router started without flags uses.
 func DefaultParams() Params {
-	return Params{OverlapCredit: 1, PrefillLoadScale: 1, AssumeKVReuse: true, TrackPrefillTokens: true}
+	return Params{OverlapCredit: 1, PrefillLoadScale: 1, CacheAffinity: DefaultCacheAffinity, AssumeKVReuse: true, TrackPrefillTokens: true}
 }
 
 // UsesOverlap reports whether cached prefixes can change a decision, i.e.
@@ -35,6 +49,7 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // Cost is the KV-mode cost of sending a request of isl prompt tokens to c:
 //
 //	scale × max((active_prefill_tokens + isl)/block_size − credit × overlap, 0) + potential_decode_blocks
+//	− scale × affinity × overlap   (only while credit > 0)
 //
 // Prefill blocks are not rounded so that a partial block still separates
 // otherwise equal workers. The clamp at 0 keeps a large cache hit from
@@ -43,6 +58,9 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 func (p Params) Cost(c *Candidate, isl, blockSize int) float64 {
 	raw := float64(c.ActivePrefillTokens+isl) / float64(blockSize)
 	prefill := max(raw-p.OverlapCredit*float64(c.OverlapBlocks), 0)
+	if p.OverlapCredit > 0 {
+		prefill -= p.CacheAffinity * float64(c.OverlapBlocks)
+	}
 	return p.PrefillLoadScale*prefill + c.PotentialDecodeBlocks
 }
 
@@ -52,6 +70,7 @@ func (p Params) Cost(c *Candidate, isl, blockSize int) float64 {
 type Overrides struct {
 	OverlapCredit    *float64 // --router-kv-overlap-score-credit, in [0, 1]
 	PrefillLoadScale *float64 // --router-prefill-load-scale, ≥ 0
+	CacheAffinity    *float64 // --router-cache-affinity, ≥ 0
 	// LegacyOverlapWeight is the deprecated --kv-overlap-score-weight /
 	// --router-kv-overlap-score-weight. It beats PrefillLoadScale of the same
 	// layer, and 0 also forces OverlapCredit of the same layer to 0, so old
@@ -105,6 +124,12 @@ func (o *Overrides) apply(p *Params) (usedLegacy bool, err error) {
 		}
 		p.PrefillLoadScale = *o.PrefillLoadScale
 	}
+	if o.CacheAffinity != nil {
+		if err := nonNegative("cache affinity", *o.CacheAffinity); err != nil {
+			return false, err
+		}
+		p.CacheAffinity = *o.CacheAffinity
+	}
 	if o.LegacyOverlapWeight != nil {
 		w := *o.LegacyOverlapWeight
 		if err := nonNegative("overlap score weight", w); err != nil {
@@ -146,7 +171,15 @@ func nonNegative(name string, v float64) error {
 func LoadAware(config Overrides) Overrides {
 	zero, no, yes := 0.0, false, true
 	config.OverlapCredit = &zero
+	config.CacheAffinity = &zero
 	config.AssumeKVReuse = &no
 	config.TrackPrefillTokens = &yes
 	return config
+}
+
+// DynamoDefaults is the config layer that reproduces Dynamo's KV router:
+// kvrouter's defaults without the cache affinity term.
+func DynamoDefaults() Overrides {
+	zero := 0.0
+	return Overrides{CacheAffinity: &zero}
 }

@@ -23,7 +23,11 @@ func TestWorkedExample(t *testing.T) {
 		{Worker: worker(2), OverlapBlocks: 5, PotentialDecodeBlocks: 5},
 		{Worker: worker(3), OverlapBlocks: 8, PotentialDecodeBlocks: 9},
 	}
-	req := &Request{ISL: 10 * bs, BlockSize: bs, Params: DefaultParams()}
+	dynamo, _, err := Resolve(DynamoDefaults(), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{ISL: 10 * bs, BlockSize: bs, Params: dynamo}
 	for i, want := range []float64{18, 10, 11} {
 		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
 			t.Errorf("cost(worker %d) = %v, want %v", i+1, got, want)
@@ -42,6 +46,17 @@ func TestWorkedExample(t *testing.T) {
 		if c.Worker != worker(2) || c.Index != 1 || c.Via != ViaPolicy {
 			t.Fatalf("chose %+v, want worker 2", c)
 		}
+	}
+	// kvrouter's cache affinity (5) credits 10, 25 and 40 more: the worker
+	// caching most of the prompt wins instead.
+	req.Params = DefaultParams()
+	for i, want := range []float64{8, -15, -29} {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
+		}
+	}
+	if c, err := s.Select(req, cands, rng); err != nil || c.Worker != worker(3) {
+		t.Fatalf("with affinity chose %+v (%v), want worker 3", c, err)
 	}
 }
 
@@ -62,8 +77,14 @@ func TestCost(t *testing.T) {
 		{"legacy 0 zeroes scale and credit", Overrides{LegacyOverlapWeight: f(0)}, 7.5},
 		{"legacy 2 scales, keeps credit", Overrides{LegacyOverlapWeight: f(2)}, 2*6 + 7.5},
 		{"legacy beats scale", Overrides{PrefillLoadScale: f(5), LegacyOverlapWeight: f(2)}, 2*6 + 7.5},
+		{"affinity 2 is not clamped", Overrides{CacheAffinity: f(2)}, 6 + 7.5 - 2*4},
+		{"affinity scales with the prefill", Overrides{CacheAffinity: f(2), PrefillLoadScale: f(3)}, 3*(6-2*4) + 7.5},
+		{"affinity needs a credit", Overrides{CacheAffinity: f(5), OverlapCredit: f(0)}, 10 + 7.5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.cfg.CacheAffinity == nil {
+				tc.cfg.CacheAffinity = f(0) // Dynamo's formula
+			}
 			p, _, err := Resolve(tc.cfg, Overrides{})
 			if err != nil {
 				t.Fatal(err)
@@ -82,7 +103,8 @@ func TestCost(t *testing.T) {
 	})
 	t.Run("credit beyond the prompt clamps at 0", func(t *testing.T) {
 		c := Candidate{OverlapBlocks: 50, PotentialDecodeBlocks: 3}
-		if got := DefaultParams().Cost(&c, 160, 16); got != 3 {
+		p, _, _ := Resolve(DynamoDefaults(), Overrides{})
+		if got := p.Cost(&c, 160, 16); got != 3 {
 			t.Errorf("cost = %v, want 3", got)
 		}
 	})
@@ -140,6 +162,7 @@ func TestResolveRejects(t *testing.T) {
 		{"negative credit", Overrides{}, Overrides{OverlapCredit: f(-0.1)}},
 		{"NaN credit", Overrides{OverlapCredit: f(math.NaN())}, Overrides{}},
 		{"negative scale", Overrides{PrefillLoadScale: f(-1)}, Overrides{}},
+		{"negative affinity", Overrides{}, Overrides{CacheAffinity: f(-1)}},
 		{"infinite legacy", Overrides{}, Overrides{LegacyOverlapWeight: f(math.Inf(1))}},
 		{"negative legacy", Overrides{LegacyOverlapWeight: f(-2)}, Overrides{}},
 		{"NaN temperature", Overrides{}, Overrides{Temperature: f(math.NaN())}},
@@ -159,7 +182,7 @@ func TestLoadAware(t *testing.T) {
 	if err != nil || warn != "" {
 		t.Fatalf("Resolve: %v %q", err, warn)
 	}
-	want := Params{OverlapCredit: 0, PrefillLoadScale: 2.5, AssumeKVReuse: false, TrackPrefillTokens: true}
+	want := Params{OverlapCredit: 0, PrefillLoadScale: 2.5, CacheAffinity: 0, AssumeKVReuse: false, TrackPrefillTokens: true}
 	if p != want {
 		t.Errorf("params = %+v, want %+v", p, want)
 	}

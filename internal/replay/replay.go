@@ -40,11 +40,11 @@ import (
 // Config is one replay; the comments name the flags of `kvrouter bench
 // replay`.
 type Config struct {
-	Modes          []sched.Mode // --modes
-	Workers        int          // --workers: engines of each fleet
-	Speedup        float64      // --speedup: engines' speedup ratio
-	ArrivalSpeedup float64      // --arrival-speedup: divides the workload's arrival times
-	Seed           uint64       // --seed: the router's tie-breaks
+	Modes          []string // --modes: router modes, or DynamoKV
+	Workers        int      // --workers: engines of each fleet
+	Speedup        float64  // --speedup: engines' speedup ratio
+	ArrivalSpeedup float64  // --arrival-speedup: divides the workload's arrival times
+	Seed           uint64   // --seed: the router's tie-breaks
 	// Target drives this OpenAI-compatible endpoint (--target) instead of
 	// spawned fleets; Modes is then ignored and the run is named "target".
 	Target string
@@ -62,18 +62,48 @@ type Config struct {
 	Progress io.Writer
 }
 
+// DefaultKVBlocks is the engines' KV capacity in a replay: 131,072 blocks
+// of 16 tokens, 2M tokens, what an 8B model with an FP8 KV cache holds on
+// a 141 GB GPU. It matters: the Mooncake conversation trace returns to a
+// conversation about 100 s later (median), and with vLLM's default-sized
+// cache (16,384 blocks) every engine has evicted it by then, whatever the
+// router did; the comparison would measure the cache size, not routing.
+const DefaultKVBlocks = 131072
+
 // DefaultConfig replays on 8 engines at speedup 1.
 func DefaultConfig() Config {
+	f := fleet.DefaultConfig()
+	f.Engine.NumGPUBlocks = DefaultKVBlocks
 	return Config{
-		Modes:                 []sched.Mode{sched.ModeKV, sched.ModeRoundRobin},
+		Modes:                 []string{string(sched.ModeKV), string(sched.ModeRoundRobin)},
 		Workers:               8,
 		Speedup:               1,
 		ArrivalSpeedup:        1,
 		Seed:                  1,
-		Fleet:                 fleet.DefaultConfig(),
+		Fleet:                 f,
 		Router:                router.DefaultConfig(),
 		EngineMetricsInterval: 50 * time.Millisecond,
 	}
+}
+
+// DynamoKV names kv mode with Dynamo's cost function (no cache affinity),
+// so that kvrouter's kv mode is compared with the router it reimplements.
+const DynamoKV = "dynamo-kv"
+
+// ParseMode reads a mode of --modes: a router mode, or DynamoKV. Direct
+// mode needs requests that name their worker, which a replay cannot give.
+func ParseMode(s string) (sched.Mode, error) {
+	if strings.TrimSpace(s) == DynamoKV {
+		return sched.ModeKV, nil
+	}
+	m, err := sched.ParseMode(s)
+	if err != nil {
+		return "", fmt.Errorf("%w, or %s", err, DynamoKV)
+	}
+	if m == sched.ModeDirect {
+		return "", errors.New("mode direct needs requests that name their worker; a replay cannot use it")
+	}
+	return m, nil
 }
 
 // Record is what one request experienced, times in model milliseconds.
@@ -118,7 +148,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 		if err != nil {
 			return nil, fmt.Errorf("mode %s: %w", mode, err)
 		}
-		res.add(string(mode), summarise(recs, dur, res.Config.CeilingHitRate, names), recs)
+		res.add(mode, summarise(recs, dur, res.Config.CeilingHitRate, names), recs)
 	}
 	return res, nil
 }
@@ -178,7 +208,11 @@ func probeTarget(ctx context.Context, target, model string) (string, error) {
 
 // runMode starts a fresh fleet and a frontend in mode, replays reqs
 // through it and stops both.
-func runMode(ctx context.Context, cfg *Config, mode sched.Mode, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, error) {
+func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, error) {
+	mode, err := ParseMode(name)
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	fcfg := cfg.Fleet
 	fcfg.NumWorkers, fcfg.SpeedupRatio = cfg.Workers, cfg.Speedup
 	fcfg.Host, fcfg.HTTPPort, fcfg.KVEventsPort, fcfg.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
@@ -204,6 +238,9 @@ func runMode(ctx context.Context, cfg *Config, mode sched.Mode, nth, of int, req
 	rcfg := cfg.Router
 	rcfg.Mode, rcfg.BlockSize = mode, fcfg.Engine.BlockSize
 	rcfg.Rand = newLockedRand(cfg.Seed)
+	if name == DynamoKV {
+		rcfg.Routing.CacheAffinity = sched.DynamoDefaults().CacheAffinity
+	}
 	if mode != sched.ModeKV {
 		// The admission queue is kvrouter's; the policies compared with it
 		// dispatch at once, as the routers they stand for do.
@@ -225,7 +262,7 @@ func runMode(ctx context.Context, cfg *Config, mode sched.Mode, nth, of int, req
 	}
 	run := *cfg
 	run.Model = fcfg.Server.Model
-	recs, dur, err := drive(ctx, &run, string(mode), nth, of, "http://"+s.Addr(), reqs)
+	recs, dur, err := drive(ctx, &run, name, nth, of, "http://"+s.Addr(), reqs)
 	for i := range recs {
 		if id, err := strconv.ParseUint(recs[i].Worker, 10, 64); err == nil && names[id] != "" {
 			recs[i].Worker = names[id]

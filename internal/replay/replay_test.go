@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvrouter/kvrouter/core/sched"
 	"github.com/kvrouter/kvrouter/internal/workload"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -97,7 +96,7 @@ func TestReplayModesEndToEnd(t *testing.T) {
 		t.Skip("starts fleets")
 	}
 	cfg := smallConfig()
-	cfg.Modes = []sched.Mode{sched.ModeKV, sched.ModeRoundRobin, sched.ModeLLMDPrecise, sched.ModeSGLangCacheAware, sched.ModeGIEApproxPrefix}
+	cfg.Modes = []string{"kv", DynamoKV, "round-robin", "llm-d-precise", "sglang-cache-aware", "gie-approx-prefix"}
 	reqs := sharedPrefixWorkload(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -92,9 +92,7 @@ func (c *Config) describe(n int) RunConfig {
 	if rc.Model == "" {
 		rc.Model = c.Fleet.Server.Model
 	}
-	for _, m := range c.Modes {
-		rc.Modes = append(rc.Modes, string(m))
-	}
+	rc.Modes = append(rc.Modes, c.Modes...)
 	if c.Target != "" {
 		rc.Modes, rc.Workers = []string{"target"}, 0
 	}

@@ -241,7 +241,10 @@ func (s *Server) liveWorkers() []frontend.Worker {
 // answers, and leaves it, with all its blocks and load, after two failed
 // probes in a row.
 func (s *Server) supervise(ctx context.Context, w *supervised) {
-	client := &http.Client{Timeout: s.cfg.HealthInterval}
+	// A busy engine can be slow to answer while it is perfectly healthy,
+	// and dropping it would throw away its whole cache; a dead one refuses
+	// the connection at once, so a lenient timeout costs no detection time.
+	client := &http.Client{Timeout: max(3*s.cfg.HealthInterval, 5*time.Second)}
 	failures := 0
 	for {
 		healthy := probe(ctx, client, w.spec.URL)

@@ -61,6 +61,7 @@
 //	(which wins); each knob under any of its names:
 //	  overlap credit:     overlap_score_credit, kv_overlap_score_credit, router_kv_overlap_score_credit
 //	  prefill load scale: prefill_load_scale, router_prefill_load_scale
+//	  cache affinity:     cache_affinity, router_cache_affinity (kvrouter's own)
 //	  legacy weight:      overlap_score_weight, kv_overlap_score_weight, router_kv_overlap_score_weight
 //	  temperature:        router_temperature
 //	  reuse assumption:   assume_kv_reuse, router_assume_kv_reuse

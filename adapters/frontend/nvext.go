@@ -20,6 +20,8 @@ type overrideFields struct {
 	RouterKVOverlapScoreCredit *float64 `json:"router_kv_overlap_score_credit"`
 	PrefillLoadScale           *float64 `json:"prefill_load_scale"`
 	RouterPrefillLoadScale     *float64 `json:"router_prefill_load_scale"`
+	CacheAffinity              *float64 `json:"cache_affinity"`
+	RouterCacheAffinity        *float64 `json:"router_cache_affinity"`
 	OverlapScoreWeight         *float64 `json:"overlap_score_weight"`
 	KVOverlapScoreWeight       *float64 `json:"kv_overlap_score_weight"`
 	RouterKVOverlapScoreWeight *float64 `json:"router_kv_overlap_score_weight"`
@@ -49,6 +51,9 @@ func (o *overrideFields) apply(out *sched.Overrides) {
 	}
 	if v := first(o.PrefillLoadScale, o.RouterPrefillLoadScale); v != nil {
 		out.PrefillLoadScale = v
+	}
+	if v := first(o.CacheAffinity, o.RouterCacheAffinity); v != nil {
+		out.CacheAffinity = v
 	}
 	if v := first(o.OverlapScoreWeight, o.KVOverlapScoreWeight, o.RouterKVOverlapScoreWeight); v != nil {
 		out.LegacyOverlapWeight = v

@@ -35,7 +35,7 @@ type Params struct {
 // (docs/benchmarks.md): it keeps conversations on the worker caching them,
 // for a prefix-cache hit rate near the infinite-cache ceiling, while the
 // load terms still move requests off a worker whose backlog outweighs it.
-const DefaultCacheAffinity = 5
+const DefaultCacheAffinity = 7
 
 // DefaultParams are the values a router started without flags uses.
 func DefaultParams() Params {

@@ -47,10 +47,10 @@ func TestWorkedExample(t *testing.T) {
 			t.Fatalf("chose %+v, want worker 2", c)
 		}
 	}
-	// kvrouter's cache affinity (5) credits 10, 25 and 40 more: the worker
+	// kvrouter's cache affinity (7) credits 14, 35 and 56 more: the worker
 	// caching most of the prompt wins instead.
 	req.Params = DefaultParams()
-	for i, want := range []float64{8, -15, -29} {
+	for i, want := range []float64{4, -25, -45} {
 		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
 			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
 		}

@@ -15,6 +15,7 @@ package replay
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -293,7 +294,7 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, url strin
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpDur(reqs[a].At, reqs[b].At) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
 	for _, i := range order {
 		at := start.Add(time.Duration(float64(reqs[i].At) / scale))
 		if d := time.Until(at); d > 0 {
@@ -328,16 +329,6 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, url strin
 		end = max(end, recs[i].SentMS+recs[i].E2EMS)
 	}
 	return recs, time.Duration(end * 1e6), nil
-}
-
-func cmpDur(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // requestBody is a streamed token-id completion asking kvrouter's frontend

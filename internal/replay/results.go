@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -190,7 +191,7 @@ func peakActive(recs []Record) map[string]int {
 		// another starts never overlaps it.
 		slices.SortFunc(es, func(a, b edge) int {
 			if a.at != b.at {
-				return cmpF(a.at, b.at)
+				return cmp.Compare(a.at, b.at)
 			}
 			return a.delta - b.delta
 		})
@@ -204,16 +205,6 @@ func peakActive(recs []Record) map[string]int {
 	return out
 }
 
-func cmpF(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // CeilingHitRate is the prefix-cache hit rate of one infinite cache that
 // sees every request in arrival order, counted as vLLM counts hits: the
 // leading full blocks already seen, and never the prompt's last token
@@ -223,7 +214,7 @@ func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpDur(reqs[a].At, reqs[b].At) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
 	seen := map[uint64]struct{}{}
 	h := blockhash.New(blockSize, "")
 	var local, seq []uint64

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -268,4 +269,31 @@ func mustParseB(b *testing.B) *Trace {
 		b.Fatal(err)
 	}
 	return tr
+}
+
+func TestParseSkippingReportsAndSkipsBadLines(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [1]}
+not json
+{"timestamp": 2, "input_length": 10, "output_length": 1, "hash_ids": [3]}
+`
+	var bad []int
+	tr, err := ParseSkipping(strings.NewReader(in), func(line int, err error) {
+		if !errors.Is(err, ErrBadLine) || !strings.Contains(err.Error(), fmt.Sprintf("line %d", line)) {
+			t.Errorf("line %d: error %v does not name it", line, err)
+		}
+		bad = append(bad, line)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != 2 || tr.Requests[1].Timestamp != 2 {
+		t.Fatalf("kept %+v", tr.Requests)
+	}
+	if !slices.Equal(bad, []int{2, 3}) {
+		t.Fatalf("reported lines %v, want [2 3]", bad)
+	}
+	if _, err := Parse(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("strict parse: %v", err)
+	}
 }

@@ -47,10 +47,11 @@ func TestWorkedExample(t *testing.T) {
 			t.Fatalf("chose %+v, want worker 2", c)
 		}
 	}
-	// kvrouter's cache affinity (7) credits 14, 35 and 56 more: the worker
-	// caching most of the prompt wins instead.
+	// kvrouter's defaults (affinity 7, prefill scale 3) make the prefill
+	// terms 3 × (8 − 14), 3 × (5 − 35), 3 × (2 − 56): the worker caching
+	// most of the prompt wins instead.
 	req.Params = DefaultParams()
-	for i, want := range []float64{4, -25, -45} {
+	for i, want := range []float64{-18 + 10, -90 + 5, -162 + 9} {
 		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
 			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
 		}
@@ -85,6 +86,9 @@ func TestCost(t *testing.T) {
 			if tc.cfg.CacheAffinity == nil {
 				tc.cfg.CacheAffinity = f(0) // Dynamo's formula
 			}
+			if tc.cfg.PrefillLoadScale == nil {
+				tc.cfg.PrefillLoadScale = f(1)
+			}
 			p, _, err := Resolve(tc.cfg, Overrides{})
 			if err != nil {
 				t.Fatal(err)
@@ -97,7 +101,7 @@ func TestCost(t *testing.T) {
 
 	t.Run("prefill is not rounded to blocks", func(t *testing.T) {
 		c := Candidate{ActivePrefillTokens: 7}
-		if got := DefaultParams().Cost(&c, 1, 16); got != 0.5 {
+		if got := DefaultParams().Cost(&c, 1, 16); got != 0.5*DefaultPrefillLoadScale {
 			t.Errorf("cost = %v, want 0.5", got)
 		}
 	})

@@ -87,8 +87,9 @@ func DefaultConfig() Config {
 	}
 }
 
-// DynamoKV names kv mode with Dynamo's cost function (no cache affinity),
-// so that kvrouter's kv mode is compared with the router it reimplements.
+// DynamoKV names kv mode with Dynamo's cost function (no cache affinity,
+// prefill load scale 1), so that kvrouter's kv mode is compared with the
+// router it reimplements.
 const DynamoKV = "dynamo-kv"
 
 // ParseMode reads a mode of --modes: a router mode, or DynamoKV. Direct
@@ -240,7 +241,8 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	rcfg.Mode, rcfg.BlockSize = mode, fcfg.Engine.BlockSize
 	rcfg.Rand = newLockedRand(cfg.Seed)
 	if name == DynamoKV {
-		rcfg.Routing.CacheAffinity = sched.DynamoDefaults().CacheAffinity
+		d := sched.DynamoDefaults()
+		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
 	}
 	if mode != sched.ModeKV {
 		// The admission queue is kvrouter's; the policies compared with it

@@ -58,14 +58,7 @@ server; Ctrl-C stops everything. It takes serve's router flags (e.g.
 				return err
 			}
 			defer engines.Close()
-			var workers []serve.WorkerSpec
-			for i, e := range engines.Engines() {
-				workers = append(workers, serve.WorkerSpec{
-					ID: uint64(i + 1), Name: e.Name, URL: e.HTTPURL, Model: mock.Server.Model, DPSize: len(e.Ranks),
-					Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay,
-					KVBlocks: mock.Engine.NumGPUBlocks, MaxBatchedTokens: mock.Engine.MaxNumBatchedTokens,
-				})
-			}
+			workers := serve.FleetWorkers(engines, mock)
 			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Addr: net.JoinHostPort(host, strconv.Itoa(port)), HealthInterval: time.Second, Logger: log})
 			if err != nil {
 				return err

@@ -155,7 +155,7 @@ func RunMocker(ctx context.Context, cfg MockerConfig, progress io.Writer) (Mocke
 		LagResets: after.LagResets - before.LagResets,
 		Requests:  int(requests.Load()), Errors: int(failures.Load()),
 		TokensPerSec:  float64(tokens.Load()) / elapsed.Seconds(),
-		ClientTTFTp50: percentile(ttfts, 50),
+		ClientTTFTp50: Percentile(ttfts, 50),
 		Workers:       cfg.Workers, Speedup: cfg.Speedup, Concurrency: cfg.Concurrency, DurationSecond: elapsed.Seconds(),
 	}
 	if model > 0 {

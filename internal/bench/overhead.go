@@ -79,12 +79,10 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 		return OverheadResult{}, err
 	}
 	defer f.Close()
-	var workers []serve.WorkerSpec
+	workers := serve.FleetWorkers(f, fcfg)
 	var direct []string
-	for i, e := range f.Engines() {
-		direct = append(direct, e.HTTPURL)
-		workers = append(workers, serve.WorkerSpec{ID: uint64(i + 1), URL: e.HTTPURL, Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay,
-			Model: fcfg.Server.Model, KVBlocks: fcfg.Engine.NumGPUBlocks, MaxBatchedTokens: fcfg.Engine.MaxNumBatchedTokens})
+	for _, w := range workers {
+		direct = append(direct, w.URL)
 	}
 	rcfg := router.DefaultConfig()
 	rcfg.QueueThreshold = nil // measure the path, not admission control
@@ -188,9 +186,9 @@ func loadPhase(ctx context.Context, targets []string, model string, isl, osl, co
 	defer mu.Unlock()
 	p := Phase{
 		Requests: len(ttfts), Errors: int(errs.Load()), RequestsPS: float64(len(ttfts)) / elapsed.Seconds(),
-		TTFTmeanMs: mean(ttfts), TTFTp50ms: percentile(ttfts, 50), TTFTp99ms: percentile(ttfts, 99),
-		E2Ep50ms: percentile(e2es, 50), E2Ep99ms: percentile(e2es, 99), DurationSec: elapsed.Seconds(),
-		FrontendP50ms: percentile(held, 50), FrontendP99ms: percentile(held, 99),
+		TTFTmeanMs: Mean(ttfts), TTFTp50ms: Percentile(ttfts, 50), TTFTp99ms: Percentile(ttfts, 99),
+		E2Ep50ms: Percentile(e2es, 50), E2Ep99ms: Percentile(e2es, 99), DurationSec: elapsed.Seconds(),
+		FrontendP50ms: Percentile(held, 50), FrontendP99ms: Percentile(held, 99),
 	}
 	if p.Requests == 0 {
 		if err, ok := firstErr.Load().(error); ok {

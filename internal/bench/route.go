@@ -154,8 +154,8 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	}
 	wall := time.Since(start)
 	res := RouteResult{
-		RouteP50us: percentile(total, 50), RouteP99us: percentile(total, 99), RouteMeanus: mean(total),
-		HashP50us: percentile(hash, 50), FindP50us: percentile(find, 50), ScheduleP50us: percentile(schedule, 50),
+		RouteP50us: Percentile(total, 50), RouteP99us: Percentile(total, 99), RouteMeanus: Mean(total),
+		HashP50us: Percentile(hash, 50), FindP50us: Percentile(find, 50), ScheduleP50us: Percentile(schedule, 50),
 		DecisionsPerS: float64(cfg.InFlight+cfg.Iterations) / wall.Seconds(),
 		HitRate:       float64(overlap) / float64(max(1, blocks)),
 		IndexedPairs:  r.Stats().IndexedPairs,
@@ -174,8 +174,8 @@ func randomTokens(rng *rand.Rand, n int) []uint32 {
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
-// percentile sorts xs in place and returns the p-th percentile (nearest rank).
-func percentile(xs []float64, p float64) float64 {
+// Percentile sorts xs in place and returns the p-th percentile (nearest rank).
+func Percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
@@ -184,7 +184,8 @@ func percentile(xs []float64, p float64) float64 {
 	return xs[min(max(i, 0), len(xs)-1)]
 }
 
-func mean(xs []float64) float64 {
+// Mean is the arithmetic mean of xs, 0 for none.
+func Mean(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}

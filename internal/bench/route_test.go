@@ -24,13 +24,13 @@ func TestRunRouteSmall(t *testing.T) {
 
 func TestPercentile(t *testing.T) {
 	xs := []float64{5, 1, 4, 2, 3}
-	if p := percentile(xs, 50); p != 3 {
+	if p := Percentile(xs, 50); p != 3 {
 		t.Fatalf("p50 = %v", p)
 	}
-	if p := percentile(xs, 100); p != 5 {
+	if p := Percentile(xs, 100); p != 5 {
 		t.Fatalf("p100 = %v", p)
 	}
-	if percentile(nil, 50) != 0 {
+	if Percentile(nil, 50) != 0 {
 		t.Fatal("empty")
 	}
 }

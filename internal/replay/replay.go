@@ -226,16 +226,10 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 		return nil, 0, nil, err
 	}
 	defer engines.Close()
+	workers := serve.FleetWorkers(engines, fcfg)
 	names := map[uint64]string{}
-	var workers []serve.WorkerSpec
-	for i, e := range engines.Engines() {
-		id := uint64(i + 1)
-		names[id] = e.Name
-		workers = append(workers, serve.WorkerSpec{
-			ID: id, Name: e.Name, URL: e.HTTPURL, Model: fcfg.Server.Model, DPSize: len(e.Ranks),
-			Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay,
-			KVBlocks: fcfg.Engine.NumGPUBlocks, MaxBatchedTokens: fcfg.Engine.MaxNumBatchedTokens,
-		})
+	for _, w := range workers {
+		names[w.ID] = w.Name
 	}
 	rcfg := cfg.Router
 	rcfg.Mode, rcfg.BlockSize = mode, fcfg.Engine.BlockSize

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/internal/bench"
 	"github.com/kvrouter/kvrouter/internal/workload"
 )
 
@@ -150,25 +150,8 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 }
 
 func dist(xs []float64) Dist {
-	if len(xs) == 0 {
-		return Dist{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	var sum float64
-	for _, x := range s {
-		sum += x
-	}
-	return Dist{Mean: sum / float64(len(s)), P50: quantile(s, 0.5), P90: quantile(s, 0.9), P99: quantile(s, 0.99)}
-}
-
-// quantile of sorted s, nearest rank.
-func quantile(s []float64, q float64) float64 {
-	if len(s) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
+	s := slices.Clone(xs) // Percentile sorts in place; records keep their order
+	return Dist{Mean: bench.Mean(s), P50: bench.Percentile(s, 50), P90: bench.Percentile(s, 90), P99: bench.Percentile(s, 99)}
 }
 
 // peakActive is, per worker, the most requests it had in flight at once.

@@ -62,6 +62,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -526,4 +528,18 @@ func (s *Source) wakeLocked() {
 		close(s.changed)
 		s.changed = nil
 	}
+}
+
+// RankEndpoint returns a rank's endpoint: rank 0's with its port moved up
+// by rank, as vLLM numbers the KV-event and replay sockets of dp ranks.
+func RankEndpoint(endpoint string, rank int) (string, error) {
+	if endpoint == "" || rank == 0 {
+		return endpoint, nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if i < 0 || err != nil {
+		return "", fmt.Errorf("enginesource: endpoint %q has no port to number ranks from", endpoint)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
 }

@@ -80,19 +80,6 @@ type supervised struct {
 	sources []*enginesource.Source
 }
 
-// rankEndpoint returns endpoint with its port moved up by rank.
-func rankEndpoint(endpoint string, rank int) (string, error) {
-	if endpoint == "" || rank == 0 {
-		return endpoint, nil
-	}
-	i := strings.LastIndexByte(endpoint, ':')
-	port, err := strconv.Atoi(endpoint[i+1:])
-	if i < 0 || err != nil {
-		return "", fmt.Errorf("serve: endpoint %q has no port to number ranks from", endpoint)
-	}
-	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
-}
-
 func (w *WorkerSpec) validate() error {
 	if w.URL == "" {
 		return fmt.Errorf("serve: worker %q has no url", w.Name)
@@ -106,7 +93,7 @@ func (w *WorkerSpec) validate() error {
 	if w.Name == "" {
 		w.Name = "worker-" + strconv.FormatUint(w.ID, 10)
 	}
-	_, err := rankEndpoint(w.Events, w.DPSize-1)
+	_, err := enginesource.RankEndpoint(w.Events, w.DPSize-1)
 	return err
 }
 
@@ -290,8 +277,8 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 	var sources []*enginesource.Source
 	if spec.Events != "" {
 		for rank := range spec.DPSize {
-			events, _ := rankEndpoint(spec.Events, rank)
-			replay, err := rankEndpoint(spec.Replay, rank)
+			events, _ := enginesource.RankEndpoint(spec.Events, rank)
+			replay, err := enginesource.RankEndpoint(spec.Replay, rank)
 			if err != nil {
 				return err
 			}

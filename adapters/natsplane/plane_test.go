@@ -1,0 +1,328 @@
+package natsplane
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// eventually polls cond until it holds or the deadline passes: the plane is
+// asynchronous, so tests wait for a state, never for a fixed time.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func startServer(t *testing.T) *Embedded {
+	t.Helper()
+	srv, err := StartEmbedded(EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := Connect(url, t.Name(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func newRouter(t *testing.T, workers ...uint64) *router.Router {
+	t.Helper()
+	r, err := router.New(router.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workers {
+		r.AddWorker(router.WorkerInfo{ID: w, DPSize: 1})
+	}
+	return r
+}
+
+// canonical orders a dump by worker rank, keeping each rank's own order:
+// an index dump is deterministic per rank, but ranks come in shard order.
+func canonical(events []kv.Event) []string {
+	type line struct {
+		w   kv.Worker
+		i   int
+		txt string
+	}
+	lines := make([]line, 0, len(events))
+	for i, ev := range events {
+		ev.EventID = 0
+		b, _ := json.Marshal(ev)
+		lines = append(lines, line{ev.Worker, i, string(b)})
+	}
+	slices.SortStableFunc(lines, func(a, b line) int {
+		return cmp.Or(cmp.Compare(a.w.ID, b.w.ID), cmp.Compare(a.w.DPRank, b.w.DPRank))
+	})
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = l.txt
+	}
+	return out
+}
+
+// truth is every worker's own account of its blocks.
+func truth(pubs ...*Publisher) []string {
+	var all []kv.Event
+	for _, p := range pubs {
+		for _, rank := range p.log.Ranks() {
+			evs, _ := p.Dump(rank)
+			all = append(all, evs...)
+		}
+	}
+	return canonical(all)
+}
+
+// workload produces a worker's KV events: chains stored under random known
+// blocks (or the root), removals of random blocks, now and then a clear.
+type workload struct {
+	worker uint64
+	rng    *rand.Rand
+	held   []uint64
+	next   uint64
+}
+
+func newWorkload(worker uint64, seed uint64) *workload {
+	return &workload{worker: worker, rng: rand.New(rand.NewPCG(seed, worker)), next: worker << 32}
+}
+
+func (g *workload) event() kv.Event {
+	w := kv.Worker{ID: g.worker}
+	switch p := g.rng.IntN(100); {
+	case p < 25 && len(g.held) > 0:
+		i := g.rng.IntN(len(g.held))
+		h := g.held[i]
+		g.held = slices.Delete(g.held, i, i+1)
+		return kv.RemovedEvent(w, 0, h)
+	case p == 99:
+		g.held = g.held[:0]
+		return kv.ClearedEvent(w, 0)
+	}
+	var parent *uint64
+	if len(g.held) > 0 && g.rng.IntN(3) > 0 {
+		parent = kv.Ptr(g.held[g.rng.IntN(len(g.held))])
+	}
+	blocks := make([]kv.Block, 1+g.rng.IntN(8))
+	for i := range blocks {
+		g.next++
+		blocks[i] = kv.Block{EngineHash: g.next, LocalHash: uint64(g.rng.IntN(50))}
+		g.held = append(g.held, g.next)
+	}
+	return kv.StoredEvent(w, 0, parent, blocks...)
+}
+
+type lossy struct {
+	mu  sync.Mutex
+	rng *rand.Rand
+	pct int
+	// from..to (1-based publish counts) are all lost, for ring overflows.
+	n, from, to int
+}
+
+func (l *lossy) lose() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if l.n >= l.from && l.n <= l.to {
+		return true
+	}
+	return l.rng.IntN(100) < l.pct
+}
+
+func publishAll(t *testing.T, pubs []*Publisher, n int) {
+	t.Helper()
+	for i, p := range pubs {
+		g := newWorkload(p.cfg.Worker, uint64(i)+1)
+		for range n {
+			_ = p.Publish(g.event()) // a removal of a block the index dropped is refused, as by an engine
+		}
+	}
+}
+
+func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
+	tests := []struct {
+		name      string
+		lossPct   int
+		burstFrom int
+		burstTo   int
+		wantDumps bool
+	}{
+		{name: "10% of events lost", lossPct: 10},
+		{name: "a loss longer than the ring", burstFrom: 200, burstTo: 200 + 1500, wantDumps: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startServer(t)
+			ids := []uint64{11, 12, 13, 14}
+			r := newRouter(t, ids...)
+			sub, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "r1", Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sub.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(sub.Close)
+			var pubs []*Publisher
+			for _, id := range ids {
+				loss := &lossy{rng: rand.New(rand.NewPCG(id, 7)), pct: tc.lossPct, from: tc.burstFrom, to: tc.burstTo}
+				p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id, Loss: loss.lose})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pubs = append(pubs, p)
+				sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
+			}
+			publishAll(t, pubs, 3000)
+			var lost uint64
+			for _, p := range pubs {
+				lost += p.Stats().Lost
+			}
+			if lost == 0 {
+				t.Fatal("the test lost nothing")
+			}
+			want := truth(pubs...)
+			// Losses at the very end are only revealed by load reports.
+			eventually(t, 20*time.Second, "router index equals the workers' blocks", func() bool {
+				for _, p := range pubs {
+					_ = p.PublishLoad(LoadReport{})
+				}
+				return slices.Equal(canonical(r.DumpEvents()), want)
+			})
+			st := sub.Stats()
+			if st.Gaps == 0 || st.RecoveryFailures != 0 {
+				t.Fatalf("stats %+v: want gaps and no failed recovery", st)
+			}
+			if tc.wantDumps && st.Dumps <= uint64(len(ids)) {
+				t.Fatalf("ring overflow not recovered by dump: %+v", st)
+			}
+			if !tc.wantDumps && st.RangesRecovered == 0 {
+				t.Fatalf("no range recovery: %+v", st)
+			}
+			t.Logf("lost %d of %d; %+v", lost, 4*3000, st)
+		})
+	}
+}
+
+func TestCorePlaneNewRouterDumpsEveryWorker(t *testing.T) {
+	srv := startServer(t)
+	ids := []uint64{21, 22}
+	var pubs []*Publisher
+	for _, id := range ids {
+		p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	publishAll(t, pubs, 500) // nobody listens yet
+	r := newRouter(t, ids...)
+	sub, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "late"}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
+	}
+	if err := sub.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	want := truth(pubs...)
+	eventually(t, 10*time.Second, "dumped state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
+	publishAll(t, pubs, 200) // and live events follow on
+	want = truth(pubs...)
+	eventually(t, 10*time.Second, "live state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
+}
+
+func TestMalformedMessagesAreCountedAndSkipped(t *testing.T) {
+	srv := startServer(t)
+	r := newRouter(t, 31)
+	nc := connect(t, srv.URL())
+	sub, err := NewSubscriber(nc, SubscriberConfig{RouterID: "r"}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.WorkerAdded(Instance{WorkerID: 31, URL: "http://x", DPSize: 1})
+	if err := sub.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	names := Names{}.orDefault()
+	for _, junk := range []string{"", "{", `{"worker_id":31,"event":{"event_id":1,"data":"exploded"}}`, "\x00\xff"} {
+		if err := nc.Publish(names.KVEvents(), []byte(junk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Publish(names.KVMetrics(), []byte("not json"))
+	p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: 31})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, []*Publisher{p}, 50)
+	want := truth(p)
+	eventually(t, 10*time.Second, "junk skipped, good events applied", func() bool {
+		return sub.Stats().Malformed == 5 && slices.Equal(canonical(r.DumpEvents()), want)
+	})
+}
+
+func TestDumpCodecRoundTripAndCorruption(t *testing.T) {
+	evs := []kv.Event{
+		kv.StoredEvent(kv.Worker{ID: 1, DPRank: 2}, 0, nil, kv.Block{EngineHash: 5, LocalHash: 6}),
+		kv.StoredEvent(kv.Worker{ID: 1<<63 + 1}, 0, kv.Ptr(5), kv.Block{EngineHash: 7, LocalHash: 8}),
+		kv.RemovedEvent(kv.Worker{ID: 1<<63 + 1}, 0, 5),
+	}
+	b, err := EncodeDump(nil, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []kv.Event
+	if err := DecodeDump(b, func(ev *kv.Event) error {
+		c := *ev
+		c.Stored.Blocks = slices.Clone(ev.Stored.Blocks)
+		c.Removed.EngineHashes = slices.Clone(ev.Removed.EngineHashes)
+		if ev.Stored.Parent != nil {
+			c.Stored.Parent = kv.Ptr(*ev.Stored.Parent)
+		}
+		got = append(got, c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(canonical(got), canonical(evs)) {
+		t.Fatalf("round trip: %v", got)
+	}
+	for i, bad := range [][]byte{nil, []byte("KVD0"), b[:len(b)-1], append(slices.Clone(b[:4+12]), append([]byte{7}, b[4+13:4+37]...)...)} {
+		if err := DecodeDump(bad, func(*kv.Event) error { return nil }); err == nil {
+			t.Errorf("corrupt dump %d accepted", i)
+		}
+	}
+	if _, err := EncodeDump(nil, []kv.Event{kv.ClearedEvent(kv.Worker{}, 0)}); err == nil {
+		t.Fatal("non-store event encoded")
+	}
+}

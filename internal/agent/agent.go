@@ -1,0 +1,215 @@
+// Package agent is the sidecar that puts one engine on kvrouter's NATS
+// plane: it registers the engine in discovery under a lease, follows the
+// engine's ZMQ KV events (with replay) and republishes them, numbered, on
+// the event plane, answers routers' recovery requests, and publishes the
+// load the engine reports on /metrics. `kvrouter agent` runs it next to a
+// real vLLM or SGLang; `kvrouter up` runs one per simulated engine.
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// DefaultReportInterval is how often load and the last event ids are
+// published.
+const DefaultReportInterval = time.Second
+
+// Config describes the engine and the plane.
+type Config struct {
+	Names    natsplane.Names
+	Instance natsplane.Instance
+	// Events and Replay are rank 0's ZMQ endpoints; rank r uses port + r.
+	// Empty Events: the engine publishes no KV events.
+	Events, Replay string
+	LeaseTTL       time.Duration
+	ReportInterval time.Duration
+	// MetricsURL is where the engine's /metrics lives; "" = Instance.URL.
+	MetricsURL string
+	// Loss, for tests, drops published events as a lossy wire would.
+	Loss   func() bool
+	Logger *slog.Logger
+}
+
+// Agent is a running sidecar.
+type Agent struct {
+	cfg     Config
+	pub     *natsplane.Publisher
+	reg     *natsplane.Registration
+	sources []*enginesource.Source
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	mu      sync.Mutex // guards samples and sampled
+	samples map[int]enginemetrics.Sample
+	sampled time.Time
+}
+
+// Start registers the engine and starts following it. A fresh incarnation
+// number tells routers that this is a new process even if the engine's
+// details did not change, and every rank's blocks are first cleared.
+func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ReportInterval <= 0 {
+		cfg.ReportInterval = DefaultReportInterval
+	}
+	if cfg.MetricsURL == "" {
+		cfg.MetricsURL = cfg.Instance.URL
+	}
+	in := &cfg.Instance
+	if in.DPSize <= 0 {
+		in.DPSize = 1
+	}
+	if in.BlockSize <= 0 {
+		return nil, errors.New("agent: the engine's block size is required")
+	}
+	if in.Role == "" {
+		in.Role = "both"
+	}
+	in.Incarnation = rand.Uint64()
+	pub, err := natsplane.NewPublisher(nc, natsplane.PublisherConfig{Names: cfg.Names, Worker: in.WorkerID, Loss: cfg.Loss, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, pub: pub}
+	for rank := range in.DPSize {
+		if err := pub.Publish(kv.ClearedEvent(kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, 0)); err != nil {
+			_ = pub.Close()
+			return nil, err
+		}
+	}
+	ctx, a.cancel = context.WithCancel(ctx)
+	if cfg.Events != "" {
+		for rank := range in.DPSize {
+			events, err1 := enginesource.RankEndpoint(cfg.Events, rank)
+			replay, err2 := enginesource.RankEndpoint(cfg.Replay, rank)
+			if err := errors.Join(err1, err2); err != nil {
+				a.Close()
+				return nil, err
+			}
+			src, err := enginesource.Start(ctx, enginesource.Config{
+				Worker: kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, Events: events, Replay: replay, Logger: cfg.Logger,
+			}, a)
+			if err != nil {
+				a.Close()
+				return nil, err
+			}
+			a.sources = append(a.sources, src)
+		}
+	}
+	a.reg, err = natsplane.Register(ctx, nc, cfg.Names, *in, cfg.LeaseTTL, cfg.Logger)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.wg.Add(2)
+	go func() {
+		defer a.wg.Done()
+		p := enginemetrics.Poller{
+			Interval: cfg.ReportInterval,
+			OnSamples: func(_ uint64, s map[int]enginemetrics.Sample) {
+				a.mu.Lock()
+				a.samples, a.sampled = s, time.Now()
+				a.mu.Unlock()
+			},
+			OnError: func(_ uint64, err error) { cfg.Logger.Debug("engine metrics", "err", err) },
+		}
+		p.Run(ctx, []enginemetrics.Target{{ID: in.WorkerID, URL: cfg.MetricsURL}})
+	}()
+	go func() {
+		defer a.wg.Done()
+		a.report(ctx)
+	}()
+	cfg.Logger.Info("agent registered engine", "worker", in.Name, "id", in.WorkerID, "url", in.URL, "ranks", in.DPSize)
+	return a, nil
+}
+
+// report publishes every rank's load and last event id each interval. The
+// ids go out even when /metrics fails: they are how routers notice lost
+// events that nothing newer revealed.
+func (a *Agent) report(ctx context.Context) {
+	t := time.NewTicker(a.cfg.ReportInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		samples, fresh := a.samples, time.Since(a.sampled) < 3*a.cfg.ReportInterval
+		a.mu.Unlock()
+		for rank := range a.cfg.Instance.DPSize {
+			r := natsplane.LoadReport{DPRank: uint32(rank)}
+			if s, ok := samples[rank]; ok && fresh {
+				r.LoadKnown, r.Waiting, r.Running, r.KVUsage = true, s.Waiting, s.Running, s.KVUsage
+			}
+			if err := a.pub.PublishLoad(r); err != nil {
+				a.cfg.Logger.Debug("load report not sent", "err", err)
+			}
+		}
+	}
+}
+
+// ApplyEvent republishes a removed or cleared event (enginesource.Sink).
+func (a *Agent) ApplyEvent(ev *kv.Event) error { return a.pub.Publish(*ev) }
+
+// ApplyEngineStored hashes stored blocks as routers do and republishes
+// them (enginesource.Sink).
+func (a *Agent) ApplyEngineStored(es *router.EngineStored) error {
+	ev, _, err := router.HashEngineStored(es, a.cfg.Instance.BlockSize)
+	if len(ev.Stored.Blocks) > 0 {
+		err = errors.Join(err, a.pub.Publish(ev))
+	}
+	return err
+}
+
+// Publisher is the agent's event publisher, for inspection.
+func (a *Agent) Publisher() *natsplane.Publisher { return a.pub }
+
+// Sources are the engine's event sources, one per rank.
+func (a *Agent) Sources() []*enginesource.Source { return a.sources }
+
+func (a *Agent) stop() {
+	if a.cancel != nil {
+		a.cancel()
+	}
+	a.wg.Wait()
+	for _, s := range a.sources {
+		_ = s.Close()
+	}
+	_ = a.pub.Close()
+}
+
+// Close deregisters the engine (routers drop it at once) and stops.
+func (a *Agent) Close() {
+	a.stop()
+	if a.reg != nil {
+		_ = a.reg.Close()
+	}
+}
+
+// Kill stops without deregistering, as a crash would: routers drop the
+// engine when its lease runs out.
+func (a *Agent) Kill() {
+	a.stop()
+	if a.reg != nil {
+		a.reg.Abandon()
+	}
+}
+
+var _ enginesource.Sink = (*Agent)(nil)

@@ -157,6 +157,10 @@ type Config struct {
 	// and is served on /metrics; nil makes a new one.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+	// Dependencies, optional, reports the state of what the frontend
+	// relies on besides the engines (e.g. "nats": "ok"); any value other
+	// than "ok" makes /health "degraded" while requests are still served.
+	Dependencies func() map[string]string
 }
 
 // Frontend serves the HTTP API. Build it with New.

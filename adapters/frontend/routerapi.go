@@ -210,8 +210,8 @@ type healthWorker struct {
 	Registered bool   `json:"registered"` // known to the router
 }
 
-// health is "ok" (200) with at least one worker, all known to the router;
-// "degraded" (503) with none, or with registry and router out of step.
+// health is "ok" (200) with at least one worker, all known to the router,
+// and every dependency ok; "degraded" (503) otherwise.
 func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 	known := map[uint64]bool{}
 	for _, in := range f.cfg.Router.Workers() {
@@ -229,11 +229,24 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 			status = "degraded"
 		}
 	}
+	body := map[string]any{"workers": out}
+	if f.cfg.Dependencies != nil {
+		deps := f.cfg.Dependencies()
+		for _, v := range deps {
+			if v != "ok" {
+				status = "degraded"
+			}
+		}
+		if deps != nil {
+			body["dependencies"] = deps
+		}
+	}
+	body["status"] = status
 	code := http.StatusOK
 	if status != "ok" {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, map[string]any{"status": status, "workers": out})
+	writeJSON(w, code, body)
 }
 
 func (f *Frontend) listThresholds(w http.ResponseWriter, _ *http.Request) {

@@ -10,7 +10,9 @@ import (
 
 // EmbeddedConfig configures an in-process NATS server.
 type EmbeddedConfig struct {
-	// Port to listen on at 127.0.0.1; 0 picks a free one.
+	// Host to listen on; "" means 127.0.0.1.
+	Host string
+	// Port to listen on; 0 picks a free one.
 	Port int
 	// StoreDir keeps JetStream's streams and buckets; a server restarted on
 	// the same directory finds them again. Required.
@@ -31,13 +33,17 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.StoreDir == "" {
 		return nil, errors.New("natsplane: embedded server needs a store directory")
 	}
+	host := cfg.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
 	port := cfg.Port
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "kvrouter-embedded",
-		Host:       "127.0.0.1",
+		Host:       host,
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,

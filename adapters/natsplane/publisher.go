@@ -44,8 +44,8 @@ type recoveryRequest struct {
 // KVMetrics. LastEventID lets routers notice lost events that no later
 // event revealed.
 type LoadReport struct {
-	WorkerID    uint64  `json:"worker_id"`
-	DPRank      uint32  `json:"dp_rank"`
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
 	// LoadKnown is false when the engine's /metrics could not be read: the
 	// report then only carries LastEventID.
 	LoadKnown   bool    `json:"load_known"`

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,7 +63,7 @@ type SubscriberConfig struct {
 
 // SubscriberStats are the subscriber's counters.
 type SubscriberStats struct {
-	Applied, ApplyErrors, Malformed, Duplicates uint64
+	Applied, ApplyErrors, Malformed, Duplicates    uint64
 	Gaps, RangesRecovered, Dumps, RecoveryFailures uint64
 	Held, HeldDropped                              uint64
 	LoadReports                                    uint64
@@ -486,7 +487,13 @@ func (s *Subscriber) startDurable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	durable := "router-" + s.cfg.RouterID
+	// Consumer names cannot hold dots, which host names often do.
+	durable := "router-" + strings.Map(func(r rune) rune {
+		if r == '.' || r == '*' || r == '>' || r == ' ' || r == '\t' {
+			return '_'
+		}
+		return r
+	}, s.cfg.RouterID)
 	if s.cfg.ResetStates {
 		if err := stream.Purge(ctx); err != nil {
 			return fmt.Errorf("natsplane: reset stream: %w", err)
@@ -613,6 +620,7 @@ func (s *Subscriber) maybeSnapshot(ctx context.Context) {
 	}
 	locks, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: s.cfg.Names.LockBucket(), TTL: snapshotLockTTL})
 	if err != nil {
+		s.log.Warn("snapshot lock unavailable", "err", err)
 		return
 	}
 	if _, err := locks.Create(ctx, "snapshot", []byte(s.cfg.RouterID)); err != nil {
@@ -626,7 +634,8 @@ func (s *Subscriber) maybeSnapshot(ctx context.Context) {
 
 func (s *Subscriber) writeSnapshot(ctx context.Context) error {
 	seq := s.lastSeq
-	if s.lastMsg != nil {
+	if s.lastMsg != nil && s.unacked > 0 {
+		// Acknowledged for sure before the purge reads the ack floors.
 		if err := s.lastMsg.DoubleAck(ctx); err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
+		pf         planeFlags
 		host       string
 		port       int
 		specs      []string
@@ -44,7 +45,12 @@ url is the engine's HTTP base; events its KV-event PUB endpoint (rank r of a
 data-parallel engine on port + r); replay its replay endpoint (optional);
 dp its data-parallel size; model the model it serves; optional: id, name,
 kv-blocks (its KV capacity, for busy detection) and max-batched-tokens (for
-the queue). Every router flag can also be set as DYN_<FLAG>, e.g.
+the queue).
+
+Engines also join through NATS discovery: run "kvrouter agent" next to each
+one with the same --nats-url and --namespace. Without --nats-url (or
+NATS_SERVER), serve starts an embedded NATS server on --nats-host:--nats-port
+for the agents to join. Every flag can also be set as DYN_<FLAG>, e.g.
 DYN_ROUTER_TEMPERATURE=0.5.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,23 +66,26 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
-			if len(workers) == 0 {
-				return fmt.Errorf("no engines: give --worker or --config")
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			nc, natsURL, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
+			if err != nil {
+				return err
+			}
+			defer closeNATS()
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
 			if err != nil {
 				return err
 			}
 			printWorkers(cmd.OutOrStdout(), workers)
-			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on http://%s (mode %s)\n", s.Addr(), rcfg.Mode)
+			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on http://%s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.Addr(), rcfg.Mode, natsURL, pf.namespace)
 			<-ctx.Done()
 			return s.Close()
 		},
 	}
 	fs := cmd.Flags()
 	rf.register(fs)
+	pf.register(fs, true, 4222)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")

@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
+	"github.com/kvrouter/kvrouter/internal/agent"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -20,6 +22,7 @@ import (
 func newUpCmd() *cobra.Command {
 	var (
 		rf      = newRouterFlags()
+		pf      planeFlags
 		mock    = fleet.DefaultConfig()
 		host    string
 		port    int
@@ -29,11 +32,14 @@ func newUpCmd() *cobra.Command {
 		Use:   "up",
 		Short: "Run everything on this machine: simulated engines and the router's OpenAI frontend",
 		Long: `Starts --workers simulated vLLM engines (kvrouter mocker: OpenAI API, vLLM
-metrics, KV events on ZMQ with replay, all on free ports of 127.0.0.1) and the
-router's OpenAI-compatible frontend on --http-port, routing in kv mode on the
-engines' live KV events. Send requests to the frontend as to any OpenAI
-server; Ctrl-C stops everything. It takes serve's router flags (e.g.
---router-mode, --router-temperature) and the mocker's engine flags.`,
+metrics, KV events on ZMQ with replay, all on free ports of 127.0.0.1), an
+embedded NATS server (or --nats-url), one agent per engine that registers it
+and carries its KV events and load over NATS, and the router's
+OpenAI-compatible frontend on --http-port, routing in kv mode on those
+events. Send requests to the frontend as to any OpenAI server; Ctrl-C stops
+everything. It takes serve's router and NATS flags (e.g. --router-mode,
+--router-temperature, --router-durable-kv-events) and the mocker's engine
+flags.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
@@ -58,21 +64,40 @@ server; Ctrl-C stops everything. It takes serve's router flags (e.g.
 				return err
 			}
 			defer engines.Close()
+			nc, natsURL, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-up", log)
+			if err != nil {
+				return err
+			}
+			defer closeNATS()
 			workers := serve.FleetWorkers(engines, mock)
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Addr: net.JoinHostPort(host, strconv.Itoa(port)), HealthInterval: time.Second, Logger: log})
+			for _, w := range workers {
+				a, err := agent.Start(ctx, nc, agent.Config{
+					Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log,
+					Instance: natsplane.Instance{
+						WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: mock.Engine.BlockSize,
+						DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens,
+					},
+				})
+				if err != nil {
+					return err
+				}
+				defer a.Close()
+			}
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			ready, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			if err := s.WaitReady(ready); err != nil {
+			if err := s.WaitWorkers(ready, func(live int) bool { return live >= len(workers) }); err != nil {
 				return fmt.Errorf("engines did not join routing: %w", err)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter up: %d simulated engine(s) × %d rank(s), model %q, speedup %g; router in %s mode\n\n",
 				mock.NumWorkers, mock.DataParallelSize, mock.Server.Model, mock.SpeedupRatio, rcfg.Mode)
 			printWorkers(out, workers)
+			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
 			url := "http://" + s.Addr()
 			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
 			fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, mock.Server.Model)
@@ -84,6 +109,7 @@ server; Ctrl-C stops everything. It takes serve's router flags (e.g.
 	}
 	fs := cmd.Flags()
 	rf.register(fs)
+	pf.register(fs, true, 0)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
 	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")

@@ -177,8 +177,9 @@ type Router struct {
 	engineLoads  atomic.Pointer[map[kv.Worker]sched.EngineLoad]
 	engineLoadMu sync.Mutex // serialises engineLoads writers
 
-	scratch sync.Pool
-	stats   counters
+	scratch  sync.Pool
+	stats    counters
+	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 }
 
 type fleet struct {
@@ -423,34 +424,45 @@ type EngineStored struct {
 var ErrMisSizedBlocks = errors.New("router: blocks of a size other than the router's block size")
 
 // ApplyEngineStored hashes an engine's stored blocks the router's way and
-// applies them. A block size other than the router's drops the event's
-// blocks (counted as mis-sized); so do blocks whose tokens are missing,
-// together with every later block of the event, since they hang below them.
+// applies them (see HashEngineStored).
 func (r *Router) ApplyEngineStored(es *EngineStored) error {
-	n := len(es.EngineHashes)
-	if es.BlockSize != r.cfg.BlockSize {
-		r.stats.misSized.Add(uint64(n))
-		return fmt.Errorf("%w: engine %d, router %d", ErrMisSizedBlocks, es.BlockSize, r.cfg.BlockSize)
-	}
-	whole := min(n, len(es.Tokens)/r.cfg.BlockSize)
-	var err error
-	if whole < n {
-		r.stats.misSized.Add(uint64(n - whole))
-		err = fmt.Errorf("%w: %d tokens for %d blocks", ErrMisSizedBlocks, len(es.Tokens), n)
-	}
-	h := blockhash.New(r.cfg.BlockSize, es.LoRA)
-	blocks := make([]kv.Block, whole)
-	for i := range blocks {
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*r.cfg.BlockSize : (i+1)*r.cfg.BlockSize])}
-	}
-	ev := kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
-	if es.Tier != "" {
-		ev.Tier = es.Tier
+	ev, dropped, err := HashEngineStored(es, r.cfg.BlockSize)
+	r.stats.misSized.Add(uint64(dropped))
+	if err != nil && len(ev.Stored.Blocks) == 0 {
+		return err
 	}
 	if e := r.ApplyEvent(&ev); e != nil {
 		return e
 	}
 	return err
+}
+
+// HashEngineStored turns an engine's stored blocks into the event the
+// index applies, hashing their tokens with blockSize; agents use it too, so
+// what they publish is what a router would have computed. A block size
+// other than blockSize drops every block; so do blocks whose tokens are
+// missing, together with every later block of the event, since they hang
+// below them. dropped counts the blocks lost either way.
+func HashEngineStored(es *EngineStored, blockSize int) (ev kv.Event, dropped int, err error) {
+	n := len(es.EngineHashes)
+	if es.BlockSize != blockSize {
+		return kv.Event{}, n, fmt.Errorf("%w: engine %d, router %d", ErrMisSizedBlocks, es.BlockSize, blockSize)
+	}
+	whole := min(n, len(es.Tokens)/blockSize)
+	if whole < n {
+		dropped = n - whole
+		err = fmt.Errorf("%w: %d tokens for %d blocks", ErrMisSizedBlocks, len(es.Tokens), n)
+	}
+	h := blockhash.New(blockSize, es.LoRA)
+	blocks := make([]kv.Block, whole)
+	for i := range blocks {
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*blockSize : (i+1)*blockSize])}
+	}
+	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
+	if es.Tier != "" {
+		ev.Tier = es.Tier
+	}
+	return ev, dropped, err
 }
 
 // scratch is the per-decision working memory, pooled.
@@ -670,15 +682,16 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		Timings: Timings{Hash: p.hashTime, FindMatches: p.findTime},
 	}
 	if book {
-		err := r.tracker.AddRequest(load.Request{
+		lr := load.Request{
 			ID: p.req.ID, Worker: choice.Worker, Blocks: p.seq, ISL: len(p.req.Tokens),
 			OverlapBlocks: c.OverlapBlocks, OSL: p.req.OSL,
 			TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse,
-		})
-		if err != nil {
+		}
+		if err := r.tracker.AddRequest(lr); err != nil {
 			r.stats.errors.Add(1)
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
+		r.observeAdd(lr)
 		if r.approx != nil {
 			r.approx.Insert(choice.Worker, p.local, p.seq)
 		}
@@ -728,6 +741,7 @@ func (r *Router) drain() {
 func (r *Router) MarkPrefillCompleted(id string) bool {
 	ok := r.tracker.MarkPrefillCompleted(id)
 	if ok {
+		r.observe(LoadUpdate{Kind: LoadPrefillDone, ID: id})
 		r.drain()
 	}
 	return ok
@@ -740,6 +754,7 @@ func (r *Router) AddOutputTokens(id string, n int) bool { return r.tracker.AddOu
 func (r *Router) Free(id string) bool {
 	ok := r.tracker.Free(id)
 	if ok {
+		r.observe(LoadUpdate{Kind: LoadFree, ID: id})
 		r.drain()
 	}
 	return ok

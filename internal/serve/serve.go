@@ -56,6 +56,9 @@ type Config struct {
 	// gie-approx-prefix); 0 means 50 ms, the Inference Extension's default.
 	EngineMetricsInterval time.Duration
 	Logger                *slog.Logger
+	// Plane, when set, adds the NATS plane: discovery, event plane,
+	// replica sync.
+	Plane *Plane
 }
 
 // Server is a running frontend.
@@ -72,12 +75,16 @@ type Server struct {
 	workers map[uint64]*supervised
 	// changed is closed and replaced whenever an engine joins or leaves.
 	changed chan struct{}
+
+	plane *planeState
 }
 
 type supervised struct {
 	spec    WorkerSpec
 	up      bool
 	sources []*enginesource.Source
+	// discovered engines come and go with their discovery lease.
+	discovered bool
 }
 
 func (w *WorkerSpec) validate() error {
@@ -103,6 +110,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = 2 * time.Second
 	}
+	if len(cfg.Workers) == 0 && cfg.Plane == nil {
+		return nil, errNoEngines
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -127,7 +137,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Client: &http.Client{}, Registry: reg, Logger: log})
+	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Client: &http.Client{}, Registry: reg, Logger: log, Dependencies: s.planeHealth})
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +147,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.ln, s.cancel = ln, cancel
+	if cfg.Plane != nil {
+		if err := s.startPlane(ctx); err != nil {
+			cancel()
+			ln.Close()
+			return nil, err
+		}
+	}
 	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	s.wg.Add(1)
 	go func() {
@@ -328,6 +345,7 @@ func (s *Server) Close() error {
 	s.cancel()
 	err := s.http.Close()
 	s.wg.Wait()
+	s.closePlane()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

@@ -1,0 +1,146 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// Plane puts the frontend on kvrouter's NATS plane: engines come from
+// discovery (in addition to Config.Workers), their KV events and load
+// reports from the event plane, and replicas can share their load.
+type Plane struct {
+	Conn     *nats.Conn
+	Names    natsplane.Names
+	RouterID string
+	// Durable: events from the JetStream stream (--router-durable-kv-events).
+	Durable           bool
+	ReplicaSync       bool          // --router-replica-sync
+	SnapshotThreshold uint64        // --router-snapshot-threshold
+	ResetStates       bool          // --router-reset-states
+	LeaseTTL          time.Duration // discovery lease
+}
+
+// planeState is the running plane of a Server.
+type planeState struct {
+	sub     *natsplane.Subscriber
+	watcher *natsplane.Watcher
+	sync    *natsplane.ReplicaSync
+}
+
+func (s *Server) startPlane(ctx context.Context) error {
+	p := s.cfg.Plane
+	sub, err := natsplane.NewSubscriber(p.Conn, natsplane.SubscriberConfig{
+		Names: p.Names, RouterID: p.RouterID, Durable: p.Durable,
+		SnapshotThreshold: p.SnapshotThreshold, ResetStates: p.ResetStates, Logger: s.log,
+	}, s.router)
+	if err != nil {
+		return err
+	}
+	s.plane = &planeState{sub: sub}
+	// Workers present at start are announced before the subscriber starts,
+	// so a durable snapshot finds them registered.
+	watcher, err := natsplane.Watch(ctx, p.Conn, p.Names, p.LeaseTTL, natsplane.WatchHandler{
+		Added:   s.discovered,
+		Removed: s.undiscovered,
+	}, s.log)
+	if err != nil {
+		return err
+	}
+	s.plane.watcher = watcher
+	select {
+	case <-watcher.Ready():
+	case <-time.After(10 * time.Second):
+		s.log.Warn("discovery did not list the registered engines within 10 s; starting without them")
+	}
+	if err := sub.Start(ctx); err != nil {
+		watcher.Close()
+		return err
+	}
+	if p.ReplicaSync {
+		rs, err := natsplane.StartReplicaSync(p.Conn, natsplane.ReplicaSyncConfig{Names: p.Names, RouterID: p.RouterID, Logger: s.log}, s.router)
+		if err != nil {
+			watcher.Close()
+			sub.Close()
+			return err
+		}
+		s.plane.sync = rs
+	}
+	return nil
+}
+
+func (s *Server) closePlane() {
+	if s.plane == nil {
+		return
+	}
+	s.plane.watcher.Close()
+	if s.plane.sync != nil {
+		_ = s.plane.sync.Close()
+	}
+	s.plane.sub.Close()
+}
+
+// discovered registers (or updates) an engine announced by discovery. Its
+// lease stands in for health probes.
+func (s *Server) discovered(in natsplane.Instance) {
+	spec := WorkerSpec{
+		ID: in.WorkerID, Name: in.Name, URL: in.URL, Model: in.Model, DPSize: max(in.DPSize, 1),
+		KVBlocks: in.TotalKVBlocks, MaxBatchedTokens: in.MaxNumBatchedTokens,
+	}
+	if err := spec.validate(); err != nil {
+		s.log.Warn("discovered engine skipped", "worker", in.Name, "err", err)
+		return
+	}
+	s.mu.Lock()
+	if w := s.workers[in.WorkerID]; w != nil && !w.discovered {
+		s.mu.Unlock()
+		s.log.Warn("discovered engine has the id of a configured one; skipped", "id", in.WorkerID, "worker", in.Name)
+		return
+	}
+	s.mu.Unlock()
+	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens})
+	s.plane.sub.WorkerAdded(in)
+	s.mu.Lock()
+	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true}
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize, "via", "discovery")
+}
+
+func (s *Server) undiscovered(id uint64, why string) {
+	s.mu.Lock()
+	w := s.workers[id]
+	if w == nil || !w.discovered {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.workers, id)
+	s.mu.Unlock()
+	s.router.RemoveWorker(id)
+	s.plane.sub.WorkerRemoved(id)
+	s.mu.Lock()
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.log.Warn("engine left routing", "worker", w.spec.Name, "why", why)
+}
+
+// planeHealth reports the NATS connection for /health: without it the
+// router keeps routing on what it last knew, and says so.
+func (s *Server) planeHealth() map[string]string {
+	if s.plane == nil {
+		return nil
+	}
+	status := "ok"
+	if c := s.cfg.Plane.Conn; !c.IsConnected() {
+		status = fmt.Sprintf("disconnected (%s): routing on the last known state", c.Status())
+	}
+	return map[string]string{"nats": status}
+}
+
+var errNoEngines = errors.New("serve: no engines configured and no NATS plane to discover them")

@@ -177,7 +177,7 @@ func Watch(ctx context.Context, nc *nats.Conn, names Names, ttl time.Duration, h
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &Watcher{cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
-	go w.run(ctx, js, names, ttl, h, log)
+	go w.run(ctx, nc, js, names, ttl, h, log)
 	return w, nil
 }
 
@@ -190,7 +190,7 @@ func (w *Watcher) Close() {
 	<-w.done
 }
 
-func (w *Watcher) run(ctx context.Context, js jetstream.JetStream, names Names, ttl time.Duration, h WatchHandler, log *slog.Logger) {
+func (w *Watcher) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, names Names, ttl time.Duration, h WatchHandler, log *slog.Logger) {
 	defer close(w.done)
 	leases := map[uint64]*lease{}
 	var readyOnce sync.Once
@@ -223,6 +223,14 @@ func (w *Watcher) run(ctx context.Context, js jetstream.JetStream, names Names, 
 				_ = watcher.Stop()
 				return
 			case now := <-sweep.C:
+				if !nc.IsConnected() {
+					// Heartbeats cannot arrive during an outage: keep
+					// routing to the known workers until discovery is back.
+					for _, l := range leases {
+						l.expires = now.Add(ttl)
+					}
+					continue
+				}
 				for id, l := range leases {
 					if now.After(l.expires) {
 						delete(leases, id)

@@ -3,6 +3,7 @@ package natsplane
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -64,6 +65,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 
 // URL is the address clients connect to.
 func (e *Embedded) URL() string { return e.srv.ClientURL() }
+
+// Port is the port the server listens on, to restart it on the same one.
+func (e *Embedded) Port() int { return e.srv.Addr().(*net.TCPAddr).Port }
 
 // Shutdown stops the server and waits for it to finish.
 func (e *Embedded) Shutdown() {

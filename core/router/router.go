@@ -623,11 +623,11 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	}
 	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse}
 	sc.pots = r.tracker.PotentialLoads(q, sc.workers, sc.overlaps, sc.pots[:0])
+	// Engine reports feed the peer modes' scorers and busy detection;
+	// without any report the map is nil and costs nothing.
 	var engine map[kv.Worker]sched.EngineLoad
-	if r.cfg.Mode.UsesEngineLoad() {
-		if m := r.engineLoads.Load(); m != nil {
-			engine = *m
-		}
+	if m := r.engineLoads.Load(); m != nil {
+		engine = *m
 	}
 	sc.cands = sc.cands[:0]
 	for i, pot := range sc.pots {

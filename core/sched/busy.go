@@ -36,13 +36,19 @@ func (t BusyThreshold) Validate() error {
 	return nil
 }
 
-// Busy reports whether c exceeds a threshold. A worker that has not
-// reported its capacity cannot be judged by the fraction and is not busy by
-// it.
+// Busy reports whether c exceeds a threshold. The decode fraction is
+// judged on the router's prediction when the worker's capacity is known,
+// and on the KV usage the engine itself reports when it reports one: the
+// prediction misses what the router did not route (other replicas without
+// sync, direct traffic), the report lags, so either one suffices.
 func (t BusyThreshold) Busy(c *Candidate) bool {
-	if t.ActiveDecodeBlocks != nil && c.TotalKVBlocks > 0 &&
-		c.ActiveDecodeBlocks > *t.ActiveDecodeBlocks*float64(c.TotalKVBlocks) {
-		return true
+	if v := t.ActiveDecodeBlocks; v != nil {
+		if c.TotalKVBlocks > 0 && c.ActiveDecodeBlocks > *v*float64(c.TotalKVBlocks) {
+			return true
+		}
+		if c.Engine.Known && c.Engine.KVUsage > *v {
+			return true
+		}
 	}
 	return t.ActivePrefillTokens != nil && c.ActivePrefillTokens > *t.ActivePrefillTokens
 }

@@ -26,6 +26,10 @@ func TestBusy(t *testing.T) {
 		{"prefill over", BusyThreshold{ActivePrefillTokens: n(1000)}, Candidate{ActivePrefillTokens: 1001}, true},
 		{"prefill at the threshold", BusyThreshold{ActivePrefillTokens: n(1000)}, Candidate{ActivePrefillTokens: 1000}, false},
 		{"prefill 0 allows idle", BusyThreshold{ActivePrefillTokens: n(0)}, Candidate{}, false},
+		{"engine reports usage over", BusyThreshold{ActiveDecodeBlocks: f(0.5)}, Candidate{Engine: EngineLoad{Known: true, KVUsage: 0.6}}, true},
+		{"engine reports usage under, prediction over", BusyThreshold{ActiveDecodeBlocks: f(0.5)}, Candidate{ActiveDecodeBlocks: 60, TotalKVBlocks: 100, Engine: EngineLoad{Known: true, KVUsage: 0.1}}, true},
+		{"engine report not yet known", BusyThreshold{ActiveDecodeBlocks: f(0.5)}, Candidate{Engine: EngineLoad{KVUsage: 0.9}}, false},
+		{"engine usage without a decode threshold", BusyThreshold{ActivePrefillTokens: n(10)}, Candidate{Engine: EngineLoad{Known: true, KVUsage: 1}}, false},
 		{"either suffices", BusyThreshold{ActiveDecodeBlocks: f(0.9), ActivePrefillTokens: n(10)}, Candidate{ActivePrefillTokens: 11, TotalKVBlocks: 100}, true},
 	} {
 		if got := tc.thr.Busy(&tc.c); got != tc.want {

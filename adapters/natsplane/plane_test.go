@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // eventually polls cond until it holds or the deadline passes: the plane is
@@ -284,6 +286,12 @@ func TestMalformedMessagesAreCountedAndSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := nc.Request(names.Recovery(31), []byte("{bad"), 200*time.Millisecond); err == nil {
+		t.Fatal("a malformed recovery request was answered")
+	}
+	if p.Stats().MalformedRequests != 1 {
+		t.Fatalf("malformed recovery request not counted: %+v", p.Stats())
+	}
 	publishAll(t, []*Publisher{p}, 50)
 	want := truth(p)
 	eventually(t, 10*time.Second, "junk skipped, good events applied", func() bool {
@@ -325,4 +333,48 @@ func TestDumpCodecRoundTripAndCorruption(t *testing.T) {
 	if _, err := EncodeDump(nil, []kv.Event{kv.ClearedEvent(kv.Worker{}, 0)}); err == nil {
 		t.Fatal("non-store event encoded")
 	}
+}
+
+// Engines' own KV usage, reported over the plane, makes them busy.
+func TestLoadReportsDriveBusyDetection(t *testing.T) {
+	srv := startServer(t)
+	cfg := router.DefaultConfig()
+	half := 0.5
+	cfg.Busy = sched.BusyThreshold{ActiveDecodeBlocks: &half}
+	r, err := router.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "r"}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pubs []*Publisher
+	for _, id := range []uint64{61, 62} {
+		r.AddWorker(router.WorkerInfo{ID: id, DPSize: 1, TotalKVBlocks: 1000})
+		sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
+		p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	if err := sub.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	_ = pubs[0].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.9})
+	_ = pubs[1].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.1})
+	eventually(t, 5*time.Second, "reports applied", func() bool { return sub.Stats().LoadReports == 2 })
+	for range 20 {
+		d, err := r.BestWorker(context.Background(), &router.Request{Tokens: make([]uint32, 64)})
+		if err != nil || d.Worker.ID != 62 {
+			t.Fatalf("routed to %v (%v); worker 61 reports 90%% KV usage", d.Worker, err)
+		}
+	}
+	_ = pubs[1].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.95})
+	eventually(t, 5*time.Second, "every worker busy", func() bool {
+		_, err := r.BestWorker(context.Background(), &router.Request{Tokens: make([]uint32, 64)})
+		return errors.Is(err, sched.ErrAllBusy)
+	})
 }

@@ -70,6 +70,7 @@ type PublisherConfig struct {
 type PublisherStats struct {
 	Published, Refused, Lost, PublishErrors uint64
 	RangesServed, DumpsServed               uint64
+	MalformedRequests                       uint64
 }
 
 // Publisher numbers a worker's KV events, publishes them and answers
@@ -83,7 +84,7 @@ type Publisher struct {
 	subj  string
 	stats struct {
 		published, refused, lost, publishErrors atomic.Uint64
-		ranges, dumps                           atomic.Uint64
+		ranges, dumps, malformed                atomic.Uint64
 	}
 }
 
@@ -162,6 +163,7 @@ func (p *Publisher) Stats() PublisherStats {
 		Published: p.stats.published.Load(), Refused: p.stats.refused.Load(),
 		Lost: p.stats.lost.Load(), PublishErrors: p.stats.publishErrors.Load(),
 		RangesServed: p.stats.ranges.Load(), DumpsServed: p.stats.dumps.Load(),
+		MalformedRequests: p.stats.malformed.Load(),
 	}
 }
 
@@ -174,6 +176,7 @@ func (p *Publisher) serveRecovery(m *nats.Msg) {
 	}
 	var req recoveryRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
+		p.stats.malformed.Add(1)
 		p.cfg.Logger.Warn("malformed recovery request skipped", "err", err)
 		return
 	}

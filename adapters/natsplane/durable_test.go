@@ -44,6 +44,12 @@ func streamLastSeq(t *testing.T, url string) uint64 {
 	return info.State.LastSeq
 }
 
+// caughtUp reports whether sub applied everything the stream holds; the
+// stream is read anew each time since publishing is asynchronous.
+func caughtUp(t *testing.T, sub *Subscriber, url string) bool {
+	return sub.Stats().StreamSeq == streamLastSeq(t, url)
+}
+
 func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 	srv := startServer(t)
 	ids := []uint64{41, 42, 43}
@@ -63,9 +69,8 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 	b, dumpB := startDurable(t, srv.URL(), "b", 0, ids...)
 	publishAll(t, pubs, 800)
 	want := truth(pubs...)
-	last := streamLastSeq(t, srv.URL())
 	for _, s := range []*Subscriber{a, b} {
-		eventually(t, 10*time.Second, "replicas consumed the stream", func() bool { return s.Stats().StreamSeq == last })
+		eventually(t, 10*time.Second, "replicas consumed the stream", func() bool { return caughtUp(t, s, srv.URL()) })
 	}
 	if got := dumpA(); !slices.Equal(got, want) || !slices.Equal(dumpB(), want) {
 		t.Fatalf("replicas differ from the workers: %d/%d/%d blocks", len(got), len(dumpB()), len(want))
@@ -75,14 +80,14 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 
 	// Restarted a: same durable name, fresh memory.
 	a2, dumpA2 := startDurable(t, srv.URL(), "a", 0, ids...)
-	eventually(t, 10*time.Second, "restarted replica caught up", func() bool { return a2.Stats().StreamSeq == last })
+	eventually(t, 10*time.Second, "restarted replica caught up", func() bool { return caughtUp(t, a2, srv.URL()) })
 	if !slices.Equal(dumpA2(), want) {
 		t.Fatal("restarted replica's index differs from the one it had")
 	}
 	a2.Close()
 	// A third replica, started while the others are down.
 	c, dumpC := startDurable(t, srv.URL(), "c", 0, ids...)
-	eventually(t, 10*time.Second, "new replica caught up", func() bool { return c.Stats().StreamSeq == last })
+	eventually(t, 10*time.Second, "new replica caught up", func() bool { return caughtUp(t, c, srv.URL()) })
 	if !slices.Equal(dumpC(), want) {
 		t.Fatal("new replica's index differs")
 	}
@@ -97,8 +102,7 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	a, dumpA := startDurable(t, srv.URL(), "a", 300, 51)
 	publishAll(t, []*Publisher{p}, 1000)
 	want := truth(p)
-	last := streamLastSeq(t, srv.URL())
-	eventually(t, 10*time.Second, "consumed", func() bool { return a.Stats().StreamSeq == last })
+	eventually(t, 10*time.Second, "consumed", func() bool { return caughtUp(t, a, srv.URL()) })
 	eventually(t, 10*time.Second, "snapshot written", func() bool { return a.Stats().Snapshots > 0 })
 	js, _ := jetstream.New(connect(t, srv.URL()))
 	stream, _ := EnsureStream(context.Background(), js, Names{})
@@ -114,9 +118,8 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	}
 	publishAll(t, []*Publisher{p}, 10) // after the snapshot, too
 	want = truth(p)
-	last = streamLastSeq(t, srv.URL())
 	b, dumpB := startDurable(t, srv.URL(), "b", 0, 51)
-	eventually(t, 10*time.Second, "new replica caught up from the snapshot", func() bool { return b.Stats().StreamSeq == last })
+	eventually(t, 10*time.Second, "new replica caught up from the snapshot", func() bool { return caughtUp(t, b, srv.URL()) })
 	if b.Stats().SnapshotBlocksLoaded == 0 {
 		t.Fatal("the new replica did not load the snapshot")
 	}

@@ -163,6 +163,9 @@ func publishAll(t *testing.T, pubs []*Publisher, n int) {
 		for range n {
 			_ = p.Publish(g.event()) // a removal of a block the index dropped is refused, as by an engine
 		}
+		if err := p.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

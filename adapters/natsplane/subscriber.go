@@ -184,6 +184,11 @@ func (s *Subscriber) Start(ctx context.Context) error {
 	for _, sub := range s.subs {
 		_ = sub.SetPendingLimits(-1, -1)
 	}
+	// Whatever is published once Start returns must reach this router.
+	if err := s.nc.Flush(); err != nil {
+		s.unsubscribe()
+		return err
+	}
 	go s.run(ctx)
 	return nil
 }
@@ -221,6 +226,10 @@ func (s *Subscriber) Stats() SubscriberStats {
 
 func (s *Subscriber) run(ctx context.Context) {
 	defer close(s.done)
+	// Workers announced before Start come before any message about them.
+	for len(s.ctl) > 0 {
+		s.control(<-s.ctl)
+	}
 	snapshotCheck := time.NewTicker(2 * time.Second)
 	defer snapshotCheck.Stop()
 	for {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -9,13 +10,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
 func newMockerCmd() *cobra.Command {
 	cfg := fleet.DefaultConfig()
 	encoding := "array"
+	var pf planeFlags
 	cmd := &cobra.Command{
 		Use:   "mocker",
 		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
@@ -31,7 +36,11 @@ Inside, each rank runs a vLLM-like scheduler (waiting/running queues, chunked
 prefill, preemption) over a KV block manager with prefix caching, and times
 each step with a model of an H100 (prefill: quadratic in new tokens; decode:
 in KV usage), divided by --speedup-ratio. Generated tokens are deterministic;
-their text comes from the mocker's own tokenizer (see mocker/tokenizer).`,
+their text comes from the mocker's own tokenizer (see mocker/tokenizer).
+
+With --nats-url (or NATS_SERVER) every engine also joins a kvrouter NATS
+plane, as if a "kvrouter agent" ran next to it: routers started with
+"kvrouter serve --nats-url ..." discover the engines and follow their events.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch encoding {
@@ -54,6 +63,27 @@ their text comes from the mocker's own tokenizer (see mocker/tokenizer).`,
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
 			f.PrintTable(out)
+			if pf.natsURL != "" || os.Getenv("NATS_SERVER") != "" {
+				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-mocker", log)
+				if err != nil {
+					f.Close()
+					return err
+				}
+				defer closeNATS()
+				workers := serve.FleetWorkers(f, cfg)
+				for i := range workers {
+					// Unique across mocker processes sharing one NATS.
+					workers[i].ID = max(1, xxh3.HashString(workers[i].URL)>>1)
+				}
+				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, log)
+				if err != nil {
+					f.Close()
+					return err
+				}
+				defer stopAgents()
+				fmt.Fprintf(out, "\nengines registered on NATS %s, namespace %q\n", url, pf.namespace)
+			}
 			fmt.Fprintf(out, "\ntry: curl %s/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", f.Engines()[0].HTTPURL)
 			<-ctx.Done()
 			f.Close()
@@ -78,6 +108,7 @@ their text comes from the mocker's own tokenizer (see mocker/tokenizer).`,
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
+	pf.register(fl, false, 0)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd
 }

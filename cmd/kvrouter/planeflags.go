@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
+	"github.com/kvrouter/kvrouter/internal/agent"
 	"github.com/kvrouter/kvrouter/internal/serve"
 )
 
@@ -106,4 +108,30 @@ func (p *planeFlags) plane(nc *nats.Conn) *serve.Plane {
 		Conn: nc, Names: p.names(), RouterID: id, Durable: p.durable, ReplicaSync: p.replicaSync,
 		SnapshotThreshold: p.snapshotThreshold, ResetStates: p.resetStates, LeaseTTL: p.leaseTTL,
 	}
+}
+
+// startAgents puts every engine of a simulated fleet on the plane, one
+// in-process agent each, as "kvrouter agent" would from outside.
+func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []serve.WorkerSpec, blockSize int, log *slog.Logger) (stop func(), err error) {
+	var agents []*agent.Agent
+	stop = func() {
+		for _, a := range agents {
+			a.Close()
+		}
+	}
+	for _, w := range workers {
+		a, err := agent.Start(ctx, nc, agent.Config{
+			Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log,
+			Instance: natsplane.Instance{
+				WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: blockSize,
+				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens,
+			},
+		})
+		if err != nil {
+			stop()
+			return func() {}, err
+		}
+		agents = append(agents, a)
+	}
+	return stop, nil
 }

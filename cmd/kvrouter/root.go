@@ -36,5 +36,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchMockerCmd(),   // bench_mocker.go
 		newBenchOverheadCmd(), // bench_overhead.go
 		newBenchReplayCmd(),   // bench_replay.go
+		newBenchPlaneCmd(),    // bench_plane.go
 	)
 }

@@ -77,7 +77,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
-			printWorkers(cmd.OutOrStdout(), workers)
+			if len(workers) > 0 {
+				printWorkers(cmd.OutOrStdout(), workers)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on http://%s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.Addr(), rcfg.Mode, natsURL, pf.namespace)
 			<-ctx.Done()
 			return s.Close()

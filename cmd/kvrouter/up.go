@@ -13,8 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/adapters/natsplane"
-	"github.com/kvrouter/kvrouter/internal/agent"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -70,19 +68,11 @@ flags.`,
 			}
 			defer closeNATS()
 			workers := serve.FleetWorkers(engines, mock)
-			for _, w := range workers {
-				a, err := agent.Start(ctx, nc, agent.Config{
-					Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log,
-					Instance: natsplane.Instance{
-						WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: mock.Engine.BlockSize,
-						DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens,
-					},
-				})
-				if err != nil {
-					return err
-				}
-				defer a.Close()
+			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, log)
+			if err != nil {
+				return err
 			}
+			defer stopAgents()
 			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
 			if err != nil {
 				return err

@@ -2,28 +2,18 @@ package natsplane
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 func startDurable(t *testing.T, url, id string, threshold uint64, workers ...uint64) (*Subscriber, func() []string) {
 	t.Helper()
-	r := newRouter(t, workers...)
-	sub, err := NewSubscriber(connect(t, url), SubscriberConfig{RouterID: id, Durable: true, SnapshotThreshold: threshold, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range workers {
-		sub.WorkerAdded(Instance{WorkerID: w, URL: "http://x", DPSize: 1})
-	}
-	if err := sub.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sub.Close)
+	sub, r := startSubscriber(t, url, SubscriberConfig{RouterID: id, Durable: true, SnapshotThreshold: threshold}, workers...)
 	return sub, func() []string { return canonical(r.DumpEvents()) }
 }
 
@@ -70,7 +60,7 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 	publishAll(t, pubs, 800)
 	want := truth(pubs...)
 	for _, s := range []*Subscriber{a, b} {
-		eventually(t, 10*time.Second, "replicas consumed the stream", func() bool { return caughtUp(t, s, srv.URL()) })
+		testwait.Until(t, 10*time.Second, "replicas consumed the stream", func() bool { return caughtUp(t, s, srv.URL()) })
 	}
 	if got := dumpA(); !slices.Equal(got, want) || !slices.Equal(dumpB(), want) {
 		t.Fatalf("replicas differ from the workers: %d/%d/%d blocks", len(got), len(dumpB()), len(want))
@@ -80,14 +70,14 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 
 	// Restarted a: same durable name, fresh memory.
 	a2, dumpA2 := startDurable(t, srv.URL(), "a", 0, ids...)
-	eventually(t, 10*time.Second, "restarted replica caught up", func() bool { return caughtUp(t, a2, srv.URL()) })
+	testwait.Until(t, 10*time.Second, "restarted replica caught up", func() bool { return caughtUp(t, a2, srv.URL()) })
 	if !slices.Equal(dumpA2(), want) {
 		t.Fatal("restarted replica's index differs from the one it had")
 	}
 	a2.Close()
 	// A third replica, started while the others are down.
 	c, dumpC := startDurable(t, srv.URL(), "c", 0, ids...)
-	eventually(t, 10*time.Second, "new replica caught up", func() bool { return caughtUp(t, c, srv.URL()) })
+	testwait.Until(t, 10*time.Second, "new replica caught up", func() bool { return caughtUp(t, c, srv.URL()) })
 	if !slices.Equal(dumpC(), want) {
 		t.Fatal("new replica's index differs")
 	}
@@ -102,8 +92,8 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	a, dumpA := startDurable(t, srv.URL(), "a", 300, 51)
 	publishAll(t, []*Publisher{p}, 1000)
 	want := truth(p)
-	eventually(t, 10*time.Second, "consumed", func() bool { return caughtUp(t, a, srv.URL()) })
-	eventually(t, 10*time.Second, "snapshot written", func() bool { return a.Stats().Snapshots > 0 })
+	testwait.Until(t, 10*time.Second, "consumed", func() bool { return caughtUp(t, a, srv.URL()) })
+	testwait.Until(t, 10*time.Second, "snapshot written", func() bool { return a.Stats().Snapshots > 0 })
 	js, _ := jetstream.New(connect(t, srv.URL()))
 	stream, _ := EnsureStream(context.Background(), js, Names{})
 	info, err := stream.Info(context.Background())
@@ -119,7 +109,7 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	publishAll(t, []*Publisher{p}, 10) // after the snapshot, too
 	want = truth(p)
 	b, dumpB := startDurable(t, srv.URL(), "b", 0, 51)
-	eventually(t, 10*time.Second, "new replica caught up from the snapshot", func() bool { return caughtUp(t, b, srv.URL()) })
+	testwait.Until(t, 10*time.Second, "new replica caught up from the snapshot", func() bool { return caughtUp(t, b, srv.URL()) })
 	if b.Stats().SnapshotBlocksLoaded == 0 {
 		t.Fatal("the new replica did not load the snapshot")
 	}
@@ -129,16 +119,7 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 
 	// --router-reset-states starts from nothing.
 	b.Close()
-	r := newRouter(t, 51)
-	c, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "c", Durable: true, ResetStates: true}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.WorkerAdded(Instance{WorkerID: 51, URL: "http://x", DPSize: 1})
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "c", Durable: true, ResetStates: true}, 51)
 	if n := len(r.DumpEvents()); n != 0 || c.Stats().SnapshotBlocksLoaded != 0 {
 		t.Fatalf("reset router starts with %d blocks", n)
 	}

@@ -17,20 +17,8 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
-
-// eventually polls cond until it holds or the deadline passes: the plane is
-// asynchronous, so tests wait for a state, never for a fixed time.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func startServer(t *testing.T) *Embedded {
 	t.Helper()
@@ -62,6 +50,28 @@ func newRouter(t *testing.T, workers ...uint64) *router.Router {
 		r.AddWorker(router.WorkerInfo{ID: w, DPSize: 1})
 	}
 	return r
+}
+
+// startSubscriber starts a router fed by the plane; workers are announced
+// before Start, as serve does with the workers discovery lists.
+func startSubscriber(t *testing.T, url string, cfg SubscriberConfig, workers ...uint64) (*Subscriber, *router.Router) {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	r := newRouter(t, workers...)
+	sub, err := NewSubscriber(connect(t, url), cfg, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workers {
+		sub.WorkerAdded(Instance{WorkerID: w, URL: "http://x", DPSize: 1})
+	}
+	if err := sub.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	return sub, r
 }
 
 // canonical orders a dump by worker rank, keeping each rank's own order:
@@ -184,15 +194,6 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startServer(t)
 			ids := []uint64{11, 12, 13, 14}
-			r := newRouter(t, ids...)
-			sub, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "r1", Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}, r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sub.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(sub.Close)
 			var pubs []*Publisher
 			for _, id := range ids {
 				loss := &lossy{rng: rand.New(rand.NewPCG(id, 7)), pct: tc.lossPct, from: tc.burstFrom, to: tc.burstTo}
@@ -201,8 +202,8 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 					t.Fatal(err)
 				}
 				pubs = append(pubs, p)
-				sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
 			}
+			sub, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "r1"}, ids...)
 			publishAll(t, pubs, 3000)
 			var lost uint64
 			for _, p := range pubs {
@@ -213,7 +214,7 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 			}
 			want := truth(pubs...)
 			// Losses at the very end are only revealed by load reports.
-			eventually(t, 20*time.Second, "router index equals the workers' blocks", func() bool {
+			testwait.Until(t, 20*time.Second, "router index equals the workers' blocks", func() bool {
 				for _, p := range pubs {
 					_ = p.PublishLoad(LoadReport{})
 				}
@@ -246,38 +247,18 @@ func TestCorePlaneNewRouterDumpsEveryWorker(t *testing.T) {
 		pubs = append(pubs, p)
 	}
 	publishAll(t, pubs, 500) // nobody listens yet
-	r := newRouter(t, ids...)
-	sub, err := NewSubscriber(connect(t, srv.URL()), SubscriberConfig{RouterID: "late"}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range ids {
-		sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
-	}
-	if err := sub.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sub.Close)
+	_, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "late"}, ids...)
 	want := truth(pubs...)
-	eventually(t, 10*time.Second, "dumped state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
+	testwait.Until(t, 10*time.Second, "dumped state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
 	publishAll(t, pubs, 200) // and live events follow on
 	want = truth(pubs...)
-	eventually(t, 10*time.Second, "live state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
+	testwait.Until(t, 10*time.Second, "live state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
 }
 
 func TestMalformedMessagesAreCountedAndSkipped(t *testing.T) {
 	srv := startServer(t)
-	r := newRouter(t, 31)
 	nc := connect(t, srv.URL())
-	sub, err := NewSubscriber(nc, SubscriberConfig{RouterID: "r"}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub.WorkerAdded(Instance{WorkerID: 31, URL: "http://x", DPSize: 1})
-	if err := sub.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sub.Close)
+	sub, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "r"}, 31)
 	names := Names{}.orDefault()
 	for _, junk := range []string{"", "{", `{"worker_id":31,"event":{"event_id":1,"data":"exploded"}}`, "\x00\xff"} {
 		if err := nc.Publish(names.KVEvents(), []byte(junk)); err != nil {
@@ -297,7 +278,7 @@ func TestMalformedMessagesAreCountedAndSkipped(t *testing.T) {
 	}
 	publishAll(t, []*Publisher{p}, 50)
 	want := truth(p)
-	eventually(t, 10*time.Second, "junk skipped, good events applied", func() bool {
+	testwait.Until(t, 10*time.Second, "junk skipped, good events applied", func() bool {
 		return sub.Stats().Malformed == 5 && slices.Equal(canonical(r.DumpEvents()), want)
 	})
 }
@@ -368,7 +349,7 @@ func TestLoadReportsDriveBusyDetection(t *testing.T) {
 	t.Cleanup(sub.Close)
 	_ = pubs[0].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.9})
 	_ = pubs[1].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.1})
-	eventually(t, 5*time.Second, "reports applied", func() bool { return sub.Stats().LoadReports == 2 })
+	testwait.Until(t, 5*time.Second, "reports applied", func() bool { return sub.Stats().LoadReports == 2 })
 	for range 20 {
 		d, err := r.BestWorker(context.Background(), &router.Request{Tokens: make([]uint32, 64)})
 		if err != nil || d.Worker.ID != 62 {
@@ -376,7 +357,7 @@ func TestLoadReportsDriveBusyDetection(t *testing.T) {
 		}
 	}
 	_ = pubs[1].PublishLoad(LoadReport{LoadKnown: true, KVUsage: 0.95})
-	eventually(t, 5*time.Second, "every worker busy", func() bool {
+	testwait.Until(t, 5*time.Second, "every worker busy", func() bool {
 		_, err := r.BestWorker(context.Background(), &router.Request{Tokens: make([]uint32, 64)})
 		return errors.Is(err, sched.ErrAllBusy)
 	})

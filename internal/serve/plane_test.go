@@ -15,20 +15,9 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/agent"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func natsServer(t *testing.T, dir string, port int) *natsplane.Embedded {
 	t.Helper()
@@ -108,7 +97,7 @@ func TestPlaneEnginesFollowTheirLease(t *testing.T) {
 
 	p := prompt(0, 7, 640) // 40 blocks
 	first := complete(t, s, p)
-	eventually(t, 10*time.Second, "the engine's blocks reached the router through NATS", func() bool { return blocksOf(s, first) >= 40 })
+	testwait.Until(t, 10*time.Second, "the engine's blocks reached the router through NATS", func() bool { return blocksOf(s, first) >= 40 })
 	for i := range 3 {
 		if got := complete(t, s, append(p, prompt(0, 60+i, 32)...)); got != first {
 			t.Fatalf("follow-up went to %d; %d caches its prefix", got, first)
@@ -142,7 +131,7 @@ func TestPlaneEnginesFollowTheirLease(t *testing.T) {
 	restarted := startAgent(t, srv.URL(), killed, f)
 	defer restarted.Close()
 	waitLive(t, s, 2)
-	eventually(t, 10*time.Second, "the restarted engine's cache re-indexed", func() bool { return blocksOf(s, killed) >= 40 })
+	testwait.Until(t, 10*time.Second, "the restarted engine's cache re-indexed", func() bool { return blocksOf(s, killed) >= 40 })
 	if agentA != agentKilled {
 		agentA.Close()
 	}
@@ -151,18 +140,8 @@ func TestPlaneEnginesFollowTheirLease(t *testing.T) {
 func TestReplicaSyncKeepsReplicasLoadsEqual(t *testing.T) {
 	srv := natsServer(t, t.TempDir(), 0)
 	defer srv.Shutdown()
-	slow := func() *fleet.Fleet {
-		cfg := fleet.DefaultConfig()
-		cfg.SpeedupRatio = 1 // requests stay in flight for a while
-		cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-		f, err := fleet.Start(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(f.Close)
-		return f
-	}
-	for i, f := range []*fleet.Fleet{slow(), slow()} {
+	// At the modelled speed requests stay in flight for a while.
+	for i, f := range []*fleet.Fleet{engineFleetAt(t, 1), engineFleetAt(t, 1)} {
 		defer startAgent(t, srv.URL(), uint64(i+1), f).Close()
 	}
 	replicas := []*Server{planeServer(t, srv.URL(), "a", false, true), planeServer(t, srv.URL(), "b", false, true)}
@@ -191,7 +170,7 @@ func TestReplicaSyncKeepsReplicasLoadsEqual(t *testing.T) {
 	}
 	// While the requests are in flight both replicas see all of them,
 	// with the same per-worker loads.
-	eventually(t, 10*time.Second, "both replicas see every request", func() bool {
+	testwait.Until(t, 10*time.Second, "both replicas see every request", func() bool {
 		return active(replicas[0]) == clients && active(replicas[1]) == clients
 	})
 	la, lb := replicas[0].Router().Loads(), replicas[1].Router().Loads()
@@ -201,7 +180,7 @@ func TestReplicaSyncKeepsReplicasLoadsEqual(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	eventually(t, 10*time.Second, "both replicas freed every request", func() bool {
+	testwait.Until(t, 10*time.Second, "both replicas freed every request", func() bool {
 		return active(replicas[0]) == 0 && active(replicas[1]) == 0
 	})
 }
@@ -223,10 +202,10 @@ func TestNATSRestartLosesNothingAndRoutingGoesOn(t *testing.T) {
 			waitLive(t, s, 2)
 			p1 := prompt(0, 11, 320)
 			w1 := complete(t, s, p1)
-			eventually(t, 10*time.Second, "indexed before the outage", func() bool { return blocksOf(s, w1) >= 20 })
+			testwait.Until(t, 10*time.Second, "indexed before the outage", func() bool { return blocksOf(s, w1) >= 20 })
 
 			srv.Shutdown()
-			eventually(t, 5*time.Second, "health reports the outage", func() bool { return health(t, s) == "degraded" })
+			testwait.Until(t, 5*time.Second, "health reports the outage", func() bool { return health(t, s) == "degraded" })
 			// Routing goes on, on the last known state.
 			if got := complete(t, s, append(p1, prompt(0, 12, 32)...)); got != w1 {
 				t.Fatalf("during the outage a follow-up went to %d, not to %d", got, w1)
@@ -236,8 +215,8 @@ func TestNATSRestartLosesNothingAndRoutingGoesOn(t *testing.T) {
 
 			srv = natsServer(t, dir, port)
 			defer srv.Shutdown()
-			eventually(t, 15*time.Second, "health back to ok", func() bool { return health(t, s) == "ok" })
-			eventually(t, 15*time.Second, "events published during the outage arrive", func() bool { return blocksOf(s, w2) >= 30 })
+			testwait.Until(t, 15*time.Second, "health back to ok", func() bool { return health(t, s) == "ok" })
+			testwait.Until(t, 15*time.Second, "events published during the outage arrive", func() bool { return blocksOf(s, w2) >= 30 })
 			waitLive(t, s, 2)
 			if got := complete(t, s, append(p2, prompt(0, 14, 32)...)); got != w2 {
 				t.Fatalf("after the restart a follow-up went to %d, not to %d", got, w2)

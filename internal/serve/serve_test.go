@@ -17,11 +17,15 @@ import (
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
-// engineFleet starts one simulated engine on free ports of 127.0.0.1.
-func engineFleet(t *testing.T) *fleet.Fleet {
+// engineFleet starts one fast simulated engine on free ports of 127.0.0.1.
+func engineFleet(t *testing.T) *fleet.Fleet { return engineFleetAt(t, 100) }
+
+// engineFleetAt starts one simulated engine running speedup times faster
+// than the modelled GPU.
+func engineFleetAt(t *testing.T, speedup float64) *fleet.Fleet {
 	t.Helper()
 	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = 100
+	cfg.SpeedupRatio = speedup
 	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
 	f, err := fleet.Start(context.Background(), cfg)
 	if err != nil {

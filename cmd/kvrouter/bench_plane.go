@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,8 +48,10 @@ type planeBenchConfig struct {
 	BlocksPerEvent  int
 	WorkerBlocks    int
 	Rate            float64
+	PublisherCPUs   int
 	Duration        time.Duration
 	RecoveryBlocks  int
+	SnapshotEvents  uint64
 	ReplicaDuration time.Duration
 	Concurrency     int
 	Engines         int
@@ -81,17 +85,19 @@ throughput  --publishers simulated workers, each with its own NATS connection
             and event publisher, publish Stored events of --blocks-per-event
             blocks for --duration, as fast as they can (or at --rate blocks/s in
             total), into one router subscriber in NATS-core mode. Each worker's
-            chains hang below its recent chains or start at the root, with fresh
-            engine hashes; once a worker holds --worker-blocks blocks its oldest
+            chains hang below its recent chains (up to 256 blocks deep) or start
+            at the root, with fresh engine hashes; once a worker holds --worker-blocks blocks its oldest
             chain is evicted with one Removed event, as an engine's cache does.
             Reported: stored blocks/s applied to the router's index (target
             500,000), events/s, and whether the subscriber fell behind: events
-            lost to a full subscription (recovered by ranges or dumps) or a
-            backlog that took more than half a second to drain after publishing
-            stopped.
+            lost (a full subscription, a dropped connection; recovered by
+            ranges or dumps) or more than half a second of publishing still
+            queued when it stopped. --publisher-cpus publishers send at once,
+            so that the router keeps the CPUs workers on other hosts would
+            leave it.
 recovery    builds --recovery-blocks indexed blocks over --publishers workers on
-            the durable (JetStream) plane with a low snapshot threshold, then
-            times a new replica from Start until its index holds every block
+            the durable (JetStream) plane with a low snapshot threshold
+            (--snapshot-threshold), then times a new replica from Start until its index holds every block
             (snapshot plus the stream's tail), and a new NATS-core router that
             dumps every worker. Target: 3 s each.
 replicas    --engines simulated engines with agents, and 1 then 2 router
@@ -159,8 +165,10 @@ Progress goes to stderr.`,
 	f.IntVar(&cfg.BlocksPerEvent, "blocks-per-event", 16, "blocks per Stored event")
 	f.IntVar(&cfg.WorkerBlocks, "worker-blocks", 16384, "blocks a throughput worker holds before it evicts its oldest chain (0: never evict)")
 	f.Float64Var(&cfg.Rate, "rate", 0, "throughput: blocks/s all publishers together aim at (0: as fast as they can)")
+	f.IntVar(&cfg.PublisherCPUs, "publisher-cpus", max(1, runtime.GOMAXPROCS(0)/2), "throughput: publishers sending at once, leaving the rest of the CPUs to the router and NATS as workers on other hosts would (0: no limit)")
 	f.DurationVar(&cfg.Duration, "duration", 10*time.Second, "throughput: how long the workers publish")
 	f.IntVar(&cfg.RecoveryBlocks, "recovery-blocks", 1_000_000, "recovery: blocks in the index a new router must rebuild")
+	f.Uint64Var(&cfg.SnapshotEvents, "snapshot-threshold", 0, "recovery: stream length above which the durable plane snapshots (0: an eighth of the events that build the index)")
 	f.DurationVar(&cfg.ReplicaDuration, "replica-duration", 10*time.Second, "replicas: measured time per setup")
 	f.IntVar(&cfg.Concurrency, "concurrency", 64, "replicas: clients, each with one request in flight")
 	f.IntVar(&cfg.Engines, "engines", 4, "replicas: simulated engines")
@@ -176,11 +184,13 @@ Progress goes to stderr.`,
 
 func (c *planeBenchConfig) validate() error {
 	for _, s := range c.Skip {
-		if !strings.Contains(","+strings.Join(planeMeasurements, ",")+",", ","+s+",") {
+		if !slices.Contains(planeMeasurements, s) {
 			return fmt.Errorf("--skip %q: measurements are %s", s, strings.Join(planeMeasurements, ", "))
 		}
 	}
 	switch {
+	// Workers are announced to a durable subscriber before it starts, into
+	// a queue of 4,096.
 	case c.Publishers < 1 || c.Publishers > 4000:
 		return errors.New("--publishers must be between 1 and 4,000")
 	case c.BlocksPerEvent < 1:
@@ -189,6 +199,8 @@ func (c *planeBenchConfig) validate() error {
 		return errors.New("--worker-blocks must not be negative")
 	case c.WorkerBlocks > 0 && c.WorkerBlocks < 2*c.BlocksPerEvent:
 		return errors.New("--worker-blocks must hold at least two events' blocks")
+	case c.PublisherCPUs < 0:
+		return errors.New("--publisher-cpus must not be negative")
 	case c.Rate < 0:
 		return errors.New("--rate must not be negative")
 	case c.Duration <= 0 || c.ReplicaDuration <= 0:
@@ -219,11 +231,17 @@ func startBenchNATS() (*natsplane.Embedded, func(), error) {
 }
 
 // waitFor polls cond until it holds; false when within passed first.
-func waitFor(ctx context.Context, within, every time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
+// tick, if set, runs once a second meanwhile, for progress lines.
+func waitFor(ctx context.Context, within, every time.Duration, cond func() bool, tick func()) bool {
+	start := time.Now()
+	ticked := start
 	for !cond() {
-		if ctx.Err() != nil || time.Now().After(deadline) {
+		if ctx.Err() != nil || time.Since(start) > within {
 			return false
+		}
+		if tick != nil && time.Since(ticked) >= time.Second {
+			tick()
+			ticked = time.Now()
 		}
 		time.Sleep(every)
 	}
@@ -232,22 +250,32 @@ func waitFor(ctx context.Context, within, every time.Duration, cond func() bool)
 
 // eventGen produces one worker's KV events the way an engine under steady
 // load emits them: a stored chain continues one of the worker's recent
-// chains (a conversation's next turn) or starts at the root (a new
-// prompt), every block with a fresh engine hash. Once the worker holds its
-// capacity, its oldest chain is evicted in one Removed event, as an
-// engine's allocator frees blocks in batches; that also bounds the memory
-// of the worker's log and of the router's index.
+// chains (a conversation's next turn) or starts at the root (a new prompt,
+// or a conversation that reached its context length), every block with a
+// fresh engine hash. Once the worker holds its capacity, its oldest chain
+// is evicted in one Removed event, as an engine's allocator frees blocks
+// in batches; that also bounds the memory of the worker's log and of the
+// router's index.
 type eventGen struct {
 	w        kv.Worker
 	rng      *rand.Rand
 	next     uint64
-	chains   [][]uint64 // held chains, oldest first from head
+	chains   []chain // held chains, oldest first from head
 	head     int
 	held     int
-	xor      uint64 // of the held blocks' engine hashes
+	xor      uint64 // of the held blocks' engine hashes, mixed
 	capacity int    // 0: never evict
 	blocks   int
 }
+
+type chain struct {
+	hashes []uint64
+	depth  int // of the last block, counted from the root
+}
+
+// maxChainDepth is a conversation's context length in blocks: 4,096
+// tokens of 16-token blocks.
+const maxChainDepth = 256
 
 func newEventGen(worker uint64, blocks, capacity int, seed uint64) *eventGen {
 	return &eventGen{w: kv.Worker{ID: worker}, rng: rand.New(rand.NewPCG(seed, worker)), next: worker << 40, capacity: capacity, blocks: blocks}
@@ -259,12 +287,12 @@ const recentChains = 64
 
 func (g *eventGen) event(n int) kv.Event {
 	if g.capacity > 0 && g.held+n > g.capacity && g.head < len(g.chains) {
-		old := g.chains[g.head]
-		g.chains[g.head] = nil
+		old := g.chains[g.head].hashes
+		g.chains[g.head] = chain{}
 		g.head++
 		g.held -= len(old)
 		for _, h := range old {
-			g.xor ^= h
+			g.xor ^= mix64(h)
 		}
 		if g.head >= 1024 && 2*g.head >= len(g.chains) {
 			g.chains = append(g.chains[:0], g.chains[g.head:]...)
@@ -273,9 +301,12 @@ func (g *eventGen) event(n int) kv.Event {
 		return kv.RemovedEvent(g.w, 0, old...)
 	}
 	var parent *uint64
+	depth := n
 	if live := len(g.chains) - g.head; live > 0 && g.rng.IntN(4) > 0 {
 		c := g.chains[len(g.chains)-1-g.rng.IntN(min(live, recentChains))]
-		parent = kv.Ptr(c[len(c)-1])
+		if c.depth+n <= maxChainDepth {
+			parent, depth = kv.Ptr(c.hashes[len(c.hashes)-1]), c.depth+n
+		}
 	}
 	blocks := make([]kv.Block, n)
 	hashes := make([]uint64, n)
@@ -285,9 +316,9 @@ func (g *eventGen) event(n int) kv.Event {
 		// share nothing, the index's worst case for memory.
 		blocks[i] = kv.Block{EngineHash: g.next, LocalHash: g.next*0x9e3779b97f4a7c15 ^ 0x5851f42d4c957f2d}
 		hashes[i] = g.next
-		g.xor ^= g.next
+		g.xor ^= mix64(g.next)
 	}
-	g.chains = append(g.chains, hashes)
+	g.chains = append(g.chains, chain{hashes: hashes, depth: depth})
 	g.held += n
 	return kv.StoredEvent(g.w, 0, parent, blocks...)
 }
@@ -317,7 +348,7 @@ func (s *countingSink) ApplyEvent(ev *kv.Event) error {
 	switch ev.Kind {
 	case kv.KindStored:
 		for _, b := range ev.Stored.Blocks {
-			n, x = n+1, x^b.EngineHash
+			n, x = n+1, x^mix64(b.EngineHash)
 		}
 		if ev.EventID == 0 {
 			s.recoveredBlocks.Add(uint64(len(ev.Stored.Blocks)))
@@ -327,7 +358,7 @@ func (s *countingSink) ApplyEvent(ev *kv.Event) error {
 		}
 	case kv.KindRemoved:
 		for _, h := range ev.Removed.EngineHashes {
-			n, x = n-1, x^h
+			n, x = n-1, x^mix64(h)
 		}
 		if ev.EventID != 0 {
 			s.events.Add(1)
@@ -339,6 +370,15 @@ func (s *countingSink) ApplyEvent(ev *kv.Event) error {
 	sum.n.Store(n)
 	sum.xor.Store(x)
 	return nil
+}
+
+// mix64 scatters engine hashes before they are XORed: the generator's
+// hashes are consecutive, and a chain stored late and one evicted late
+// would otherwise cancel out.
+func mix64(z uint64) uint64 {
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
 }
 
 // caughtUp reports whether the router holds exactly the workers' blocks.
@@ -397,6 +437,7 @@ type planeThroughput struct {
 	BlocksPerEvent int     `json:"blocks_per_event"`
 	WorkerBlocks   int     `json:"worker_blocks"`
 	RateTarget     float64 `json:"rate_blocks_per_s,omitempty"`
+	PublisherCPUs  int     `json:"publisher_cpus"`
 	DurationS      float64 `json:"duration_s"`
 
 	PublishedEvents       uint64  `json:"published_events"`
@@ -411,6 +452,7 @@ type planeThroughput struct {
 	TargetBlocksPerS      float64 `json:"target_blocks_per_s"`
 	MeetsTarget           bool    `json:"meets_target"`
 	LagEventsAtStop       int64   `json:"lag_events_at_stop"`
+	LagSAtStop            float64 `json:"lag_s_at_stop"`
 	FellBehind            bool    `json:"fell_behind"`
 	Drained               bool    `json:"drained"`
 	DrainS                float64 `json:"drain_s"`
@@ -420,6 +462,7 @@ type planeThroughput struct {
 	RangesRecovered       uint64  `json:"ranges_recovered"`
 	Dumps                 uint64  `json:"dumps"`
 	RecoveryFailures      uint64  `json:"recovery_failures"`
+	RouterReconnects      uint64  `json:"router_reconnects"`
 	PublishErrors         uint64  `json:"publish_errors"`
 	IndexBlocks           uint64  `json:"index_blocks"`
 	WorkerBlocksHeld      uint64  `json:"worker_blocks_held"`
@@ -463,7 +506,7 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 		return nil, err
 	}
 	defer closeWorkers(ws)
-	if !waitFor(ctx, 30*time.Second, time.Millisecond, func() bool { return sub.Stats().Dumps >= uint64(len(ws)) }) {
+	if !waitFor(ctx, 30*time.Second, time.Millisecond, func() bool { return sub.Stats().Dumps >= uint64(len(ws)) }, nil) {
 		return nil, errors.New("the subscriber did not sync every worker within 30 s")
 	}
 	fmt.Fprintf(progress, "throughput: %d publishers, %d blocks/event, %v...\n", cfg.Publishers, cfg.BlocksPerEvent, cfg.Duration)
@@ -472,22 +515,27 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 	var wg sync.WaitGroup
 	start := time.Now()
 	perWorkerRate := cfg.Rate / float64(len(ws))
+	var cpus chan struct{}
+	if cfg.PublisherCPUs > 0 {
+		cpus = make(chan struct{}, cfg.PublisherCPUs)
+	}
 	for _, w := range ws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.publish(&stop, start, perWorkerRate)
+			w.publish(&stop, start, perWorkerRate, cpus)
 		}()
 	}
+	stopped := make(chan struct{})
 	progressDone := make(chan struct{})
 	go func() {
 		defer close(progressDone)
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		var lastPub, lastApplied uint64
-		for !stop.Load() {
+		for {
 			select {
-			case <-ctx.Done():
+			case <-stopped:
 				return
 			case <-t.C:
 			}
@@ -499,7 +547,6 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 			fmt.Fprintf(progress, "throughput: %4.0f s  published %s blocks/s  applied %s blocks/s\n",
 				time.Since(start).Seconds(), thousands(float64(pub-lastPub)), thousands(float64(applied-lastApplied)))
 			lastPub, lastApplied = pub, applied
-			fmt.Fprintf(progress, "DEBUG %+v reconnects %d inmsgs %d\n", sub.Stats(), nc.Stats().Reconnects, nc.Stats().InMsgs)
 		}
 	}()
 	select {
@@ -507,6 +554,7 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 	case <-time.After(cfg.Duration):
 	}
 	stop.Store(true)
+	close(stopped)
 	wg.Wait()
 	window := time.Since(start)
 	appliedEvents, appliedStored, appliedRemoved := sink.events.Load(), sink.storedBlocks.Load(), sink.removedBlocks.Load()
@@ -517,7 +565,7 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 
 	res := &planeThroughput{
 		Publishers: cfg.Publishers, BlocksPerEvent: cfg.BlocksPerEvent, WorkerBlocks: cfg.WorkerBlocks,
-		RateTarget: cfg.Rate, DurationS: window.Seconds(), TargetBlocksPerS: planeTargetBlocksPerS,
+		RateTarget: cfg.Rate, PublisherCPUs: cfg.PublisherCPUs, DurationS: window.Seconds(), TargetBlocksPerS: planeTargetBlocksPerS,
 	}
 	var held uint64
 	for _, w := range ws {
@@ -534,11 +582,14 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 	res.AppliedEventsPerS = float64(appliedEvents) / window.Seconds()
 	res.AppliedRemovedPerS = float64(appliedRemoved) / window.Seconds()
 	res.MeetsTarget = res.AppliedBlocksPerS >= planeTargetBlocksPerS
+	if res.PublishedEventsPerS > 0 {
+		res.LagSAtStop = float64(max(res.LagEventsAtStop, 0)) / res.PublishedEventsPerS
+	}
 
 	// Load reports carry each worker's newest event id: they reveal losses
 	// at the very end that no later event would, as agents' reports do.
 	fmt.Fprintf(progress, "throughput: publishing stopped; waiting for the subscriber to drain %d events...\n", max(res.LagEventsAtStop, 0))
-	drainStart := time.Now()
+	drainStart := start.Add(window)
 	lastReport := time.Time{}
 	res.Drained = waitFor(ctx, max(30*time.Second, cfg.Duration), time.Millisecond, func() bool {
 		if time.Since(lastReport) > 250*time.Millisecond {
@@ -548,9 +599,11 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 			lastReport = time.Now()
 		}
 		return sink.caughtUp(ws)
+	}, func() {
+		st := sub.Stats()
+		fmt.Fprintf(progress, "throughput: draining: %s events applied, %d gaps, %d dumps so far\n", thousands(float64(st.Applied)), st.Gaps, st.Dumps)
 	})
 	res.DrainS = time.Since(drainStart).Seconds()
-	fmt.Fprintf(progress, "DEBUG drained: events %d (published %d) dup %d applied %d\n", sink.events.Load(), res.PublishedEvents, sub.Stats().Duplicates, sub.Stats().Applied)
 	st := sub.Stats()
 	res.Gaps, res.RangesRecovered, res.RecoveryFailures = st.Gaps, st.RangesRecovered, st.RecoveryFailures
 	res.Dumps = st.Dumps - uint64(len(ws)) // the initial syncs are not recoveries
@@ -560,17 +613,27 @@ func runPlaneThroughput(ctx context.Context, cfg planeBenchConfig, progress io.W
 		res.SlowConsumerDropped, _ = s.Dropped()
 	}
 	res.IndexBlocks, res.WorkerBlocksHeld = r.Stats().IndexedPairs, held
-	res.FellBehind = !res.Drained || res.DrainS > 0.5 || res.Gaps > 0 || res.SlowConsumerDropped > 0
+	res.RouterReconnects = nc.Stats().Reconnects
+	res.FellBehind = !res.Drained || res.LagSAtStop > 0.5 || res.Gaps > 0 || res.SlowConsumerDropped > 0 || res.RouterReconnects > 0
 	return res, nil
 }
 
 // publish sends the worker's events until stop; perSecond > 0 paces it to
-// that many blocks per second, measured from start. A load report goes out
-// every second, as an agent's does.
-func (w *benchWorker) publish(stop *atomic.Bool, start time.Time, perSecond float64) {
+// that many blocks per second, measured from start. cpus, when not nil,
+// is a token held while generating and sending, so that publishers
+// together take no more of the machine than workers on other hosts would
+// take from the router. A load report goes out every second, as an
+// agent's does.
+func (w *benchWorker) publish(stop *atomic.Bool, start time.Time, perSecond float64, cpus chan struct{}) {
 	nextReport := start.Add(time.Second)
 	var stored float64
 	for i := 0; !stop.Load(); i++ {
+		if cpus != nil && i%publishTurn == 0 {
+			if i > 0 {
+				<-cpus
+			}
+			cpus <- struct{}{}
+		}
 		ev := w.gen.event(w.gen.blocks)
 		if err := w.pub.Publish(ev); err != nil {
 			continue
@@ -582,7 +645,7 @@ func (w *benchWorker) publish(stop *atomic.Bool, start time.Time, perSecond floa
 		} else {
 			w.removed.Add(uint64(len(ev.Removed.EngineHashes)))
 		}
-		if i%64 != 0 && perSecond == 0 {
+		if i%publishTurn != publishTurn-1 {
 			continue
 		}
 		now := time.Now()
@@ -592,11 +655,24 @@ func (w *benchWorker) publish(stop *atomic.Bool, start time.Time, perSecond floa
 		}
 		if perSecond > 0 {
 			if ahead := start.Add(time.Duration(stored / perSecond * float64(time.Second))).Sub(now); ahead > time.Millisecond {
+				if cpus != nil {
+					<-cpus
+				}
 				time.Sleep(ahead)
+				if cpus != nil {
+					cpus <- struct{}{}
+				}
 			}
 		}
 	}
+	if cpus != nil {
+		<-cpus
+	}
 }
+
+// publishTurn is how many events a publisher sends per turn on a CPU
+// token: enough to make the hand-over cheap, few enough to interleave.
+const publishTurn = 8
 
 // planeRecovery is the recovery-time measurement.
 type planeRecovery struct {
@@ -639,10 +715,14 @@ func runPlaneRecovery(ctx context.Context, cfg planeBenchConfig, progress io.Wri
 	}
 	n, bpe := cfg.Publishers, cfg.BlocksPerEvent
 	events := (cfg.RecoveryBlocks + bpe - 1) / bpe
-	res := &planeRecovery{Blocks: cfg.RecoveryBlocks, Workers: n, TargetS: planeTargetRecovery.Seconds(),
+	res := &planeRecovery{Blocks: cfg.RecoveryBlocks, Workers: n, TargetS: planeTargetRecovery.Seconds(), SnapshotThreshold: cfg.SnapshotEvents}
+	if res.SnapshotThreshold == 0 {
 		// Low enough that the build crosses it: the new replica starts from a
 		// snapshot and a tail, the path a replica of a long-lived fleet takes.
-		SnapshotThreshold: uint64(max(events/8, 16))}
+		res.SnapshotThreshold = uint64(max(events/8, 16))
+	}
+	// A threshold the build does not cross leaves the whole stream to replay.
+	snapshots := res.SnapshotThreshold < uint64(events)
 
 	// Replica a follows the build on the durable plane and writes the
 	// snapshot; it is closed before anything is timed.
@@ -694,19 +774,24 @@ func runPlaneRecovery(ctx context.Context, cfg planeBenchConfig, progress io.Wri
 			return nil, err
 		}
 	}
+	want := uint64(cfg.RecoveryBlocks)
+	fmt.Fprintln(progress, "recovery: waiting for replica a to apply every event and write a snapshot...")
+	// The stream stores what the workers sent asynchronously, so its last
+	// sequence counts only once replica a holds every block.
+	if !waitFor(ctx, 120*time.Second, 10*time.Millisecond, func() bool {
+		return (subA.Stats().Snapshots > 0 || !snapshots) && ra.Stats().IndexedPairs == want
+	}, func() {
+		fmt.Fprintf(progress, "recovery: replica a holds %s of %s blocks, %d snapshot(s)\n", thousands(float64(ra.Stats().IndexedPairs)), thousands(float64(want)), subA.Stats().Snapshots)
+	}) {
+		return nil, fmt.Errorf("replica a: %d snapshots, %d of %d blocks within 120 s", subA.Stats().Snapshots, ra.Stats().IndexedPairs, want)
+	}
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return nil, err
 	}
 	res.StreamLastSeq = info.State.LastSeq
-	want := uint64(cfg.RecoveryBlocks)
-	fmt.Fprintf(progress, "recovery: %d events in the stream; waiting for replica a to apply them and write a snapshot...\n", res.StreamLastSeq)
-	if !waitFor(ctx, 120*time.Second, 10*time.Millisecond, func() bool {
-		st := subA.Stats()
-		return st.StreamSeq >= res.StreamLastSeq && st.Snapshots > 0 && ra.Stats().IndexedPairs == want
-	}) {
-		return nil, fmt.Errorf("replica a: stream seq %d of %d, %d snapshots, %d of %d blocks within 120 s",
-			subA.Stats().StreamSeq, res.StreamLastSeq, subA.Stats().Snapshots, ra.Stats().IndexedPairs, want)
+	if !waitFor(ctx, 10*time.Second, time.Millisecond, func() bool { return subA.Stats().StreamSeq >= res.StreamLastSeq }, nil) {
+		return nil, fmt.Errorf("replica a: stream seq %d of %d", subA.Stats().StreamSeq, res.StreamLastSeq)
 	}
 	res.BuildS = time.Since(build).Seconds()
 	subA.Close()
@@ -732,6 +817,8 @@ func runPlaneRecovery(ctx context.Context, cfg planeBenchConfig, progress io.Wri
 	res.DurableStartS = time.Since(t0).Seconds()
 	ok := waitFor(ctx, 60*time.Second, time.Millisecond, func() bool {
 		return subB.Stats().StreamSeq >= res.StreamLastSeq && rb.Stats().IndexedPairs == want
+	}, func() {
+		fmt.Fprintf(progress, "recovery: new replica holds %s of %s blocks\n", thousands(float64(rb.Stats().IndexedPairs)), thousands(float64(want)))
 	})
 	res.DurableS = time.Since(t0).Seconds()
 	st := subB.Stats()
@@ -762,6 +849,8 @@ func runPlaneRecovery(ctx context.Context, cfg planeBenchConfig, progress io.Wri
 	}
 	ok = waitFor(ctx, 60*time.Second, time.Millisecond, func() bool {
 		return subC.Stats().Dumps >= uint64(n) && rc.Stats().IndexedPairs == want
+	}, func() {
+		fmt.Fprintf(progress, "recovery: core router holds %s of %s blocks\n", thousands(float64(rc.Stats().IndexedPairs)), thousands(float64(want)))
 	})
 	res.CoreS = time.Since(t0).Seconds()
 	res.CoreDumps = subC.Stats().Dumps
@@ -1012,6 +1101,9 @@ func printPlaneReport(w io.Writer, rep *planeReport) error {
 		if t.RateTarget > 0 {
 			rate = "aiming at " + thousands(t.RateTarget) + " blocks/s"
 		}
+		if t.PublisherCPUs > 0 {
+			rate += fmt.Sprintf(" on %d CPU(s)", t.PublisherCPUs)
+		}
 		fmt.Fprintf(w, "Event throughput: %d publishers (%s) → 1 router subscriber, NATS core, %d blocks/event, %.1f s\n\n",
 			t.Publishers, rate, t.BlocksPerEvent, t.DurationS)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -1020,7 +1112,7 @@ func printPlaneReport(w io.Writer, rep *planeReport) error {
 		fmt.Fprintf(tw, "stored blocks/s published\t%s\t\t\t\n", thousands(t.PublishedBlocksPerS))
 		fmt.Fprintf(tw, "removed blocks/s applied\t%s\t\t\t\n", thousands(t.AppliedRemovedPerS))
 		fmt.Fprintf(tw, "events/s applied / published\t%s / %s\t\t\t\n", thousands(t.AppliedEventsPerS), thousands(t.PublishedEventsPerS))
-		fmt.Fprintf(tw, "events behind at stop\t%s\t\t\t\n", thousands(float64(t.LagEventsAtStop)))
+		fmt.Fprintf(tw, "events behind at stop\t%s (%.2f s of publishing)\t\t\t\n", thousands(float64(t.LagEventsAtStop)), t.LagSAtStop)
 		drained := fmt.Sprintf("%.2f s", t.DrainS)
 		if !t.Drained {
 			drained = fmt.Sprintf("not within %.0f s", t.DrainS)
@@ -1029,6 +1121,7 @@ func printPlaneReport(w io.Writer, rep *planeReport) error {
 		fmt.Fprintf(tw, "events dropped (full subscription)\t%s\t\t\t\n", thousands(float64(t.SlowConsumerDropped)))
 		fmt.Fprintf(tw, "gaps / ranges / dumps / failed\t%d / %d / %d / %d\t\t\t\n", t.Gaps, t.RangesRecovered, t.Dumps, t.RecoveryFailures)
 		fmt.Fprintf(tw, "blocks recovered by dumps\t%s\t\t\t\n", thousands(float64(t.RecoveredBlocks)))
+		fmt.Fprintf(tw, "router NATS reconnects\t%d\t\t\t\n", t.RouterReconnects)
 		fmt.Fprintf(tw, "index blocks / workers' blocks\t%s / %s\t\t\t\n", thousands(float64(t.IndexBlocks)), thousands(float64(t.WorkerBlocksHeld)))
 		fmt.Fprintf(tw, "subscriber fell behind\t%v\t\t\t\n", t.FellBehind)
 		if err := tw.Flush(); err != nil {

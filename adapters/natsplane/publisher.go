@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
@@ -127,10 +128,13 @@ func (p *Publisher) Publish(ev kv.Event) error {
 		p.stats.lost.Add(1)
 		return nil
 	}
-	b, err := json.Marshal(ev)
+	buf := eventBufs.Get().(*[]byte)
+	b, err := ev.AppendJSON((*buf)[:0])
 	if err == nil {
-		err = p.nc.Publish(p.subj, b)
+		err = p.nc.Publish(p.subj, b) // copies b into the connection's buffer
+		*buf = b
 	}
+	eventBufs.Put(buf)
 	if err != nil {
 		p.stats.publishErrors.Add(1)
 		return fmt.Errorf("natsplane: publish: %w", err)
@@ -138,6 +142,8 @@ func (p *Publisher) Publish(ev kv.Event) error {
 	p.stats.published.Add(1)
 	return nil
 }
+
+var eventBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
 
 // PublishLoad sends a rank's load report, stamped with its last event id.
 func (p *Publisher) PublishLoad(r LoadReport) error {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +73,12 @@ type SubscriberStats struct {
 	StreamSeq uint64
 }
 
+type durableEvent struct {
+	msg jetstream.Msg
+	ev  kv.Event
+	ok  bool
+}
+
 type control struct {
 	add    *Instance
 	remove uint64
@@ -86,10 +93,12 @@ type Subscriber struct {
 	sink Sink
 	log  *slog.Logger
 
-	ctl     chan control
-	events  chan *nats.Msg
+	ctl chan control
+	// Events are decoded on the NATS client's delivery goroutine, so that
+	// decoding and applying use two cores.
+	events  chan kv.Event
 	metrics chan *nats.Msg
-	durable chan jetstream.Msg
+	durable chan durableEvent
 	subs    []*nats.Subscription
 	consume jetstream.ConsumeContext
 	cancel  context.CancelFunc
@@ -106,6 +115,10 @@ type Subscriber struct {
 	lastSeq  uint64
 	lastMsg  jetstream.Msg
 	unacked  int
+	// snapshotting is set while a snapshot is written aside; Close waits
+	// for it on snapshots.
+	snapshotting atomic.Bool
+	snapshots    sync.WaitGroup
 
 	stats struct {
 		applied, applyErrors, malformed, duplicates atomic.Uint64
@@ -173,8 +186,17 @@ func (s *Subscriber) Start(ctx context.Context) error {
 			return err
 		}
 	} else {
-		s.events = make(chan *nats.Msg, 1<<16)
-		sub, err := s.nc.ChanSubscribe(s.cfg.Names.KVEvents(), s.events)
+		s.events = make(chan kv.Event, 1<<14)
+		// The callback blocks while the apply loop is behind; NATS then
+		// buffers in this process (no pending limit) instead of dropping.
+		sub, err := s.nc.Subscribe(s.cfg.Names.KVEvents(), func(m *nats.Msg) {
+			if ev, ok := s.decode(m.Data); ok {
+				select {
+				case s.events <- ev:
+				case <-ctx.Done():
+				}
+			}
+		})
 		if err != nil {
 			s.unsubscribe()
 			return err
@@ -210,6 +232,7 @@ func (s *Subscriber) Close() {
 	s.cancel()
 	s.unsubscribe()
 	<-s.done
+	s.snapshots.Wait()
 }
 
 // Stats returns the counters.
@@ -239,10 +262,10 @@ func (s *Subscriber) run(ctx context.Context) {
 			return
 		case c := <-s.ctl:
 			s.control(c)
-		case m := <-s.events:
-			s.onCoreEvent(m.Data)
+		case ev := <-s.events:
+			s.onCoreEvent(&ev)
 		case m := <-s.durable:
-			s.onDurableEvent(m)
+			s.onDurableEvent(&m)
 			if len(s.durable) == 0 || s.unacked >= 1024 {
 				s.ack()
 			}
@@ -318,16 +341,12 @@ func (s *Subscriber) decode(data []byte) (kv.Event, bool) {
 	return ev, true
 }
 
-func (s *Subscriber) onCoreEvent(data []byte) {
-	ev, ok := s.decode(data)
-	if !ok {
-		return
-	}
+func (s *Subscriber) onCoreEvent(ev *kv.Event) {
 	if _, known := s.known[ev.Worker.ID]; !known {
-		s.hold(&ev)
+		s.hold(ev)
 		return
 	}
-	s.onKnownCoreEvent(&ev)
+	s.onKnownCoreEvent(ev)
 }
 
 func (s *Subscriber) onKnownCoreEvent(ev *kv.Event) {
@@ -467,10 +486,11 @@ func (s *Subscriber) onLoadReport(data []byte) {
 		return
 	}
 	// The report can overtake events sent just before it, so only the
-	// previous report's id is taken as proof of loss.
+	// previous report's id is taken as proof of loss, and only when no
+	// event waits to be applied: behind a backlog every worker looks behind.
 	if s.dirty[w] {
 		s.resync(w)
-	} else if prev := s.reported[w]; s.cursor.Behind(w, prev) {
+	} else if prev := s.reported[w]; len(s.events) == 0 && s.cursor.Behind(w, prev) {
 		s.stats.gaps.Add(1)
 		s.recover(w, prev)
 	}
@@ -536,10 +556,11 @@ func (s *Subscriber) startDurable(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("natsplane: consumer: %w", err)
 	}
-	s.durable = make(chan jetstream.Msg, 8192)
+	s.durable = make(chan durableEvent, 8192)
 	s.consume, err = cons.Consume(func(m jetstream.Msg) {
+		ev, ok := s.decode(m.Data())
 		select {
-		case s.durable <- m:
+		case s.durable <- durableEvent{m, ev, ok}:
 		case <-ctx.Done():
 		}
 	}, jetstream.PullMaxMessages(4096))
@@ -591,22 +612,21 @@ func (s *Subscriber) loadSnapshot(ctx context.Context, obs jetstream.ObjectStore
 	return seq, nil
 }
 
-func (s *Subscriber) onDurableEvent(m jetstream.Msg) {
-	if md, err := m.Metadata(); err == nil {
+func (s *Subscriber) onDurableEvent(d *durableEvent) {
+	if md, err := d.msg.Metadata(); err == nil {
 		s.lastSeq = md.Sequence.Stream
 		s.stats.streamSeq.Store(s.lastSeq)
 	}
-	s.lastMsg = m
+	s.lastMsg = d.msg
 	s.unacked++
-	ev, ok := s.decode(m.Data())
-	if !ok {
+	if !d.ok {
 		return
 	}
-	if _, known := s.known[ev.Worker.ID]; !known {
-		s.hold(&ev)
+	if _, known := s.known[d.ev.Worker.ID]; !known {
+		s.hold(&d.ev)
 		return
 	}
-	s.apply(&ev)
+	s.apply(&d.ev)
 }
 
 // ack acknowledges everything applied so far (the consumer acks all below
@@ -623,6 +643,9 @@ func (s *Subscriber) ack() {
 // stream, and purges what every replica has acknowledged. A lock with a TTL
 // keeps replicas from writing at once; a crashed holder's lock expires.
 func (s *Subscriber) maybeSnapshot(ctx context.Context) {
+	if s.snapshotting.Load() {
+		return
+	}
 	info, err := s.stream.Info(ctx)
 	if err != nil || info.State.Msgs <= s.cfg.SnapshotThreshold || s.lastSeq == 0 {
 		return
@@ -635,22 +658,32 @@ func (s *Subscriber) maybeSnapshot(ctx context.Context) {
 	if _, err := locks.Create(ctx, "snapshot", []byte(s.cfg.RouterID)); err != nil {
 		return // another replica is writing
 	}
-	defer func() { _ = locks.Delete(context.Background(), "snapshot") }()
-	if err := s.writeSnapshot(ctx); err != nil {
-		s.log.Warn("index snapshot failed", "err", err)
-	}
-}
-
-func (s *Subscriber) writeSnapshot(ctx context.Context) error {
+	unlock := func() { _ = locks.Delete(context.Background(), "snapshot") }
 	seq := s.lastSeq
 	if s.lastMsg != nil && s.unacked > 0 {
 		// Acknowledged for sure before the purge reads the ack floors.
 		if err := s.lastMsg.DoubleAck(ctx); err != nil {
-			return err
+			unlock()
+			s.log.Warn("index snapshot failed", "err", err)
+			return
 		}
 		s.unacked = 0
 	}
-	data, err := EncodeDump(nil, s.sink.DumpEvents())
+	// The dump must be taken here, between two events, to match seq; the
+	// rest runs aside so that events keep applying meanwhile.
+	events := s.sink.DumpEvents()
+	s.snapshotting.Store(true)
+	s.snapshots.Go(func() {
+		defer s.snapshotting.Store(false)
+		defer unlock()
+		if err := s.writeSnapshot(ctx, seq, events); err != nil {
+			s.log.Warn("index snapshot failed", "err", err)
+		}
+	})
+}
+
+func (s *Subscriber) writeSnapshot(ctx context.Context, seq uint64, events []kv.Event) error {
+	data, err := EncodeDump(nil, events)
 	if err != nil {
 		return err
 	}

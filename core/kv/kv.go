@@ -116,44 +116,22 @@ type wireInner struct {
 	Data    json.RawMessage `json:"data"`
 }
 
-// MarshalJSON writes the event in the plane's JSON shape.
-func (e Event) MarshalJSON() ([]byte, error) {
-	var data any
-	switch e.Kind {
-	case KindStored:
-		s := e.Stored
-		if s.Blocks == nil {
-			s.Blocks = []Block{}
-		}
-		data = map[string]Stored{"stored": s}
-	case KindRemoved:
-		r := e.Removed
-		if r.EngineHashes == nil {
-			r.EngineHashes = []uint64{}
-		}
-		data = map[string]Removed{"removed": r}
-	case KindCleared:
-		data = "cleared"
-	default:
-		return nil, fmt.Errorf("kv: cannot encode event of kind %d", e.Kind)
-	}
-	raw, err := json.Marshal(data)
-	if err != nil {
-		return nil, err
-	}
-	tier := e.Tier
-	if tier == "" {
-		tier = TierDevice
-	}
-	return json.Marshal(wireEvent{WorkerID: e.Worker.ID, StorageTier: tier, Event: wireInner{EventID: e.EventID, DPRank: e.Worker.DPRank, Data: raw}})
-}
-
 // ErrMalformedEvent wraps every decoding failure of UnmarshalJSON.
 var ErrMalformedEvent = errors.New("kv: malformed event")
 
 // UnmarshalJSON reads the plane's JSON shape. A missing storage tier means
-// device memory.
+// device memory. Events as kvrouter writes them take a single-pass decoder;
+// anything it does not expect (other key spellings, extra keys, escapes)
+// goes through encoding/json, which also words the errors.
 func (e *Event) UnmarshalJSON(b []byte) error {
+	if ev, ok := decodeFast(b); ok {
+		*e = ev
+		return nil
+	}
+	return e.unmarshalSlow(b)
+}
+
+func (e *Event) unmarshalSlow(b []byte) error {
 	var w wireEvent
 	if err := json.Unmarshal(b, &w); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformedEvent, err)

@@ -137,7 +137,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Client: &http.Client{}, Registry: reg, Logger: log, Dependencies: s.planeHealth})
+	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth})
 	if err != nil {
 		return nil, err
 	}

@@ -371,3 +371,24 @@ func TestLoadReportsDriveBusyDetection(t *testing.T) {
 		return errors.Is(err, sched.ErrAllBusy)
 	})
 }
+
+func BenchmarkDumpCodec(b *testing.B) {
+	evs := make([]kv.Event, 100_000)
+	for i := range evs {
+		evs[i] = kv.StoredEvent(kv.Worker{ID: uint64(i % 64)}, 0, kv.Ptr(uint64(i)), kv.Block{EngineHash: uint64(i + 1), LocalHash: uint64(i * 7)})
+	}
+	data, _ := EncodeDump(nil, evs)
+	b.Run("encode", func(b *testing.B) {
+		buf := make([]byte, 0, len(data))
+		for b.Loop() {
+			buf, _ = EncodeDump(buf[:0], evs)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/block")
+	})
+	b.Run("decode", func(b *testing.B) {
+		for b.Loop() {
+			_ = DecodeDump(data, func(*kv.Event) error { return nil })
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/block")
+	})
+}

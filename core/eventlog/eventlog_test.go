@@ -151,3 +151,35 @@ func TestCursorVerdicts(t *testing.T) {
 		t.Fatal("forgotten rank still tracked")
 	}
 }
+
+func BenchmarkAppend(b *testing.B) {
+	l := New(1, DefaultRingSize)
+	w := kv.Worker{ID: 1}
+	blocks := make([]kv.Block, 16)
+	var h uint64
+	for b.Loop() {
+		for i := range blocks {
+			h++
+			blocks[i] = kv.Block{EngineHash: h, LocalHash: h}
+		}
+		if _, err := l.Append(kv.StoredEvent(w, 0, nil, blocks...)); err != nil {
+			b.Fatal(err)
+		}
+		if h%(1<<16) == 0 {
+			_, _ = l.Append(kv.ClearedEvent(w, 0)) // keep the index bounded
+		}
+	}
+}
+
+func BenchmarkRange(b *testing.B) {
+	l := New(1, DefaultRingSize)
+	w := kv.Worker{ID: 1}
+	for h := uint64(1); h <= 2*DefaultRingSize; h++ {
+		_, _ = l.Append(kv.StoredEvent(w, 0, nil, kv.Block{EngineHash: h, LocalHash: h}))
+	}
+	for b.Loop() {
+		if _, ok := l.Range(0, 2*DefaultRingSize-99, 2*DefaultRingSize); !ok {
+			b.Fatal("range")
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -41,6 +42,14 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	port := cfg.Port
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else {
+		// The server only logs a failed bind, which would surface as a
+		// timeout; a port in use deserves its own message.
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return nil, fmt.Errorf("natsplane: embedded server cannot listen on %s:%d (another kvrouter or NATS? use --nats-url to join it, or --nats-port): %w", host, port, err)
+		}
+		ln.Close()
 	}
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "kvrouter-embedded",

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -391,4 +392,12 @@ func BenchmarkDumpCodec(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/block")
 	})
+}
+
+func TestEmbeddedServerOnAPortInUseSaysSo(t *testing.T) {
+	srv := startServer(t)
+	_, err := StartEmbedded(EmbeddedConfig{StoreDir: t.TempDir(), Port: srv.Port()})
+	if err == nil || !strings.Contains(err.Error(), "cannot listen") {
+		t.Fatalf("want a clear error, got %v", err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -283,12 +284,9 @@ func (s *Subscriber) control(c control) {
 	if c.add == nil {
 		delete(s.known, c.remove)
 		s.cursor.Forget(c.remove)
-		for w := range s.dirty {
-			if w.ID == c.remove {
-				delete(s.dirty, w)
-				delete(s.reported, w)
-			}
-		}
+		drop := func(w kv.Worker, _ bool) bool { return w.ID == c.remove }
+		maps.DeleteFunc(s.dirty, drop)
+		maps.DeleteFunc(s.reported, func(w kv.Worker, _ uint64) bool { return w.ID == c.remove })
 		s.heldN -= len(s.held[c.remove])
 		delete(s.held, c.remove)
 		return

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -334,6 +335,21 @@ func (r *Router) RemoveWorker(id uint64) {
 	for rank := 0; rank < info.DPSize; rank++ {
 		r.tracker.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
 	}
+	r.forgetEngineLoad(id)
+}
+
+// forgetEngineLoad drops a departed engine's reports: should it come back,
+// a stale usage must not mark it busy before it reports again.
+func (r *Router) forgetEngineLoad(id uint64) {
+	r.engineLoadMu.Lock()
+	defer r.engineLoadMu.Unlock()
+	old := r.engineLoads.Load()
+	if old == nil {
+		return
+	}
+	next := maps.Clone(*old)
+	maps.DeleteFunc(next, func(w kv.Worker, _ sched.EngineLoad) bool { return w.ID == id })
+	r.engineLoads.Store(&next)
 }
 
 func (r *Router) dropRank(w kv.Worker) {

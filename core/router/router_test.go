@@ -466,3 +466,24 @@ func TestEngineStoredIsHashedByTheRouterAndMisSizedBlocksDropped(t *testing.T) {
 		t.Fatalf("mis-sized %d (want 2), pairs %d (want 5)", st.MisSizedBlocks, st.IndexedPairs)
 	}
 }
+
+func TestEngineReportsMakeBusyAndLeaveWithTheEngine(t *testing.T) {
+	cfg := DefaultConfig()
+	half := 0.5
+	cfg.Busy = sched.BusyThreshold{ActiveDecodeBlocks: &half}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddWorker(WorkerInfo{ID: 1, DPSize: 1})
+	req := &Request{Tokens: make([]uint32, 64)}
+	r.SetEngineLoad(kv.Worker{ID: 1}, sched.EngineLoad{KVUsage: 0.9})
+	if _, err := r.BestWorker(context.Background(), req); !errors.Is(err, sched.ErrAllBusy) {
+		t.Fatalf("an engine reporting 90%% KV usage over a 50%% threshold was not busy: %v", err)
+	}
+	r.RemoveWorker(1)
+	r.AddWorker(WorkerInfo{ID: 1, DPSize: 1})
+	if _, err := r.BestWorker(context.Background(), req); err != nil {
+		t.Fatalf("a returning engine is judged on its departed self's report: %v", err)
+	}
+}

@@ -53,7 +53,8 @@ type Config struct {
 	HealthInterval time.Duration
 	// EngineMetricsInterval is how often engines' /metrics are read when
 	// the router's mode scores by engine-reported load (llm-d-precise,
-	// gie-approx-prefix); 0 means 50 ms, the Inference Extension's default.
+	// gie-approx-prefix) or a decode busy threshold is set at start; 0
+	// means 50 ms, the Inference Extension's default.
 	EngineMetricsInterval time.Duration
 	Logger                *slog.Logger
 	// Plane, when set, adds the NATS plane: discovery, event plane,
@@ -167,7 +168,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.supervise(ctx, w)
 		}()
 	}
-	if cfg.Router.Mode.UsesEngineLoad() {
+	// Engine reports feed the modes scoring by them and, given a decode
+	// threshold, busy detection.
+	if cfg.Router.Mode.UsesEngineLoad() || cfg.Router.Busy.ActiveDecodeBlocks != nil {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

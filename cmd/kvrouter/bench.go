@@ -1,6 +1,11 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"os"
+	"runtime/pprof"
+
+	"github.com/spf13/cobra"
+)
 
 func newBenchCmd() *cobra.Command {
 	bench := &cobra.Command{
@@ -9,4 +14,24 @@ func newBenchCmd() *cobra.Command {
 	}
 	addBenchCommands(bench)
 	return bench
+}
+
+// startCPUProfile profiles the process into path until stop; "" profiles
+// nothing.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

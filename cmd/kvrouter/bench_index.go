@@ -54,17 +54,11 @@ its (block, worker) pairs. Progress goes to stderr once per second.`,
 			if !quiet {
 				cfg.Progress = cmd.ErrOrStderr()
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
+			stopProfile, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			rep, err := bench.IndexBench(ctx, tr, cfg)

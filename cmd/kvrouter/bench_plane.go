@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -118,17 +117,11 @@ Progress goes to stderr.`,
 			if !quiet {
 				progress = cmd.ErrOrStderr()
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
+			stopProfile, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			skip := map[string]bool{}
@@ -136,7 +129,6 @@ Progress goes to stderr.`,
 				skip[s] = true
 			}
 			var rep planeReport
-			var err error
 			if !skip["throughput"] {
 				if rep.Throughput, err = runPlaneThroughput(ctx, cfg, progress); err != nil {
 					return fmt.Errorf("throughput: %w", err)

@@ -489,6 +489,9 @@ type scratch struct {
 	infos    []WorkerInfo
 	pots     []load.Potential
 	cands    []sched.Candidate
+	// busy are the request's thresholds, read once by candidates for
+	// decide.
+	busy sched.BusyThreshold
 }
 
 // prepared is a request after hashing and matching.
@@ -639,11 +642,14 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	}
 	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse}
 	sc.pots = r.tracker.PotentialLoads(q, sc.workers, sc.overlaps, sc.pots[:0])
-	// Engine reports feed the peer modes' scorers and busy detection;
-	// without any report the map is nil and costs nothing.
+	// Engine reports feed the peer modes' scorers and the decode busy
+	// threshold; other decisions skip the lookups.
+	sc.busy = r.thresholds.Get(p.req.Model)
 	var engine map[kv.Worker]sched.EngineLoad
-	if m := r.engineLoads.Load(); m != nil {
-		engine = *m
+	if r.cfg.Mode.UsesEngineLoad() || sc.busy.ActiveDecodeBlocks != nil {
+		if m := r.engineLoads.Load(); m != nil {
+			engine = *m
+		}
 	}
 	sc.cands = sc.cands[:0]
 	for i, pot := range sc.pots {
@@ -679,7 +685,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	sreq := sched.Request{
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
 		Target: p.req.Target, Session: p.req.Session,
-		Busy: r.thresholds.Get(p.req.Model), Now: r.now(),
+		Busy: sc.busy, Now: r.now(),
 		Tokens: p.req.Tokens, Commit: book,
 	}
 	choice, err := r.scheduler.Select(&sreq, cands, r.rng)

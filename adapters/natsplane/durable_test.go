@@ -43,14 +43,7 @@ func caughtUp(t *testing.T, sub *Subscriber, url string) bool {
 func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 	srv := startServer(t)
 	ids := []uint64{41, 42, 43}
-	var pubs []*Publisher
-	for _, id := range ids {
-		p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pubs = append(pubs, p)
-	}
+	pubs := startPublishers(t, srv.URL(), ids...)
 	js, _ := jetstream.New(connect(t, srv.URL()))
 	if _, err := EnsureStream(context.Background(), js, Names{}); err != nil {
 		t.Fatal(err)
@@ -85,10 +78,7 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 
 func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	srv := startServer(t)
-	p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: 51})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := startPublishers(t, srv.URL(), 51)[0]
 	a, dumpA := startDurable(t, srv.URL(), "a", 300, 51)
 	publishAll(t, []*Publisher{p}, 1000)
 	want := truth(p)

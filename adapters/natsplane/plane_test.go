@@ -53,6 +53,21 @@ func newRouter(t *testing.T, workers ...uint64) *router.Router {
 	return r
 }
 
+// startPublishers starts one publisher per worker, each on its own
+// connection, as separate agents would be.
+func startPublishers(t *testing.T, url string, ids ...uint64) []*Publisher {
+	t.Helper()
+	pubs := make([]*Publisher, 0, len(ids))
+	for _, id := range ids {
+		p, err := NewPublisher(connect(t, url), PublisherConfig{Worker: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	return pubs
+}
+
 // startSubscriber starts a router fed by the plane; workers are announced
 // before Start, as serve does with the workers discovery lists.
 func startSubscriber(t *testing.T, url string, cfg SubscriberConfig, workers ...uint64) (*Subscriber, *router.Router) {
@@ -248,14 +263,7 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 func TestCorePlaneNewRouterDumpsEveryWorker(t *testing.T) {
 	srv := startServer(t)
 	ids := []uint64{21, 22}
-	var pubs []*Publisher
-	for _, id := range ids {
-		p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pubs = append(pubs, p)
-	}
+	pubs := startPublishers(t, srv.URL(), ids...)
 	publishAll(t, pubs, 500) // nobody listens yet
 	_, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "late"}, ids...)
 	want := truth(pubs...)
@@ -276,10 +284,7 @@ func TestMalformedMessagesAreCountedAndSkipped(t *testing.T) {
 		}
 	}
 	_ = nc.Publish(names.KVMetrics(), []byte("not json"))
-	p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: 31})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := startPublishers(t, srv.URL(), 31)[0]
 	if _, err := nc.Request(names.Recovery(31), []byte("{bad"), 200*time.Millisecond); err == nil {
 		t.Fatal("a malformed recovery request was answered")
 	}
@@ -343,15 +348,10 @@ func TestLoadReportsDriveBusyDetection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pubs []*Publisher
+	pubs := startPublishers(t, srv.URL(), 61, 62)
 	for _, id := range []uint64{61, 62} {
 		r.AddWorker(router.WorkerInfo{ID: id, DPSize: 1, TotalKVBlocks: 1000})
 		sub.WorkerAdded(Instance{WorkerID: id, URL: "http://x", DPSize: 1})
-		p, err := NewPublisher(connect(t, srv.URL()), PublisherConfig{Worker: id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pubs = append(pubs, p)
 	}
 	if err := sub.Start(context.Background()); err != nil {
 		t.Fatal(err)

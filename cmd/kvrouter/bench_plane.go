@@ -971,69 +971,35 @@ func replicaPhase(ctx context.Context, cfg planeBenchConfig, url string, rcfg ro
 		}
 	}
 	warmup := min(time.Second, cfg.ReplicaDuration/5)
-	var (
-		measuring atomic.Bool
-		mu        sync.Mutex
-		lat       []float64
-		errs      atomic.Int64
-		firstErr  atomic.Value
-		wg        sync.WaitGroup
-	)
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for c := range cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1))
-			prompt := make([]uint32, replicaPrefixTokens+replicaTailTokens)
-			var mine []float64
-			for i := 0; lctx.Err() == nil; i++ {
-				copy(prompt, prefixes[rng.IntN(len(prefixes))])
-				for j := replicaPrefixTokens; j < len(prompt); j++ {
-					prompt[j] = uint32(rng.IntN(128000))
-				}
-				t0 := time.Now()
-				err := completeOnce(lctx, client, targets[(c+i)%len(targets)], model, prompt, cfg.MaxTokens)
-				took := time.Since(t0)
-				if lctx.Err() != nil || !measuring.Load() {
-					continue
-				}
-				if err != nil {
-					errs.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				mine = append(mine, float64(took.Microseconds())/1e3)
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		}()
+	rngs := make([]*rand.Rand, cfg.Concurrency)
+	prompts := make([][]uint32, cfg.Concurrency)
+	for c := range rngs {
+		rngs[c] = rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1))
+		prompts[c] = make([]uint32, replicaPrefixTokens+replicaTailTokens)
 	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(warmup):
+	w, err := bench.ClosedLoop(ctx, cfg.Concurrency, warmup, cfg.ReplicaDuration, func(ctx context.Context, c, i int) (float64, error) {
+		rng, prompt := rngs[c], prompts[c]
+		copy(prompt, prefixes[rng.IntN(len(prefixes))])
+		for j := replicaPrefixTokens; j < len(prompt); j++ {
+			prompt[j] = uint32(rng.IntN(128000))
+		}
+		t0 := time.Now()
+		err := completeOnce(ctx, client, targets[(c+i)%len(targets)], model, prompt, cfg.MaxTokens)
+		return float64(time.Since(t0).Microseconds()) / 1e3, err
+	})
+	if err != nil {
+		return setup, err
 	}
-	measuring.Store(true)
-	start := time.Now()
-	select {
-	case <-ctx.Done():
-	case <-time.After(cfg.ReplicaDuration):
-	}
-	measuring.Store(false)
-	elapsed := time.Since(start)
-	cancel()
-	wg.Wait()
+	lat, elapsed := w.Samples, w.Elapsed
 	if ctx.Err() != nil {
 		return setup, ctx.Err()
 	}
-	setup.Requests, setup.Errors, setup.DurationS = len(lat), int(errs.Load()), elapsed.Seconds()
+	setup.Requests, setup.Errors, setup.DurationS = len(lat), w.Errors, elapsed.Seconds()
 	setup.RequestsPS = float64(len(lat)) / elapsed.Seconds()
 	setup.P50ms, setup.P99ms = bench.Percentile(lat, 50), bench.Percentile(lat, 99)
 	if setup.Requests == 0 {
-		if err, ok := firstErr.Load().(error); ok {
-			return setup, fmt.Errorf("no request succeeded: %w", err)
+		if w.FirstErr != nil {
+			return setup, fmt.Errorf("no request succeeded: %w", w.FirstErr)
 		}
 		return setup, errors.New("no request completed")
 	}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/router"
@@ -127,73 +125,33 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 func loadPhase(ctx context.Context, targets []string, model string, isl, osl, conc int, stream, timing bool, warmup, duration time.Duration, seed uint64) (Phase, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	defer client.CloseIdleConnections()
-	var (
-		measuring atomic.Bool
-		mu        sync.Mutex
-		ttfts     []float64
-		e2es      []float64
-		held      []float64
-		errs      atomic.Int64
-		firstErr  atomic.Value
-	)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	for c := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(seed, uint64(c)+7))
-			for i := 0; ctx.Err() == nil; i++ {
-				prompt := randomTokens(r, isl)
-				t0 := time.Now()
-				res, err := send(ctx, client, targets[(c+i)%len(targets)], model, prompt, osl, stream, timing)
-				ttft := res.ttft
-				e2e := time.Since(t0)
-				if ctx.Err() != nil || !measuring.Load() {
-					continue
-				}
-				if err != nil {
-					errs.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				mu.Lock()
-				ttfts = append(ttfts, float64(ttft.Microseconds())/1e3)
-				e2es = append(e2es, float64(e2e.Microseconds())/1e3)
-				if res.frontendMS >= 0 {
-					held = append(held, res.frontendMS)
-				}
-				mu.Unlock()
-			}
-		}()
+	type sample struct{ ttft, e2e, held float64 }
+	rngs := make([]*rand.Rand, conc)
+	for c := range rngs {
+		rngs[c] = rand.New(rand.NewPCG(seed, uint64(c)+7))
 	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(warmup):
+	w, _ := ClosedLoop(ctx, conc, warmup, duration, func(ctx context.Context, c, i int) (sample, error) {
+		prompt := randomTokens(rngs[c], isl)
+		t0 := time.Now()
+		res, err := send(ctx, client, targets[(c+i)%len(targets)], model, prompt, osl, stream, timing)
+		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res.frontendMS}, err
+	})
+	var ttfts, e2es, held []float64
+	for _, s := range w.Samples {
+		ttfts, e2es = append(ttfts, s.ttft), append(e2es, s.e2e)
+		if s.held >= 0 {
+			held = append(held, s.held)
+		}
 	}
-	measuring.Store(true)
-	start := time.Now()
-	select {
-	case <-ctx.Done():
-	case <-time.After(duration):
-	}
-	measuring.Store(false)
-	elapsed := time.Since(start)
-	cancel()
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	elapsed := w.Elapsed
 	p := Phase{
-		Requests: len(ttfts), Errors: int(errs.Load()), RequestsPS: float64(len(ttfts)) / elapsed.Seconds(),
+		Requests: len(ttfts), Errors: w.Errors, RequestsPS: float64(len(ttfts)) / elapsed.Seconds(),
 		TTFTmeanMs: Mean(ttfts), TTFTp50ms: Percentile(ttfts, 50), TTFTp99ms: Percentile(ttfts, 99),
 		E2Ep50ms: Percentile(e2es, 50), E2Ep99ms: Percentile(e2es, 99), DurationSec: elapsed.Seconds(),
 		FrontendP50ms: Percentile(held, 50), FrontendP99ms: Percentile(held, 99),
 	}
-	if p.Requests == 0 {
-		if err, ok := firstErr.Load().(error); ok {
-			return p, fmt.Errorf("no request succeeded: %w", err)
-		}
+	if p.Requests == 0 && w.FirstErr != nil {
+		return p, fmt.Errorf("no request succeeded: %w", w.FirstErr)
 	}
 	return p, nil
 }

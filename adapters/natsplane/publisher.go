@@ -160,9 +160,6 @@ func (p *Publisher) PublishLoad(r LoadReport) error {
 // of the last event they include.
 func (p *Publisher) Dump(rank uint32) ([]kv.Event, uint64) { return p.log.Dump(rank) }
 
-// Lasts returns the newest event id of every rank.
-func (p *Publisher) Lasts() map[uint32]uint64 { return p.log.Lasts() }
-
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
 	return PublisherStats{

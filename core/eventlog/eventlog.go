@@ -84,17 +84,6 @@ func (l *Log) Last(rank uint32) uint64 {
 	return 0
 }
 
-// Lasts returns the newest event id of every rank.
-func (l *Log) Lasts() map[uint32]uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make(map[uint32]uint64, len(l.ranks))
-	for r, rl := range l.ranks {
-		out[r] = rl.last
-	}
-	return out
-}
-
 // Range returns rank's events from..to inclusive; ok is false when the
 // ring no longer holds all of them or they do not exist yet.
 func (l *Log) Range(rank uint32, from, to uint64) (events []kv.Event, ok bool) {

@@ -178,12 +178,6 @@ func (a *Agent) ApplyEngineStored(es *router.EngineStored) error {
 	return err
 }
 
-// Publisher is the agent's event publisher, for inspection.
-func (a *Agent) Publisher() *natsplane.Publisher { return a.pub }
-
-// Sources are the engine's event sources, one per rank.
-func (a *Agent) Sources() []*enginesource.Source { return a.sources }
-
 func (a *Agent) stop() {
 	if a.cancel != nil {
 		a.cancel()

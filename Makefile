@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test fmt-check vet race build bench-index
+.PHONY: test fmt-check vet race build bench-index fuzz
 
 # test is what CI runs (.ci/run): formatting, vet, then every test with the
 # race detector.
@@ -27,3 +27,8 @@ TRACE ?= ../shared/traces/mooncake_conversation.jsonl
 
 bench-index:
 	$(GO) run ./cmd/kvrouter bench index --trace $(TRACE) --workers 1000 --duration 20s --json
+
+# fuzz runs every fuzz target for FUZZTIME each (scripts/fuzz.sh).
+FUZZTIME ?= 60s
+fuzz:
+	FUZZTIME=$(FUZZTIME) scripts/fuzz.sh

@@ -161,6 +161,14 @@ type Config struct {
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
 	Dependencies func() map[string]string
+	// MigrationLimit is how many times a stream that breaks off may be
+	// continued on another engine (Dynamo's --migration-limit); 0 ends it
+	// with an error event.
+	MigrationLimit int
+	// EngineRefused, optional, hears of an engine that refused a
+	// connection: the registry's owner should take it out of routing at
+	// once, until its health probe answers again.
+	EngineRefused func(workerID uint64)
 }
 
 // Frontend serves the HTTP API. Build it with New.

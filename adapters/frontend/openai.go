@@ -187,20 +187,19 @@ func (c *call) forward(body []byte) (outcome, error) {
 	if c.rs != nil {
 		return cut, fmt.Errorf("engine %s answered the continuation without a stream", c.worker.Name)
 	}
-	c.whole(resp)
-	return served, nil
+	return c.whole(resp)
 }
 
-// whole relays a non-streamed answer; its arrival is the first token.
-func (c *call) whole(resp *http.Response) {
+// whole relays a non-streamed answer; its arrival is the first token. An
+// answer the engine broke off has shown the client nothing: unanswered.
+func (c *call) whole(resp *http.Response) (outcome, error) {
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		if c.r.Context().Err() != nil {
 			c.status = "cancelled"
-			return
+			return served, nil
 		}
-		c.fail(newError(http.StatusBadGateway, "server_error", "engine_stream_error", "", "engine %s broke off its answer: %v", c.worker.Name, err))
-		return
+		return unanswered, fmt.Errorf("the answer broke off: %w", err)
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	elapsed := time.Since(c.start)
@@ -216,6 +215,7 @@ func (c *call) whole(resp *http.Response) {
 	_, _ = c.w.Write(data)
 	c.status = "200"
 	c.observeEnd(elapsed, outputTokens(data, -1))
+	return served, nil
 }
 
 func (c *call) observeEnd(ttft time.Duration, out int) {

@@ -17,22 +17,11 @@ import (
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
-// startServerProbing starts the frontend with the production probe
-// interval unless told otherwise: passive ejection, not the probe, must
-// keep traffic off a dead engine.
+// startServerProbing starts the frontend probing engines every so often:
+// passive ejection, not the probe, must keep traffic off a dead engine.
 func startServerProbing(t *testing.T, every time.Duration, workers ...WorkerSpec) *Server {
 	t.Helper()
-	s, err := Start(context.Background(), Config{Router: router.DefaultConfig(), Workers: workers, Addr: "127.0.0.1:0", HealthInterval: every})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return startServerWith(t, Config{Router: router.DefaultConfig(), Workers: workers, HealthInterval: every})
 }
 
 func waitIdle(t *testing.T, s *Server) {
@@ -146,15 +135,7 @@ func TestARefusingEngineLeavesAtOnceAndReturnsThroughTheProbe(t *testing.T) {
 	}
 	waitIdle(t, s)
 
-	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = 100
-	cfg.HTTPPort = portOf(t, dead.HTTPURL)
-	cfg.KVEventsPort, cfg.KVEventsReplayPort = portOf(t, dead.Ranks[0].Events), portOf(t, dead.Ranks[0].Replay)
-	again, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Skipf("could not rebind the dead engine's ports: %v", err)
-	}
-	defer again.Close()
+	restartOnItsPorts(t, dead)
 	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
 		t.Fatalf("the engine did not come back through the probe: %v", err)
 	}
@@ -169,16 +150,7 @@ func TestARefusingEngineLeavesAtOnceAndReturnsThroughTheProbe(t *testing.T) {
 func TestStreamContinuesOnAnotherEngine(t *testing.T) {
 	for _, chat := range []bool{false, true} {
 		a, b := engineFleetAt(t, 2), engineFleetAt(t, 2)
-		s, err := Start(context.Background(), Config{Router: router.DefaultConfig(), Workers: []WorkerSpec{spec(1, a), spec(2, b)}, Addr: "127.0.0.1:0", HealthInterval: 50 * time.Millisecond, MigrationLimit: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.WaitReady(ctx); err != nil {
-			t.Fatal(err)
-		}
+		s := startServerWith(t, Config{Router: router.DefaultConfig(), Workers: []WorkerSpec{spec(1, a), spec(2, b)}, HealthInterval: 50 * time.Millisecond, MigrationLimit: 1})
 		fleets := map[uint64]*fleet.Fleet{1: a, 2: b}
 
 		const maxTokens = 200

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -294,23 +295,9 @@ func (rs *relay) startEngine() {
 	rs.carried = rs.genTokens
 }
 
-// streamChunk is what a continuation needs of a streamed chunk.
-type streamChunk struct {
-	ID      json.RawMessage `json:"id"`
-	Created json.RawMessage `json:"created"`
-	Choices []struct {
-		Index int     `json:"index"`
-		Text  *string `json:"text"`
-		Delta *struct {
-			Content *string `json:"content"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-}
-
 // observe notes a data chunk on its way to the client and returns the
 // event to send: a continuation's chunks are made to look like the first
-// engine's.
+// engine's. data is valid JSON.
 func (rs *relay) observe(data, raw []byte) []byte {
 	if rs.engines > 1 {
 		if b, ok := rs.stitch(data); ok {
@@ -318,38 +305,80 @@ func (rs *relay) observe(data, raw []byte) []byte {
 		}
 	}
 	rs.usage = outputTokens(data, rs.usage)
-	if !rs.track || !rs.resumable {
-		return raw
+	if rs.track && rs.resumable {
+		rs.note(data)
 	}
-	var ch streamChunk
-	if json.Unmarshal(data, &ch) != nil {
-		rs.resumable = false
-		return raw
-	}
-	if rs.id == nil {
-		rs.id, rs.created = ch.ID, ch.Created
-	}
+	return raw
+}
+
+// note keeps what a continuation needs of a chunk: the text of its one
+// choice, whether it finished, the stream's id. It walks the chunk rather
+// than decoding it, which on this per-chunk path costs no allocation.
+func (rs *relay) note(data []byte) {
 	gen := false
-	for _, choice := range ch.Choices {
-		if choice.Index != 0 {
-			rs.resumable = false
+	top := members{b: data}
+	for top.next() {
+		switch string(top.key) {
+		case "id":
+			if rs.id == nil {
+				rs.id = bytes.Clone(top.val)
+			}
+		case "created":
+			if rs.created == nil {
+				rs.created = bytes.Clone(top.val)
+			}
+		case "choices":
+			choices := elements{b: top.val}
+			for choices.next() {
+				choice := members{b: choices.val}
+				for choice.next() {
+					switch string(choice.key) {
+					case "index":
+						if string(choice.val) != "0" {
+							rs.resumable = false
+						}
+					case "text":
+						gen = rs.keepText(choice.val) || gen
+					case "delta":
+						delta := members{b: choice.val}
+						for delta.next() {
+							if string(delta.key) == "content" {
+								gen = rs.keepText(delta.val) || gen
+							}
+						}
+					case "finish_reason":
+						if len(choice.val) > 2 && choice.val[0] == '"' {
+							rs.finished = true
+						}
+					}
+				}
+			}
 		}
-		text := choice.Text
-		if choice.Delta != nil {
-			text = choice.Delta.Content
-		}
-		if text != nil && *text != "" {
-			rs.generated.WriteString(*text)
-			gen = true
-		}
-		if choice.FinishReason != nil && *choice.FinishReason != "" {
-			rs.finished = true
-		}
+	}
+	if top.err != nil || !top.object {
+		rs.resumable = false
 	}
 	if gen {
 		rs.genTokens++
 	}
-	return raw
+}
+
+// keepText appends a JSON string value to the generated text, reporting
+// whether it held any.
+func (rs *relay) keepText(v []byte) bool {
+	if len(v) <= 2 || v[0] != '"' {
+		return false
+	}
+	if bytes.IndexByte(v, '\\') < 0 {
+		rs.generated.Write(v[1 : len(v)-1])
+		return true
+	}
+	var s string
+	if json.Unmarshal(v, &s) != nil {
+		return false
+	}
+	rs.generated.WriteString(s)
+	return s != ""
 }
 
 // stitch rewrites a continuation's chunk as part of the first stream: its
@@ -360,10 +389,10 @@ func (rs *relay) stitch(data []byte) ([]byte, bool) {
 	if err != nil {
 		return nil, false
 	}
-	if rs.id != nil && present(m["id"]) {
+	if present(rs.id) && present(m["id"]) {
 		m["id"] = rs.id
 	}
-	if rs.created != nil && present(m["created"]) {
+	if present(rs.created) && present(m["created"]) {
 		m["created"] = rs.created
 	}
 	var choices []map[string]json.RawMessage

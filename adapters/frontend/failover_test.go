@@ -275,3 +275,33 @@ func TestBrokenWholeAnswerIsRetried(t *testing.T) {
 		t.Fatalf("%v retries, %d engine calls", retries, calls.Load())
 	}
 }
+
+// What a continuation keeps of each chunk, the chunk walked rather than
+// decoded: the text of its choice, unescaped, whether it finished, and
+// whether it is one a continuation can reproduce.
+func TestRelayNotesChunks(t *testing.T) {
+	cases := []struct {
+		chunk     string
+		text      string
+		gen       int
+		finished  bool
+		resumable bool
+	}{
+		{`{"id":"a","choices":[{"index":0,"text":" x","finish_reason":null}]}`, " x", 1, false, true},
+		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"h\"i\u00e9\n"}}]}`, "h\"ié\n", 1, false, true},
+		{`{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}`, "", 0, true, true},
+		{`{"choices":[{"index":0,"text":null,"logprobs":{"text":"no","tokens":["x"]}}]}`, "", 0, false, true},
+		{`{"choices":[],"usage":{"completion_tokens":3}}`, "", 0, false, true},
+		{`{"choices":[{"index":1,"text":"b"}]}`, "b", 1, false, false},
+		{` { "choices" : [ { "text" : "s" , "index" : 0 } ] } `, "s", 1, false, true},
+		{`[1,2]`, "", 0, false, false},
+		{`"text"`, "", 0, false, false},
+	}
+	for _, tc := range cases {
+		rs := newRelay(nil, true)
+		rs.note([]byte(tc.chunk))
+		if rs.generated.String() != tc.text || rs.genTokens != tc.gen || rs.finished != tc.finished || rs.resumable != tc.resumable {
+			t.Errorf("%s: text %q, %d tokens, finished %v, resumable %v", tc.chunk, rs.generated.String(), rs.genTokens, rs.finished, rs.resumable)
+		}
+	}
+}

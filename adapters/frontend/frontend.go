@@ -47,7 +47,29 @@
 //
 // A stream that breaks — a data line that is not JSON, a line that is not
 // SSE, or the engine closing before "data: [DONE]" — ends the client's
-// stream with one event "data: {"error": {...}}" and no [DONE].
+// stream with one event "data: {"error": {...}}" followed by
+// "data: [DONE]".
+//
+// # Failover
+//
+// An engine that fails a request before its response headers (connection
+// refused, reset) cannot have shown the client anything, so the request is
+// routed again with that engine excluded (router.Request.Exclude), whatever
+// the migration limit: each engine is tried once, a reset only once (an
+// engine may have died of the request itself). A refused connection is
+// reported through Config.EngineRefused, for the registry to drop the
+// engine at once. A stream whose engine goes away mid-way (the stream ends
+// or breaks before [DONE], not a malformed one) continues on another
+// engine up to Config.MigrationLimit times, as Dynamo's request migration:
+// the continuation is the original request with the text generated so far
+// appended (completions: to the prompt; a token-id prompt gets the ids the
+// engine's /tokenize gives that text; chat: as a final assistant message
+// with continue_final_message) and max_tokens / max_completion_tokens
+// reduced by the chunks that carried text. Its chunks take the first
+// stream's id and created, lose the repeated assistant role, and its usage
+// counts the earlier tokens as generated. Streams with several choices, or
+// that already had a finish_reason, are not continued. Each attempt is
+// booked under its own id ("<id>-<n>") and freed when it ends.
 //
 // # nvext
 //
@@ -107,7 +129,10 @@
 // time_to_first_token_seconds, inter_token_latency_seconds (between data
 // chunks), request_duration_seconds, input_sequence_tokens,
 // output_sequence_tokens, kv_hit_rate (histograms by model), and
-// routing_overhead_seconds{phase=hash|find_matches|scheduling|queue|total};
+// routing_overhead_seconds{phase=hash|find_matches|scheduling|queue|total},
+// model_migration_total{model,migration_type=new_request|ongoing_request}
+// (Dynamo's name: requests moved before their engine answered, streams
+// continued elsewhere);
 // plus the router's own collector (adapters/metrics).
 package frontend
 
@@ -161,6 +186,14 @@ type Config struct {
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
 	Dependencies func() map[string]string
+	// MigrationLimit is how many times a stream that breaks off may be
+	// continued on another engine (Dynamo's --migration-limit); 0 ends it
+	// with an error event.
+	MigrationLimit int
+	// EngineRefused, optional, hears of an engine that refused a
+	// connection: the registry's owner should take it out of routing at
+	// once, until its health probe answers again.
+	EngineRefused func(workerID uint64)
 }
 
 // Frontend serves the HTTP API. Build it with New.

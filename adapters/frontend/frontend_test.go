@@ -194,7 +194,7 @@ func TestClientDisconnectFreesLoad(t *testing.T) {
 	}
 }
 
-// Engines that break their streams: the client gets one error event, no
+// Engines that break their streams: the client gets one error event, then
 // [DONE], and the load goes back.
 func TestBrokenEngineStreams(t *testing.T) {
 	chunk := "data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
@@ -219,9 +219,10 @@ func TestBrokenEngineStreams(t *testing.T) {
 				t.Fatalf("%d %s", resp.StatusCode, body)
 			}
 			data := sseData(t, strings.NewReader(string(body)))
-			if len(data) == 0 {
-				t.Fatalf("no events: %q", body)
+			if len(data) < 2 || data[len(data)-1] != "[DONE]" {
+				t.Fatalf("the stream does not end with [DONE]: %q", body)
 			}
+			data = data[:len(data)-1]
 			last := data[len(data)-1]
 			var ev struct {
 				Error *apiError `json:"error"`

@@ -86,6 +86,8 @@ type envOpts struct {
 	engines, dp int
 	maxBody     int64
 	router      func(*router.Config)
+	migrations  int             // Config.MigrationLimit
+	refused     func(id uint64) // Config.EngineRefused
 }
 
 // newEnv starts a mocker fleet on 127.0.0.1 (ports 0), a router with its
@@ -120,7 +122,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 			e.add(Worker{ID: uint64(10 + i), Name: eng.Name, BaseURL: eng.HTTPURL, Model: mockModel, DPSize: o.dp})
 		}
 	}
-	fe, err := New(Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg})
+	fe, err := New(Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg, MigrationLimit: o.migrations, EngineRefused: o.refused})
 	if err != nil {
 		t.Fatal(err)
 	}

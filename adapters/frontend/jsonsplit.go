@@ -80,7 +80,11 @@ func skipString(b []byte, i int) (int, error) {
 }
 
 // skipValue returns the index just past the value starting at b[i].
-func skipValue(b []byte, i int) (int, error) {
+func skipValue(b []byte, i int) (int, error) { return skip(b, i, true) }
+
+// skip is skipValue; check validates small nested values and numbers,
+// which input already known to be valid JSON does without.
+func skip(b []byte, i int, check bool) (int, error) {
 	if i >= len(b) {
 		return 0, errNotObject
 	}
@@ -101,7 +105,7 @@ func skipValue(b []byte, i int) (int, error) {
 				depth++
 			case '}', ']':
 				if depth--; depth == 0 {
-					if !json.Valid(b[i:j+1]) && len(b[i:j+1]) < 4096 {
+					if check && len(b[i:j+1]) < 4096 && !json.Valid(b[i:j+1]) {
 						// Small nested values are checked whole; a large one
 						// is a prompt, decoded right after.
 						return 0, errNotObject
@@ -116,8 +120,97 @@ func skipValue(b []byte, i int) (int, error) {
 	for j < len(b) && (b[j] >= 'a' && b[j] <= 'z' || b[j] >= '0' && b[j] <= '9' || b[j] == '-' || b[j] == '+' || b[j] == '.' || b[j] == 'E') {
 		j++
 	}
-	if j == i || !json.Valid(b[i:j]) {
+	if j == i || check && !json.Valid(b[i:j]) {
 		return 0, errNotObject
 	}
 	return j, nil
+}
+
+// members walks the members of a valid JSON object without decoding or
+// checking them;
+// key is raw (escapes left as they are).
+type members struct {
+	b        []byte
+	i        int
+	started  bool
+	object   bool // b is an object
+	key, val []byte
+	err      error
+}
+
+func (m *members) next() bool {
+	if m.err != nil {
+		return false
+	}
+	if !m.started {
+		m.started = true
+		m.i = skipSpace(m.b, 0)
+		if m.i >= len(m.b) || m.b[m.i] != '{' {
+			return false
+		}
+		m.object = true
+		m.i = skipSpace(m.b, m.i+1)
+	} else {
+		if m.i >= len(m.b) || m.b[m.i] != ',' {
+			return false
+		}
+		m.i = skipSpace(m.b, m.i+1)
+	}
+	if m.i >= len(m.b) || m.b[m.i] != '"' {
+		return false
+	}
+	end, err := skipString(m.b, m.i)
+	if err != nil {
+		m.err = err
+		return false
+	}
+	m.key = m.b[m.i+1 : end-1]
+	m.i = skipSpace(m.b, end)
+	if m.i >= len(m.b) || m.b[m.i] != ':' {
+		m.err = errNotObject
+		return false
+	}
+	m.i = skipSpace(m.b, m.i+1)
+	vend, err := skip(m.b, m.i, false)
+	if err != nil {
+		m.err = err
+		return false
+	}
+	m.val = m.b[m.i:vend]
+	m.i = skipSpace(m.b, vend)
+	return true
+}
+
+// elements walks the elements of a valid JSON array without decoding them.
+type elements struct {
+	b       []byte
+	i       int
+	started bool
+	val     []byte
+}
+
+func (e *elements) next() bool {
+	if !e.started {
+		e.started = true
+		e.i = skipSpace(e.b, 0)
+		if e.i >= len(e.b) || e.b[e.i] != '[' {
+			return false
+		}
+		e.i = skipSpace(e.b, e.i+1)
+		if e.i < len(e.b) && e.b[e.i] == ']' {
+			return false
+		}
+	} else {
+		if e.i >= len(e.b) || e.b[e.i] != ',' {
+			return false
+		}
+		e.i = skipSpace(e.b, e.i+1)
+	}
+	end, err := skip(e.b, e.i, false)
+	if err != nil {
+		return false
+	}
+	e.val = e.b[e.i:end]
+	e.i = skipSpace(e.b, end)
+	return true
 }

@@ -18,6 +18,7 @@ type frontendMetrics struct {
 	outputTokens *prometheus.HistogramVec
 	hitRate      *prometheus.HistogramVec
 	routing      *prometheus.HistogramVec
+	migrations   *prometheus.CounterVec
 }
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
@@ -46,9 +47,13 @@ func newFrontendMetrics() *frontendMetrics {
 		hitRate:      histogram("kv_hit_rate", "Prompt blocks cached on the chosen worker over prompt blocks, per routed request.", prometheus.LinearBuckets(0, 0.1, 11), "model"),
 		routing: histogram("routing_overhead_seconds", "The router's own time per decision, by phase.",
 			[]float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1}, "phase"),
+		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "model_migration_total",
+			Help: "Requests moved to another engine: new_request when the engine failed before answering, ongoing_request when its stream broke and was continued elsewhere.",
+		}, []string{"model", "migration_type"}),
 	}
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -41,6 +42,9 @@ type call struct {
 	ex       extras
 	tokenize time.Duration
 	isl      int
+	top      map[string]json.RawMessage // the client's request
+	body     []byte                     // and its bytes
+	rs       *relay                     // the client's stream, once opened
 }
 
 func (c *call) fail(e *httpError) {
@@ -100,42 +104,8 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.tokenize = time.Since(t0)
 	c.isl = len(req.Tokens)
 
-	d, err := f.cfg.Router.BestWorker(r.Context(), &req)
-	if err != nil {
-		if r.Context().Err() != nil {
-			c.status = "cancelled"
-			return
-		}
-		c.fail(routeError(err, model))
-		return
-	}
-	// Booked: whatever happens from here, the load goes back.
-	defer f.cfg.Router.Free(req.ID)
-	c.decision = d
-	f.observeDecision(model, &d)
-	if d.Warning != "" {
-		f.log.Warn("routing", "warning", d.Warning, "request", req.ID)
-	}
-	wk, ok := findWorker(f.cfg.Workers(), d.Worker.ID)
-	if !ok {
-		c.fail(newError(http.StatusServiceUnavailable, "server_error", "worker_gone", "", "worker %d left the registry", d.Worker.ID))
-		return
-	}
-	c.worker = wk
-
-	out := body
-	_, hasNvext := top["nvext"]
-	if hasNvext || wk.DPSize > 1 {
-		delete(top, "nvext")
-		if wk.DPSize > 1 {
-			top["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(d.Worker.DPRank), 10))
-		}
-		if out, err = json.Marshal(top); err != nil {
-			c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
-			return
-		}
-	}
-	c.forward(out)
+	c.top, c.body = top, body
+	c.serve(&req)
 }
 
 func errOrNull(err error) any {
@@ -169,58 +139,67 @@ func copyHeaders(dst, src http.Header) {
 }
 
 // forward sends the request to the chosen engine and relays its answer.
-func (c *call) forward(body []byte) {
+// A failure before the engine answered anything comes back as unanswered,
+// with nothing written to the client.
+func (c *call) forward(body []byte) (outcome, error) {
 	ctx := c.r.Context()
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
 	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		c.fail(newError(http.StatusBadGateway, "server_error", "engine_unreachable", "", "engine %s: %v", c.worker.Name, err))
-		return
+		return unanswered, err
 	}
 	ereq.Header.Set("Content-Type", "application/json")
 	if a := c.r.Header.Get("Accept"); a != "" {
 		ereq.Header.Set("Accept", a)
 	}
 	ereq.Header.Set("X-Request-Id", c.id)
-	c.sent = time.Now()
+	if c.sent.IsZero() {
+		c.sent = time.Now()
+	}
 	resp, err := c.f.cfg.Client.Do(ereq)
 	if err != nil {
 		if ctx.Err() != nil {
 			c.status = "cancelled"
-			return
+			return served, nil
 		}
-		c.f.log.Warn("engine unreachable", "worker", c.worker.Name, "url", url, "err", err)
-		c.fail(newError(http.StatusBadGateway, "server_error", "engine_unreachable", "", "engine %s unreachable: %v", c.worker.Name, err))
-		return
+		return unanswered, err
 	}
 	defer resp.Body.Close()
 
 	if resp.StatusCode != http.StatusOK {
+		if c.rs != nil {
+			// A continuation the engine refused: the client's stream is
+			// already open, so the engine's error cannot be relayed as is.
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			return cut, fmt.Errorf("engine %s answered the continuation with %d: %s", c.worker.Name, resp.StatusCode, engineMessage(msg))
+		}
 		// The engine's own error, relayed as it is.
 		c.status = strconv.Itoa(resp.StatusCode)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(c.w, resp.Body)
 		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
-		return
+		return served, nil
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		c.stream(resp)
-		return
+		return c.stream(resp)
 	}
-	c.whole(resp)
+	if c.rs != nil {
+		return cut, fmt.Errorf("engine %s answered the continuation without a stream", c.worker.Name)
+	}
+	return c.whole(resp)
 }
 
-// whole relays a non-streamed answer; its arrival is the first token.
-func (c *call) whole(resp *http.Response) {
+// whole relays a non-streamed answer; its arrival is the first token. An
+// answer the engine broke off has shown the client nothing: unanswered.
+func (c *call) whole(resp *http.Response) (outcome, error) {
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		if c.r.Context().Err() != nil {
 			c.status = "cancelled"
-			return
+			return served, nil
 		}
-		c.fail(newError(http.StatusBadGateway, "server_error", "engine_stream_error", "", "engine %s broke off its answer: %v", c.worker.Name, err))
-		return
+		return unanswered, fmt.Errorf("the answer broke off: %w", err)
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	elapsed := time.Since(c.start)
@@ -236,6 +215,7 @@ func (c *call) whole(resp *http.Response) {
 	_, _ = c.w.Write(data)
 	c.status = "200"
 	c.observeEnd(elapsed, outputTokens(data, -1))
+	return served, nil
 }
 
 func (c *call) observeEnd(ttft time.Duration, out int) {
@@ -283,111 +263,98 @@ func isObject(data []byte) bool {
 
 var doneData = []byte("[DONE]")
 
-// stream relays server-sent events as they come, checking each one.
-func (c *call) stream(resp *http.Response) {
+// stream relays server-sent events as they come, checking each one. It
+// returns cut, with the cause, when the engine's stream broke off without
+// anything wrong in what it sent: the engine went away.
+func (c *call) stream(resp *http.Response) (outcome, error) {
 	ctx := c.r.Context()
-	rc := http.NewResponseController(c.w)
-	copyHeaders(c.w.Header(), resp.Header)
-	c.w.WriteHeader(http.StatusOK)
-	_ = rc.Flush()
-
-	var (
-		sse     = newSSEReader(resp.Body)
-		first   time.Time
-		last    time.Time
-		chunks  int
-		usage   = -1
-		engErr  bool
-		clientW = func(b []byte) bool {
-			_, err := c.w.Write(b)
-			return err == nil
-		}
-	)
-	defer func() {
-		out := chunks
-		if usage >= 0 {
-			out = usage
-		}
-		if !first.IsZero() {
-			c.observeEnd(first.Sub(c.start), out)
-		} else {
-			c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
-		}
-	}()
+	if c.rs == nil {
+		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0)
+		copyHeaders(c.w.Header(), resp.Header)
+		c.w.WriteHeader(http.StatusOK)
+		_ = c.rs.rc.Flush()
+	}
+	rs := c.rs
+	rs.startEngine()
+	sse := newSSEReader(resp.Body)
 	for {
 		ev, err := sse.next()
 		if err != nil {
 			if ctx.Err() != nil {
 				c.status = "cancelled"
-				return
+				return served, nil
 			}
-			var msg []byte
-			switch {
-			case errors.Is(err, io.EOF):
-				msg = errorEvent("engine_stream_error", "engine %s ended the stream before [DONE]", c.worker.Name)
-			case errors.Is(err, errMalformed):
-				msg = errorEvent("engine_stream_error", "engine %s sent a malformed stream: %v", c.worker.Name, err)
-			default:
-				msg = errorEvent("engine_stream_error", "engine %s broke off the stream: %v", c.worker.Name, err)
+			if errors.Is(err, errMalformed) {
+				c.endStream(errorEvent("engine_stream_error", "engine %s sent a malformed stream: %v", c.worker.Name, err))
+				return served, nil
 			}
-			c.f.log.Warn("engine stream failed", "worker", c.worker.Name, "request", c.id, "err", err)
-			c.status = "stream_error"
-			clientW(msg)
-			_ = rc.Flush()
-			return
+			if errors.Is(err, io.EOF) {
+				err = errors.New("the stream ended before [DONE]")
+			}
+			return cut, err
 		}
 		raw := ev.raw
 		if ev.hasData {
 			switch {
 			case bytes.Equal(ev.data, doneData):
-				clientW(raw)
-				_ = rc.Flush()
+				rs.write(raw)
+				_ = rs.rc.Flush()
 				c.status = "200"
-				if engErr {
+				if rs.engErr {
 					c.status = "stream_error"
 				}
-				return
+				return served, nil
 			case !json.Valid(ev.data):
-				c.f.log.Warn("engine stream failed", "worker", c.worker.Name, "request", c.id, "err", "data is not JSON")
-				c.status = "stream_error"
-				clientW(errorEvent("engine_stream_error", "engine %s sent a malformed stream: a data line that is not JSON: %.120q", c.worker.Name, ev.data))
-				_ = rc.Flush()
-				return
+				c.endStream(errorEvent("engine_stream_error", "engine %s sent a malformed stream: a data line that is not JSON: %.120q", c.worker.Name, ev.data))
+				return served, nil
 			case isErrorChunk(ev.data):
-				engErr = true
+				rs.engErr = true
 			default:
 				now := time.Now()
-				if first.IsZero() {
-					first = now
+				if rs.engineChunks == 0 {
 					c.f.cfg.Router.MarkPrefillCompleted(c.id)
+				}
+				rs.engineChunks++
+				if rs.first.IsZero() {
+					rs.first = now
 					if c.ex.any() && isObject(ev.data) {
 						ext := c.ex.build(&c.decision, c.tokenize, c.sent.Sub(c.start), now.Sub(c.start), -1)
 						if b, ok := injectNvext(ev.data, ext); ok {
-							raw = append(append([]byte("data: "), b...), "\n\n"...)
+							raw = dataEvent(b)
 						}
 					}
 				} else {
-					c.f.m.itl.WithLabelValues(c.model).Observe(now.Sub(last).Seconds())
+					c.f.m.itl.WithLabelValues(c.model).Observe(now.Sub(rs.last).Seconds())
 				}
-				last = now
-				chunks++
-				usage = outputTokens(ev.data, usage)
+				rs.last = now
+				rs.chunks++
+				raw = rs.observe(ev.data, raw)
 			}
 		}
-		if !clientW(raw) {
+		if !rs.write(raw) {
 			c.status = "cancelled"
-			return
+			return served, nil
 		}
 		if sse.buffered() == 0 {
 			// Nothing more in hand: what was written goes out now.
-			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			if err := rs.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 				c.status = "cancelled"
-				return
+				return served, nil
 			}
 		}
 		if ctx.Err() != nil {
 			c.status = "cancelled"
-			return
+			return served, nil
 		}
 	}
+}
+
+// endStream ends the client's stream with an error event, and [DONE] so
+// that clients waiting for it stop.
+func (c *call) endStream(msg []byte) {
+	c.status = "stream_error"
+	c.f.log.Warn("engine stream failed", "worker", c.worker.Name, "request", c.id, "err", string(bytes.TrimSpace(msg)))
+	c.rs.write(msg)
+	c.rs.write([]byte("data: [DONE]\n\n"))
+	_ = c.rs.rc.Flush()
 }

@@ -19,6 +19,7 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
+	var migrationLimit int
 	var (
 		rf         = newRouterFlags()
 		pf         planeFlags
@@ -57,6 +58,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			if migrationLimit < 0 {
+				return fmt.Errorf("--migration-limit must be at least 0, got %d", migrationLimit)
+			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			rcfg, err := rf.config(cmd.Flags(), func(w string) { log.Warn(w) })
 			if err != nil {
@@ -73,7 +77,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			defer closeNATS()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, MigrationLimit: migrationLimit})
 			if err != nil {
 				return err
 			}
@@ -86,6 +90,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 		},
 	}
 	fs := cmd.Flags()
+	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	pf.register(fs, true, 4222)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")

@@ -18,6 +18,7 @@ import (
 )
 
 func newUpCmd() *cobra.Command {
+	var migrationLimit int
 	var (
 		rf      = newRouterFlags()
 		pf      planeFlags
@@ -42,6 +43,9 @@ flags.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
+			}
+			if migrationLimit < 0 {
+				return fmt.Errorf("--migration-limit must be at least 0, got %d", migrationLimit)
 			}
 			level := slog.LevelWarn
 			if verbose {
@@ -73,7 +77,7 @@ flags.`,
 				return err
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, MigrationLimit: migrationLimit})
 			if err != nil {
 				return err
 			}
@@ -98,6 +102,7 @@ flags.`,
 		},
 	}
 	fs := cmd.Flags()
+	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	pf.register(fs, true, 0)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")

@@ -112,6 +112,9 @@ type Request struct {
 	// dp_rank); required in direct mode.
 	Target  *kv.Worker
 	Session *sched.SessionControl
+	// Exclude names engines this request must not go to: they already
+	// failed it, and the registry may not have caught up yet.
+	Exclude []uint64
 }
 
 // Decision is where a request goes and what the router knew when it chose.
@@ -655,6 +658,9 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	for i, pot := range sc.pots {
 		info := sc.infos[i]
 		if p.req.Model != "" && info.Model != "" && info.Model != p.req.Model {
+			continue
+		}
+		if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
 			continue
 		}
 		c := sched.Candidate{

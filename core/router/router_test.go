@@ -487,3 +487,20 @@ func TestEngineReportsMakeBusyAndLeaveWithTheEngine(t *testing.T) {
 		t.Fatalf("a returning engine is judged on its departed self's report: %v", err)
 	}
 }
+
+func TestExcludedWorkersAreNeverChosen(t *testing.T) {
+	r, _ := newRouter(t, 3, nil)
+	store(t, r, w(2), tokens(5, 20, 5, 20))
+	for i := range 20 {
+		d, err := r.BestWorker(ctx(), &Request{ID: fmt.Sprint("x", i), Tokens: tokens(5, 20, 5, 20), Exclude: []uint64{2, 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker != w(1) {
+			t.Fatalf("request %d went to %v; 0 and 2 are excluded", i, d.Worker)
+		}
+	}
+	if _, err := r.BestWorker(ctx(), &Request{Tokens: tokens(5, 1, 5, 1), Exclude: []uint64{0, 1, 2}}); !errors.Is(err, ErrNoWorkers) {
+		t.Fatalf("every worker excluded: err %v, want ErrNoWorkers", err)
+	}
+}

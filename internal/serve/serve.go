@@ -60,6 +60,9 @@ type Config struct {
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
+	// MigrationLimit is --migration-limit: how many times a broken
+	// stream may continue on another engine.
+	MigrationLimit int
 }
 
 // Server is a running frontend.
@@ -81,8 +84,11 @@ type Server struct {
 }
 
 type supervised struct {
-	spec    WorkerSpec
-	up      bool
+	spec WorkerSpec
+	// transit orders joining and leaving: the probe loop and a refused
+	// request may both move the engine at once.
+	transit sync.Mutex
+	up      bool // guarded by Server.mu
 	sources []*enginesource.Source
 	// discovered engines come and go with their discovery lease.
 	discovered bool
@@ -138,7 +144,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth})
+	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
+		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused})
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +253,8 @@ func (s *Server) liveWorkers() []frontend.Worker {
 // supervise probes one engine's health: it joins routing (registered,
 // its events followed from whatever its replay buffer holds) when it
 // answers, and leaves it, with all its blocks and load, after two failed
-// probes in a row.
+// probes in a row. An engine that refused a request's connection has left
+// already (engineRefused); the probe brings it back.
 func (s *Server) supervise(ctx context.Context, w *supervised) {
 	// A busy engine can be slow to answer while it is perfectly healthy,
 	// and dropping it would throw away its whole cache; a dead one refuses
@@ -255,15 +263,18 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	failures := 0
 	for {
 		healthy := probe(ctx, client, w.spec.URL)
+		s.mu.Lock()
+		up := w.up
+		s.mu.Unlock()
 		switch {
-		case healthy && !w.up:
+		case healthy && !up:
 			failures = 0
 			if err := s.join(ctx, w); err != nil {
 				s.log.Warn("engine could not join routing", "worker", w.spec.Name, "err", err)
 			}
 		case healthy:
 			failures = 0
-		case w.up:
+		case up:
 			if failures++; failures >= 2 {
 				s.leave(w, "stopped answering /health")
 			}
@@ -291,7 +302,23 @@ func probe(ctx context.Context, client *http.Client, base string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// engineRefused takes an engine that refused a connection out of routing
+// at once: it is dead or not listening, and until the next probe it would
+// otherwise look like the idlest engine of all. Discovered engines are not
+// probed here and stay, each request avoiding the ones that failed it,
+// until their lease ends.
+func (s *Server) engineRefused(id uint64) {
+	s.mu.Lock()
+	w := s.workers[id]
+	s.mu.Unlock()
+	if w != nil && !w.discovered {
+		s.leave(w, "refused a connection")
+	}
+}
+
 func (s *Server) join(ctx context.Context, w *supervised) error {
+	w.transit.Lock()
+	defer w.transit.Unlock()
 	spec := w.spec
 	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens})
 	var sources []*enginesource.Source
@@ -322,6 +349,8 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 }
 
 func (s *Server) leave(w *supervised, why string) {
+	w.transit.Lock()
+	defer w.transit.Unlock()
 	s.mu.Lock()
 	up, sources := w.up, w.sources
 	w.up, w.sources = false, nil // the frontend stops sending to it now

@@ -42,7 +42,15 @@ func spec(id uint64, f *fleet.Fleet) WorkerSpec {
 
 func startServer(t *testing.T, workers ...WorkerSpec) *Server {
 	t.Helper()
-	s, err := Start(context.Background(), Config{Router: router.DefaultConfig(), Workers: workers, Addr: "127.0.0.1:0", HealthInterval: 50 * time.Millisecond})
+	return startServerWith(t, Config{Router: router.DefaultConfig(), Workers: workers, HealthInterval: 50 * time.Millisecond})
+}
+
+// startServerWith starts the frontend on a free port and waits for every
+// engine to join routing.
+func startServerWith(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	cfg.Addr = "127.0.0.1:0"
+	s, err := Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,18 +197,24 @@ func TestHotPrefixBurstSpreadsAndEngineComesBack(t *testing.T) {
 	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 1 }); err != nil {
 		t.Fatal(err)
 	}
+	restartOnItsPorts(t, e)
+	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
+		t.Fatalf("the restarted engine did not come back: %v", err)
+	}
+}
+
+// restartOnItsPorts starts a new engine where a dead one was.
+func restartOnItsPorts(t *testing.T, dead fleet.Engine) {
+	t.Helper()
 	cfg := fleet.DefaultConfig()
 	cfg.SpeedupRatio = 100
-	cfg.HTTPPort = portOf(t, e.HTTPURL)
-	cfg.KVEventsPort, cfg.KVEventsReplayPort = portOf(t, e.Ranks[0].Events), portOf(t, e.Ranks[0].Replay)
+	cfg.HTTPPort = portOf(t, dead.HTTPURL)
+	cfg.KVEventsPort, cfg.KVEventsReplayPort = portOf(t, dead.Ranks[0].Events), portOf(t, dead.Ranks[0].Replay)
 	again, err := fleet.Start(context.Background(), cfg)
 	if err != nil {
 		t.Skipf("could not rebind the dead engine's ports: %v", err)
 	}
-	defer again.Close()
-	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
-		t.Fatalf("the restarted engine did not come back: %v", err)
-	}
+	t.Cleanup(again.Close)
 }
 
 func portOf(t *testing.T, endpoint string) int {

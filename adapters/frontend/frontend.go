@@ -112,6 +112,7 @@
 package frontend
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -161,7 +162,26 @@ type Config struct {
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
 	Dependencies func() map[string]string
+	// Models, optional, lists the models the frontend is meant to serve,
+	// engines in routing or not; /ready waits for an engine of each. nil
+	// takes the models of Workers.
+	Models func() []string
+	// APIKey, when set, is required on /v1/* as "Authorization: Bearer
+	// <key>" (vLLM's --api-key).
+	APIKey string
+	// AdminToken, when set, is required the same way on every endpoint
+	// that changes the router's state (booking /router/best_worker,
+	// mark_prefill_complete, free, POST /busy_threshold) and on
+	// /debug/pprof/. On /v1/* it stands for the API key and lets
+	// nvext.backend_instance_id pin a request to a busy worker.
+	AdminToken string
+	// MaxBookings bounds the requests booked through /router/best_worker
+	// and not yet freed (429 beyond); 0 means DefaultMaxBookings.
+	MaxBookings int
 }
+
+// DefaultMaxBookings is Config.MaxBookings' default.
+const DefaultMaxBookings = 1024
 
 // Frontend serves the HTTP API. Build it with New.
 type Frontend struct {
@@ -172,6 +192,14 @@ type Frontend struct {
 	idBase  string
 	nextID  atomic.Uint64
 	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
+
+	apiKey, admin secret
+	bookings      *bookings
+
+	draining atomic.Bool
+	// aborted ends every request still in flight when a drain times out.
+	aborted context.Context
+	abort   context.CancelFunc
 }
 
 // New checks cfg and registers the metrics.
@@ -204,11 +232,18 @@ func New(cfg Config) (*Frontend, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxBookings <= 0 {
+		cfg.MaxBookings = DefaultMaxBookings
+	}
 	var salt [6]byte
 	_, _ = rand.Read(salt[:])
+	aborted, abort := context.WithCancel(context.Background())
 	return &Frontend{
 		cfg: cfg, log: cfg.Logger, m: m, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
+		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
+		bookings: newBookings(cfg.MaxBookings),
+		aborted:  aborted, abort: abort,
 	}, nil
 }
 
@@ -220,17 +255,42 @@ func (f *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", f.models)
 	mux.HandleFunc("POST /router/best_worker", f.bestWorker)
 	mux.HandleFunc("POST /router/potential_loads", f.potentialLoads)
-	mux.HandleFunc("POST /router/mark_prefill_complete", f.markPrefillComplete)
-	mux.HandleFunc("POST /router/free", f.free)
+	mux.HandleFunc("POST /router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete))
+	mux.HandleFunc("POST /router/free", f.adminOnly(f.free))
 	mux.HandleFunc("GET /router/dump_events", f.dumpEvents)
 	mux.HandleFunc("GET /busy_threshold", f.listThresholds)
-	mux.HandleFunc("POST /busy_threshold", f.postThreshold)
+	mux.HandleFunc("POST /busy_threshold", f.adminOnly(f.postThreshold))
 	mux.HandleFunc("GET /health", f.health)
+	mux.HandleFunc("GET /live", f.live)
+	mux.HandleFunc("GET /ready", f.ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))
+	f.handlePprof(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return mux
+	return f.guardOpenAI(mux)
+}
+
+// Drain turns /ready (and /health) to 503 while requests are still served:
+// the first step of a graceful stop.
+func (f *Frontend) Drain() { f.draining.Store(true) }
+
+// Abort ends every request still in flight: streams with an error event
+// and "data: [DONE]", the others with 503. The last step of a drain that
+// ran out of time.
+func (f *Frontend) Abort() { f.abort() }
+
+// errShuttingDown is why requests cut by Abort end.
+var errShuttingDown = errors.New("kvrouter is shutting down")
+
+// requestContext is the request's context, also ended by Abort.
+func (f *Frontend) requestContext(r *http.Request) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	stop := context.AfterFunc(f.aborted, func() { cancel(errShuttingDown) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 // newID is a booking id unique to this process (and, by its random part,

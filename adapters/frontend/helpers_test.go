@@ -86,6 +86,10 @@ type envOpts struct {
 	engines, dp int
 	maxBody     int64
 	router      func(*router.Config)
+	// access control and limits, as in Config
+	apiKey, adminToken string
+	maxBookings        int
+	models             func() []string
 }
 
 // newEnv starts a mocker fleet on 127.0.0.1 (ports 0), a router with its
@@ -120,7 +124,10 @@ func newEnv(t *testing.T, o envOpts) *env {
 			e.add(Worker{ID: uint64(10 + i), Name: eng.Name, BaseURL: eng.HTTPURL, Model: mockModel, DPSize: o.dp})
 		}
 	}
-	fe, err := New(Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg})
+	fe, err := New(Config{
+		Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg,
+		APIKey: o.apiKey, AdminToken: o.adminToken, MaxBookings: o.maxBookings, Models: o.models,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,6 +188,37 @@ func (e *env) post(path string, body any) (*http.Response, []byte) {
 		rd = bytes.NewReader(j)
 	}
 	resp, err := http.Post(e.srv.URL+path, "application/json", rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp, out
+}
+
+// do sends a request with the bearer token (none if "").
+func (e *env) do(method, path, token string, body any) (*http.Response, []byte) {
+	e.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.srv.URL+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -30,6 +31,7 @@ type call struct {
 	f        *Frontend
 	w        http.ResponseWriter
 	r        *http.Request
+	ctx      context.Context // r's, also ended by Frontend.Abort
 	ep       endpoint
 	start    time.Time
 	sent     time.Time // when the request left for the engine
@@ -48,8 +50,21 @@ func (c *call) fail(e *httpError) {
 	writeHTTPError(c.w, e)
 }
 
+// interrupted ends a call whose context ended before the engine's answer
+// began: nothing to say to a client that left, a 503 if the router is
+// shutting down.
+func (c *call) interrupted() {
+	if c.r.Context().Err() != nil {
+		c.status = "cancelled"
+		return
+	}
+	c.fail(newError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "%v", context.Cause(c.ctx)))
+}
+
 func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoint) {
-	c := &call{f: f, w: w, r: r, ep: ep, start: time.Now(), status: "500"}
+	ctx, done := f.requestContext(r)
+	defer done()
+	c := &call{f: f, w: w, r: r, ctx: ctx, ep: ep, start: time.Now(), status: "500"}
 	defer func() { f.m.requests.WithLabelValues(c.model, ep.name, c.status).Inc() }()
 
 	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
@@ -84,7 +99,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	req := router.Request{ID: f.newID(), Model: model}
+	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
 	n, ex, herr := parseNvext(top["nvext"], r.Header, &req)
 	if herr != nil {
 		c.fail(herr)
@@ -92,18 +107,22 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	}
 	c.ex, c.id = ex, req.ID
 	t0 := time.Now()
-	req.Tokens, herr = f.promptTokens(r.Context(), top, ep.kind, model, serving, n.TokenData)
+	req.Tokens, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
 	if herr != nil {
+		if ctx.Err() != nil {
+			c.interrupted()
+			return
+		}
 		c.fail(herr)
 		return
 	}
 	c.tokenize = time.Since(t0)
 	c.isl = len(req.Tokens)
 
-	d, err := f.cfg.Router.BestWorker(r.Context(), &req)
+	d, err := f.cfg.Router.BestWorker(ctx, &req)
 	if err != nil {
-		if r.Context().Err() != nil {
-			c.status = "cancelled"
+		if ctx.Err() != nil {
+			c.interrupted()
 			return
 		}
 		c.fail(routeError(err, model))
@@ -170,7 +189,7 @@ func copyHeaders(dst, src http.Header) {
 
 // forward sends the request to the chosen engine and relays its answer.
 func (c *call) forward(body []byte) {
-	ctx := c.r.Context()
+	ctx := c.ctx
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
 	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -186,7 +205,7 @@ func (c *call) forward(body []byte) {
 	resp, err := c.f.cfg.Client.Do(ereq)
 	if err != nil {
 		if ctx.Err() != nil {
-			c.status = "cancelled"
+			c.interrupted()
 			return
 		}
 		c.f.log.Warn("engine unreachable", "worker", c.worker.Name, "url", url, "err", err)
@@ -215,8 +234,8 @@ func (c *call) forward(body []byte) {
 func (c *call) whole(resp *http.Response) {
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		if c.r.Context().Err() != nil {
-			c.status = "cancelled"
+		if c.ctx.Err() != nil {
+			c.interrupted()
 			return
 		}
 		c.fail(newError(http.StatusBadGateway, "server_error", "engine_stream_error", "", "engine %s broke off its answer: %v", c.worker.Name, err))
@@ -285,7 +304,7 @@ var doneData = []byte("[DONE]")
 
 // stream relays server-sent events as they come, checking each one.
 func (c *call) stream(resp *http.Response) {
-	ctx := c.r.Context()
+	ctx := c.ctx
 	rc := http.NewResponseController(c.w)
 	copyHeaders(c.w.Header(), resp.Header)
 	c.w.WriteHeader(http.StatusOK)
@@ -318,7 +337,7 @@ func (c *call) stream(resp *http.Response) {
 		ev, err := sse.next()
 		if err != nil {
 			if ctx.Err() != nil {
-				c.status = "cancelled"
+				c.cut(rc)
 				return
 			}
 			var msg []byte
@@ -386,8 +405,22 @@ func (c *call) stream(resp *http.Response) {
 			}
 		}
 		if ctx.Err() != nil {
-			c.status = "cancelled"
+			c.cut(rc)
 			return
 		}
 	}
+}
+
+// cut ends a stream whose context ended: silently if the client left;
+// if the router is shutting down, with an error event and the [DONE] that
+// tells clients the stream is over and was not merely broken off.
+func (c *call) cut(rc *http.ResponseController) {
+	if c.r.Context().Err() != nil {
+		c.status = "cancelled"
+		return
+	}
+	c.status = "stream_error"
+	_, _ = c.w.Write(errorEvent("shutting_down", "%v: the stream was cut", context.Cause(c.ctx)))
+	_, _ = c.w.Write([]byte("data: [DONE]\n\n"))
+	_ = rc.Flush()
 }

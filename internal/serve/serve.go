@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
@@ -60,6 +61,8 @@ type Config struct {
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
+	// Access and TLS of the HTTP listener.
+	Access Access
 }
 
 // Server is a running frontend.
@@ -71,6 +74,8 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	log    *slog.Logger
+	// closeOnce: Close may follow Shutdown.
+	closeOnce sync.Once
 
 	mu      sync.Mutex // guards workers and changed
 	workers map[uint64]*supervised
@@ -78,6 +83,8 @@ type Server struct {
 	changed chan struct{}
 
 	plane *planeState
+	fe    *frontend.Frontend
+	tls   bool // the listener serves HTTPS
 }
 
 type supervised struct {
@@ -138,14 +145,25 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth})
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	fe, err := frontend.New(frontend.Config{
+		Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
+		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
+	})
 	if err != nil {
 		return nil, err
 	}
+	s.fe = fe
+	tlsConfig, err := cfg.Access.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	s.tls = tlsConfig != nil
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, err
 	}
+	cfg.Access.warnIfOpen(log, ln.Addr())
 	ctx, cancel := context.WithCancel(ctx)
 	s.ln, s.cancel = ln, cancel
 	if cfg.Plane != nil {
@@ -155,10 +173,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		if tlsConfig != nil {
+			_ = s.http.ServeTLS(ln, "", "")
+			return
+		}
 		_ = s.http.Serve(ln)
 	}()
 	for _, w := range s.workers {
@@ -182,6 +204,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 // Addr is the address the frontend listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the frontend's base URL, https with TLS.
+func (s *Server) URL() string {
+	if s.tls {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
 
 // Router is the routing engine, for inspection.
 func (s *Server) Router() *router.Router { return s.router }
@@ -343,15 +373,19 @@ func (s *Server) leave(w *supervised, why string) {
 	s.log.Log(context.Background(), level, "engine left routing", "worker", w.spec.Name, "why", why)
 }
 
-// Close stops serving, the sources and the supervisors.
+// Close stops serving, the sources and the supervisors at once; Shutdown
+// first lets requests in flight finish.
 func (s *Server) Close() error {
-	s.cancel()
-	err := s.http.Close()
-	s.wg.Wait()
-	s.closePlane()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
+	var err error
+	s.closeOnce.Do(func() {
+		s.cancel()
+		err = s.http.Close()
+		s.wg.Wait()
+		s.closePlane()
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+	})
 	return err
 }
 

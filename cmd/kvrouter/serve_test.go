@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// lockedBuffer is written by the command and read by the test at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// SIGTERM drains: a stream that ends within --shutdown-timeout ends
+// normally, one that does not gets an error event and [DONE], the command
+// returns without error, and the clean stop logs no lost NATS connection.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	t.Setenv("NATS_SERVER", "")
+	cfg := fleet.DefaultConfig()
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	e := f.Engines()[0]
+
+	var out, errOut lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		root := newRootCmd()
+		root.SetOut(&out)
+		root.SetErr(&errOut)
+		root.SetArgs([]string{"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--nats-port", "0", "--shutdown-timeout", "1",
+			"--worker", "url=" + e.HTTPURL + ",events=" + e.Ranks[0].Events + ",replay=" + e.Ranks[0].Replay + ",model=" + cfg.Server.Model})
+		done <- root.Execute()
+	}()
+	servingOn := regexp.MustCompile(`serving on (http://\S+)`)
+	testwait.Until(t, 20*time.Second, "serve is up", func() bool { return servingOn.MatchString(out.String()) })
+	url := servingOn.FindStringSubmatch(out.String())[1]
+	testwait.Until(t, 20*time.Second, "serve is ready", func() bool {
+		resp, err := http.Get(url + "/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	type result struct {
+		data []string
+		err  error
+	}
+	stream := func(maxTokens string, started chan<- struct{}, res chan<- result) {
+		body := `{"model":"` + cfg.Server.Model + `","prompt":[1,2,3,4,5,6,7,8],"stream":true,"ignore_eos":true,"max_tokens":` + maxTokens + `}`
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			close(started)
+			res <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var r result
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				if len(r.data) == 0 {
+					close(started)
+				}
+				r.data = append(r.data, v)
+			}
+		}
+		if len(r.data) == 0 {
+			close(started)
+		}
+		r.err = sc.Err()
+		res <- r
+	}
+	shortStarted, longStarted := make(chan struct{}), make(chan struct{})
+	shortRes, longRes := make(chan result, 1), make(chan result, 1)
+	go stream("20", shortStarted, shortRes)
+	go stream("100000", longStarted, longRes)
+	<-shortStarted
+	<-longStarted
+
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v after SIGTERM", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop after SIGTERM")
+	}
+	short, long := <-shortRes, <-longRes
+	if n := len(short.data); short.err != nil || n < 2 || short.data[n-1] != "[DONE]" || strings.Contains(short.data[n-2], `"error"`) {
+		t.Fatalf("short stream: %v %q", short.err, short.data)
+	}
+	if n := len(long.data); long.err != nil || n < 2 || long.data[n-1] != "[DONE]" || !strings.Contains(long.data[n-2], `"shutting_down"`) {
+		t.Fatalf("long stream: %v %q", long.err, long.data[max(0, len(long.data)-2):])
+	}
+	if strings.Contains(errOut.String(), "NATS connection lost") {
+		t.Fatalf("a clean stop logged a lost NATS connection:\n%s", errOut.String())
+	}
+}

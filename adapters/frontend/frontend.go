@@ -13,7 +13,21 @@
 //	POST /router/free                                 {request_id}
 //	GET  /router/dump_events                          the index as a JSON list of KV events
 //	GET  /busy_threshold, POST /busy_threshold        SPEC §6
-//	GET  /health, GET /metrics
+//	GET  /live, GET /ready, GET /health, GET /metrics
+//	GET  /debug/pprof/...                             Go's profiler, with an admin token only
+//
+// # Access
+//
+// Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
+// Bearer <key>", compared in constant time). Config.AdminToken guards what
+// changes the router's state: POST /busy_threshold, a booking
+// /router/best_worker (with request_id), mark_prefill_complete, free, and
+// pprof. It also passes /v1/*, where it lets backend_instance_id pin a
+// request to a busy worker; other pins to a busy worker get 503. Both
+// answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
+// Bookings through the router API are bounded: Config.MaxBookings at once
+// (429 beyond), BookingLifetime each, and no larger than the largest
+// engine's KV capacity (400).
 //
 // # Tokens
 //
@@ -47,7 +61,9 @@
 //
 // A stream that breaks — a data line that is not JSON, a line that is not
 // SSE, or the engine closing before "data: [DONE]" — ends the client's
-// stream with one event "data: {"error": {...}}" and no [DONE].
+// stream with one event "data: {"error": {...}}" and no [DONE]. A stream
+// cut by Abort (a drain that ran out of time) ends with an error event of
+// code "shutting_down" and "data: [DONE]": it is over, not broken off.
 //
 // # nvext
 //
@@ -95,9 +111,16 @@
 // active_prefill_tokens, active_requests, potential_decode_blocks,
 // potential_prefill_tokens}; mark_prefill_complete and free {request_id,
 // found}. GET /busy_threshold answers {"thresholds": [...]}, POST the
-// model's thresholds now in force. /health is 200 {"status": "ok"} when at
-// least one worker is registered and all are known to the router, else 503
-// "degraded".
+// model's thresholds now in force (a field given as null is switched off,
+// an absent one kept).
+//
+// # Probes
+//
+// /live is always 200. /ready is 200 when, not draining, every model of
+// Config.Models has an engine known to the router, else 503 with reasons.
+// /health is "unavailable" (503) when not ready, "degraded" (200) when an
+// engine is not known to the router or a dependency is not ok, else "ok",
+// with the reasons, the workers and the dependencies.
 //
 // # Metrics
 //

@@ -99,7 +99,11 @@ flags.`,
 			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
 			url := s.URL()
 			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
-			fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, mock.Server.Model)
+			auth := ""
+			if hf.access.APIKey != "" {
+				auth = "-H \"Authorization: Bearer $API_KEY\" "
+			}
+			fmt.Fprintf(out, "  curl %s/v1/chat/completions %s-H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, auth, mock.Server.Model)
 			fmt.Fprintln(out, "Ctrl-C stops everything.")
 			<-signalled.Done()
 			stop() // a second Ctrl-C ends the process at once

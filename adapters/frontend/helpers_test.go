@@ -174,8 +174,16 @@ func (e *env) settle() {
 
 func (e *env) post(path string, body any) (*http.Response, []byte) {
 	e.t.Helper()
+	return e.do(http.MethodPost, path, "", body)
+}
+
+// do sends a request with the bearer token (none if ""); a string or
+// []byte body goes as it is, anything else (but nil) as JSON.
+func (e *env) do(method, path, token string, body any) (*http.Response, []byte) {
+	e.t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
+	case nil:
 	case string:
 		rd = strings.NewReader(b)
 	case []byte:
@@ -186,29 +194,6 @@ func (e *env) post(path string, body any) (*http.Response, []byte) {
 			e.t.Fatal(err)
 		}
 		rd = bytes.NewReader(j)
-	}
-	resp, err := http.Post(e.srv.URL+path, "application/json", rd)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return resp, out
-}
-
-// do sends a request with the bearer token (none if "").
-func (e *env) do(method, path, token string, body any) (*http.Response, []byte) {
-	e.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, e.srv.URL+path, rd)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
-	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
 func TestAgentCommandNeedsEngineAndNATS(t *testing.T) {
@@ -29,14 +28,7 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	cfg := fleet.DefaultConfig()
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	e := f.Engines()[0]
+	cfg, e := mockEngine(t)
 
 	nc, err := natsplane.Connect(srv.URL(), "test", nil)
 	if err != nil {

@@ -16,6 +16,20 @@ import (
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
+// mockEngine starts one simulated engine at the modelled speed on free
+// ports of 127.0.0.1.
+func mockEngine(t *testing.T) (fleet.Config, fleet.Engine) {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return cfg, f.Engines()[0]
+}
+
 // lockedBuffer is written by the command and read by the test at once.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -39,14 +53,7 @@ func (l *lockedBuffer) String() string {
 // returns without error, and the clean stop logs no lost NATS connection.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	t.Setenv("NATS_SERVER", "")
-	cfg := fleet.DefaultConfig()
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	e := f.Engines()[0]
+	cfg, e := mockEngine(t)
 
 	var out, errOut lockedBuffer
 	done := make(chan error, 1)

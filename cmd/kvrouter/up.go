@@ -108,6 +108,9 @@ flags.`,
 			<-signalled.Done()
 			stop() // a second Ctrl-C ends the process at once
 			fmt.Fprintln(out, "stopping")
+			// Deregistered first, the engines get no new work from any
+			// router on the plane while they finish what they have.
+			stopAgents()
 			return s.Shutdown(shutdownTimeout)
 		},
 	}

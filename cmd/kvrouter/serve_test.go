@@ -48,27 +48,50 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// SIGTERM drains: a stream that ends within --shutdown-timeout ends
+// SIGTERM drains serve: a stream that ends within --shutdown-timeout ends
 // normally, one that does not gets an error event and [DONE], the command
 // returns without error, and the clean stop logs no lost NATS connection.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	t.Setenv("NATS_SERVER", "")
 	cfg, e := mockEngine(t)
+	stderr := drainOnSIGTERM(t, regexp.MustCompile(`serving on (http://\S+)`), cfg.Server.Model,
+		"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--nats-port", "0", "--shutdown-timeout", "1",
+		"--worker", "url="+e.HTTPURL+",events="+e.Ranks[0].Events+",replay="+e.Ranks[0].Replay+",model="+cfg.Server.Model)
+	if strings.Contains(stderr, "NATS connection lost") {
+		t.Fatalf("a clean stop logged a lost NATS connection:\n%s", stderr)
+	}
+}
 
+// up drains the same way, its engines deregistered first, and logs no
+// warning but the streams it had to cut.
+func TestUpDrainsOnSIGTERM(t *testing.T) {
+	t.Setenv("NATS_SERVER", "")
+	stderr := drainOnSIGTERM(t, regexp.MustCompile(`requests to (http://\S+) `), "kvrouter-mock",
+		"up", "--http-port", "0", "--workers", "1", "--shutdown-timeout", "1")
+	for _, line := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		if strings.Contains(line, "level=WARN") && !strings.Contains(line, "requests still in flight") {
+			t.Errorf("a clean stop warned: %s", line)
+		}
+	}
+}
+
+// drainOnSIGTERM runs the command until it serves on the URL servingOn
+// finds, opens a short and a long stream, sends SIGTERM, checks that the
+// command returns nil and how each stream ended, and returns the log.
+func drainOnSIGTERM(t *testing.T, servingOn *regexp.Regexp, model string, args ...string) string {
+	t.Helper()
 	var out, errOut lockedBuffer
 	done := make(chan error, 1)
 	go func() {
 		root := newRootCmd()
 		root.SetOut(&out)
 		root.SetErr(&errOut)
-		root.SetArgs([]string{"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--nats-port", "0", "--shutdown-timeout", "1",
-			"--worker", "url=" + e.HTTPURL + ",events=" + e.Ranks[0].Events + ",replay=" + e.Ranks[0].Replay + ",model=" + cfg.Server.Model})
+		root.SetArgs(args)
 		done <- root.Execute()
 	}()
-	servingOn := regexp.MustCompile(`serving on (http://\S+)`)
-	testwait.Until(t, 20*time.Second, "serve is up", func() bool { return servingOn.MatchString(out.String()) })
+	testwait.Until(t, 20*time.Second, "the frontend is up", func() bool { return servingOn.MatchString(out.String()) })
 	url := servingOn.FindStringSubmatch(out.String())[1]
-	testwait.Until(t, 20*time.Second, "serve is ready", func() bool {
+	testwait.Until(t, 20*time.Second, "the frontend is ready", func() bool {
 		resp, err := http.Get(url + "/ready")
 		if err != nil {
 			return false
@@ -82,7 +105,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		err  error
 	}
 	stream := func(maxTokens string, started chan<- struct{}, res chan<- result) {
-		body := `{"model":"` + cfg.Server.Model + `","prompt":[1,2,3,4,5,6,7,8],"stream":true,"ignore_eos":true,"max_tokens":` + maxTokens + `}`
+		body := `{"model":"` + model + `","prompt":[1,2,3,4,5,6,7,8],"stream":true,"ignore_eos":true,"max_tokens":` + maxTokens + `}`
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			close(started)
@@ -119,10 +142,10 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("serve returned %v after SIGTERM", err)
+			t.Fatalf("%s returned %v after SIGTERM", args[0], err)
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop after SIGTERM")
+		t.Fatalf("%s did not stop after SIGTERM", args[0])
 	}
 	short, long := <-shortRes, <-longRes
 	if n := len(short.data); short.err != nil || n < 2 || short.data[n-1] != "[DONE]" || strings.Contains(short.data[n-2], `"error"`) {
@@ -131,7 +154,5 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	if n := len(long.data); long.err != nil || n < 2 || long.data[n-1] != "[DONE]" || !strings.Contains(long.data[n-2], `"shutting_down"`) {
 		t.Fatalf("long stream: %v %q", long.err, long.data[max(0, len(long.data)-2):])
 	}
-	if strings.Contains(errOut.String(), "NATS connection lost") {
-		t.Fatalf("a clean stop logged a lost NATS connection:\n%s", errOut.String())
-	}
+	return errOut.String()
 }

@@ -102,8 +102,9 @@
 // prompt or messages, bad nvext → 400; unknown model → 404; body over
 // MaxBodyBytes → 413; every worker busy or none serving the model → 503;
 // engine unreachable or tokenization failing on the engine's side → 502;
-// a request_id already booked (router API) → 409. Engines' own errors pass
-// through unchanged.
+// a request_id already booked (router API) → 409; a missing or wrong API
+// key or admin token → 401; too many bookings → 429; a request cut by a
+// drain → 503 "shutting_down". Engines' own errors pass through unchanged.
 //
 // The router API answers: best_worker {worker_id, dp_rank, overlap_blocks,
 // prompt_blocks, request_id (when booked), via, timing}; potential_loads a

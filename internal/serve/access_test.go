@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -123,6 +124,31 @@ func TestRuntimeMetrics(t *testing.T) {
 	for _, m := range []string{"go_goroutines ", "go_memstats_heap_alloc_bytes ", "process_resident_memory_bytes "} {
 		if !strings.Contains(string(body), "\n"+m) {
 			t.Errorf("/metrics without %s", m)
+		}
+	}
+}
+
+func TestWarnsWhenOpenBeyondLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		ip     net.IP
+		access Access
+		want   []string
+	}{
+		{net.IPv4zero, Access{}, []string{"--api-key", "--admin-token"}},
+		{net.IPv4zero, Access{APIKey: "k"}, []string{"--admin-token"}},
+		{net.IPv4zero, Access{APIKey: "k", AdminToken: "a"}, nil},
+		{net.IPv4(127, 0, 0, 1), Access{}, nil},
+		{net.IPv6loopback, Access{}, nil},
+	} {
+		var buf strings.Builder
+		tc.access.warnIfOpen(slog.New(slog.NewTextHandler(&buf, nil)), &net.TCPAddr{IP: tc.ip, Port: 8000})
+		if got := strings.Count(buf.String(), "level=WARN"); got != len(tc.want) {
+			t.Errorf("%v %+v: %d warnings:\n%s", tc.ip, tc.access, got, buf.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(buf.String(), w) {
+				t.Errorf("%v %+v: no word of %s:\n%s", tc.ip, tc.access, w, buf.String())
+			}
 		}
 	}
 }

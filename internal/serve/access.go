@@ -31,7 +31,7 @@ func (a Access) tlsConfig() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: TLS certificate: %w", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}, nil
 }
 
 // warnIfOpen says what anyone who reaches a listener beyond loopback can

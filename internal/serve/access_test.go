@@ -75,7 +75,7 @@ func TestTLSListenerWithAPIKey(t *testing.T) {
 	if !strings.HasPrefix(s.URL(), "https://") {
 		t.Fatalf("URL %s", s.URL())
 	}
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
 	get := func(key string) int {
 		req, _ := http.NewRequest(http.MethodGet, s.URL()+"/v1/models", nil)
 		if key != "" {
@@ -87,6 +87,9 @@ func TestTLSListenerWithAPIKey(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Errorf("served over %s, want HTTP/2", resp.Proto)
+		}
 		return resp.StatusCode
 	}
 	if got := get(""); got != http.StatusUnauthorized {

@@ -5,6 +5,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -164,6 +165,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.Access.warnIfOpen(log, ln.Addr())
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.ln, s.cancel = ln, cancel
 	if cfg.Plane != nil {
@@ -173,14 +177,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig}
+	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if tlsConfig != nil {
-			_ = s.http.ServeTLS(ln, "", "")
-			return
-		}
 		_ = s.http.Serve(ln)
 	}()
 	for _, w := range s.workers {

@@ -104,7 +104,9 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.OverrideBusy = f.isAdmin(r)
-	d, err := f.cfg.Router.BestWorker(r.Context(), &req)
+	ctx, done := f.requestContext(r) // a queued booking must not hold up a drain
+	defer done()
+	d, err := f.cfg.Router.BestWorker(ctx, &req)
 	if err != nil {
 		if req.ID != "" && !errors.Is(err, router.ErrDuplicateID) {
 			f.bookings.release(req.ID)

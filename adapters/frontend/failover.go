@@ -55,7 +55,7 @@ func connectFailure(err error) bool {
 // Every attempt is booked under its own id and freed when it ends.
 func (c *call) serve(req *router.Request) {
 	defer c.observeStream()
-	ctx := c.r.Context()
+	ctx := c.ctx
 	baseID := req.ID
 	top, raw := c.top, c.body
 	prompt := req.Tokens
@@ -68,7 +68,7 @@ func (c *call) serve(req *router.Request) {
 		c.id = req.ID
 		res, err := c.attempt(req, top, raw)
 		if res != served && ctx.Err() != nil {
-			c.status = "cancelled"
+			c.stopped()
 			return
 		}
 		switch res {
@@ -129,7 +129,7 @@ func (c *call) giveUp(err error) {
 // attempt books req on the engine the router chooses, forwards the
 // request there and frees the booking.
 func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw []byte) (outcome, error) {
-	d, err := c.f.cfg.Router.BestWorker(c.r.Context(), req)
+	d, err := c.f.cfg.Router.BestWorker(c.ctx, req)
 	if err != nil {
 		return unrouted, err
 	}
@@ -200,7 +200,7 @@ func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint
 		}
 		next[k] = json.RawMessage(strconv.Itoa(n))
 	}
-	ctx := c.r.Context()
+	ctx := c.ctx
 	_, serving := c.f.workersFor(c.model)
 	text := rs.generated.String()
 	if c.ep.kind == kindChat {

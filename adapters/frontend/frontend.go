@@ -13,7 +13,21 @@
 //	POST /router/free                                 {request_id}
 //	GET  /router/dump_events                          the index as a JSON list of KV events
 //	GET  /busy_threshold, POST /busy_threshold        SPEC §6
-//	GET  /health, GET /metrics
+//	GET  /live, GET /ready, GET /health, GET /metrics
+//	GET  /debug/pprof/...                             Go's profiler, with an admin token only
+//
+// # Access
+//
+// Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
+// Bearer <key>", compared in constant time). Config.AdminToken guards what
+// changes the router's state: POST /busy_threshold, a booking
+// /router/best_worker (with request_id), mark_prefill_complete, free, and
+// pprof. It also passes /v1/*, where it lets backend_instance_id pin a
+// request to a busy worker; other pins to a busy worker get 503. Both
+// answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
+// Bookings through the router API are bounded: Config.MaxBookings at once
+// (429 beyond), BookingLifetime each, and no larger than the largest
+// engine's KV capacity (400).
 //
 // # Tokens
 //
@@ -71,6 +85,10 @@
 // that already had a finish_reason, are not continued. Each attempt is
 // booked under its own id ("<id>-<n>") and freed when it ends.
 //
+// A stream cut by Abort (a drain that ran out of time) ends with an error
+// event of code "shutting_down" and "data: [DONE]": it is over, not broken
+// off.
+//
 // # nvext
 //
 // The nvext object of a request (SPEC §7, Dynamo's names) is read as:
@@ -108,8 +126,9 @@
 // prompt or messages, bad nvext → 400; unknown model → 404; body over
 // MaxBodyBytes → 413; every worker busy or none serving the model → 503;
 // engine unreachable or tokenization failing on the engine's side → 502;
-// a request_id already booked (router API) → 409. Engines' own errors pass
-// through unchanged.
+// a request_id already booked (router API) → 409; a missing or wrong API
+// key or admin token → 401; too many bookings → 429; a request cut by a
+// drain → 503 "shutting_down". Engines' own errors pass through unchanged.
 //
 // The router API answers: best_worker {worker_id, dp_rank, overlap_blocks,
 // prompt_blocks, request_id (when booked), via, timing}; potential_loads a
@@ -117,9 +136,16 @@
 // active_prefill_tokens, active_requests, potential_decode_blocks,
 // potential_prefill_tokens}; mark_prefill_complete and free {request_id,
 // found}. GET /busy_threshold answers {"thresholds": [...]}, POST the
-// model's thresholds now in force. /health is 200 {"status": "ok"} when at
-// least one worker is registered and all are known to the router, else 503
-// "degraded".
+// model's thresholds now in force (a field given as null is switched off,
+// an absent one kept).
+//
+// # Probes
+//
+// /live is always 200. /ready is 200 when, not draining, every model of
+// Config.Models has an engine known to the router, else 503 with reasons.
+// /health is "unavailable" (503) when not ready, "degraded" (200) when an
+// engine is not known to the router or a dependency is not ok, else "ok",
+// with the reasons, the workers and the dependencies.
 //
 // # Metrics
 //
@@ -137,6 +163,7 @@
 package frontend
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -194,7 +221,26 @@ type Config struct {
 	// connection: the registry's owner should take it out of routing at
 	// once, until its health probe answers again.
 	EngineRefused func(workerID uint64)
+	// Models, optional, lists the models the frontend is meant to serve,
+	// engines in routing or not; /ready waits for an engine of each. nil
+	// takes the models of Workers.
+	Models func() []string
+	// APIKey, when set, is required on /v1/* as "Authorization: Bearer
+	// <key>" (vLLM's --api-key).
+	APIKey string
+	// AdminToken, when set, is required the same way on every endpoint
+	// that changes the router's state (booking /router/best_worker,
+	// mark_prefill_complete, free, POST /busy_threshold) and on
+	// /debug/pprof/. On /v1/* it stands for the API key and lets
+	// nvext.backend_instance_id pin a request to a busy worker.
+	AdminToken string
+	// MaxBookings bounds the requests booked through /router/best_worker
+	// and not yet freed (429 beyond); 0 means DefaultMaxBookings.
+	MaxBookings int
 }
+
+// DefaultMaxBookings is Config.MaxBookings' default.
+const DefaultMaxBookings = 1024
 
 // Frontend serves the HTTP API. Build it with New.
 type Frontend struct {
@@ -205,6 +251,14 @@ type Frontend struct {
 	idBase  string
 	nextID  atomic.Uint64
 	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
+
+	apiKey, admin secret
+	bookings      *bookings
+
+	draining atomic.Bool
+	// aborted ends every request still in flight when a drain times out.
+	aborted context.Context
+	abort   context.CancelFunc
 }
 
 // New checks cfg and registers the metrics.
@@ -237,11 +291,18 @@ func New(cfg Config) (*Frontend, error) {
 			return nil, err
 		}
 	}
+	if cfg.MaxBookings <= 0 {
+		cfg.MaxBookings = DefaultMaxBookings
+	}
 	var salt [6]byte
 	_, _ = rand.Read(salt[:])
+	aborted, abort := context.WithCancel(context.Background())
 	return &Frontend{
 		cfg: cfg, log: cfg.Logger, m: m, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
+		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
+		bookings: newBookings(cfg.MaxBookings),
+		aborted:  aborted, abort: abort,
 	}, nil
 }
 
@@ -253,17 +314,42 @@ func (f *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", f.models)
 	mux.HandleFunc("POST /router/best_worker", f.bestWorker)
 	mux.HandleFunc("POST /router/potential_loads", f.potentialLoads)
-	mux.HandleFunc("POST /router/mark_prefill_complete", f.markPrefillComplete)
-	mux.HandleFunc("POST /router/free", f.free)
+	mux.HandleFunc("POST /router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete))
+	mux.HandleFunc("POST /router/free", f.adminOnly(f.free))
 	mux.HandleFunc("GET /router/dump_events", f.dumpEvents)
 	mux.HandleFunc("GET /busy_threshold", f.listThresholds)
-	mux.HandleFunc("POST /busy_threshold", f.postThreshold)
+	mux.HandleFunc("POST /busy_threshold", f.adminOnly(f.postThreshold))
 	mux.HandleFunc("GET /health", f.health)
+	mux.HandleFunc("GET /live", f.live)
+	mux.HandleFunc("GET /ready", f.ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))
+	f.handlePprof(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return mux
+	return f.guardOpenAI(mux)
+}
+
+// Drain turns /ready (and /health) to 503 while requests are still served:
+// the first step of a graceful stop.
+func (f *Frontend) Drain() { f.draining.Store(true) }
+
+// Abort ends every request still in flight: streams with an error event
+// and "data: [DONE]", the others with 503. The last step of a drain that
+// ran out of time.
+func (f *Frontend) Abort() { f.abort() }
+
+// errShuttingDown is why requests cut by Abort end.
+var errShuttingDown = errors.New("kvrouter is shutting down")
+
+// requestContext is the request's context, also ended by Abort.
+func (f *Frontend) requestContext(r *http.Request) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	stop := context.AfterFunc(f.aborted, func() { cancel(errShuttingDown) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 // newID is a booking id unique to this process (and, by its random part,

@@ -369,7 +369,7 @@ func TestNoWorkers(t *testing.T) {
 	if code := openAIError(t, resp, body, http.StatusServiceUnavailable); code != "no_workers" {
 		t.Fatal(code)
 	}
-	if resp, body := e.get("/health"); resp.StatusCode != 503 || !strings.Contains(string(body), `"degraded"`) {
+	if resp, body := e.get("/health"); resp.StatusCode != 503 || !strings.Contains(string(body), `"unavailable"`) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }

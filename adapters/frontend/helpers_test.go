@@ -88,6 +88,10 @@ type envOpts struct {
 	router      func(*router.Config)
 	migrations  int             // Config.MigrationLimit
 	refused     func(id uint64) // Config.EngineRefused
+	// access control and limits, as in Config
+	apiKey, adminToken string
+	maxBookings        int
+	models             func() []string
 }
 
 // newEnv starts a mocker fleet on 127.0.0.1 (ports 0), a router with its
@@ -122,7 +126,11 @@ func newEnv(t *testing.T, o envOpts) *env {
 			e.add(Worker{ID: uint64(10 + i), Name: eng.Name, BaseURL: eng.HTTPURL, Model: mockModel, DPSize: o.dp})
 		}
 	}
-	fe, err := New(Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg, MigrationLimit: o.migrations, EngineRefused: o.refused})
+	fe, err := New(Config{
+		Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg,
+		APIKey: o.apiKey, AdminToken: o.adminToken, MaxBookings: o.maxBookings, Models: o.models,
+		MigrationLimit: o.migrations, EngineRefused: o.refused,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +177,16 @@ func (e *env) settle() {
 
 func (e *env) post(path string, body any) (*http.Response, []byte) {
 	e.t.Helper()
+	return e.do(http.MethodPost, path, "", body)
+}
+
+// do sends a request with the bearer token (none if ""); a string or
+// []byte body goes as it is, anything else (but nil) as JSON.
+func (e *env) do(method, path, token string, body any) (*http.Response, []byte) {
+	e.t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
+	case nil:
 	case string:
 		rd = strings.NewReader(b)
 	case []byte:
@@ -182,7 +198,15 @@ func (e *env) post(path string, body any) (*http.Response, []byte) {
 		}
 		rd = bytes.NewReader(j)
 	}
-	resp, err := http.Post(e.srv.URL+path, "application/json", rd)
+	req, err := http.NewRequest(method, e.srv.URL+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ type call struct {
 	f        *Frontend
 	w        http.ResponseWriter
 	r        *http.Request
+	ctx      context.Context // r's, also ended by Frontend.Abort
 	ep       endpoint
 	start    time.Time
 	sent     time.Time // when the request left for the engine
@@ -52,8 +54,29 @@ func (c *call) fail(e *httpError) {
 	writeHTTPError(c.w, e)
 }
 
+// stopped ends a call whose context ended: silently if the client left;
+// if the router is shutting down, with a 503 or, once the client's stream
+// is open, an error event and the [DONE] that tells clients the stream is
+// over and was not merely broken off.
+func (c *call) stopped() {
+	if c.r.Context().Err() != nil {
+		c.status = "cancelled"
+		return
+	}
+	if c.rs == nil {
+		c.fail(newError(http.StatusServiceUnavailable, "server_error", "shutting_down", "", "%v", context.Cause(c.ctx)))
+		return
+	}
+	c.status = "stream_error"
+	c.rs.write(errorEvent("shutting_down", "%v: the stream was cut", context.Cause(c.ctx)))
+	c.rs.write([]byte("data: [DONE]\n\n"))
+	_ = c.rs.rc.Flush()
+}
+
 func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoint) {
-	c := &call{f: f, w: w, r: r, ep: ep, start: time.Now(), status: "500"}
+	ctx, done := f.requestContext(r)
+	defer done()
+	c := &call{f: f, w: w, r: r, ctx: ctx, ep: ep, start: time.Now(), status: "500"}
 	defer func() { f.m.requests.WithLabelValues(c.model, ep.name, c.status).Inc() }()
 
 	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
@@ -88,7 +111,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	req := router.Request{ID: f.newID(), Model: model}
+	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
 	n, ex, herr := parseNvext(top["nvext"], r.Header, &req)
 	if herr != nil {
 		c.fail(herr)
@@ -96,8 +119,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	}
 	c.ex, c.id = ex, req.ID
 	t0 := time.Now()
-	req.Tokens, herr = f.promptTokens(r.Context(), top, ep.kind, model, serving, n.TokenData)
+	req.Tokens, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
 	if herr != nil {
+		if ctx.Err() != nil {
+			c.stopped()
+			return
+		}
 		c.fail(herr)
 		return
 	}
@@ -142,7 +169,7 @@ func copyHeaders(dst, src http.Header) {
 // A failure before the engine answered anything comes back as unanswered,
 // with nothing written to the client.
 func (c *call) forward(body []byte) (outcome, error) {
-	ctx := c.r.Context()
+	ctx := c.ctx
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
 	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -159,7 +186,7 @@ func (c *call) forward(body []byte) (outcome, error) {
 	resp, err := c.f.cfg.Client.Do(ereq)
 	if err != nil {
 		if ctx.Err() != nil {
-			c.status = "cancelled"
+			c.stopped()
 			return served, nil
 		}
 		return unanswered, err
@@ -195,8 +222,8 @@ func (c *call) forward(body []byte) (outcome, error) {
 func (c *call) whole(resp *http.Response) (outcome, error) {
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		if c.r.Context().Err() != nil {
-			c.status = "cancelled"
+		if c.ctx.Err() != nil {
+			c.stopped()
 			return served, nil
 		}
 		return unanswered, fmt.Errorf("the answer broke off: %w", err)
@@ -267,7 +294,7 @@ var doneData = []byte("[DONE]")
 // returns cut, with the cause, when the engine's stream broke off without
 // anything wrong in what it sent: the engine went away.
 func (c *call) stream(resp *http.Response) (outcome, error) {
-	ctx := c.r.Context()
+	ctx := c.ctx
 	if c.rs == nil {
 		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0)
 		copyHeaders(c.w.Header(), resp.Header)
@@ -281,7 +308,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 		ev, err := sse.next()
 		if err != nil {
 			if ctx.Err() != nil {
-				c.status = "cancelled"
+				c.stopped()
 				return served, nil
 			}
 			if errors.Is(err, errMalformed) {
@@ -343,7 +370,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 			}
 		}
 		if ctx.Err() != nil {
-			c.status = "cancelled"
+			c.stopped()
 			return served, nil
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
@@ -88,12 +89,28 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 	if herr == nil {
 		req.ID, herr = stringField(top, "request_id")
 	}
+	if herr == nil && req.ID != "" {
+		// Booking holds load on an engine until freed: the admin's call.
+		if !f.allowAdmin(w, r) {
+			return
+		}
+		herr = f.checkBookingSize(&req)
+		if herr == nil && !f.bookings.reserve(f.cfg.Router, req.ID, time.Now()) {
+			herr = tooManyBookings(f.cfg.MaxBookings)
+		}
+	}
 	if herr != nil {
 		writeHTTPError(w, herr)
 		return
 	}
-	d, err := f.cfg.Router.BestWorker(r.Context(), &req)
+	req.OverrideBusy = f.isAdmin(r)
+	ctx, done := f.requestContext(r) // a queued booking must not hold up a drain
+	defer done()
+	d, err := f.cfg.Router.BestWorker(ctx, &req)
 	if err != nil {
+		if req.ID != "" && !errors.Is(err, router.ErrDuplicateID) {
+			f.bookings.release(req.ID)
+		}
 		writeHTTPError(w, routeError(err, req.Model))
 		return
 	}
@@ -167,7 +184,10 @@ func (f *Frontend) markPrefillComplete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Frontend) free(w http.ResponseWriter, r *http.Request) {
-	f.requestIDOp(w, r, f.cfg.Router.Free)
+	f.requestIDOp(w, r, func(id string) bool {
+		f.bookings.release(id)
+		return f.cfg.Router.Free(id)
+	})
 }
 
 func (f *Frontend) dumpEvents(w http.ResponseWriter, _ *http.Request) {
@@ -201,81 +221,41 @@ func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
-type healthWorker struct {
-	ID         uint64 `json:"id"`
-	Name       string `json:"name"`
-	Model      string `json:"model"`
-	BaseURL    string `json:"base_url"`
-	DPSize     int    `json:"dp_size"`
-	Registered bool   `json:"registered"` // known to the router
-}
-
-// health is "ok" (200) with at least one worker, all known to the router,
-// and every dependency ok; "degraded" (503) otherwise.
-func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
-	known := map[uint64]bool{}
-	for _, in := range f.cfg.Router.Workers() {
-		known[in.ID] = true
-	}
-	ws := f.cfg.Workers()
-	out := make([]healthWorker, len(ws))
-	status := "ok"
-	if len(ws) == 0 {
-		status = "degraded"
-	}
-	for i, wk := range ws {
-		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
-		if !known[wk.ID] {
-			status = "degraded"
-		}
-	}
-	body := map[string]any{"workers": out}
-	if f.cfg.Dependencies != nil {
-		deps := f.cfg.Dependencies()
-		for _, v := range deps {
-			if v != "ok" {
-				status = "degraded"
-			}
-		}
-		if deps != nil {
-			body["dependencies"] = deps
-		}
-	}
-	body["status"] = status
-	code := http.StatusOK
-	if status != "ok" {
-		code = http.StatusServiceUnavailable
-	}
-	writeJSON(w, code, body)
-}
-
 func (f *Frontend) listThresholds(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"thresholds": f.cfg.Router.Thresholds().List()})
 }
 
-// postThreshold sets the fields given for the model and answers the
-// thresholds now in force; with only the model it just reads them.
+// postThreshold sets the fields given for the model, switches off those
+// given as null, and answers the thresholds now in force; with only the
+// model it just reads them.
 func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
-	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
+	top, herr := f.decodeObject(w, r)
 	if herr != nil {
 		writeHTTPError(w, herr)
 		return
 	}
 	var mt sched.ModelThreshold
-	if err := json.Unmarshal(body, &mt); err != nil {
-		writeHTTPError(w, badRequest("invalid_json", "", "malformed busy threshold: %v", err))
+	b, _ := json.Marshal(top)
+	if err := json.Unmarshal(b, &mt); err != nil {
+		writeHTTPError(w, badRequest("invalid_threshold", "", "malformed busy threshold (model a string, active_decode_blocks_threshold a number, active_prefill_tokens_threshold an integer, either null to switch it off): %v", err))
 		return
 	}
 	if strings.TrimSpace(mt.Model) == "" {
 		writeHTTPError(w, badRequest("missing_model", "model", "model is required"))
 		return
 	}
+	isNull := func(key string) bool { raw, ok := top[key]; return ok && !present(raw) }
+	u := sched.ThresholdUpdate{
+		Set:        mt.BusyThreshold,
+		DecodeOff:  isNull("active_decode_blocks_threshold"),
+		PrefillOff: isNull("active_prefill_tokens_threshold"),
+	}
 	th := f.cfg.Router.Thresholds()
-	if mt.ActiveDecodeBlocks == nil && mt.ActivePrefillTokens == nil {
+	if u.Set.ActiveDecodeBlocks == nil && u.Set.ActivePrefillTokens == nil && !u.DecodeOff && !u.PrefillOff {
 		writeJSON(w, http.StatusOK, sched.ModelThreshold{Model: mt.Model, BusyThreshold: th.Get(mt.Model)})
 		return
 	}
-	cur, err := th.Set(mt.Model, mt.BusyThreshold)
+	cur, err := th.Update(mt.Model, u)
 	if err != nil {
 		if errors.Is(err, sched.ErrInvalidThreshold) {
 			writeHTTPError(w, badRequest("invalid_threshold", "", "%v", err))

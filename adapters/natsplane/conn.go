@@ -20,9 +20,13 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 		nats.ReconnectWait(100*time.Millisecond),
 		nats.RetryOnFailedConnect(false),
 		nats.ReconnectBufSize(64<<20),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if c.IsClosed() {
+				return // our own Close: nothing was lost
+			}
 			log.Warn("NATS connection lost; routing on the last known state until it is back", "err", err)
 		}),
+		nats.ClosedHandler(func(*nats.Conn) { log.Debug("NATS connection closed") }),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Info("NATS connection restored", "url", c.ConnectedUrl())
 		}),

@@ -1,14 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
-	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 func TestAgentCommandNeedsEngineAndNATS(t *testing.T) {
@@ -29,14 +28,7 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	cfg := fleet.DefaultConfig()
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	e := f.Engines()[0]
+	cfg, e := mockEngine(t)
 
 	nc, err := natsplane.Connect(srv.URL(), "test", nil)
 	if err != nil {
@@ -55,9 +47,9 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	var out lockedBuffer
 	go func() {
 		root := newRootCmd()
-		var out bytes.Buffer
 		root.SetOut(&out)
 		root.SetErr(&out)
 		root.SetArgs([]string{"agent", "--nats-url", srv.URL(), "--namespace", "agents", "--lease-ttl", "1s",
@@ -73,6 +65,9 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent never registered its engine")
 	}
+	// Routers see the key before the agent has its acknowledgement: stop
+	// it only once it has started.
+	testwait.Until(t, 10*time.Second, "the agent reports its registration", func() bool { return strings.Contains(out.String(), "registered on") })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

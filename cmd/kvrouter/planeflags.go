@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -111,13 +112,19 @@ func (p *planeFlags) plane(nc *nats.Conn) *serve.Plane {
 }
 
 // startAgents puts every engine of a simulated fleet on the plane, one
-// in-process agent each, as "kvrouter agent" would from outside.
+// in-process agent each, as "kvrouter agent" would from outside. stop
+// deregisters them; calling it again does nothing.
 func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []serve.WorkerSpec, blockSize int, log *slog.Logger) (stop func(), err error) {
-	var agents []*agent.Agent
+	var (
+		agents []*agent.Agent
+		once   sync.Once
+	)
 	stop = func() {
-		for _, a := range agents {
-			a.Close()
-		}
+		once.Do(func() {
+			for _, a := range agents {
+				a.Close()
+			}
+		})
 	}
 	for _, w := range workers {
 		a, err := agent.Start(ctx, nc, agent.Config{

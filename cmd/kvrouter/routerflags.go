@@ -77,6 +77,7 @@ func modeNames() string {
 // envAliases maps environment variables Dynamo reads under other names.
 var envAliases = map[string]string{
 	"DYN_OVERLAP_SCORE_WEIGHT": "router-kv-overlap-score-weight",
+	"VLLM_API_KEY":             "api-key",
 }
 
 // applyEnv fills every flag the command line left unset from DYN_<FLAG>

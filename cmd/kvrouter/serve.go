@@ -23,6 +23,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
 		pf         planeFlags
+		hf         httpFlags
 		host       string
 		port       int
 		specs      []string
@@ -34,8 +35,14 @@ func newServeCmd() *cobra.Command {
 		Long: `Serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) in
 front of engines (vLLM, SGLang or kvrouter mocker), routing every request on
 the engines' live KV events (ZMQ, vLLM's format) and the router's load
-prediction. Also: the router API (/router/...), /health, /metrics and
-/busy_threshold.
+prediction. Also: the router API (/router/...), /live, /ready, /health,
+/metrics and /busy_threshold.
+
+serve listens on 0.0.0.0 like vLLM and Dynamo; beyond loopback give it
+--api-key and --admin-token (better as DYN_API_KEY / DYN_ADMIN_TOKEN, out of
+the process list) and, off a trusted network, --tls-cert-file and
+--tls-key-file. SIGTERM or SIGINT drains: /ready turns 503, new connections
+are refused, requests in flight get --shutdown-timeout seconds to finish.
 
 Engines are given with --worker (repeatable) or in a JSON file (--config,
 {"workers": [...]}) with the same fields:
@@ -70,29 +77,37 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			shutdownTimeout, err := hf.timeout()
+			if err != nil {
+				return err
+			}
+			signalled, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			nc, natsURL, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
 			if err != nil {
 				return err
 			}
 			defer closeNATS()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, MigrationLimit: migrationLimit})
+			// The engines stay in routing while the frontend drains: the
+			// signal does not end serve's own context.
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit})
 			if err != nil {
 				return err
 			}
 			if len(workers) > 0 {
 				printWorkers(cmd.OutOrStdout(), workers)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on http://%s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.Addr(), rcfg.Mode, natsURL, pf.namespace)
-			<-ctx.Done()
-			return s.Close()
+			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, natsURL, pf.namespace)
+			<-signalled.Done()
+			stop() // a second signal ends the process at once
+			return s.Shutdown(shutdownTimeout)
 		},
 	}
 	fs := cmd.Flags()
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	pf.register(fs, true, 4222)
+	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")

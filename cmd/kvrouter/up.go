@@ -22,6 +22,7 @@ func newUpCmd() *cobra.Command {
 	var (
 		rf      = newRouterFlags()
 		pf      planeFlags
+		hf      httpFlags
 		mock    = fleet.DefaultConfig()
 		host    string
 		port    int
@@ -57,8 +58,16 @@ flags.`,
 				return err
 			}
 			rcfg.BlockSize = mock.Engine.BlockSize
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			shutdownTimeout, err := hf.timeout()
+			if err != nil {
+				return err
+			}
+			signalled, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// Engines, agents and frontend run on a context the signal
+			// does not end, so that requests in flight can drain; they
+			// stop in reverse order once the frontend has drained.
+			ctx := cmd.Context()
 
 			mock.Host, mock.HTTPPort, mock.KVEventsPort, mock.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
 			engines, err := fleet.Start(ctx, mock)
@@ -77,12 +86,12 @@ flags.`,
 				return err
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, MigrationLimit: migrationLimit})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit})
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			ready, cancel := context.WithTimeout(ctx, 10*time.Second)
+			ready, cancel := context.WithTimeout(signalled, 10*time.Second)
 			defer cancel()
 			if err := s.WaitWorkers(ready, func(live int) bool { return live >= len(workers) }); err != nil {
 				return fmt.Errorf("engines did not join routing: %w", err)
@@ -92,19 +101,28 @@ flags.`,
 				mock.NumWorkers, mock.DataParallelSize, mock.Server.Model, mock.SpeedupRatio, rcfg.Mode)
 			printWorkers(out, workers)
 			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
-			url := "http://" + s.Addr()
+			url := s.URL()
 			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
-			fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, mock.Server.Model)
+			auth := ""
+			if hf.access.APIKey != "" {
+				auth = "-H \"Authorization: Bearer $API_KEY\" "
+			}
+			fmt.Fprintf(out, "  curl %s/v1/chat/completions %s-H 'Content-Type: application/json' \\\n    -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 16, \"nvext\": {\"extra_fields\": [\"worker_id\"]}}'\n\n", url, auth, mock.Server.Model)
 			fmt.Fprintln(out, "Ctrl-C stops everything.")
-			<-ctx.Done()
+			<-signalled.Done()
+			stop() // a second Ctrl-C ends the process at once
 			fmt.Fprintln(out, "stopping")
-			return nil
+			// Deregistered first, the engines get no new work from any
+			// router on the plane while they finish what they have.
+			stopAgents()
+			return s.Shutdown(shutdownTimeout)
 		},
 	}
 	fs := cmd.Flags()
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	pf.register(fs, true, 0)
+	hf.register(fs)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
 	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")

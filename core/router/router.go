@@ -110,8 +110,11 @@ type Request struct {
 	Overrides sched.Overrides
 	// Target pins the request to a worker rank (nvext backend_instance_id,
 	// dp_rank); required in direct mode.
-	Target  *kv.Worker
-	Session *sched.SessionControl
+	Target *kv.Worker
+	// OverrideBusy sends a Target even to a busy worker (an operator's
+	// pin); other pins to a busy worker fail with sched.ErrAllBusy.
+	OverrideBusy bool
+	Session      *sched.SessionControl
 	// Exclude names engines this request must not go to: they already
 	// failed it, and the registry may not have caught up yet.
 	Exclude []uint64
@@ -690,7 +693,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	}
 	sreq := sched.Request{
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
-		Target: p.req.Target, Session: p.req.Session,
+		Target: p.req.Target, OverrideBusy: p.req.OverrideBusy, Session: p.req.Session,
 		Busy: sc.busy, Now: r.now(),
 		Tokens: p.req.Tokens, Commit: book,
 	}

@@ -13,25 +13,29 @@ import (
 // a missing or null field means "unset" on output and "leave as is" on input.
 type BusyThreshold struct {
 	// ActiveDecodeBlocks is a fraction of the worker's TotalKVBlocks, in
-	// (0, 1]: 0 would mark a worker busy as soon as it holds one block, and
-	// above 1 could never trigger on an engine that reports its capacity
-	// truthfully, so both are taken for mistakes.
+	// [MinActiveDecodeBlocks, 1]: below, one ordinary prompt makes a worker
+	// busy, so every worker is busy as soon as it works at all; above 1 it
+	// could never trigger on an engine that reports its capacity
+	// truthfully; both are taken for mistakes.
 	ActiveDecodeBlocks *float64 `json:"active_decode_blocks_threshold"`
 	// ActivePrefillTokens is an absolute token count, ≥ 0. 0 is allowed:
 	// it means "at most one prompt in prefill per worker".
 	ActivePrefillTokens *int `json:"active_prefill_tokens_threshold"`
 }
 
+// MinActiveDecodeBlocks is the smallest decode threshold accepted.
+const MinActiveDecodeBlocks = 0.01
+
 // ErrInvalidThreshold wraps every validation failure of thresholds.
 var ErrInvalidThreshold = errors.New("sched: invalid busy threshold")
 
 // Validate reports the first out-of-range field.
 func (t BusyThreshold) Validate() error {
-	if v := t.ActiveDecodeBlocks; v != nil && !(*v > 0 && *v <= 1) {
-		return fmt.Errorf("%w: active_decode_blocks_threshold %v: want a fraction in (0, 1]", ErrInvalidThreshold, *v)
+	if v := t.ActiveDecodeBlocks; v != nil && !(*v >= MinActiveDecodeBlocks && *v <= 1) {
+		return fmt.Errorf("%w: active_decode_blocks_threshold %v: want a fraction in [%v, 1], or null to switch it off", ErrInvalidThreshold, *v, MinActiveDecodeBlocks)
 	}
 	if v := t.ActivePrefillTokens; v != nil && *v < 0 {
-		return fmt.Errorf("%w: active_prefill_tokens_threshold %d: want a token count ≥ 0", ErrInvalidThreshold, *v)
+		return fmt.Errorf("%w: active_prefill_tokens_threshold %d: want a token count ≥ 0, or null to switch it off", ErrInvalidThreshold, *v)
 	}
 	return nil
 }
@@ -107,27 +111,43 @@ func (t *Thresholds) Get(model string) BusyThreshold {
 	return v.clone()
 }
 
+// ThresholdUpdate changes a model's thresholds: the non-nil fields of Set
+// take their value, the Off ones are switched off, the others are kept.
+type ThresholdUpdate struct {
+	Set                   BusyThreshold
+	DecodeOff, PrefillOff bool
+}
+
 // Set changes the non-nil fields of update for model and returns the
 // thresholds now in force. Nil fields keep their value, so Set with an empty
 // update records the model at its current values (so that List shows it).
 // An invalid update changes nothing.
 func (t *Thresholds) Set(model string, update BusyThreshold) (BusyThreshold, error) {
+	return t.Update(model, ThresholdUpdate{Set: update})
+}
+
+// Update applies u to model's thresholds and returns those now in force.
+// An invalid update changes nothing.
+func (t *Thresholds) Update(model string, u ThresholdUpdate) (BusyThreshold, error) {
 	if strings.TrimSpace(model) == "" {
 		return BusyThreshold{}, fmt.Errorf("%w: model name is empty", ErrInvalidThreshold)
 	}
-	if err := update.Validate(); err != nil {
+	if err := u.Set.Validate(); err != nil {
 		return BusyThreshold{}, err
 	}
-	update = update.clone()
+	if (u.DecodeOff && u.Set.ActiveDecodeBlocks != nil) || (u.PrefillOff && u.Set.ActivePrefillTokens != nil) {
+		return BusyThreshold{}, fmt.Errorf("%w: a threshold both set and switched off", ErrInvalidThreshold)
+	}
+	update := u.Set.clone()
 	t.mu.Lock()
 	cur, ok := t.byModel[model]
 	if !ok {
 		cur = t.defaults
 	}
-	if update.ActiveDecodeBlocks != nil {
+	if update.ActiveDecodeBlocks != nil || u.DecodeOff {
 		cur.ActiveDecodeBlocks = update.ActiveDecodeBlocks
 	}
-	if update.ActivePrefillTokens != nil {
+	if update.ActivePrefillTokens != nil || u.PrefillOff {
 		cur.ActivePrefillTokens = update.ActivePrefillTokens
 	}
 	t.byModel[model] = cur

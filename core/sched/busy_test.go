@@ -85,6 +85,8 @@ func TestThresholdValidate(t *testing.T) {
 		{BusyThreshold{ActiveDecodeBlocks: f(1)}, true},
 		{BusyThreshold{ActiveDecodeBlocks: f(0.01), ActivePrefillTokens: n(0)}, true},
 		{BusyThreshold{ActiveDecodeBlocks: f(0)}, false},
+		{BusyThreshold{ActiveDecodeBlocks: f(1e-7)}, false},
+		{BusyThreshold{ActiveDecodeBlocks: f(0.0099)}, false},
 		{BusyThreshold{ActiveDecodeBlocks: f(1.01)}, false},
 		{BusyThreshold{ActiveDecodeBlocks: f(math.NaN())}, false},
 		{BusyThreshold{ActivePrefillTokens: n(-1)}, false},
@@ -93,6 +95,36 @@ func TestThresholdValidate(t *testing.T) {
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalidThreshold)) {
 			t.Errorf("Validate(%v, %v) = %v, want ok: %v", tc.thr.ActiveDecodeBlocks, tc.thr.ActivePrefillTokens, err, tc.ok)
 		}
+	}
+}
+
+func TestThresholdsSwitchOff(t *testing.T) {
+	reg, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: f(0.8)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Set("m", BusyThreshold{ActivePrefillTokens: n(0)}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := reg.Update("m", ThresholdUpdate{PrefillOff: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null}`; js(t, got) != want {
+		t.Errorf("prefill off: %s, want %s", js(t, got), want)
+	}
+	got, err = reg.Update("m", ThresholdUpdate{DecodeOff: true, Set: BusyThreshold{ActivePrefillTokens: n(5)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":5}`; js(t, got) != want {
+		t.Errorf("decode off, prefill set: %s, want %s", js(t, got), want)
+	}
+	if _, err := reg.Update("m", ThresholdUpdate{DecodeOff: true, Set: BusyThreshold{ActiveDecodeBlocks: f(0.5)}}); !errors.Is(err, ErrInvalidThreshold) {
+		t.Errorf("set and off at once: %v", err)
+	}
+	if got := reg.Get("m"); js(t, got) != `{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":5}` {
+		t.Errorf("a refused update changed the thresholds: %s", js(t, got))
 	}
 }
 

@@ -25,9 +25,13 @@ type Request struct {
 	Params    Params
 	// Target names the worker to use (nvext backend_instance_id and
 	// dp_rank); the caller fills DPRank, 0 when the client gave none. A
-	// named worker is used in every mode, not only in ModeDirect, and
-	// regardless of busy thresholds: the client has decided.
+	// named worker is used in every mode, not only in ModeDirect, unless
+	// it is busy: a pin must not let a client pile work on an overloaded
+	// engine.
 	Target *kv.Worker
+	// OverrideBusy sends a Target to its worker even when it is busy: an
+	// operator's pin.
+	OverrideBusy bool
 	// Session, when set, routes by and maintains a session pin.
 	Session *SessionControl
 	// Busy are the thresholds of the request's model (Thresholds.Get).
@@ -95,9 +99,9 @@ func New(mode Mode, sessions *Sessions) (*Scheduler, error) {
 func (s *Scheduler) Mode() Mode { return s.mode }
 
 // Select chooses a worker among cands for req. Precedence: a worker the
-// request names; then a live session pin to a worker still among cands
-// (pins bypass busy thresholds too, since the session's state lives on
-// that worker); then the mode's policy over the workers that are not busy.
+// request names (ErrAllBusy when it is busy, unless OverrideBusy); then a
+// live session pin to a worker still among cands (session pins bypass busy
+// thresholds, since the session's state lives on that worker); then the mode's policy over the workers that are not busy.
 //
 // Session pins are updated as the actions say. A pin to a worker that has
 // gone is ignored and, unless the action is close, moved to the new choice
@@ -113,6 +117,9 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 		i := indexOf(cands, *req.Target)
 		if i < 0 {
 			return Choice{}, fmt.Errorf("%w: %v", ErrUnknownWorker, *req.Target)
+		}
+		if !req.OverrideBusy && req.Busy.Busy(&cands[i]) {
+			return Choice{}, fmt.Errorf("sched: the named worker %v is busy (%w)", *req.Target, ErrAllBusy)
 		}
 		return Choice{Index: i, Worker: cands[i].Worker, Via: ViaTarget}, nil
 	}

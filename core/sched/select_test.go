@@ -217,7 +217,7 @@ func TestRandomCoversAll(t *testing.T) {
 
 func TestDirectAndTarget(t *testing.T) {
 	cands := withCosts(1, 2, 3)
-	cands[2].ActivePrefillTokens = 100 // busy, but named
+	cands[2].ActivePrefillTokens = 100 // busy
 	busy := BusyThreshold{ActivePrefillTokens: new(int)}
 	named := func(id uint64) *kv.Worker { w := worker(id); return &w }
 	for _, tc := range []struct {
@@ -226,8 +226,11 @@ func TestDirectAndTarget(t *testing.T) {
 		want int
 		err  error
 	}{
-		{ModeDirect, &Request{BlockSize: 16, Target: named(3), Busy: busy}, 2, nil},
-		{ModeKV, &Request{BlockSize: 16, Target: named(3), Busy: busy}, 2, nil},
+		{ModeDirect, &Request{BlockSize: 16, Target: named(3), Busy: busy, OverrideBusy: true}, 2, nil},
+		{ModeKV, &Request{BlockSize: 16, Target: named(3), Busy: busy, OverrideBusy: true}, 2, nil},
+		{ModeDirect, &Request{BlockSize: 16, Target: named(3), Busy: busy}, 0, ErrAllBusy},
+		{ModeKV, &Request{BlockSize: 16, Target: named(3), Busy: busy}, 0, ErrAllBusy},
+		{ModeKV, &Request{BlockSize: 16, Target: named(2), Busy: busy}, 1, nil},
 		{ModeKV, &Request{BlockSize: 16, Target: named(3), Session: &SessionControl{ID: "s", Action: SessionBind}}, 2, nil},
 		{ModeDirect, &Request{BlockSize: 16}, 0, ErrNoTarget},
 		{ModeDirect, &Request{BlockSize: 16, Target: named(9)}, 0, ErrUnknownWorker},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -127,7 +128,13 @@ func (s *Server) undiscovered(id uint64, why string) {
 	s.mu.Lock()
 	s.notifyLocked()
 	s.mu.Unlock()
-	s.log.Warn("engine left routing", "worker", w.spec.Name, "why", why)
+	// An engine that deregisters leaves in order; one whose lease ran out
+	// may have crashed.
+	level := slog.LevelWarn
+	if why == "deregistered" {
+		level = slog.LevelInfo
+	}
+	s.log.Log(context.Background(), level, "engine left routing", "worker", w.spec.Name, "why", why)
 }
 
 // planeHealth reports the NATS connection for /health: without it the

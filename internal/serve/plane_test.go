@@ -206,6 +206,12 @@ func TestNATSRestartLosesNothingAndRoutingGoesOn(t *testing.T) {
 
 			srv.Shutdown()
 			testwait.Until(t, 5*time.Second, "health reports the outage", func() bool { return health(t, s) == "degraded" })
+			// Degraded, not down: probes keep the replica in service.
+			for _, p := range []string{"/health", "/ready", "/live"} {
+				if code := statusOf(t, s, p); code != http.StatusOK {
+					t.Fatalf("%s during the NATS outage: %d", p, code)
+				}
+			}
 			// Routing goes on, on the last known state.
 			if got := complete(t, s, append(p1, prompt(0, 12, 32)...)); got != w1 {
 				t.Fatalf("during the outage a follow-up went to %d, not to %d", got, w1)
@@ -234,6 +240,15 @@ func health(t *testing.T, s *Server) string {
 	var out struct{ Status string }
 	_ = json.NewDecoder(resp.Body).Decode(&out)
 	return out.Status
+}
+
+func statusOf(t *testing.T, s *Server, path string) int {
+	resp, err := http.Get("http://" + s.Addr() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 func mustJSON(v any) string {

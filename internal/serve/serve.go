@@ -5,6 +5,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
@@ -63,6 +65,8 @@ type Config struct {
 	// MigrationLimit is --migration-limit: how many times a broken
 	// stream may continue on another engine.
 	MigrationLimit int
+	// Access and TLS of the HTTP listener.
+	Access Access
 }
 
 // Server is a running frontend.
@@ -74,6 +78,8 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	log    *slog.Logger
+	// closeOnce: Close may follow Shutdown.
+	closeOnce sync.Once
 
 	mu      sync.Mutex // guards workers and changed
 	workers map[uint64]*supervised
@@ -81,6 +87,8 @@ type Server struct {
 	changed chan struct{}
 
 	plane *planeState
+	fe    *frontend.Frontend
+	tls   bool // the listener serves HTTPS
 }
 
 type supervised struct {
@@ -144,14 +152,28 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
-		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused})
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	fe, err := frontend.New(frontend.Config{
+		Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
+		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
+		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
+	})
 	if err != nil {
 		return nil, err
 	}
+	s.fe = fe
+	tlsConfig, err := cfg.Access.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	s.tls = tlsConfig != nil
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, err
+	}
+	cfg.Access.warnIfOpen(log, ln.Addr())
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.ln, s.cancel = ln, cancel
@@ -189,6 +211,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 // Addr is the address the frontend listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the frontend's base URL, https with TLS.
+func (s *Server) URL() string {
+	if s.tls {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
 
 // Router is the routing engine, for inspection.
 func (s *Server) Router() *router.Router { return s.router }
@@ -372,15 +402,19 @@ func (s *Server) leave(w *supervised, why string) {
 	s.log.Log(context.Background(), level, "engine left routing", "worker", w.spec.Name, "why", why)
 }
 
-// Close stops serving, the sources and the supervisors.
+// Close stops serving, the sources and the supervisors at once; Shutdown
+// first lets requests in flight finish.
 func (s *Server) Close() error {
-	s.cancel()
-	err := s.http.Close()
-	s.wg.Wait()
-	s.closePlane()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
+	var err error
+	s.closeOnce.Do(func() {
+		s.cancel()
+		err = s.http.Close()
+		s.wg.Wait()
+		s.closePlane()
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+	})
 	return err
 }
 

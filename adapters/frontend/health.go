@@ -1,0 +1,124 @@
+package frontend
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+)
+
+type healthWorker struct {
+	ID         uint64 `json:"id"`
+	Name       string `json:"name"`
+	Model      string `json:"model"`
+	BaseURL    string `json:"base_url"`
+	DPSize     int    `json:"dp_size"`
+	Registered bool   `json:"registered"` // known to the router
+}
+
+// live answers while the process serves HTTP at all: a liveness probe
+// must not restart a router that waits for its engines or for NATS.
+func (f *Frontend) live(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "live"})
+}
+
+// ready is 200 while the router can route every model it serves, so a
+// readiness probe takes the replica out of a load balancer only when
+// traffic sent to it would fail.
+func (f *Frontend) ready(w http.ResponseWriter, _ *http.Request) {
+	if reasons := f.notReady(f.cfg.Workers(), f.registered()); len(reasons) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "reasons": reasons})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (f *Frontend) registered() map[uint64]bool {
+	known := map[uint64]bool{}
+	for _, in := range f.cfg.Router.Workers() {
+		known[in.ID] = true
+	}
+	return known
+}
+
+// notReady lists why the router cannot route: draining, no engine in
+// routing, or a model every engine of which is out of routing.
+func (f *Frontend) notReady(ws []Worker, known map[uint64]bool) []string {
+	var reasons []string
+	if f.draining.Load() {
+		reasons = append(reasons, "draining: shutting down")
+	}
+	var routable []Worker
+	for _, wk := range ws {
+		if known[wk.ID] {
+			routable = append(routable, wk)
+		}
+	}
+	if len(routable) == 0 {
+		return append(reasons, "no engine in routing")
+	}
+	var models []string
+	if f.cfg.Models != nil {
+		models = f.cfg.Models()
+	} else {
+		for _, wk := range ws {
+			models = append(models, wk.Model)
+		}
+	}
+	slices.Sort(models)
+	for _, m := range slices.Compact(models) {
+		if m == "" {
+			continue
+		}
+		if !slices.ContainsFunc(routable, func(wk Worker) bool { return wk.Model == "" || wk.Model == m }) {
+			reasons = append(reasons, fmt.Sprintf("model %q: no engine in routing", m))
+		}
+	}
+	return reasons
+}
+
+// health is the detailed view: "unavailable" (503) when the router is not
+// ready, "degraded" (200: requests are served) when an engine is not
+// known to the router or a dependency is not "ok", else "ok" (200). The
+// reasons say why.
+func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
+	known := f.registered()
+	ws := f.cfg.Workers()
+	out := make([]healthWorker, len(ws))
+	var degraded []string
+	for i, wk := range ws {
+		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		if !known[wk.ID] {
+			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not registered with the router", wk.Name, wk.ID))
+		}
+	}
+	body := map[string]any{"workers": out}
+	if f.cfg.Dependencies != nil {
+		deps := f.cfg.Dependencies()
+		keys := make([]string, 0, len(deps))
+		for k := range deps {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if deps[k] != "ok" {
+				degraded = append(degraded, k+": "+deps[k])
+			}
+		}
+		if deps != nil {
+			body["dependencies"] = deps
+		}
+	}
+	status, code := "ok", http.StatusOK
+	reasons := f.notReady(ws, known)
+	switch {
+	case len(reasons) > 0:
+		status, code = "unavailable", http.StatusServiceUnavailable
+	case len(degraded) > 0:
+		status = "degraded"
+	}
+	body["status"] = status
+	if reasons = append(reasons, degraded...); len(reasons) > 0 {
+		body["reasons"] = reasons
+	}
+	writeJSON(w, code, body)
+}

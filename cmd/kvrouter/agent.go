@@ -64,7 +64,7 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log,
 			})
 			if err != nil {
-				return err
+				return stoppedDuringStart(ctx, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter agent: engine %s (worker id %d, %d rank(s)) registered on %s\n", inst.Name, inst.WorkerID, inst.DPSize, nc.ConnectedUrl())
 			<-ctx.Done()

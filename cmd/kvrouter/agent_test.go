@@ -86,3 +86,42 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 		t.Fatal("the stopped agent did not deregister its engine")
 	}
 }
+
+// A stop that lands while the agent is still registering its engine is a
+// clean exit, and leaves no engine behind for routers.
+func TestAgentCommandStoppedDuringStartExitsCleanly(t *testing.T) {
+	srv, err := natsplane.StartEmbedded(natsplane.EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"agent", "--nats-url", srv.URL(), "--namespace", "stopped", "--engine-url", "http://127.0.0.1:1", "--worker-id", "5"})
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("stopped during start-up: want a clean exit, got %v\n%s", err, out.String())
+	}
+
+	nc, err := natsplane.Connect(srv.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var registered []natsplane.Instance
+	w, err := natsplane.Watch(context.Background(), nc, natsplane.Names{Namespace: "stopped"}, time.Minute, natsplane.WatchHandler{
+		Added:   func(in natsplane.Instance) { registered = append(registered, in) },
+		Removed: func(uint64, string) {},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-w.Ready()
+	w.Close()
+	if len(registered) != 0 {
+		t.Fatalf("an agent stopped during start-up left %+v registered", registered)
+	}
+}

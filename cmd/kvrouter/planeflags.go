@@ -135,3 +135,12 @@ func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []s
 	}
 	return stop, nil
 }
+
+// stoppedDuringStart makes a stop (Ctrl-C, SIGTERM) that lands while a
+// command is still starting a clean exit rather than the error it caused.
+func stoppedDuringStart(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

@@ -70,7 +70,7 @@ flags.`,
 			workers := serve.FleetWorkers(engines, mock)
 			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, log)
 			if err != nil {
-				return err
+				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
 			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
@@ -81,7 +81,7 @@ flags.`,
 			ready, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			if err := s.WaitWorkers(ready, func(live int) bool { return live >= len(workers) }); err != nil {
-				return fmt.Errorf("engines did not join routing: %w", err)
+				return stoppedDuringStart(ctx, fmt.Errorf("engines did not join routing: %w", err))
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter up: %d simulated engine(s) × %d rank(s), model %q, speedup %g; router in %s mode\n\n",

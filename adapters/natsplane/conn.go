@@ -2,6 +2,8 @@ package natsplane
 
 import (
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,7 +30,20 @@ func Connect(url, name string, log *slog.Logger, opts ...nats.Option) (*nats.Con
 			log.Warn("NATS connection lost; routing on the last known state until it is back", "err", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info("NATS connection restored", "url", c.ConnectedUrlRedacted())
+			log.Info("NATS connection restored", "url", RedactURL(c.ConnectedUrl()))
 		}),
 	}, opts...)...)
+}
+
+// RedactURL drops the user, password or token a NATS URL (or a list of
+// them) may carry, for logs and output.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, s := range parts {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
+			u.User = nil
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }

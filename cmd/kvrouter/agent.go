@@ -42,7 +42,7 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 			if inst.URL == "" {
 				return fmt.Errorf("--engine-url is required")
 			}
-			if pf.natsURL == "" && os.Getenv("NATS_SERVER") == "" {
+			if pf.natsURL == "" {
 				return fmt.Errorf("--nats-url (or NATS_SERVER) is required: the agent joins the routers' NATS")
 			}
 			if inst.Name == "" {
@@ -66,7 +66,7 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 			if err != nil {
 				return stoppedDuringStart(ctx, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter agent: engine %s (worker id %d, %d rank(s)) registered on %s\n", inst.Name, inst.WorkerID, inst.DPSize, nc.ConnectedUrl())
+			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter agent: engine %s (worker id %d, %d rank(s)) registered on %s\n", inst.Name, inst.WorkerID, inst.DPSize, natsplane.RedactURL(nc.ConnectedUrl()))
 			<-ctx.Done()
 			a.Close()
 			return nil

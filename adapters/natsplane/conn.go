@@ -29,6 +29,15 @@ func Connect(url, name string, log *slog.Logger, opts ...nats.Option) (*nats.Con
 			}
 			log.Warn("NATS connection lost; routing on the last known state until it is back", "err", err)
 		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			// Permission violations and slow consumers land here: the
+			// operator needs them in kvrouter's log, not on bare stderr.
+			if sub != nil {
+				log.Warn("NATS error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Warn("NATS error", "err", err)
+		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Info("NATS connection restored", "url", RedactURL(c.ConnectedUrl()))
 		}),

@@ -1,10 +1,8 @@
 package natsplane
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,24 +10,6 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
-
-// lockedLog collects a logger's output from NATS' callback goroutine.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // Closing a connection is not losing it: only a server that goes away is
 // worth a warning.
@@ -40,7 +20,7 @@ func TestConnectWarnsOnlyAboutALostConnection(t *testing.T) {
 	}
 	defer srv.Shutdown()
 
-	var clean lockedLog
+	var clean testwait.Buffer
 	closed := make(chan struct{})
 	nc, err := Connect(srv.URL(), "clean", slog.New(slog.NewTextHandler(&clean, nil)),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
@@ -57,7 +37,7 @@ func TestConnectWarnsOnlyAboutALostConnection(t *testing.T) {
 		t.Fatalf("a clean close logged a lost connection:\n%s", clean.String())
 	}
 
-	var lost lockedLog
+	var lost testwait.Buffer
 	nc, err = Connect(srv.URL(), "lost", slog.New(slog.NewTextHandler(&lost, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -20,29 +20,11 @@ import (
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
-// lockedBuffer is a command's output, read while the command runs.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// startCmd runs a long-lived command until the test ends; done reports its
-// result after the context is cancelled.
-func startCmd(t *testing.T, args ...string) (out *lockedBuffer, stop func() error) {
+// startCmd runs a long-lived command; stop (at the latest when the test
+// ends) cancels it and returns its result.
+func startCmd(t *testing.T, args ...string) (out *testwait.Buffer, stop func() error) {
 	t.Helper()
-	out = &lockedBuffer{}
+	out = &testwait.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

@@ -32,7 +32,11 @@ publishes the load the engine reports on /metrics. Routers started with the
 same --nats-url and --namespace route to the engine as long as the agent runs.
 
   kvrouter agent --engine-url http://10.0.0.5:8000 --events tcp://10.0.0.5:5557 \
-    --replay tcp://10.0.0.5:5558 --model llama --nats-url nats://10.0.0.1:4222`,
+    --replay tcp://10.0.0.5:5558 --model llama --nats-url nats://10.0.0.1:4222
+
+A NATS that requires credentials gets them with --nats-token, --nats-user and
+--nats-password, --nats-nkey-seed or --nats-creds, and TLS with --nats-tls-ca
+(docs/scale-out.md, "Securing the plane").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {

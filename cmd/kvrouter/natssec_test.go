@@ -162,3 +162,22 @@ func TestServeRefusesClientOnlySecurityForTheEmbeddedServer(t *testing.T) {
 		t.Fatalf("want an error naming --nats-url, got %v", err)
 	}
 }
+
+// up's own agents use the token of an embedded server that listens beyond
+// loopback: every engine joins routing.
+func TestUpWithEmbeddedNATSBeyondLoopback(t *testing.T) {
+	for _, env := range []string{"NATS_SERVER", "NATS_URL", "NATS_AUTH_TOKEN"} {
+		t.Setenv(env, "")
+		os.Unsetenv(env)
+	}
+	out, stop := startCmd(t, "up", "--workers", "2", "--http-port", "0", "--nats-host", "0.0.0.0", "--nats-store-dir", t.TempDir())
+	testwait.Until(t, 20*time.Second, "up to report its engines in routing", func() bool {
+		return strings.Contains(out.String(), "Send OpenAI requests")
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("up: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "requires a token") {
+		t.Fatalf("up did not say where its NATS token is:\n%s", out.String())
+	}
+}

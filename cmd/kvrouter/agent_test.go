@@ -21,6 +21,19 @@ func TestAgentCommandNeedsEngineAndNATS(t *testing.T) {
 	}
 }
 
+// startEngine runs one simulated engine on free ports until the test ends.
+func startEngine(t *testing.T) (fleet.Config, fleet.Engine) {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return cfg, f.Engines()[0]
+}
+
 // The agent command registers an engine for as long as it runs, and
 // deregisters it when stopped.
 func TestAgentCommandRegistersTheEngine(t *testing.T) {
@@ -29,14 +42,7 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	cfg := fleet.DefaultConfig()
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	e := f.Engines()[0]
+	cfg, e := startEngine(t)
 
 	nc, err := natsplane.Connect(srv.URL(), "test", nil)
 	if err != nil {

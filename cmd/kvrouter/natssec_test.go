@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/internal/testwait"
-	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
 // startCmd runs a long-lived command; stop (at the latest when the test
@@ -56,14 +55,7 @@ func TestServeEmbeddedNATSBeyondLoopbackKeepsRogueAgentsOut(t *testing.T) {
 		t.Setenv(env, "")
 		os.Unsetenv(env)
 	}
-	cfg := fleet.DefaultConfig()
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	e := f.Engines()[0]
+	cfg, e := startEngine(t)
 
 	store := t.TempDir()
 	serveOut, stopServe := startCmd(t, "serve", "--http-host", "127.0.0.1", "--http-port", "0",

@@ -18,7 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/serve"
 )
 
-// planeFlags are the NATS plane's flags, shared by up, serve and agent.
+// planeFlags are the NATS plane's flags, shared by up, serve, agent and mocker.
 type planeFlags struct {
 	natsURL   string
 	auth      natsplane.Auth

@@ -94,6 +94,13 @@ func Register(ctx context.Context, nc *nats.Conn, names Names, inst Instance, tt
 	}
 	key := names.InstanceKey(inst.WorkerID)
 	if _, err := kv.Put(ctx, key, value); err != nil {
+		if ctx.Err() != nil {
+			// Cancelled while waiting for the ack: the put may have landed,
+			// and routers must not route to an engine whose agent stopped.
+			dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+			_ = kv.Delete(dctx, key)
+			dcancel()
+		}
 		return nil, fmt.Errorf("natsplane: register %s: %w", inst.Name, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,6 +1,7 @@
 package natsplane
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +20,12 @@ type EmbeddedConfig struct {
 	// StoreDir keeps JetStream's streams and buckets; a server restarted on
 	// the same directory finds them again. Required.
 	StoreDir string
+	// Token, or User and Password, are required of every client. With
+	// neither, a server listening beyond loopback requires a token of its
+	// own (see Embedded.TokenGenerated): whoever can connect can register
+	// an engine and receive the prompts routed to it.
+	Token          string
+	User, Password string
 }
 
 // MaxPayload is raised from NATS' 1 MiB default so that a recovery chunk
@@ -27,7 +34,9 @@ const MaxPayload = 8 << 20
 
 // Embedded is a NATS server with JetStream running inside kvrouter.
 type Embedded struct {
-	srv *server.Server
+	srv       *server.Server
+	auth      Auth
+	generated bool
 }
 
 // StartEmbedded starts the server and waits until it accepts clients.
@@ -51,7 +60,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		ln.Close()
 	}
-	srv, err := server.NewServer(&server.Options{
+	e := &Embedded{}
+	opts := &server.Options{
 		ServerName: "kvrouter-embedded",
 		Host:       host,
 		Port:       port,
@@ -60,7 +70,23 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		MaxPayload: MaxPayload,
 		NoSigs:     true,
 		NoLog:      true,
-	})
+	}
+	switch {
+	case cfg.Token != "" && cfg.User != "":
+		return nil, errors.New("natsplane: embedded server: give a token or a user and password, not both")
+	case cfg.User != "" && cfg.Password == "":
+		return nil, errors.New("natsplane: embedded server: the user needs a password")
+	case cfg.User != "":
+		opts.Username, opts.Password = cfg.User, cfg.Password
+		e.auth = Auth{User: cfg.User, Password: cfg.Password}
+	case cfg.Token != "":
+		opts.Authorization = cfg.Token
+		e.auth = Auth{Token: cfg.Token}
+	case !isLoopback(host):
+		opts.Authorization, e.generated = rand.Text(), true
+		e.auth = Auth{Token: opts.Authorization}
+	}
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsplane: embedded server: %w", err)
 	}
@@ -69,8 +95,25 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, errors.New("natsplane: embedded server did not start within 10 s")
 	}
-	return &Embedded{srv: srv}, nil
+	e.srv = srv
+	return e, nil
 }
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ClientAuth is what a client of this server presents: the configured or
+// generated token, or user and password; zero for an open server.
+func (e *Embedded) ClientAuth() Auth { return e.auth }
+
+// TokenGenerated tells whether the server made up the token it requires,
+// which then has to reach the clients that run elsewhere.
+func (e *Embedded) TokenGenerated() bool { return e.generated }
 
 // URL is the address clients connect to.
 func (e *Embedded) URL() string { return e.srv.ClientURL() }

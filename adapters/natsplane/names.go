@@ -2,7 +2,10 @@
 // discovery of engines with leases, the KV-event plane (NATS core with
 // per-worker recovery, or a durable JetStream stream with snapshots), load
 // metrics and replica sync between routers. An embedded server makes the
-// same plane run on one machine with nothing installed.
+// same plane run on one machine with nothing installed. Auth carries the
+// credentials and TLS settings of every connection; whoever connects can
+// register an engine, so the embedded server requires a token when it
+// listens beyond loopback.
 //
 // Subjects and stream names follow Dynamo's layout so that an operator who
 // knows one knows the other; payloads are JSON except dumps and snapshots,

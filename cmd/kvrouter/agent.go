@@ -32,7 +32,11 @@ publishes the load the engine reports on /metrics. Routers started with the
 same --nats-url and --namespace route to the engine as long as the agent runs.
 
   kvrouter agent --engine-url http://10.0.0.5:8000 --events tcp://10.0.0.5:5557 \
-    --replay tcp://10.0.0.5:5558 --model llama --nats-url nats://10.0.0.1:4222`,
+    --replay tcp://10.0.0.5:5558 --model llama --nats-url nats://10.0.0.1:4222
+
+A NATS that requires credentials gets them with --nats-token, --nats-user and
+--nats-password, --nats-nkey-seed or --nats-creds, and TLS with --nats-tls-ca
+(docs/scale-out.md, "Securing the plane").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
@@ -42,7 +46,7 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 			if inst.URL == "" {
 				return fmt.Errorf("--engine-url is required")
 			}
-			if pf.natsURL == "" && os.Getenv("NATS_SERVER") == "" {
+			if pf.natsURL == "" {
 				return fmt.Errorf("--nats-url (or NATS_SERVER) is required: the agent joins the routers' NATS")
 			}
 			if inst.Name == "" {
@@ -64,9 +68,9 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log,
 			})
 			if err != nil {
-				return err
+				return stoppedDuringStart(ctx, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter agent: engine %s (worker id %d, %d rank(s)) registered on %s\n", inst.Name, inst.WorkerID, inst.DPSize, nc.ConnectedUrl())
+			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter agent: engine %s (worker id %d, %d rank(s)) registered on %s\n", inst.Name, inst.WorkerID, inst.DPSize, natsplane.RedactURL(nc.ConnectedUrl()))
 			<-ctx.Done()
 			a.Close()
 			return nil

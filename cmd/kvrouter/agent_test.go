@@ -1,13 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
-	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 func TestAgentCommandNeedsEngineAndNATS(t *testing.T) {
@@ -47,9 +47,9 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var out lockedBuffer
 	go func() {
 		root := newRootCmd()
+		var out bytes.Buffer
 		root.SetOut(&out)
 		root.SetErr(&out)
 		root.SetArgs([]string{"agent", "--nats-url", srv.URL(), "--namespace", "agents", "--lease-ttl", "1s",
@@ -65,9 +65,6 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent never registered its engine")
 	}
-	// Routers see the key before the agent has its acknowledgement: stop
-	// it only once it has started.
-	testwait.Until(t, 10*time.Second, "the agent reports its registration", func() bool { return strings.Contains(out.String(), "registered on") })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -79,5 +76,44 @@ func TestAgentCommandRegistersTheEngine(t *testing.T) {
 		}
 	case <-time.After(500 * time.Millisecond): // well inside the lease: deregistered, not expired
 		t.Fatal("the stopped agent did not deregister its engine")
+	}
+}
+
+// A stop that lands while the agent is still registering its engine is a
+// clean exit, and leaves no engine behind for routers.
+func TestAgentCommandStoppedDuringStartExitsCleanly(t *testing.T) {
+	srv, err := natsplane.StartEmbedded(natsplane.EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"agent", "--nats-url", srv.URL(), "--namespace", "stopped", "--engine-url", "http://127.0.0.1:1", "--worker-id", "5"})
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("stopped during start-up: want a clean exit, got %v\n%s", err, out.String())
+	}
+
+	nc, err := natsplane.Connect(srv.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var registered []natsplane.Instance
+	w, err := natsplane.Watch(context.Background(), nc, natsplane.Names{Namespace: "stopped"}, time.Minute, natsplane.WatchHandler{
+		Added:   func(in natsplane.Instance) { registered = append(registered, in) },
+		Removed: func(uint64, string) {},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-w.Ready()
+	w.Close()
+	if len(registered) != 0 {
+		t.Fatalf("an agent stopped during start-up left %+v registered", registered)
 	}
 }

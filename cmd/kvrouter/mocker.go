@@ -43,6 +43,9 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 "kvrouter serve --nats-url ..." discover the engines and follow their events.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
 			switch encoding {
 			case "array":
 				cfg.Encoding = vllmevents.EncodingArray
@@ -63,7 +66,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
 			f.PrintTable(out)
-			if pf.natsURL != "" || os.Getenv("NATS_SERVER") != "" {
+			if pf.natsURL != "" {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-mocker", log)
 				if err != nil {

@@ -102,6 +102,11 @@ func applyEnv(fs *pflag.FlagSet) error {
 	for env, name := range envAliases {
 		set(name, env)
 	}
+	for _, f := range natsEnv {
+		for _, env := range f.envs {
+			set(f.flag, env)
+		}
+	}
 	return err
 }
 

@@ -58,7 +58,8 @@ the queue).
 Engines also join through NATS discovery: run "kvrouter agent" next to each
 one with the same --nats-url and --namespace. Without --nats-url (or
 NATS_SERVER), serve starts an embedded NATS server on --nats-host:--nats-port
-for the agents to join. Every flag can also be set as DYN_<FLAG>, e.g.
+for the agents to join; beyond 127.0.0.1 it requires --nats-token (or a token
+it generates into <nats-store-dir>/nats-token). Every flag can also be set as DYN_<FLAG>, e.g.
 DYN_ROUTER_TEMPERATURE=0.5.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -2,12 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,24 +26,6 @@ func mockEngine(t *testing.T) (fleet.Config, fleet.Engine) {
 	}
 	t.Cleanup(f.Close)
 	return cfg, f.Engines()[0]
-}
-
-// lockedBuffer is written by the command and read by the test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // SIGTERM drains serve: a stream that ends within --shutdown-timeout ends
@@ -80,7 +60,7 @@ func TestUpDrainsOnSIGTERM(t *testing.T) {
 // command returns nil and how each stream ended, and returns the log.
 func drainOnSIGTERM(t *testing.T, servingOn *regexp.Regexp, model string, args ...string) string {
 	t.Helper()
-	var out, errOut lockedBuffer
+	var out, errOut testwait.Buffer
 	done := make(chan error, 1)
 	go func() {
 		root := newRootCmd()

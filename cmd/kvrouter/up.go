@@ -83,7 +83,7 @@ flags.`,
 			workers := serve.FleetWorkers(engines, mock)
 			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, log)
 			if err != nil {
-				return err
+				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
 			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit})
@@ -94,7 +94,7 @@ flags.`,
 			ready, cancel := context.WithTimeout(signalled, 10*time.Second)
 			defer cancel()
 			if err := s.WaitWorkers(ready, func(live int) bool { return live >= len(workers) }); err != nil {
-				return fmt.Errorf("engines did not join routing: %w", err)
+				return stoppedDuringStart(ctx, fmt.Errorf("engines did not join routing: %w", err))
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter up: %d simulated engine(s) × %d rank(s), model %q, speedup %g; router in %s mode\n\n",

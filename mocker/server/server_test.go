@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,13 +24,18 @@ import (
 // httptest server on 127.0.0.1.
 func start(t *testing.T, blocks int, speedup float64) (*httptest.Server, *Runner) {
 	t.Helper()
+	return startClocked(t, blocks, speedup, RealClock{})
+}
+
+func startClocked(t *testing.T, blocks int, speedup float64, clock Clock) (*httptest.Server, *Runner) {
+	t.Helper()
 	ecfg := engine.DefaultConfig()
 	ecfg.NumGPUBlocks = blocks
 	eng, err := engine.New(ecfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runner := NewRunner(eng, RealClock{}, speedup, nil)
+	runner := NewRunner(eng, clock, speedup, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = runner.Run(ctx); close(done) }()
@@ -92,13 +99,37 @@ func ttft(t *testing.T, url string, prompt []int) (time.Duration, []string) {
 	return first, lines
 }
 
+// ttftSum is the engine's total time to first token so far, in simulated
+// seconds, from its /metrics.
+func ttftSum(t *testing.T, url string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^vllm:time_to_first_token_seconds_sum\{[^}]*\} (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no TTFT sum in the metrics:\n%s", body)
+	}
+	sum, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
 func TestSharedPrefixHitsTheCacheAndLowersTTFT(t *testing.T) {
-	srv, _ := start(t, 16384, 1)
+	// On a virtual clock TTFT is the model's alone, not the machine's load.
+	srv, _ := startClocked(t, 16384, 1, NewVirtualClock(time.Unix(0, 0)))
 	shared := ids(4096, 1)
-	first, _ := ttft(t, srv.URL, append(shared, ids(32, 2)...))
-	second, lines := ttft(t, srv.URL, append(shared, ids(32, 3)...))
+	ttft(t, srv.URL, append(shared, ids(32, 2)...))
+	first := ttftSum(t, srv.URL)
+	_, lines := ttft(t, srv.URL, append(shared, ids(32, 3)...))
+	second := ttftSum(t, srv.URL) - first
 	if second >= first/2 {
-		t.Fatalf("TTFT with a cached 4096-token prefix %v, without %v", second, first)
+		t.Fatalf("TTFT with a cached 4096-token prefix %gs, without %gs", second, first)
 	}
 	var usageChunk struct {
 		Usage usage `json:"usage"`

@@ -13,6 +13,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -108,6 +109,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
+	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd

@@ -35,6 +35,9 @@ type Config struct {
 	// KVEventsReplayPort + i×dp + r. Port 0 picks free ports instead.
 	HTTPPort, KVEventsPort, KVEventsReplayPort int
 	Encoding                                   vllmevents.Encoding // --kv-events-encoding
+	// ReplayBufferSize is how many batches each rank keeps for replay
+	// (--kv-events-buffer-steps); 0 means zmqevents.DefaultBufferSize.
+	ReplayBufferSize int
 	// Clock makes a clock per rank; nil means real time.
 	Clock func() server.Clock
 }
@@ -115,6 +118,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 			pub, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{
 				Endpoint:       fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsPort, i*dp+r)),
 				ReplayEndpoint: fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsReplayPort, i*dp+r)),
+				BufferSize:     cfg.ReplayBufferSize,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("fleet: %s rank %d: %w", e.Name, r, err)
@@ -136,6 +140,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		}
 		scfg := cfg.Server
 		scfg.Name = e.Name
+		scfg.KVEventsDump = f.dumper(e.Ranks[len(e.Ranks)-dp:], cfg.Engine.BlockSize, cfg.Encoding)
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port(cfg.HTTPPort, i))))
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %s: %w", e.Name, err)
@@ -177,6 +182,24 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 			f.pubErrs[i] = err
 			f.errMu.Unlock()
 		}
+	}
+}
+
+// dumper answers an engine's /kv_events/dump: a rank's cached blocks as
+// single-block Stored events, parents first, in one batch numbered like
+// the rank's published ones.
+func (f *Fleet) dumper(ranks []Rank, blockSize int, enc vllmevents.Encoding) func(context.Context, int) (uint64, []byte, error) {
+	pubs := f.pubs[len(f.pubs)-len(ranks):]
+	return func(ctx context.Context, rank int) (next uint64, payload []byte, err error) {
+		err = ranks[rank].Runner.Snapshot(ctx, func(eng *engine.Engine) {
+			next = pubs[rank].NextSeq()
+			batch := vllmevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: &rank}
+			for _, b := range eng.CachedBlocks() {
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU"})
+			}
+			payload, err = vllmevents.EncodeBatch(&batch, enc)
+		})
+		return next, payload, err
 	}
 }
 

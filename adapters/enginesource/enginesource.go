@@ -424,11 +424,15 @@ func (s *Source) fillGap(until uint64) bool {
 	return true
 }
 
-// catchUp brings a source that knows nothing up to until: by replay when
-// the engine's ring still starts at the first batch, otherwise from the
-// engine's dump (then replay from where the dump ends); failing both, from
-// whatever the ring still holds.
+// catchUp brings a source that knows nothing up to until: from the
+// engine's dump when it has one (then by replay from where the dump ends),
+// which is cheaper than replaying a whole ring; otherwise by replay, the
+// ring starting at the first batch or, when it has wrapped, wherever it
+// starts now.
 func (s *Source) catchUp(until uint64) {
+	if s.cfg.Dump != "" && s.loadDump() {
+		s.log.Info("kv events caught up from the engine's dump", "next", s.next)
+	}
 	var msgs []zmqevents.Message
 	if s.cfg.Replay != "" {
 		msgs = s.replay(s.next)
@@ -437,16 +441,10 @@ func (s *Source) catchUp(until uint64) {
 		return
 	}
 	switch {
-	case len(msgs) > 0 && msgs[0].Seq == 0:
-		// The ring still holds everything.
-	case s.cfg.Dump != "" && s.loadDump():
-		s.log.Info("kv events caught up from the engine's dump", "next", s.next)
-		if s.cfg.Replay != "" && (len(msgs) == 0 || msgs[0].Seq > s.next) {
-			msgs = s.replay(s.next)
-		}
-	case len(msgs) > 0:
+	case s.started:
+	case len(msgs) > 0 && msgs[0].Seq > 0:
 		s.historyLost(fmt.Sprintf("the engine's events before %d are gone", msgs[0].Seq))
-	case until != math.MaxUint64:
+	case len(msgs) == 0 && until != math.MaxUint64:
 		s.historyLost(fmt.Sprintf("no replay of the events before %d", until))
 	}
 	s.applyReplayed(msgs, until)

@@ -287,6 +287,29 @@ func (ix *Index) Blocks(w kv.Worker) int {
 	return 0
 }
 
+// Held returns the sequence hashes of the blocks worker rank w holds, in
+// no particular order: the router's view of that rank's cache.
+func (ix *Index) Held(w kv.Worker) []uint64 {
+	sh := ix.shardOf(w)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	s, ok := sh.t.slotOf[w]
+	if !ok {
+		return nil
+	}
+	ws := &sh.t.workers[s]
+	out := make([]uint64, 0, ws.blocks.Len())
+	seen := make(map[uint32]bool, ws.blocks.Len())
+	ws.blocks.Range(func(_ uint64, n uint32) bool {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, sh.t.nodes.at(n).seq())
+		}
+		return true
+	})
+	return out
+}
+
 // Inferred returns how many blocks worker rank w holds under ids the index
 // inferred while re-anchoring (see Config.Locate) rather than learnt from
 // its events. Such a block is dropped with the last block of w hanging

@@ -94,31 +94,10 @@ func (s *recoverySim) engineBlocks() map[uint64]bool {
 	return out
 }
 
-// routerBlocks is what the router's index says the worker holds, as
-// sequence hashes, read from its dump.
+// routerBlocks is what the router's index says the worker holds.
 func routerBlocks(r *Router, w kv.Worker) map[uint64]bool {
-	seqOf := map[uint64]uint64{}
-	for _, ev := range r.DumpEvents() {
-		if ev.Worker != w {
-			continue
-		}
-		switch ev.Kind {
-		case kv.KindStored:
-			for _, b := range ev.Stored.Blocks {
-				seq := b.LocalHash
-				if ev.Stored.Parent != nil {
-					seq = blockhash.Chain(seqOf[*ev.Stored.Parent], seq)
-				}
-				seqOf[b.EngineHash] = seq
-			}
-		case kv.KindRemoved:
-			for _, h := range ev.Removed.EngineHashes {
-				delete(seqOf, h)
-			}
-		}
-	}
 	out := map[uint64]bool{}
-	for _, seq := range seqOf {
+	for _, seq := range r.HeldBlocks(w) {
 		out[seq] = true
 	}
 	return out

@@ -860,6 +860,16 @@ func (r *Router) DumpEvents() []kv.Event {
 	return r.exact.Dump()
 }
 
+// HeldBlocks returns the sequence hashes of the blocks the event-fed index
+// says worker rank w holds, in no particular order; nil in approximate
+// mode.
+func (r *Router) HeldBlocks(w kv.Worker) []uint64 {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.Held(w)
+}
+
 // Stats is a snapshot of the router's counters.
 type Stats struct {
 	Decisions, Booked, Queued, AllBusy, Errors uint64

@@ -15,7 +15,6 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
-	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -85,33 +84,6 @@ func dumpSet(t *testing.T, payload []byte) map[uint64]bool {
 	return out
 }
 
-// indexSet is what the router's index says w holds, as sequence hashes.
-func indexSet(r *router.Router, w kv.Worker) map[uint64]bool {
-	seqOf := map[uint64]uint64{}
-	for _, ev := range r.DumpEvents() {
-		switch {
-		case ev.Worker != w:
-		case ev.Kind == kv.KindStored:
-			for _, b := range ev.Stored.Blocks {
-				seq := b.LocalHash
-				if ev.Stored.Parent != nil {
-					seq = blockhash.Chain(seqOf[*ev.Stored.Parent], seq)
-				}
-				seqOf[b.EngineHash] = seq
-			}
-		case ev.Kind == kv.KindRemoved:
-			for _, h := range ev.Removed.EngineHashes {
-				delete(seqOf, h)
-			}
-		}
-	}
-	out := map[uint64]bool{}
-	for _, seq := range seqOf {
-		out[seq] = true
-	}
-	return out
-}
-
 // A router started after the engine's replay ring wrapped must end up
 // holding exactly the engine's cache under continued traffic: at once from
 // the engine's dump when it has one, from the traffic it routes when it has
@@ -170,7 +142,10 @@ func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got := dumpSet(t, payload), indexSet(s.Router(), worker)
+				want, got := dumpSet(t, payload), map[uint64]bool{}
+				for _, seq := range s.Router().HeldBlocks(worker) {
+					got[seq] = true
+				}
 				missing, extra := 0, 0
 				for k := range want {
 					if !got[k] {

@@ -28,25 +28,36 @@
 //
 // The source tracks the next sequence number it expects.
 //
-//   - Start-up: when the engine has a replay endpoint, everything it
+//   - Start-up: when the engine has a dump endpoint (Config.Dump;
+//     kvrouter's mocker serves GET /kv_events/dump, vLLM has none), the
+//     rank's whole cache is loaded from it, numbered with the first batch
+//     it does not include, and the replay endpoint is asked only for the
+//     batches from there on. Otherwise everything the replay endpoint
 //     buffers is fetched (replay from 0) and applied before live messages,
 //     so a router started after the engine learns its cache. Live messages
-//     that the replay already covered are recognised by sequence number and
-//     dropped (Stats.Duplicates): a seq is never applied twice and the
-//     source never goes backwards. The same catch-up runs when the first
-//     live message is not the one expected (ZeroMQ's slow joiner).
+//     that the dump or the replay already covered are recognised by
+//     sequence number and dropped (Stats.Duplicates): a seq is never
+//     applied twice and the source never goes backwards. The same catch-up
+//     runs when the first live message is not the one expected (ZeroMQ's
+//     slow joiner).
 //   - Gap (a live seq above the one expected): the source asks the replay
 //     endpoint for [expected, ...] and applies the batches up to the
 //     current one, in order, then the current one (Stats.Gaps,
-//     Stats.Recovered). When there is no replay endpoint, the replay fails
-//     or times out (Config.ReplayTimeout), or the engine's ring no longer
-//     holds the expected seq, the source drops the blocks of every rank it
-//     has fed (a Cleared event per rank) and rebuilds from what comes next
-//     (Stats.Rebuilds).
+//     Stats.Recovered). When replay cannot close it (no replay endpoint,
+//     a failure or timeout after Config.ReplayTimeout, or a ring that no
+//     longer holds the expected seq), the engine's dump replaces the
+//     rank's blocks (Stats.Dumps); without one, the source drops the
+//     blocks of every rank it has fed (a Cleared event per rank) and
+//     rebuilds from what comes next (Stats.Rebuilds).
+//   - History lost (Stats.HistoryLost): when the source goes on without
+//     the earlier events and without a dump (a ring that wrapped before
+//     the router started, a gap rebuilt), new events hang below blocks the
+//     router never saw; the router places them from the requests it routes
+//     (router.Router.Recovering) until the index has caught up.
 //   - Reset (the seq went backwards: the engine restarted; also a seq
 //     already applied whose payload differs): the ranks' blocks are dropped
 //     (Stats.Resets and Stats.Rebuilds) and the new incarnation's stream is
-//     caught up from 0 through replay like at start-up.
+//     caught up like at start-up.
 //
 // An engine that restarts and publishes past the last seq seen before the
 // subscriber reconnects looks like a gap, not a reset: nothing on the wire

@@ -31,7 +31,13 @@ vLLM server with KV events enabled: the OpenAI API (/v1/completions,
 metric names) on --http-port + i, and for every data-parallel rank r a ZMQ PUB
 socket of KV events (vLLM's msgpack batches, one per scheduler step) on
 --kv-events-port + i × dp + r with a replay ROUTER socket on
---kv-events-replay-port + i × dp + r. Port 0 picks free ports.
+--kv-events-replay-port + i × dp + r keeping the last --kv-events-buffer-steps
+batches. Port 0 picks free ports. Beyond vLLM, GET /kv_events/dump?dp_rank=r
+answers a rank's whole cache as one batch of single-block BlockStored events,
+with the sequence number of the first batch it does not include in the
+X-Kv-Events-Next-Seq header: give it to "kvrouter serve" as a worker's dump=
+and a router that cannot replay the events it missed reloads the cache
+instead.
 
 Inside, each rank runs a vLLM-like scheduler (waiting/running queues, chunked
 prefill, preemption) over a KV block manager with prefix caching, and times

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +17,6 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
-	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
@@ -172,9 +173,21 @@ func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 				t.Fatalf("source stats %+v: want a dump loaded = %v and history lost = %v", st, tc.dump, !tc.dump)
 			}
 			if !tc.dump {
-				testwait.Until(t, time.Second, "/health reports the recovering rank", func() bool {
-					return s.dependencies()["kv_index"] != ""
-				})
+				get := func(path string) string {
+					resp, err := http.Get(routerURL + path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer resp.Body.Close()
+					body, _ := io.ReadAll(resp.Body)
+					return string(body)
+				}
+				if h := get("/health"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, `"kv_index":"recovering`) {
+					t.Fatalf("/health does not report the recovering rank: %s", h)
+				}
+				if want := `kvrouter_worker_kv_index_recovering{dp_rank="0",worker_id="1"} 1`; !strings.Contains(get("/metrics"), want) {
+					t.Fatalf("/metrics lacks %s", want)
+				}
 			}
 		})
 	}

@@ -399,14 +399,20 @@ func (s *Source) fillGap(until uint64) bool {
 	s.st.gaps.Add(1)
 	from := s.next
 	s.log.Warn("kv event gap", "expected", from, "got", until, "missed", until-from)
+	closed := func(by string) bool {
+		if s.next < until {
+			return false
+		}
+		s.st.recovered.Add(1)
+		s.log.Info("kv event gap recovered", "by", by, "from", from, "to", until-1)
+		return true
+	}
 	if s.cfg.Replay != "" {
 		s.applyReplayed(s.replay(from), until)
 		if s.ctx.Err() != nil {
 			return false
 		}
-		if s.next >= until {
-			s.st.recovered.Add(1)
-			s.log.Info("kv event gap recovered by replay", "from", from, "to", until-1)
+		if closed("replay") {
 			return true
 		}
 	}
@@ -417,9 +423,7 @@ func (s *Source) fillGap(until uint64) bool {
 		if s.ctx.Err() != nil {
 			return false
 		}
-		if s.next >= until {
-			s.st.recovered.Add(1)
-			s.log.Info("kv event gap recovered from the engine's dump", "from", from, "to", until-1)
+		if closed("the engine's dump") {
 			return true
 		}
 	}

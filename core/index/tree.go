@@ -720,6 +720,8 @@ func (t *tree) evictTo(target uint64) {
 			if dead[n] {
 				gone = append(gone, eh)
 				delete(ws.extraRefs, n)
+				// An inferred parent of n keeps counting it: it stays,
+				// as an ordinary leaf, until a later pass evicts it.
 				delete(ws.inferred, n)
 			}
 			return true

@@ -28,25 +28,36 @@
 //
 // The source tracks the next sequence number it expects.
 //
-//   - Start-up: when the engine has a replay endpoint, everything it
+//   - Start-up: when the engine has a dump endpoint (Config.Dump;
+//     kvrouter's mocker serves GET /kv_events/dump, vLLM has none), the
+//     rank's whole cache is loaded from it, numbered with the first batch
+//     it does not include, and the replay endpoint is asked only for the
+//     batches from there on. Otherwise everything the replay endpoint
 //     buffers is fetched (replay from 0) and applied before live messages,
 //     so a router started after the engine learns its cache. Live messages
-//     that the replay already covered are recognised by sequence number and
-//     dropped (Stats.Duplicates): a seq is never applied twice and the
-//     source never goes backwards. The same catch-up runs when the first
-//     live message is not the one expected (ZeroMQ's slow joiner).
+//     that the dump or the replay already covered are recognised by
+//     sequence number and dropped (Stats.Duplicates): a seq is never
+//     applied twice and the source never goes backwards. The same catch-up
+//     runs when the first live message is not the one expected (ZeroMQ's
+//     slow joiner).
 //   - Gap (a live seq above the one expected): the source asks the replay
 //     endpoint for [expected, ...] and applies the batches up to the
 //     current one, in order, then the current one (Stats.Gaps,
-//     Stats.Recovered). When there is no replay endpoint, the replay fails
-//     or times out (Config.ReplayTimeout), or the engine's ring no longer
-//     holds the expected seq, the source drops the blocks of every rank it
-//     has fed (a Cleared event per rank) and rebuilds from what comes next
-//     (Stats.Rebuilds).
+//     Stats.Recovered). When replay cannot close it (no replay endpoint,
+//     a failure or timeout after Config.ReplayTimeout, or a ring that no
+//     longer holds the expected seq), the engine's dump replaces the
+//     rank's blocks (Stats.Dumps); without one, the source drops the
+//     blocks of every rank it has fed (a Cleared event per rank) and
+//     rebuilds from what comes next (Stats.Rebuilds).
+//   - History lost (Stats.HistoryLost): when the source goes on without
+//     the earlier events and without a dump (a ring that wrapped before
+//     the router started, a gap rebuilt), new events hang below blocks the
+//     router never saw; the router places them from the requests it routes
+//     (router.Router.Recovering) until the index has caught up.
 //   - Reset (the seq went backwards: the engine restarted; also a seq
 //     already applied whose payload differs): the ranks' blocks are dropped
 //     (Stats.Resets and Stats.Rebuilds) and the new incarnation's stream is
-//     caught up from 0 through replay like at start-up.
+//     caught up like at start-up.
 //
 // An engine that restarts and publishes past the last seq seen before the
 // subscriber reconnects looks like a gap, not a reset: nothing on the wire
@@ -60,8 +71,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,6 +101,9 @@ var _ Sink = (*router.Router)(nil)
 // DefaultReplayTimeout bounds one replay request.
 const DefaultReplayTimeout = 2 * time.Second
 
+// DefaultDumpTimeout bounds one dump request.
+const DefaultDumpTimeout = 10 * time.Second
+
 // Config describes one engine rank.
 type Config struct {
 	// Worker is the rank's identity in the router; a dp rank carried by a
@@ -105,6 +121,14 @@ type Config struct {
 	// ReplayTimeout bounds each replay request; 0 means
 	// DefaultReplayTimeout.
 	ReplayTimeout time.Duration
+	// Dump is the engine's full-state endpoint for this rank, e.g.
+	// "http://10.0.0.5:8000/kv_events/dump?dp_rank=0" (kvrouter's mocker
+	// serves one; vLLM has none); "" if it has none.
+	Dump string
+	// DumpTimeout bounds each dump request; 0 means DefaultDumpTimeout.
+	DumpTimeout time.Duration
+	// HTTPClient fetches dumps; nil means http.DefaultClient.
+	HTTPClient *http.Client
 	// Logger receives gaps, rebuilds, resets and skipped input; nil
 	// discards.
 	Logger *slog.Logger
@@ -131,11 +155,15 @@ type Stats struct {
 	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
 
 	Gaps         uint64 // live seqs above the one expected, after the first batch
-	Recovered    uint64 // gaps closed by replay
+	Recovered    uint64 // gaps closed by replay or dump
 	Rebuilds     uint64 // times the rank's blocks were dropped (gap not recovered, or reset)
 	Resets       uint64 // engine restarts seen (seq went backwards)
 	ReplayErrors uint64 // replay requests that failed or timed out
 	ApplyErrors  uint64 // errors returned by the sink
+
+	Dumps       uint64 // engine dumps loaded (the rank's blocks replaced whole)
+	DumpErrors  uint64 // dump requests that failed, timed out or did not decode
+	HistoryLost uint64 // times the source went on without the events before (neither replay nor dump had them)
 }
 
 type counters struct {
@@ -144,6 +172,7 @@ type counters struct {
 	clears, malformed, skipped, otherGroup atomic.Uint64
 	gaps, recovered, rebuilds, resets      atomic.Uint64
 	replayErrors, applyErrors              atomic.Uint64
+	dumps, dumpErrors, historyLost         atomic.Uint64
 }
 
 // ErrClosed is returned by WaitSeq once the source has stopped.
@@ -165,6 +194,7 @@ type Source struct {
 	log    *slog.Logger
 	opts   vllmevents.DecodeOptions
 	sub    *zmqevents.Subscriber
+	client *http.Client
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -196,6 +226,13 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
 	}
+	if cfg.DumpTimeout <= 0 {
+		cfg.DumpTimeout = DefaultDumpTimeout
+	}
+	client := cfg.HTTPClient
+	if client == nil {
+		client = http.DefaultClient
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -208,7 +245,7 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	s := &Source{
 		cfg: cfg, sink: sink, log: logger, opts: vllmevents.DecodeOptions{HashBytes: cfg.HashBytes},
-		sub: sub, ctx: sctx, cancel: cancel, done: make(chan struct{}),
+		sub: sub, client: client, ctx: sctx, cancel: cancel, done: make(chan struct{}),
 		ranks: map[uint32]struct{}{}, recent: make([]recent, recentSize),
 	}
 	go s.run()
@@ -286,6 +323,7 @@ func (s *Source) Stats() Stats {
 		BlocksRemoved: c.blocksRemoved.Load(), Clears: c.clears.Load(), Malformed: c.malformed.Load(),
 		Skipped: c.skipped.Load(), OtherGroup: c.otherGroup.Load(), Gaps: c.gaps.Load(), Recovered: c.recovered.Load(),
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
+		Dumps: c.dumps.Load(), DumpErrors: c.dumpErrors.Load(), HistoryLost: c.historyLost.Load(),
 	}
 }
 
@@ -298,7 +336,7 @@ func (s *Source) run() {
 		s.wakeLocked()
 		s.mu.Unlock()
 	}()
-	if s.cfg.Replay != "" {
+	if s.cfg.Replay != "" || s.cfg.Dump != "" {
 		s.catchUp(math.MaxUint64)
 		s.wake()
 	}
@@ -329,14 +367,19 @@ func (s *Source) handle(m zmqevents.Message) {
 	}
 	if m.Seq > s.next {
 		switch {
-		case !s.started && s.cfg.Replay == "":
+		case !s.started && s.cfg.Replay == "" && s.cfg.Dump == "":
 			// Nothing known and nothing to ask: start here.
+			s.historyLost(fmt.Sprintf("first batch seen is %d", m.Seq))
 		case !s.started:
 			s.catchUp(m.Seq)
 		default:
 			if !s.fillGap(m.Seq) {
 				return // stopping
 			}
+		}
+		if s.started && m.Seq < s.next {
+			s.st.duplicates.Add(1) // a dump newer than m covered it
+			return
 		}
 	}
 	s.apply(m.Seq, m.Payload, false)
@@ -349,53 +392,98 @@ func (s *Source) differs(m zmqevents.Message) bool {
 	return r.ok && r.seq == m.Seq && r.sum != xxh3.Hash(m.Payload)
 }
 
-// fillGap recovers [s.next, until) by replay or rebuilds. It returns false
-// when the source is stopping (nothing is dropped then).
+// fillGap recovers [s.next, until) by replay, else from the engine's dump,
+// else rebuilds. It returns false when the source is stopping (nothing is
+// dropped then).
 func (s *Source) fillGap(until uint64) bool {
 	s.st.gaps.Add(1)
 	from := s.next
 	s.log.Warn("kv event gap", "expected", from, "got", until, "missed", until-from)
-	if s.cfg.Replay == "" {
-		s.rebuild("gap and no replay endpoint")
+	closed := func(by string) bool {
+		if s.next < until {
+			return false
+		}
+		s.st.recovered.Add(1)
+		s.log.Info("kv event gap recovered", "by", by, "from", from, "to", until-1)
 		return true
 	}
-	s.replayRange(from, until)
+	if s.cfg.Replay != "" {
+		s.applyReplayed(s.replay(from), until)
+		if s.ctx.Err() != nil {
+			return false
+		}
+		if closed("replay") {
+			return true
+		}
+	}
+	if s.cfg.Dump != "" && s.loadDump() {
+		if s.next < until && s.cfg.Replay != "" {
+			s.applyReplayed(s.replay(s.next), until)
+		}
+		if s.ctx.Err() != nil {
+			return false
+		}
+		if closed("the engine's dump") {
+			return true
+		}
+	}
 	if s.ctx.Err() != nil {
 		return false
 	}
-	if s.next == until {
-		s.st.recovered.Add(1)
-		s.log.Info("kv event gap recovered by replay", "from", from, "to", until-1)
-		return true
+	why := "gap and no replay endpoint"
+	if s.cfg.Replay != "" {
+		why = fmt.Sprintf("replay could not cover [%d, %d]", s.next, until-1)
 	}
-	s.rebuild(fmt.Sprintf("replay could not cover [%d, %d]", s.next, until-1))
+	s.rebuild(why)
+	s.historyLost(why)
 	return true
 }
 
-// catchUp applies what the replay endpoint buffers below until, starting
-// wherever its ring starts (nothing is known yet).
+// catchUp brings a source that knows nothing up to until: from the
+// engine's dump when it has one (then by replay from where the dump ends),
+// which is cheaper than replaying a whole ring; otherwise by replay, the
+// ring starting at the first batch or, when it has wrapped, wherever it
+// starts now.
 func (s *Source) catchUp(until uint64) {
-	from := s.next
-	s.replayRange(from, until)
+	if s.cfg.Dump != "" && s.loadDump() {
+		s.log.Info("kv events caught up from the engine's dump", "next", s.next)
+	}
+	var msgs []zmqevents.Message
+	if s.cfg.Replay != "" {
+		msgs = s.replay(s.next)
+	}
+	if s.ctx.Err() != nil {
+		return
+	}
+	switch {
+	case s.started:
+	case len(msgs) > 0 && msgs[0].Seq > 0:
+		s.historyLost(fmt.Sprintf("the engine's events before %d are gone", msgs[0].Seq))
+	case len(msgs) == 0 && until != math.MaxUint64:
+		s.historyLost(fmt.Sprintf("no replay of the events before %d", until))
+	}
+	s.applyReplayed(msgs, until)
 	if s.started {
-		s.log.Info("kv events caught up by replay", "from", from, "next", s.next)
+		s.log.Info("kv events caught up", "next", s.next)
 	}
 }
 
-// replayRange fetches batches from s.next and applies those below until
-// while they follow each other. Once a batch has been applied, the first
-// replayed one must be s.next; before, any start is accepted.
-func (s *Source) replayRange(from, until uint64) {
+// replay fetches what the replay endpoint buffers from seq from on.
+func (s *Source) replay(from uint64) []zmqevents.Message {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from)
-	if err != nil {
-		if s.ctx.Err() != nil {
-			return
-		}
+	if err != nil && s.ctx.Err() == nil {
 		s.st.replayErrors.Add(1)
 		s.log.Warn("kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
 	}
+	return msgs
+}
+
+// applyReplayed applies the replayed batches below until while they follow
+// each other. Once a batch has been applied, the first one applied must be
+// s.next; before, any start is accepted.
+func (s *Source) applyReplayed(msgs []zmqevents.Message, until uint64) {
 	for _, r := range msgs {
 		if s.ctx.Err() != nil {
 			return
@@ -413,13 +501,91 @@ func (s *Source) replayRange(from, until uint64) {
 	}
 }
 
+// historyLost records that the rank's blocks are rebuilt from incomplete
+// history: events below parents the router never saw are then placed by
+// the router from its own traffic (router.Router.Recovering).
+func (s *Source) historyLost(why string) {
+	s.st.historyLost.Add(1)
+	s.log.Warn("kv event history lost: the rank's index is rebuilt from new events", "why", why)
+}
+
+// loadDump replaces the rank's blocks with the engine's dump and moves the
+// position to the dump's. It reports false, changing nothing, when the
+// dump cannot be had.
+func (s *Source) loadDump() bool {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.DumpTimeout)
+	defer cancel()
+	next, payload, err := FetchDump(ctx, s.client, s.cfg.Dump)
+	var b *vllmevents.Batch
+	if err == nil {
+		b, err = vllmevents.DecodeBatchWith(payload, s.opts)
+	}
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.st.dumpErrors.Add(1)
+			s.log.Warn("kv event dump failed", "dump", s.cfg.Dump, "err", err)
+		}
+		return false
+	}
+	rank := s.cfg.Worker.DPRank
+	if b.DPRank != nil && *b.DPRank >= 0 && int64(*b.DPRank) <= math.MaxUint32 {
+		rank = uint32(*b.DPRank)
+	}
+	s.ranks[rank] = struct{}{}
+	s.clearRanks(next)
+	s.st.dumps.Add(1)
+	s.applyBatch(next, b)
+	s.started, s.next = true, next
+	if next > 0 {
+		s.processed(next - 1)
+	}
+	return true
+}
+
+// FetchDump asks an engine's dump endpoint (kvrouter's mocker serves GET
+// /kv_events/dump) for a rank's cached blocks: a KV event batch of
+// single-block Stored events and the sequence number of the first batch it
+// does not include.
+func FetchDump(ctx context.Context, client *http.Client, url string) (next uint64, payload []byte, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	payload, err = io.ReadAll(io.LimitReader(resp.Body, maxDumpBytes+1))
+	switch {
+	case err != nil:
+		return 0, nil, err
+	case resp.StatusCode != http.StatusOK:
+		return 0, nil, fmt.Errorf("enginesource: dump %s: %s", url, resp.Status)
+	case len(payload) > maxDumpBytes:
+		return 0, nil, fmt.Errorf("enginesource: dump %s larger than %d bytes", url, maxDumpBytes)
+	}
+	next, err = strconv.ParseUint(resp.Header.Get(vllmevents.DumpNextSeqHeader), 10, 64)
+	if err != nil {
+		return 0, nil, fmt.Errorf("enginesource: dump %s: header %s: %w", url, vllmevents.DumpNextSeqHeader, err)
+	}
+	return next, payload, nil
+}
+
+// maxDumpBytes bounds a dump: a million blocks of 16 tokens.
+const maxDumpBytes = 1 << 30
+
 // rebuild drops the blocks of every rank this source has fed; what comes
 // next rebuilds them.
 func (s *Source) rebuild(why string) {
 	s.st.rebuilds.Add(1)
 	s.log.Warn("kv events lost: dropping the rank's blocks", "why", why, "ranks", len(s.ranks))
+	s.clearRanks(s.next)
+}
+
+func (s *Source) clearRanks(seq uint64) {
 	for rank := range s.ranks {
-		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, s.next)
+		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, seq)
 		if err := s.sink.ApplyEvent(&ev); err != nil {
 			s.st.applyErrors.Add(1)
 		}
@@ -457,6 +623,11 @@ func (s *Source) apply(seq uint64, payload []byte, replayed bool) {
 	if replayed {
 		s.st.replayed.Add(1)
 	}
+	s.applyBatch(seq, b)
+}
+
+// applyBatch passes a decoded batch's events to the sink.
+func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 	for _, e := range b.Skipped {
 		s.log.Debug("kv event skipped", "seq", seq, "err", e)
 	}

@@ -3,7 +3,11 @@ package enginesource
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,6 +241,63 @@ func TestReplayTooOldRebuilds(t *testing.T) {
 	}
 	if st := s.Stats(); st.Rebuilds-before.Rebuilds != 1 || st.Recovered != before.Recovered || st.Gaps-before.Gaps != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// dumpServer answers like the mocker's /kv_events/dump: the engine's
+// whole cache, state(), numbered from the publisher's next batch.
+func dumpServer(t *testing.T, p *testPub, state func() []byte) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set(vllmevents.DumpNextSeqHeader, strconv.FormatUint(p.nextSeq(), 10))
+		_, _ = w.Write(state())
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/kv_events/dump"
+}
+
+func TestReplayTooOldLoadsTheEnginesDump(t *testing.T) {
+	p := newTestPub(t, pubOpts{keep: 2})
+	w := kv.Worker{ID: 1}
+	r := newRouter(t, router.WorkerInfo{ID: 1})
+	a, x, gone := toks(4, 5), toks(1, 6), toks(2, 7)
+	var dumped atomic.Bool
+	dump := dumpServer(t, p, func() []byte {
+		dumped.Store(true)
+		b, err := vllmevents.DecodeBatch(stored(t, nil, a, 500, 0, 4))
+		if err != nil {
+			t.Error(err)
+		}
+		xb, _ := vllmevents.DecodeBatch(stored(t, nil, x, 600, 0, 1))
+		b.Events = append(b.Events, xb.Events...)
+		return encode(t, b)
+	})
+	s := start(t, Config{Worker: w, Events: p.events(), Replay: p.replay(), Dump: dump}, r)
+	warmUp(t, p, s)
+	before := s.Stats()
+	seq := p.publish(t, stored(t, nil, gone, 700, 0, 2), true)
+	wait(t, s, seq)
+	for i := range 4 {
+		p.publish(t, stored(t, nil, a, 500, i, i+1), false) // lost; the ring keeps 2
+	}
+	p.publish(t, encode(t, &vllmevents.Batch{TS: 1, Events: []vllmevents.Event{&vllmevents.BlockRemoved{BlockHashes: []uint64{700, 701}}}}), false)
+	seq = p.publish(t, stored(t, nil, x, 600, 0, 1), true)
+	wait(t, s, seq)
+	if !dumped.Load() {
+		t.Fatal("the dump was never asked for")
+	}
+	if got := overlap(t, r, w, a); got != 4 {
+		t.Fatalf("overlap %d of the lost blocks, want 4 from the dump", got)
+	}
+	if got := overlap(t, r, w, x); got != 1 {
+		t.Fatalf("overlap %d of the batch after the gap", got)
+	}
+	if got := overlap(t, r, w, gone); got != 0 {
+		t.Fatalf("blocks removed during the gap still indexed: overlap %d", got)
+	}
+	st := s.Stats()
+	if st.Dumps-before.Dumps != 1 || st.Recovered-before.Recovered != 1 || st.Rebuilds != before.Rebuilds || st.HistoryLost != before.HistoryLost {
+		t.Fatalf("stats %+v, before %+v", st, before)
 	}
 }
 

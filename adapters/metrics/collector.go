@@ -38,6 +38,8 @@ type Collector struct {
 	approxPairs, approxDropped                 desc
 	activeRequests                             desc
 	workerDecode, workerPrefill, workerReqs    desc
+	reanchored, inferred                       desc
+	recovering, rankInferred                   desc
 }
 
 // NewCollector returns a collector for r; register it with a
@@ -67,6 +69,10 @@ func NewCollector(r *router.Router) *Collector {
 		workerDecode:   newDesc("worker_active_decode_blocks", "Predicted KV blocks in use on a worker rank.", g, "worker_id", "dp_rank"),
 		workerPrefill:  newDesc("worker_active_prefill_tokens", "Predicted prompt tokens awaiting prefill on a worker rank.", g, "worker_id", "dp_rank"),
 		workerReqs:     newDesc("worker_active_requests", "Booked requests on a worker rank.", g, "worker_id", "dp_rank"),
+		reanchored:     newDesc("kv_events_reanchored_total", "Stored events below a parent the index did not know, placed from the prompts just routed to the worker.", c),
+		inferred:       newDesc("kv_blocks_inferred_total", "Blocks held on inference while re-anchoring: above a re-anchored parent, never named by the engine.", c),
+		recovering:     newDesc("worker_kv_index_recovering", "1 while a worker rank's index is rebuilt from traffic: its events hang below blocks the router never saw.", g, "worker_id", "dp_rank"),
+		rankInferred:   newDesc("worker_kv_index_inferred_blocks", "Blocks of a recovering worker rank held on inference.", g, "worker_id", "dp_rank"),
 	}
 }
 
@@ -74,7 +80,7 @@ func (c *Collector) all() []desc {
 	return []desc{c.decisions, c.booked, c.queued, c.allBusy, c.errors, c.overlapBlocks, c.promptBlocks,
 		c.queuePending, c.queueTokens, c.events, c.eventsRejected, c.blocks, c.blocksSkipped,
 		c.indexPairs, c.indexEvicted, c.approxPairs, c.approxDropped, c.activeRequests,
-		c.workerDecode, c.workerPrefill, c.workerReqs}
+		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred}
 }
 
 // Describe implements prometheus.Collector.
@@ -120,6 +126,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.approxDropped, float64(st.Approx.Expired), "expired")
 	emit(c.approxDropped, float64(st.Approx.Evicted), "size_bound")
 	emit(c.activeRequests, float64(st.Load.Active))
+	emit(c.reanchored, float64(ix.Reanchored))
+	emit(c.inferred, float64(ix.BlocksInferred))
+	for _, rc := range c.r.Recovering() {
+		id, rank := strconv.FormatUint(rc.Worker.ID, 10), strconv.FormatUint(uint64(rc.Worker.DPRank), 10)
+		emit(c.recovering, 1, id, rank)
+		emit(c.rankInferred, float64(rc.Inferred), id, rank)
+	}
 
 	for _, l := range c.r.Loads() {
 		id, rank := strconv.FormatUint(l.Worker.ID, 10), strconv.FormatUint(uint64(l.Worker.DPRank), 10)

@@ -172,3 +172,9 @@ func (e *EventError) Unwrap() error { return e.Err }
 // Unknown reports whether the event was skipped for its unknown type (as
 // opposed to being malformed).
 func (e *EventError) Unknown() bool { return errors.Is(e.Err, ErrUnknownEvent) }
+
+// DumpNextSeqHeader is the HTTP header of an engine's dump (a batch of
+// single-block BlockStored events holding its whole cache, as kvrouter's
+// mocker answers GET /kv_events/dump): the sequence number of the first
+// published batch the dump does not include.
+const DumpNextSeqHeader = "X-Kv-Events-Next-Seq"

@@ -13,6 +13,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -30,7 +31,13 @@ vLLM server with KV events enabled: the OpenAI API (/v1/completions,
 metric names) on --http-port + i, and for every data-parallel rank r a ZMQ PUB
 socket of KV events (vLLM's msgpack batches, one per scheduler step) on
 --kv-events-port + i × dp + r with a replay ROUTER socket on
---kv-events-replay-port + i × dp + r. Port 0 picks free ports.
+--kv-events-replay-port + i × dp + r keeping the last --kv-events-buffer-steps
+batches. Port 0 picks free ports. Beyond vLLM, GET /kv_events/dump?dp_rank=r
+answers a rank's whole cache as one batch of single-block BlockStored events,
+with the sequence number of the first batch it does not include in the
+X-Kv-Events-Next-Seq header: give it to "kvrouter serve" as a worker's dump=
+and a router that cannot replay the events it missed reloads the cache
+instead.
 
 Inside, each rank runs a vLLM-like scheduler (waiting/running queues, chunked
 prefill, preemption) over a KV block manager with prefix caching, and times
@@ -111,6 +118,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
+	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd

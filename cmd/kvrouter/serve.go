@@ -52,8 +52,10 @@ Engines are given with --worker (repeatable) or in a JSON file (--config,
 url is the engine's HTTP base; events its KV-event PUB endpoint (rank r of a
 data-parallel engine on port + r); replay its replay endpoint (optional);
 dp its data-parallel size; model the model it serves; optional: id, name,
-kv-blocks (its KV capacity, for busy detection) and max-batched-tokens (for
-the queue).
+kv-blocks (its KV capacity, for busy detection), max-batched-tokens (for
+the queue) and dump (an endpoint answering the engine's whole cache when its
+events cannot be replayed, as "kvrouter mocker" serves on
+http://HOST:PORT/kv_events/dump; vLLM has none).
 
 Engines also join through NATS discovery: run "kvrouter agent" next to each
 one with the same --nats-url and --namespace. Without --nats-url (or
@@ -165,6 +167,8 @@ func parseWorker(spec string) (serve.WorkerSpec, error) {
 			w.Events = v
 		case "replay":
 			w.Replay = v
+		case "dump":
+			w.Dump = v
 		case "model":
 			w.Model = v
 		case "name":

@@ -52,6 +52,9 @@ type Stats struct {
 	UnknownKind     uint64
 	// PairsEvicted counts (block, worker) pairs dropped by the memory cap.
 	PairsEvicted uint64
+	// Reanchored counts stored events whose unknown parent Config.Locate
+	// placed; BlocksInferred the blocks above it held on that evidence.
+	Reanchored, BlocksInferred uint64
 }
 
 func (s *Stats) add(o Stats) {
@@ -67,6 +70,8 @@ func (s *Stats) add(o Stats) {
 	s.DuplicateBlocks += o.DuplicateBlocks
 	s.UnknownKind += o.UnknownKind
 	s.PairsEvicted += o.PairsEvicted
+	s.Reanchored += o.Reanchored
+	s.BlocksInferred += o.BlocksInferred
 }
 
 // Config tunes an Index.
@@ -80,7 +85,17 @@ type Config struct {
 	// PruneRatio is the fraction of MaxPairs an eviction pass brings the
 	// index down to, so that passes are rare. Default 0.9.
 	PruneRatio float64
+	// Locate, when set, re-anchors stored events whose parent the worker
+	// is not known to hold, instead of refusing them.
+	Locate Locator
 }
+
+// Locator says where a stored event whose parent engine id is unknown
+// hangs: the local hashes of the path from the root down to and including
+// the parent block, or nil when it cannot tell. blocks are the event's
+// blocks. The worker then holds that whole path (see Index.Inferred). It
+// is called with the worker's shard locked and must not call the Index.
+type Locator func(w kv.Worker, blocks []kv.Block) []uint64
 
 // DefaultShards is the default of --router-event-threads.
 const DefaultShards = 4
@@ -112,6 +127,7 @@ func New(cfg Config) *Index {
 	ix := &Index{shards: make([]shard, cfg.Shards)}
 	for i := range ix.shards {
 		ix.shards[i].t = newTree(cfg.MaxPairs > 0)
+		ix.shards[i].t.locate = cfg.Locate
 	}
 	if cfg.MaxPairs > 0 {
 		ix.maxPerShrd = max(1, cfg.MaxPairs/uint64(cfg.Shards))
@@ -267,6 +283,43 @@ func (ix *Index) Blocks(w kv.Worker) int {
 	defer sh.mu.RUnlock()
 	if s, ok := sh.t.slotOf[w]; ok {
 		return sh.t.workers[s].blocks.Len()
+	}
+	return 0
+}
+
+// Held returns the sequence hashes of the blocks worker rank w holds, in
+// no particular order: the router's view of that rank's cache.
+func (ix *Index) Held(w kv.Worker) []uint64 {
+	sh := ix.shardOf(w)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	s, ok := sh.t.slotOf[w]
+	if !ok {
+		return nil
+	}
+	ws := &sh.t.workers[s]
+	out := make([]uint64, 0, ws.blocks.Len())
+	seen := make(map[uint32]bool, ws.blocks.Len())
+	ws.blocks.Range(func(_ uint64, n uint32) bool {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, sh.t.nodes.at(n).seq())
+		}
+		return true
+	})
+	return out
+}
+
+// Inferred returns how many blocks worker rank w holds under ids the index
+// inferred while re-anchoring (see Config.Locate) rather than learnt from
+// its events. Such a block is dropped with the last block of w hanging
+// from it, and takes the engine's id when an event names it.
+func (ix *Index) Inferred(w kv.Worker) int {
+	sh := ix.shardOf(w)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if s, ok := sh.t.slotOf[w]; ok {
+		return len(sh.t.workers[s].inferred)
 	}
 	return 0
 }

@@ -183,6 +183,23 @@ func (t *tree) check() error {
 		if err != nil {
 			return err
 		}
+		below := map[uint32]uint32{}
+		ws.blocks.Range(func(_ uint64, n uint32) bool {
+			if p := t.nodes.at(n).parent; p != rootParent {
+				if _, ok := ws.inferred[p]; ok {
+					below[p]++
+				}
+			}
+			return true
+		})
+		for n, c := range ws.inferred {
+			if got, ok := ws.blocks.Get(inferredID(t.nodes.at(n).seq())); !ok || got != n {
+				return fmt.Errorf("slot %d: inferred node %d not held under its inferred id", s, n)
+			}
+			if below[n] != c {
+				return fmt.Errorf("slot %d: inferred node %d counts %d children, holds %d", s, n, c, below[n])
+			}
+		}
 	}
 	return nil
 }
@@ -697,5 +714,56 @@ func TestChunkedStoreRacingRemovalStaysConsistent(t *testing.T) {
 	wg.Wait()
 	if err := ix.check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A stored event below an unknown parent is placed where the Locator says;
+// the blocks above the parent are held on inference until the engine names
+// them or the last block hanging from them goes.
+func TestReanchoredBlocksLiveAsLongAsTheirDescendants(t *testing.T) {
+	w := kv.Worker{ID: 3}
+	a, b, c, d, e := uint64(0xa), uint64(0xb), uint64(0xc), uint64(0xd), uint64(0xe)
+	var path []uint64
+	ix := New(Config{Shards: 1, Locate: func(got kv.Worker, _ []kv.Block) []uint64 {
+		if got != w {
+			t.Errorf("Locate asked about %v", got)
+		}
+		return path
+	}})
+	seqs := blockhash.AppendSequenceHashes(nil, []uint64{a, b, c, d})
+	seqE := blockhash.Chain(seqs[1], e)
+	step := func(what string, ev kv.Event, wantErr error, wantHeld []uint64, wantInferred int) {
+		t.Helper()
+		if err := ix.Apply(&ev); err != wantErr {
+			t.Fatalf("%s: Apply = %v, want %v", what, err, wantErr)
+		}
+		if err := ix.check(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		held := ix.held()[w]
+		if len(held) != len(wantHeld) {
+			t.Fatalf("%s: holds %d blocks, want %d", what, len(held), len(wantHeld))
+		}
+		for _, s := range wantHeld {
+			if !held[s] {
+				t.Fatalf("%s: block %x not held", what, s)
+			}
+		}
+		if got := ix.Inferred(w); got != wantInferred {
+			t.Fatalf("%s: %d inferred blocks, want %d", what, got, wantInferred)
+		}
+	}
+	p1, p2 := uint64(101), uint64(102)
+
+	step("nothing to place it by", kv.StoredEvent(w, 0, &p1, kv.Block{EngineHash: 104, LocalHash: d}), ErrUnknownParent, nil, 0)
+	path = []uint64{a, b, c}
+	step("placed below c", kv.StoredEvent(w, 1, &p1, kv.Block{EngineHash: 104, LocalHash: d}), nil, seqs, 2)
+	path = []uint64{a, b}
+	step("b named by the engine", kv.StoredEvent(w, 2, &p2, kv.Block{EngineHash: 105, LocalHash: e}), nil, append(slices.Clone(seqs), seqE), 1)
+	step("tail removed", kv.RemovedEvent(w, 3, 104, p1), nil, []uint64{seqs[0], seqs[1], seqE}, 1)
+	step("e removed: b still holds a", kv.RemovedEvent(w, 4, 105), nil, seqs[:2], 1)
+	step("b removed: a goes with it", kv.RemovedEvent(w, 5, p2), nil, nil, 0)
+	if st := ix.Stats(); st.Reanchored != 2 || st.UnknownParent != 1 || st.BlocksInferred != 2 {
+		t.Fatalf("stats %+v: want 2 re-anchored, 1 refused, 2 inferred", st)
 	}
 }

@@ -53,6 +53,10 @@ type tree struct {
 	tick atomic.Uint32
 
 	stats Stats
+
+	// locate, when set, is asked where a stored event's unknown parent
+	// sits (see Config.Locate).
+	locate Locator
 }
 
 const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
@@ -131,6 +135,11 @@ type workerState struct {
 	// same node (e.g. the same tokens stored under two cache salts), so that
 	// removing one of them does not forget the block.
 	extraRefs map[uint32]uint32
+	// inferred are the nodes held under an id the index made up (see
+	// anchor), each with the number of this worker's held nodes directly
+	// below it: an inferred block is known only through the blocks that
+	// hang from it, so it is dropped with the last of them.
+	inferred map[uint32]uint32
 }
 
 func newTree(lru bool) *tree {
@@ -321,14 +330,39 @@ func (t *tree) unref(s uint32, n uint32) {
 		}
 		return
 	}
-	t.dropHolder(t.nodes.at(n), s)
+	nd := t.nodes.at(n)
+	parent := nd.parent
+	t.dropHolder(nd, s)
 	t.collect(n)
+	t.childGone(s, parent)
+}
+
+// childGone drops an inferred parent whose last held child went away.
+func (t *tree) childGone(s, parent uint32) {
+	ws := &t.workers[s]
+	if len(ws.inferred) == 0 {
+		return
+	}
+	c, ok := ws.inferred[parent]
+	if !ok {
+		return
+	}
+	if c > 1 {
+		ws.inferred[parent] = c - 1
+		return
+	}
+	delete(ws.inferred, parent)
+	ws.blocks.Delete(inferredID(t.nodes.at(parent).seq()))
+	t.unref(s, parent)
 }
 
 // ref records that worker slot s holds node n under engine id h.
 func (t *tree) ref(s uint32, h uint64, n uint32) {
 	ws := &t.workers[s]
 	nd := t.nodes.at(n)
+	if len(ws.inferred) > 0 && t.replaceInferred(ws, n, h) {
+		return
+	}
 	if t.holds(nd, s) {
 		if ws.extraRefs == nil {
 			ws.extraRefs = make(map[uint32]uint32)
@@ -336,6 +370,11 @@ func (t *tree) ref(s uint32, h uint64, n uint32) {
 		ws.extraRefs[n]++
 	} else {
 		t.addHolder(nd, s)
+		if len(ws.inferred) > 0 {
+			if _, ok := ws.inferred[nd.parent]; ok {
+				ws.inferred[nd.parent]++
+			}
+		}
 	}
 	ws.blocks.Put(h, n)
 	if t.lru {
@@ -362,6 +401,12 @@ func (t *tree) beginStored(w kv.Worker, st *kv.Stored) (s, cur uint32, err error
 	cur = rootParent
 	if st.Parent != nil {
 		p, ok := t.workers[s].blocks.Get(*st.Parent)
+		if !ok && t.locate != nil {
+			if path := t.locate(w, st.Blocks); len(path) > 0 {
+				p, ok = t.anchor(s, path, *st.Parent), true
+				t.stats.Reanchored++
+			}
+		}
 		if !ok {
 			t.stats.UnknownParent++
 			t.dropSlotIfEmpty(s)
@@ -371,6 +416,52 @@ func (t *tree) beginStored(w kv.Worker, st *kv.Stored) (s, cur uint32, err error
 	}
 	return s, cur, nil
 }
+
+// anchor makes worker slot s hold the path of local hashes from the root,
+// its last block under engine id parent, and returns that block's node.
+// Blocks above it the slot does not hold yet are held under inferredID:
+// the engine must hold them (it stores a block only below its prefix), but
+// never told the index their ids.
+func (t *tree) anchor(s uint32, path []uint64, parent uint64) uint32 {
+	ws := &t.workers[s]
+	cur := uint32(rootParent)
+	for i, local := range path {
+		cur = t.child(cur, local)
+		nd := t.nodes.at(cur)
+		if i == len(path)-1 {
+			t.ref(s, parent, cur)
+			break
+		}
+		if t.holds(nd, s) {
+			continue
+		}
+		if ws.inferred == nil {
+			ws.inferred = make(map[uint32]uint32)
+		}
+		ws.inferred[cur] = 0
+		t.ref(s, inferredID(nd.seq()), cur)
+		t.stats.BlocksInferred++
+	}
+	return cur
+}
+
+// replaceInferred gives node n, if ws holds it on inference, the engine's
+// own id h: the engine named it, so its removal will now drop it.
+func (t *tree) replaceInferred(ws *workerState, n uint32, h uint64) bool {
+	seq := t.nodes.at(n).seq()
+	if _, ok := ws.inferred[n]; !ok || h == inferredID(seq) {
+		return false
+	}
+	delete(ws.inferred, n)
+	ws.blocks.Delete(inferredID(seq))
+	ws.blocks.Put(h, n)
+	return true
+}
+
+// inferredID is the id an inferred block is held under: derived from its
+// path, so that every anchoring through it agrees, and salted away from the
+// sequence hash itself.
+func inferredID(seq uint64) uint64 { return blockhash.Chain(seq, 0x1f3e2d) }
 
 // storeBlocks hangs blocks below cur for slot s and returns the last one.
 func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
@@ -629,6 +720,9 @@ func (t *tree) evictTo(target uint64) {
 			if dead[n] {
 				gone = append(gone, eh)
 				delete(ws.extraRefs, n)
+				// An inferred parent of n keeps counting it: it stays,
+				// as an ordinary leaf, until a later pass evicts it.
+				delete(ws.inferred, n)
 			}
 			return true
 		})

@@ -49,6 +49,9 @@ type Config struct {
 	MaxTreeSize      int           // --router-max-tree-size
 	PruneTargetRatio float64       // --router-prune-target-ratio
 	PredictedTTL     time.Duration // --router-predicted-ttl-secs; 0 = off
+	// RecoveryWindow is how long a rank counts as recovering after an event
+	// below an unknown parent (see Recovering); 0 = DefaultRecoveryWindow.
+	RecoveryWindow time.Duration
 
 	TrackActiveBlocks bool          // false: --no-router-track-active-blocks
 	TrackOutputBlocks bool          // --router-track-output-blocks
@@ -184,6 +187,9 @@ type Router struct {
 	engineLoads  atomic.Pointer[map[kv.Worker]sched.EngineLoad]
 	engineLoadMu sync.Mutex // serialises engineLoads writers
 
+	// recovery places the events of ranks whose history was lost.
+	recovery *recovery
+
 	scratch  sync.Pool
 	stats    counters
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
@@ -257,13 +263,14 @@ func New(cfg Config) (*Router, error) {
 		}),
 		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
 		queue: queue, waiters: map[string]chan queuedResult{},
+		recovery: newRecovery(cfg.RecoveryWindow, cfg.Now),
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
 	// With no overlap credit the cost ignores caches: no index at all.
 	if params.UsesOverlap() {
 		switch {
 		case cfg.KVEvents:
-			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio})
+			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
 			if cfg.PredictedTTL > 0 {
 				approxCfg.TTL = cfg.PredictedTTL
 				r.approx = index.NewApprox(approxCfg)
@@ -335,6 +342,7 @@ func (r *Router) RemoveWorker(id uint64) {
 	if r.exact != nil {
 		r.exact.RemoveWorker(id)
 	}
+	r.recovery.forget(id)
 	if r.approx != nil {
 		r.approx.RemoveWorker(id)
 	}
@@ -723,6 +731,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
 		r.observeAdd(lr)
+		r.recovery.booked(choice.Worker, p.local)
 		if r.approx != nil {
 			r.approx.Insert(choice.Worker, p.local, p.seq)
 		}
@@ -858,6 +867,16 @@ func (r *Router) DumpEvents() []kv.Event {
 		return nil
 	}
 	return r.exact.Dump()
+}
+
+// HeldBlocks returns the sequence hashes of the blocks the event-fed index
+// says worker rank w holds, in no particular order; nil in approximate
+// mode.
+func (r *Router) HeldBlocks(w kv.Worker) []uint64 {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.Held(w)
 }
 
 // Stats is a snapshot of the router's counters.

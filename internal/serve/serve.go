@@ -37,8 +37,12 @@ type WorkerSpec struct {
 	URL  string `json:"url"` // HTTP base URL
 	// Events is the KV-event PUB endpoint of rank 0; rank r publishes on
 	// the next ports (port + r), as vLLM numbers them. Replay likewise.
-	Events           string `json:"events"`
-	Replay           string `json:"replay"`
+	Events string `json:"events"`
+	Replay string `json:"replay"`
+	// Dump is the engine's full-state endpoint (kvrouter's mocker serves
+	// /kv_events/dump; vLLM has none), asked with ?dp_rank=r when a rank's
+	// events cannot be replayed.
+	Dump             string `json:"dump"`
 	Model            string `json:"model"`
 	DPSize           int    `json:"dp_size"`
 	KVBlocks         int    `json:"kv_blocks"`
@@ -154,7 +158,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	reg.MustRegister(newSourceCollector(s))
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	fe, err := frontend.New(frontend.Config{
-		Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
+		Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.dependencies,
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 	})
@@ -359,7 +363,11 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 			if err != nil {
 				return err
 			}
-			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Logger: s.log}, s.router)
+			dump := ""
+			if spec.Dump != "" {
+				dump = spec.Dump + "?dp_rank=" + strconv.Itoa(rank)
+			}
+			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Dump: dump, Logger: s.log}, s.router)
 			if err != nil {
 				for _, src := range sources {
 					_ = src.Close()

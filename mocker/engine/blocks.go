@@ -1,5 +1,11 @@
 package engine
 
+import (
+	"cmp"
+	"iter"
+	"slices"
+)
+
 // The KV block manager.
 //
 // The GPU holds Config.NumGPUBlocks block slots. A slot is in one of four
@@ -28,6 +34,8 @@ const noBlock = -1
 
 type block struct {
 	hash       uint64
+	parent     uint64 // engine id of the block before it; valid when !root
+	root       bool
 	ref        int32
 	prev, next int32 // LRU links while inactive
 }
@@ -38,8 +46,9 @@ type blockManager struct {
 	caching   bool
 	seed      uint64
 
-	blocks  []block // full blocks by slot index
-	freeIdx []int32 // unused indices into blocks
+	blocks  []block  // full blocks by slot index
+	tokens  []uint32 // tokens of blocks[i] at [i×blockSize, (i+1)×blockSize), for CachedBlocks
+	freeIdx []int32  // unused indices into blocks
 	byHash  blockMap
 
 	lruHead, lruTail int32
@@ -203,7 +212,11 @@ func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
 			}
 			m.makeRoom()
 			idx := m.newIndex()
-			m.blocks[idx] = block{hash: s.hashes[i], ref: 1, prev: noBlock, next: noBlock}
+			m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, prev: noBlock, next: noBlock}
+			if i > 0 {
+				m.blocks[idx].parent = s.hashes[i-1]
+			}
+			copy(m.tokens[int(idx)*bs:], s.tokens[i*bs:(i+1)*bs])
 			m.byHash.put(s.hashes[i], idx)
 			m.numActive++
 			s.blocks[i] = idx
@@ -283,6 +296,7 @@ func (m *blockManager) newIndex() int32 {
 		return idx
 	}
 	m.blocks = append(m.blocks, block{})
+	m.tokens = append(m.tokens, make([]uint32, m.blockSize)...)
 	return int32(len(m.blocks) - 1)
 }
 
@@ -310,6 +324,7 @@ func (m *blockManager) release(s *seqBlocks) {
 // reset drops every cached block. Only valid when no request holds blocks.
 func (m *blockManager) reset() {
 	m.blocks = m.blocks[:0]
+	m.tokens = m.tokens[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	m.lruHead, m.lruTail = noBlock, noBlock
@@ -340,4 +355,62 @@ func (m *blockManager) lruRemove(idx int32) {
 		m.lruTail = b.prev
 	}
 	b.prev, b.next = noBlock, noBlock
+}
+
+// CachedBlock is one full block the engine caches, as a Stored event would
+// name it. Tokens shares memory with the engine until its next step.
+type CachedBlock struct {
+	Hash   uint64
+	Parent *uint64 // nil for a first block
+	Tokens []uint32
+}
+
+// cached lists the cached blocks, every block after its parent (when that
+// is cached too; a block can outlive its parent only in principle, since
+// releases go tail-first).
+func (m *blockManager) cached() []CachedBlock {
+	bs := m.blockSize
+	depth := make(map[int32]int, m.byHash.len())
+	var depthOf func(idx int32) int
+	depthOf = func(idx int32) int {
+		if d, ok := depth[idx]; ok {
+			return d
+		}
+		d := 0
+		if b := &m.blocks[idx]; !b.root {
+			if p, ok := m.byHash.get(b.parent); ok {
+				d = depthOf(p) + 1
+			}
+		}
+		depth[idx] = d
+		return d
+	}
+	out := make([]CachedBlock, 0, m.byHash.len())
+	order := make([]int32, 0, m.byHash.len())
+	for i := range m.slotsInUse() {
+		depthOf(i)
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
+	for _, idx := range order {
+		b := &m.blocks[idx]
+		cb := CachedBlock{Hash: b.hash, Tokens: m.tokens[int(idx)*bs : (int(idx)+1)*bs : (int(idx)+1)*bs]}
+		if !b.root {
+			p := b.parent
+			cb.Parent = &p
+		}
+		out = append(out, cb)
+	}
+	return out
+}
+
+// slotsInUse yields the slot indices of the cached full blocks.
+func (m *blockManager) slotsInUse() iter.Seq[int32] {
+	return func(yield func(int32) bool) {
+		for _, sl := range m.byHash.slots {
+			if sl.val != noBlock && !yield(sl.val) {
+				return
+			}
+		}
+	}
 }

@@ -332,6 +332,11 @@ func (e *Engine) Metrics() Metrics {
 	return m
 }
 
+// CachedBlocks lists every block the engine caches (active or inactive),
+// each after its parent: the state its Stored and Removed events so far
+// add up to. Nil with prefix caching off.
+func (e *Engine) CachedBlocks() []CachedBlock { return e.bm.cached() }
+
 // ResetPrefixCache drops every cached block, as vLLM's /reset_prefix_cache:
 // it fails (false) while any request holds blocks. On success it returns the
 // Cleared event to publish (none with prefix caching off).

@@ -5,6 +5,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Config struct {
 	// KVEventsReplayPort + i×dp + r. Port 0 picks free ports instead.
 	HTTPPort, KVEventsPort, KVEventsReplayPort int
 	Encoding                                   vllmevents.Encoding // --kv-events-encoding
+	// ReplayBufferSize is how many batches each rank keeps for replay
+	// (--kv-events-buffer-steps); 0 means zmqevents.DefaultBufferSize.
+	ReplayBufferSize int
 	// Clock makes a clock per rank; nil means real time.
 	Clock func() server.Clock
 }
@@ -115,6 +119,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 			pub, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{
 				Endpoint:       fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsPort, i*dp+r)),
 				ReplayEndpoint: fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsReplayPort, i*dp+r)),
+				BufferSize:     cfg.ReplayBufferSize,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("fleet: %s rank %d: %w", e.Name, r, err)
@@ -136,6 +141,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		}
 		scfg := cfg.Server
 		scfg.Name = e.Name
+		scfg.KVEventsDump = f.dumper(i, cfg.Engine.BlockSize, cfg.Encoding)
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port(cfg.HTTPPort, i))))
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %s: %w", e.Name, err)
@@ -178,6 +184,43 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 			f.errMu.Unlock()
 		}
 	}
+}
+
+// dumper answers an engine's /kv_events/dump: a rank's cached blocks as
+// single-block Stored events, parents first, in one batch numbered like
+// the rank's published ones.
+func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(context.Context, int) (uint64, []byte, error) {
+	return func(ctx context.Context, rank int) (next uint64, payload []byte, err error) {
+		ierr := f.Inspect(ctx, eng, rank, func(n uint64, blocks []engine.CachedBlock) {
+			next = n
+			batch := vllmevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: &rank}
+			for _, b := range blocks {
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU"})
+			}
+			payload, err = vllmevents.EncodeBatch(&batch, enc)
+		})
+		return next, payload, cmp.Or(ierr, err)
+	}
+}
+
+// Inspect pauses a rank between two steps and calls fn with its cached
+// blocks (parents first; valid during the call) and the sequence number
+// of its next KV event batch: the blocks are what the batches before it
+// add up to, and nothing is published until fn returns.
+func (f *Fleet) Inspect(ctx context.Context, eng, rank int, fn func(next uint64, blocks []engine.CachedBlock)) error {
+	if eng < 0 || eng >= len(f.engines) || rank < 0 || rank >= len(f.engines[eng].Ranks) {
+		return fmt.Errorf("fleet: no engine %d rank %d", eng, rank)
+	}
+	pub := f.pubs[eng*len(f.engines[0].Ranks)+rank]
+	return f.engines[eng].Ranks[rank].Runner.Snapshot(ctx, func(eng *engine.Engine) {
+		fn(pub.NextSeq(), eng.CachedBlocks())
+	})
+}
+
+// Buffered is the range of KV event batches a rank keeps for replay:
+// [oldest, next).
+func (f *Fleet) Buffered(eng, rank int) (oldest, next uint64) {
+	return f.pubs[eng*len(f.engines[0].Ranks)+rank].Buffered()
 }
 
 // Engines describes the running engines.

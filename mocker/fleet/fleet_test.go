@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +199,74 @@ func TestStartRejectsBadConfigAndBusyPorts(t *testing.T) {
 	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = port, 0, 0
 	if _, err := Start(context.Background(), cfg); err == nil {
 		t.Fatal("a port in use must be an error")
+	}
+}
+
+// A rank's dump is its cache: the same blocks as replaying every batch it
+// published before the dump's next sequence number.
+func TestDumpEqualsTheReplayedEvents(t *testing.T) {
+	f := startFleet(t, 1, 2, vllmevents.EncodingArray)
+	e := f.Engines()[0]
+	for i := range 6 {
+		complete(t, e.HTTPURL, prompt(100+i*40, i%3), 1)
+	}
+	resp, err := http.Get(e.HTTPURL + "/kv_events/dump?dp_rank=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	next := resp.Header.Get(vllmevents.DumpNextSeqHeader)
+	if resp.StatusCode != 200 || next == "" {
+		t.Fatalf("dump: %d, next %q: %s", resp.StatusCode, next, body)
+	}
+	dump, err := vllmevents.DecodeBatch(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddWorker(router.WorkerInfo{ID: 1})
+	r.AddWorker(router.WorkerInfo{ID: 2})
+	apply := func(id uint64, b *vllmevents.Batch) {
+		for _, ev := range b.Events {
+			switch e := ev.(type) {
+			case *vllmevents.BlockStored:
+				if err := r.ApplyEngineStored(&router.EngineStored{Worker: kv.Worker{ID: id}, Parent: e.ParentBlockHash, EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize}); err != nil {
+					t.Fatal(err)
+				}
+			case *vllmevents.BlockRemoved:
+				rm := kv.RemovedEvent(kv.Worker{ID: id}, 0, e.BlockHashes...)
+				if err := r.ApplyEvent(&rm); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	apply(1, dump)
+	batches := replayAll(t, e.Ranks[1])
+	if fmt.Sprint(len(batches)) != next {
+		t.Fatalf("dump says next %s after %d published batches", next, len(batches))
+	}
+	for _, b := range batches {
+		apply(2, b)
+	}
+	fromDump, fromEvents := r.HeldBlocks(kv.Worker{ID: 1}), r.HeldBlocks(kv.Worker{ID: 2})
+	slices.Sort(fromDump)
+	slices.Sort(fromEvents)
+	if len(fromDump) == 0 || !slices.Equal(fromDump, fromEvents) {
+		t.Fatalf("dump holds %d blocks, the events %d; they must be the same", len(fromDump), len(fromEvents))
+	}
+
+	resp, err = http.Get(e.HTTPURL + "/kv_events/dump?dp_rank=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"invalid_request_error"`) {
+		t.Fatalf("dump of a rank the engine does not have: %d %s", resp.StatusCode, body)
 	}
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 	"github.com/kvrouter/kvrouter/mocker/tokenizer"
 )
@@ -28,6 +30,10 @@ type Config struct {
 	// bound.
 	DefaultMaxTokens int
 	MaxBodyBytes     int64
+	// KVEventsDump, when set, answers GET /kv_events/dump: a rank's cached
+	// blocks as one KV event batch, consistent with the events published
+	// before the sequence number next.
+	KVEventsDump func(ctx context.Context, rank int) (next uint64, payload []byte, err error)
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
@@ -62,7 +68,35 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /kv_events/dump", s.kvEventsDump)
 	return mux
+}
+
+// kvEventsDump answers a rank's whole cache: what a router that lost the
+// rank's events rebuilds from, then following the events from the
+// sequence number in vllmevents.DumpNextSeqHeader on.
+func (s *Server) kvEventsDump(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.KVEventsDump == nil {
+		writeError(w, http.StatusNotFound, "not_found_error", "this engine publishes no KV events")
+		return
+	}
+	rank := 0
+	if q := r.URL.Query().Get("dp_rank"); q != "" {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 0 || n >= len(s.ranks) {
+			badRequest(w, "dp_rank %q: want an integer in [0, %d)", q, len(s.ranks))
+			return
+		}
+		rank = n
+	}
+	next, payload, err := s.cfg.KVEventsDump(r.Context(), rank)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "dumping rank %d: %v", rank, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/msgpack")
+	w.Header().Set(vllmevents.DumpNextSeqHeader, strconv.FormatUint(next, 10))
+	_, _ = w.Write(payload)
 }
 
 // apiError is OpenAI's error shape.

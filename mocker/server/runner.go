@@ -88,7 +88,8 @@ type Runner struct {
 	eng     *engine.Engine
 	streams map[string]*Stream
 
-	wake chan struct{} // new work for an idle engine; capacity 1
+	wake  chan struct{} // new work for an idle engine; capacity 1
+	snaps chan snapshot // Snapshot calls waiting for a point between steps
 
 	timing Timing // written by the loop only; read through Timing()
 	tmu    sync.Mutex
@@ -121,7 +122,7 @@ func NewRunner(eng *engine.Engine, clock Clock, speedup float64, publish Publish
 	if speedup <= 0 {
 		speedup = 1
 	}
-	return &Runner{clock: clock, speedup: speedup, publish: publish, eng: eng, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+	return &Runner{clock: clock, speedup: speedup, publish: publish, eng: eng, streams: map[string]*Stream{}, wake: make(chan struct{}, 1), snaps: make(chan snapshot)}
 }
 
 // Stream is one request's view of its outputs.
@@ -214,6 +215,34 @@ func (r *Runner) Speedup() float64 { return r.speedup }
 // Now is the runner's clock.
 func (r *Runner) Now() time.Time { return r.clock.Now() }
 
+type snapshot struct {
+	fn   func(*engine.Engine)
+	done chan struct{}
+}
+
+// Snapshot runs fn on the engine between two steps, once every event of
+// the steps before has been handed to the publisher and before the next
+// step changes anything: what fn reads is exactly the state those events
+// add up to. It waits for the run loop, so it fails with ctx's error when
+// the runner is not running.
+func (r *Runner) Snapshot(ctx context.Context, fn func(*engine.Engine)) error {
+	s := snapshot{fn: fn, done: make(chan struct{})}
+	select {
+	case r.snaps <- s:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	<-s.done
+	return nil
+}
+
+func (r *Runner) runSnapshot(s snapshot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	defer close(s.done)
+	s.fn(r.eng)
+}
+
 // Run steps the engine until ctx ends. Steps are scheduled back to back on
 // absolute deadlines (each starts when the previous one was due to end),
 // so sleep overshoot and the engine's own computing time do not add up
@@ -221,6 +250,11 @@ func (r *Runner) Now() time.Time { return r.clock.Now() }
 func (r *Runner) Run(ctx context.Context) error {
 	var next, lastDone time.Time
 	for {
+		select {
+		case snap := <-r.snaps:
+			r.runSnapshot(snap)
+		default:
+		}
 		r.mu.Lock()
 		for r.eng.Idle() {
 			r.mu.Unlock()
@@ -228,6 +262,8 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-r.wake:
+			case snap := <-r.snaps:
+				r.runSnapshot(snap)
 			}
 			next = time.Time{}
 			r.mu.Lock()

@@ -105,6 +105,10 @@ type Config struct {
 	// ReplayTimeout bounds each replay request; 0 means
 	// DefaultReplayTimeout.
 	ReplayTimeout time.Duration
+	// MaxMessageBytes bounds one ZMQ message from the engine; a peer
+	// announcing a bigger one is disconnected (Stats.Oversized). 0 means
+	// zmqevents.DefaultMaxMessageBytes.
+	MaxMessageBytes int64
 	// Logger receives gaps, rebuilds, resets and skipped input; nil
 	// discards.
 	Logger *slog.Logger
@@ -136,6 +140,9 @@ type Stats struct {
 	Resets       uint64 // engine restarts seen (seq went backwards)
 	ReplayErrors uint64 // replay requests that failed or timed out
 	ApplyErrors  uint64 // errors returned by the sink
+
+	Oversized       uint64 // connections dropped, live or replay: a message above MaxMessageBytes
+	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 }
 
 type counters struct {
@@ -144,6 +151,7 @@ type counters struct {
 	clears, malformed, skipped, otherGroup atomic.Uint64
 	gaps, recovered, rebuilds, resets      atomic.Uint64
 	replayErrors, applyErrors              atomic.Uint64
+	replayOversized, replayTruncated       atomic.Uint64
 }
 
 // ErrClosed is returned by WaitSeq once the source has stopped.
@@ -201,7 +209,9 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("worker", cfg.Worker.String(), "events", cfg.Events)
-	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096})
+	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{
+		Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096, MaxMessageBytes: cfg.MaxMessageBytes, Log: logger,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("enginesource: %w", err)
 	}
@@ -286,6 +296,7 @@ func (s *Source) Stats() Stats {
 		BlocksRemoved: c.blocksRemoved.Load(), Clears: c.clears.Load(), Malformed: c.malformed.Load(),
 		Skipped: c.skipped.Load(), OtherGroup: c.otherGroup.Load(), Gaps: c.gaps.Load(), Recovered: c.recovered.Load(),
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
+		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
 	}
 }
 
@@ -388,12 +399,18 @@ func (s *Source) catchUp(until uint64) {
 func (s *Source) replayRange(from, until uint64) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from)
+	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from, zmqevents.ReplayConfig{MaxMessageBytes: s.cfg.MaxMessageBytes, Log: s.log})
 	if err != nil {
 		if s.ctx.Err() != nil {
 			return
 		}
 		s.st.replayErrors.Add(1)
+		switch {
+		case errors.Is(err, zmqevents.ErrMessageTooLarge):
+			s.st.replayOversized.Add(1)
+		case errors.Is(err, zmqevents.ErrReplayTooLarge):
+			s.st.replayTruncated.Add(1)
+		}
 		s.log.Warn("kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
 	}
 	for _, r := range msgs {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"sync"
 
@@ -31,6 +32,13 @@ type PublisherConfig struct {
 	ReplayWithTopic bool
 	// Logger receives zmq4's own diagnostics; nil discards them.
 	Logger *log.Logger
+	// MaxMessageBytes bounds what a peer may send (subscriptions, replay
+	// requests); a peer announcing more is disconnected. 0 means
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int64
+	// Log receives a rate-limited warning when a peer is dropped for an
+	// oversized message; nil discards.
+	Log *slog.Logger
 }
 
 type entry struct {
@@ -45,6 +53,7 @@ type Publisher struct {
 	topic  []byte
 	pub    zmq4.Socket
 	router zmq4.Socket
+	guard  *guardPolicy
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -61,6 +70,7 @@ type PublisherStats struct {
 	ReplayRequests uint64 // well-formed replay requests served
 	ReplayInvalid  uint64 // replay requests ignored (no 8-byte start frame)
 	ReplaySent     uint64 // batches sent by replay (end markers excluded)
+	Oversized      uint64 // peers dropped for announcing a message above MaxMessageBytes
 }
 
 // NewPublisher binds the sockets.
@@ -75,20 +85,21 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if logger == nil {
 		logger = log.New(discard{}, "", 0)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), cancel: cancel, ring: make([]entry, cfg.BufferSize)}
+	guard := newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint)
+	ctx, cancel := context.WithCancel(withGuard(context.Background(), guard))
+	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), guard: guard, cancel: cancel, ring: make([]entry, cfg.BufferSize)}
 	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(logger))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		p.closeSockets()
 		return nil, fmt.Errorf("zmqevents: pub hwm: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+	if err := p.pub.Listen(guarded(cfg.Endpoint)); err != nil {
 		p.closeSockets()
 		return nil, fmt.Errorf("zmqevents: pub: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(ctx, zmq4.WithLogger(logger))
-		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		if err := p.router.Listen(guarded(cfg.ReplayEndpoint)); err != nil {
 			p.closeSockets()
 			return nil, fmt.Errorf("zmqevents: replay: %w", err)
 		}
@@ -173,8 +184,10 @@ func (p *Publisher) oldestLocked() uint64 {
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stats
+	st := p.stats
+	p.mu.Unlock()
+	st.Oversized = p.guard.oversized.Load()
+	return st
 }
 
 // since copies the buffered entries with seq >= start.

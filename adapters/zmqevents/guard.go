@@ -1,0 +1,281 @@
+package zmqevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+	"golang.org/x/time/rate"
+)
+
+// DefaultMaxMessageBytes bounds one received ZMQ message (the sum of its
+// frames), like libzmq's ZMQ_MAXMSGSIZE. vLLM's largest event batch is one
+// scheduler step that stores a whole prompt without chunking: a 1M-token
+// prompt at block size 16 is one BlockStored of 65,536 32-byte hashes and
+// 1,048,576 token ids, 7.6 MB of msgpack with every token id above 65,535
+// (5 bytes each). 16 MiB covers it twice over; a 128k-token prompt is 0.95 MB.
+const DefaultMaxMessageBytes = 16 << 20
+
+// maxFramesPerMessage bounds the frames of one message: zmq4 keeps a slice
+// header per frame, so a stream of empty frames would otherwise grow a
+// message without its byte size moving. kvrouter's messages have at most 5.
+const maxFramesPerMessage = 1024
+
+// ErrMessageTooLarge is wrapped by the error that drops a connection whose
+// peer announced a message above the maximum.
+var ErrMessageTooLarge = errors.New("zmqevents: message above the maximum size")
+
+// tooLargeError is a net.Error so that zmq4 treats the failed read as a
+// broken connection: it drops the peer and, on dialing sockets, redials.
+type tooLargeError struct{ msg string }
+
+func (e *tooLargeError) Error() string   { return "zmqevents: " + e.msg }
+func (e *tooLargeError) Unwrap() error   { return ErrMessageTooLarge }
+func (e *tooLargeError) Timeout() bool   { return false }
+func (e *tooLargeError) Temporary() bool { return false }
+
+// zmtpGuard checks a ZMTP 3.x inbound byte stream (the 64-byte greeting,
+// then frames: a flags byte, a 1- or 8-byte size, the body) as zmq4 reads
+// it, and fails the read that would complete a frame header whose size
+// takes its message above max, before zmq4 allocates the frame. Commands
+// are frames too and are held to the same bound.
+type zmtpGuard struct {
+	max int64
+
+	greeting int // greeting bytes still to come
+	header   [9]byte
+	have     int    // bytes of header read so far
+	body     uint64 // body bytes of the current frame still to come
+	msgBytes int64  // body bytes of the current message so far
+	frames   int    // frames of the current message so far
+	more     bool   // the last complete frame announced another one
+}
+
+const (
+	zmtpGreetingLen = 64
+	flagMore        = 0x01
+	flagLong        = 0x02
+)
+
+func newZMTPGuard(max int64) zmtpGuard {
+	return zmtpGuard{max: max, greeting: zmtpGreetingLen}
+}
+
+// check consumes b and returns how many of its bytes precede the header of
+// an oversized frame, with the error; n == len(b) and nil when b is fine.
+func (g *zmtpGuard) check(b []byte) (n int, err error) {
+	for n < len(b) {
+		switch {
+		case g.greeting > 0:
+			k := min(g.greeting, len(b)-n)
+			g.greeting -= k
+			n += k
+		case g.body > 0:
+			k := min(g.body, uint64(len(b)-n))
+			g.body -= k
+			n += int(k)
+		default:
+			headerStart := n - g.have
+			g.header[g.have] = b[n]
+			g.have++
+			n++
+			size, complete := g.headerSize()
+			if !complete {
+				continue
+			}
+			if err := g.frame(size); err != nil {
+				return max(headerStart, 0), err
+			}
+		}
+	}
+	return n, nil
+}
+
+// headerSize decodes the header read so far.
+func (g *zmtpGuard) headerSize() (uint64, bool) {
+	if g.have < 2 {
+		return 0, false
+	}
+	if g.header[0]&flagLong == 0 {
+		return uint64(g.header[1]), true
+	}
+	if g.have < 9 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(g.header[1:9]), true
+}
+
+// frame accounts a complete frame header announcing size body bytes.
+func (g *zmtpGuard) frame(size uint64) error {
+	if !g.more {
+		g.msgBytes, g.frames = 0, 0
+	}
+	g.have = 0
+	g.more = g.header[0]&flagMore != 0
+	g.frames++
+	if g.frames > maxFramesPerMessage {
+		return &tooLargeError{fmt.Sprintf("message of more than %d frames", maxFramesPerMessage)}
+	}
+	if size > uint64(g.max-g.msgBytes) {
+		return &tooLargeError{fmt.Sprintf("frame of %d bytes takes its message above the maximum of %d bytes", size, g.max)}
+	}
+	g.msgBytes += int64(size)
+	g.body = size
+	return nil
+}
+
+// guardPolicy is what one socket's connections are held to; it travels to
+// the transport in the socket's context.
+type guardPolicy struct {
+	max       int64
+	oversized atomic.Uint64
+	log       *slog.Logger
+	endpoint  string
+	every     rate.Sometimes
+
+	mu     sync.Mutex
+	dialed net.Conn // the last connection dialed, see closeDialed
+}
+
+type guardKey struct{}
+
+func newGuardPolicy(maxBytes int64, logger *slog.Logger, endpoint string) *guardPolicy {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxMessageBytes
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &guardPolicy{max: maxBytes, log: logger, endpoint: endpoint, every: rate.Sometimes{First: 1, Interval: 10 * time.Second}}
+}
+
+// withGuard returns the context to create a zmq4 socket with so that its
+// connections are held to p.
+func withGuard(ctx context.Context, p *guardPolicy) context.Context {
+	return context.WithValue(ctx, guardKey{}, p)
+}
+
+func (p *guardPolicy) reject(conn net.Conn, err error) {
+	n := p.oversized.Add(1)
+	p.every.Do(func() {
+		p.log.Warn("zmq peer dropped: message above the maximum size", "endpoint", p.endpoint,
+			"peer", conn.RemoteAddr().String(), "max_bytes", p.max, "err", err, "oversized_total", n)
+	})
+}
+
+// guardedConn fails reads once its peer announces an oversized message and
+// closes the connection.
+// closeDialed closes the connection of a zmq4 Dial that failed its
+// handshake: zmq4 returns the error without closing it.
+func (p *guardPolicy) closeDialed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dialed != nil {
+		_ = p.dialed.Close()
+		p.dialed = nil
+	}
+}
+
+type guardedConn struct {
+	net.Conn
+	policy *guardPolicy
+	guard  zmtpGuard
+	err    error
+}
+
+func (c *guardedConn) Read(b []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.Conn.Read(b)
+	ok, gerr := c.guard.check(b[:n])
+	if gerr == nil {
+		return n, err
+	}
+	c.err = gerr
+	_ = c.Conn.Close()
+	c.policy.reject(c.Conn, gerr)
+	if ok > 0 {
+		return ok, nil // the next read reports the error
+	}
+	return 0, gerr
+}
+
+type guardedListener struct {
+	net.Listener
+	policy *guardPolicy
+}
+
+func (l guardedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &guardedConn{Conn: c, policy: l.policy, guard: newZMTPGuard(l.policy.max)}, nil
+}
+
+// guardedTransport is a zmq4 transport over net whose connections are
+// guarded by the policy found in the socket's context.
+type guardedTransport struct{ inner transport.Transport }
+
+func policyOf(ctx context.Context) *guardPolicy {
+	if p, ok := ctx.Value(guardKey{}).(*guardPolicy); ok {
+		return p
+	}
+	return newGuardPolicy(0, nil, "")
+}
+
+func (t guardedTransport) Dial(ctx context.Context, dialer transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.inner.Dial(ctx, dialer, addr)
+	if err != nil {
+		return nil, err
+	}
+	p := policyOf(ctx)
+	p.mu.Lock()
+	p.dialed = c
+	p.mu.Unlock()
+	return &guardedConn{Conn: c, policy: p, guard: newZMTPGuard(p.max)}, nil
+}
+
+func (t guardedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := t.inner.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return guardedListener{Listener: l, policy: policyOf(ctx)}, nil
+}
+
+func (t guardedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
+
+// guardedSchemes maps the endpoint schemes users write to the guarded
+// transports registered for them.
+var guardedSchemes = map[string]string{"tcp": "kvrouter-guarded-tcp", "ipc": "kvrouter-guarded-ipc"}
+
+func init() {
+	networks := map[string]string{"tcp": "tcp", "ipc": "unix"}
+	for scheme, name := range guardedSchemes {
+		if err := zmq4.RegisterTransport(name, guardedTransport{inner: transport.New(networks[scheme])}); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// guarded returns the endpoint zmq4 must be given so that the connection
+// goes through the guard; endpoints of other transports (inproc) are
+// returned unchanged.
+func guarded(endpoint string) string {
+	scheme, rest, ok := strings.Cut(endpoint, "://")
+	if name, known := guardedSchemes[scheme]; ok && known {
+		return name + "://" + rest
+	}
+	return endpoint
+}

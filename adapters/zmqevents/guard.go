@@ -34,22 +34,45 @@ const maxFramesPerMessage = 1024
 // peer announced a message above the maximum.
 var ErrMessageTooLarge = errors.New("zmqevents: message above the maximum size")
 
-// tooLargeError is a net.Error so that zmq4 treats the failed read as a
-// broken connection: it drops the peer and, on dialing sockets, redials.
-type tooLargeError struct{ msg string }
+// ErrBadHandshake is wrapped by the error that drops a connection whose
+// peer sent a malformed handshake.
+var ErrBadHandshake = errors.New("zmqevents: malformed ZMTP handshake")
 
-func (e *tooLargeError) Error() string   { return "zmqevents: " + e.msg }
-func (e *tooLargeError) Unwrap() error   { return ErrMessageTooLarge }
-func (e *tooLargeError) Timeout() bool   { return false }
-func (e *tooLargeError) Temporary() bool { return false }
+// guardError is a net.Error so that zmq4 treats the failed read as a
+// broken connection and drops the peer.
+type guardError struct {
+	msg   string
+	cause error
+}
+
+func tooLarge(format string, args ...any) error {
+	return &guardError{msg: fmt.Sprintf(format, args...), cause: ErrMessageTooLarge}
+}
+
+func (e *guardError) Error() string   { return "zmqevents: " + e.msg }
+func (e *guardError) Unwrap() error   { return e.cause }
+func (e *guardError) Timeout() bool   { return false }
+func (e *guardError) Temporary() bool { return false }
+
+// maxHandshakeBytes bounds the first frame after the greeting, the
+// handshake's READY command: kvrouter's peers send a socket type and at
+// most a 255-byte identity.
+const maxHandshakeBytes = 8 << 10
 
 // zmtpGuard checks a ZMTP 3.x inbound byte stream (the 64-byte greeting,
 // then frames: a flags byte, a 1- or 8-byte size, the body) as zmq4 reads
 // it, and fails the read that would complete a frame header whose size
 // takes its message above max, before zmq4 allocates the frame. Commands
-// are frames too and are held to the same bound.
+// are frames too and are held to the same bound. The handshake's READY
+// command is checked whole before its last byte is passed on, because
+// zmq4 indexes its metadata without bounds checks.
 type zmtpGuard struct {
 	max int64
+
+	handshake  []byte // the first frame's body so far, until it is complete
+	inFirst    bool   // the first frame's body is being read
+	firstIsCmd bool
+	firstDone  bool
 
 	greeting int // greeting bytes still to come
 	header   [9]byte
@@ -64,6 +87,7 @@ const (
 	zmtpGreetingLen = 64
 	flagMore        = 0x01
 	flagLong        = 0x02
+	flagCommand     = 0x04
 )
 
 func newZMTPGuard(max int64) zmtpGuard {
@@ -81,8 +105,16 @@ func (g *zmtpGuard) check(b []byte) (n int, err error) {
 			n += k
 		case g.body > 0:
 			k := min(g.body, uint64(len(b)-n))
+			if g.inFirst {
+				g.handshake = append(g.handshake, b[n:n+int(k)]...)
+			}
 			g.body -= k
 			n += int(k)
+			if g.inFirst && g.body == 0 {
+				if err := g.firstFrameDone(); err != nil {
+					return n - 1, err
+				}
+			}
 		default:
 			headerStart := n - g.have
 			g.header[g.have] = b[n]
@@ -123,24 +155,68 @@ func (g *zmtpGuard) frame(size uint64) error {
 	g.more = g.header[0]&flagMore != 0
 	g.frames++
 	if g.frames > maxFramesPerMessage {
-		return &tooLargeError{fmt.Sprintf("message of more than %d frames", maxFramesPerMessage)}
+		return tooLarge("message of more than %d frames", maxFramesPerMessage)
 	}
 	if size > uint64(g.max-g.msgBytes) {
-		return &tooLargeError{fmt.Sprintf("frame of %d bytes takes its message above the maximum of %d bytes", size, g.max)}
+		return tooLarge("frame of %d bytes takes its message above the maximum of %d bytes", size, g.max)
 	}
 	g.msgBytes += int64(size)
 	g.body = size
+	if !g.firstDone {
+		if size > maxHandshakeBytes {
+			return tooLarge("handshake frame of %d bytes, above %d", size, maxHandshakeBytes)
+		}
+		g.handshake = make([]byte, 0, size)
+		g.inFirst, g.firstIsCmd = true, g.header[0]&flagCommand != 0
+		if size == 0 {
+			return g.firstFrameDone()
+		}
+	}
 	return nil
+}
+
+// firstFrameDone checks the handshake frame once complete.
+func (g *zmtpGuard) firstFrameDone() error {
+	g.inFirst, g.firstDone = false, true
+	body := g.handshake
+	g.handshake = nil
+	if !g.firstIsCmd || len(body) == 0 || int(body[0]) > len(body)-1 {
+		return nil // zmq4 rejects it without reading metadata
+	}
+	name, meta := body[1:1+int(body[0])], body[1+int(body[0]):]
+	if string(name) != "READY" || validMetadata(meta) {
+		return nil
+	}
+	return &guardError{msg: "malformed metadata in the peer's READY command", cause: ErrBadHandshake}
+}
+
+// validMetadata reports whether p is a sequence of ZMTP properties: a
+// 1-byte name length, the name, a 4-byte value length, the value.
+func validMetadata(p []byte) bool {
+	for len(p) > 0 {
+		k := int(p[0])
+		if len(p) < 1+k+4 {
+			return false
+		}
+		v := binary.BigEndian.Uint32(p[1+k:])
+		p = p[1+k+4:]
+		if uint64(v) > uint64(len(p)) {
+			return false
+		}
+		p = p[v:]
+	}
+	return true
 }
 
 // guardPolicy is what one socket's connections are held to; it travels to
 // the transport in the socket's context.
 type guardPolicy struct {
-	max       int64
-	oversized atomic.Uint64
-	log       *slog.Logger
-	endpoint  string
-	every     rate.Sometimes
+	max           int64
+	oversized     atomic.Uint64
+	badHandshakes atomic.Uint64
+	log           *slog.Logger
+	endpoint      string
+	every         rate.Sometimes
 
 	mu     sync.Mutex
 	dialed net.Conn // the last connection dialed, see closeDialed
@@ -165,10 +241,14 @@ func withGuard(ctx context.Context, p *guardPolicy) context.Context {
 }
 
 func (p *guardPolicy) reject(conn net.Conn, err error) {
-	n := p.oversized.Add(1)
+	counter := &p.oversized
+	if errors.Is(err, ErrBadHandshake) {
+		counter = &p.badHandshakes
+	}
+	counter.Add(1)
 	p.every.Do(func() {
-		p.log.Warn("zmq peer dropped: message above the maximum size", "endpoint", p.endpoint,
-			"peer", conn.RemoteAddr().String(), "max_bytes", p.max, "err", err, "oversized_total", n)
+		p.log.Warn("zmq peer dropped", "endpoint", p.endpoint, "peer", conn.RemoteAddr().String(), "max_message_bytes", p.max,
+			"err", err, "oversized_total", p.oversized.Load(), "bad_handshakes_total", p.badHandshakes.Load())
 	})
 }
 

@@ -171,3 +171,80 @@ func TestOversizedMessageAfterHandshake(t *testing.T) {
 		t.Fatalf("an oversized message was delivered: %+v", st)
 	}
 }
+
+// floodingReplayEndpoint answers every replay request with n batches of
+// size bytes each, then the end marker: more than a bounded Replay holds.
+func floodingReplayEndpoint(t *testing.T, n, size int) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx)
+	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); _ = router.Close(); <-done })
+	payload := bytes.Repeat([]byte{0xc0}, size)
+	go func() {
+		defer close(done)
+		for {
+			req, err := router.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
+			id := req.Frames[0]
+			for seq := range n {
+				if router.SendMulti(zmq4.NewMsgFrom(id, nil, EncodeSeq(uint64(seq)), payload)) != nil {
+					break
+				}
+			}
+			_ = router.SendMulti(zmq4.NewMsgFrom(id, nil, EncodeSeq(EndSeq), nil))
+		}
+	}()
+	return endpointOf(router.Addr(), "")
+}
+
+func TestReplayBoundsWhatItHolds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	t.Run("bytes", func(t *testing.T) {
+		const size, maxBytes = 64 << 10, 1 << 20
+		msgs, err := Replay(ctx, floodingReplayEndpoint(t, 200, size), 0, ReplayConfig{MaxBytes: maxBytes, MaxMessageBytes: 2 * size})
+		if !errors.Is(err, ErrReplayTooLarge) || len(msgs) != maxBytes/size {
+			t.Fatalf("%d batches of %d bytes, err %v; want %d and ErrReplayTooLarge", len(msgs), size, err, maxBytes/size)
+		}
+	})
+	t.Run("batches", func(t *testing.T) {
+		msgs, err := Replay(ctx, floodingReplayEndpoint(t, 200, 10), 0, ReplayConfig{MaxBatches: 50})
+		if !errors.Is(err, ErrReplayTooLarge) || len(msgs) != 50 {
+			t.Fatalf("%d batches, err %v; want 50 and ErrReplayTooLarge", len(msgs), err)
+		}
+	})
+	t.Run("within bounds", func(t *testing.T) {
+		msgs, err := Replay(ctx, floodingReplayEndpoint(t, 50, 10), 0, ReplayConfig{MaxBatches: 50})
+		if err != nil || len(msgs) != 50 {
+			t.Fatalf("%d batches, err %v; want 50", len(msgs), err)
+		}
+	})
+}
+
+func TestPublisherSurvivesMalformedHandshakeMetadata(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A property name length that runs past the end: zmq4 alone indexes
+	// beyond the slice and panics.
+	ready := append(zmtpGreeting(), flagCommand, 8, 5, 'R', 'E', 'A', 'D', 'Y', 2, 'a')
+	if _, err := c.Write(ready); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, c) }()
+	testwait.Until(t, testTimeout, "the peer is dropped", func() bool { return p.Stats().BadHandshakes == 1 })
+	s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()})
+	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+}

@@ -71,6 +71,7 @@ type PublisherStats struct {
 	ReplayInvalid  uint64 // replay requests ignored (no 8-byte start frame)
 	ReplaySent     uint64 // batches sent by replay (end markers excluded)
 	Oversized      uint64 // peers dropped for announcing a message above MaxMessageBytes
+	BadHandshakes  uint64 // peers dropped for a malformed handshake
 }
 
 // NewPublisher binds the sockets.
@@ -187,6 +188,7 @@ func (p *Publisher) Stats() PublisherStats {
 	st := p.stats
 	p.mu.Unlock()
 	st.Oversized = p.guard.oversized.Load()
+	st.BadHandshakes = p.guard.badHandshakes.Load()
 	return st
 }
 

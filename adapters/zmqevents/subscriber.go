@@ -47,6 +47,8 @@ type SubscriberStats struct {
 	Missed    uint64 // sequence numbers missed in all gaps
 	Resets    uint64 // messages whose seq did not grow (Message.Reset)
 	Oversized uint64 // connections dropped: the publisher announced a message above MaxMessageBytes
+
+	BadHandshakes uint64 // connections dropped: the publisher's handshake was malformed
 }
 
 // Subscriber receives a publisher's stream: it connects a SUB socket,
@@ -112,6 +114,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 	st := s.stats
 	s.mu.Unlock()
 	st.Oversized = s.guard.oversized.Load()
+	st.BadHandshakes = s.guard.badHandshakes.Load()
 	return st
 }
 

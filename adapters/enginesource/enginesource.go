@@ -142,6 +142,7 @@ type Stats struct {
 	ApplyErrors  uint64 // errors returned by the sink
 
 	Oversized       uint64 // connections dropped, live or replay: a message above MaxMessageBytes
+	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 }
 
@@ -297,6 +298,7 @@ func (s *Source) Stats() Stats {
 		Skipped: c.skipped.Load(), OtherGroup: c.otherGroup.Load(), Gaps: c.gaps.Load(), Recovered: c.recovered.Load(),
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
 		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
+		BadHandshakes: sub.BadHandshakes,
 	}
 }
 

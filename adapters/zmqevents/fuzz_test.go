@@ -8,6 +8,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+
+	"github.com/kvrouter/kvrouter/internal/zmtptest"
 )
 
 // zmtpStream is a well-formed inbound stream: greeting, READY with
@@ -25,7 +27,7 @@ func zmtpStream() []byte {
 		}
 		b = append(b, body...)
 	}
-	b = append(b, zmtpGreeting()...)
+	b = append(b, zmtptest.Greeting()...)
 	ready := append([]byte{5}, "READY"...)
 	ready = append(ready, 11)
 	ready = append(ready, "Socket-Type"...)
@@ -43,8 +45,8 @@ func fuzzSeeds(f *testing.F) {
 	f.Add(good, uint32(1000), uint8(0))
 	f.Add(good, uint32(100), uint8(3))
 	f.Add(hostile, uint32(DefaultMaxMessageBytes), uint8(8))
-	f.Add(append(zmtpGreeting(), hugeHeader(0)...), uint32(1<<20), uint8(1))
-	f.Add(append(zmtpGreeting(), flagCommand, 8, 5, 'R', 'E', 'A', 'D', 'Y', 2, 'a'), uint32(1<<20), uint8(0))
+	f.Add(append(zmtptest.Greeting(), zmtptest.HugeHeader(0)...), uint32(1<<20), uint8(1))
+	f.Add(append(zmtptest.Greeting(), flagCommand, 8, 5, 'R', 'E', 'A', 'D', 'Y', 2, 'a'), uint32(1<<20), uint8(0))
 }
 
 // referenceViolation walks a whole stream the simple way and returns where

@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+	"golang.org/x/text/cases"
+	"golang.org/x/text/language"
 	"golang.org/x/time/rate"
 )
 
@@ -187,25 +189,39 @@ func (g *zmtpGuard) firstFrameDone() error {
 	if string(name) != "READY" || validMetadata(meta) {
 		return nil
 	}
-	return &guardError{msg: "malformed metadata in the peer's READY command", cause: ErrBadHandshake}
+	return &guardError{msg: "the peer's READY command has malformed metadata or no known Socket-Type", cause: ErrBadHandshake}
 }
 
-// validMetadata reports whether p is a sequence of ZMTP properties: a
-// 1-byte name length, the name, a 4-byte value length, the value.
+// validMetadata reports whether p is what zmq4 can take as a READY
+// command's metadata: a sequence of properties (a 1-byte name length, the
+// name, a 4-byte value length, the value) whose Socket-Type, the last one
+// under zmq4's name normalisation, is a socket type zmq4 knows (it panics
+// on any other).
 func validMetadata(p []byte) bool {
+	socketType, found := "", false
 	for len(p) > 0 {
 		k := int(p[0])
 		if len(p) < 1+k+4 {
 			return false
 		}
+		name := p[1 : 1+k]
 		v := binary.BigEndian.Uint32(p[1+k:])
 		p = p[1+k+4:]
 		if uint64(v) > uint64(len(p)) {
 			return false
 		}
+		// A Caser is stateful: one per use.
+		if cases.Title(language.Und, cases.NoLower).String(string(name)) == "Socket-Type" {
+			socketType, found = string(p[:v]), true
+		}
 		p = p[v:]
 	}
-	return true
+	return found && knownSocketTypes[zmq4.SocketType(socketType)]
+}
+
+var knownSocketTypes = map[zmq4.SocketType]bool{
+	zmq4.Pair: true, zmq4.Pub: true, zmq4.Sub: true, zmq4.Req: true, zmq4.Rep: true, zmq4.Dealer: true,
+	zmq4.Router: true, zmq4.Pull: true, zmq4.Push: true, zmq4.XPub: true, zmq4.XSub: true,
 }
 
 // guardPolicy is what one socket's connections are held to; it travels to

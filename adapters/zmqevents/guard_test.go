@@ -5,109 +5,21 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
-	"net"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/internal/zmtptest"
 )
 
-// zmtpGreeting is a valid ZMTP 3.0 NULL-mechanism greeting.
-func zmtpGreeting() []byte {
-	g := make([]byte, zmtpGreetingLen)
-	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
-	copy(g[12:], "NULL")
-	return g
-}
-
-// hugeHeader is a long frame header claiming 2^50 bytes: zmq4 v0.17 alone
-// tries to allocate them and panics.
-func hugeHeader(flags byte) []byte {
-	h := make([]byte, 9)
-	h[0] = flags | flagLong
-	binary.BigEndian.PutUint64(h[1:], 1<<50)
-	return h
-}
-
-var hostile = append(zmtpGreeting(), hugeHeader(0x04)...) // a command, as the handshake expects
-
-// sendHostile connects to a listening socket and sends the greeting and
-// the huge header; it returns the connection, closed by the test's end.
-func sendHostile(t *testing.T, endpoint string) {
-	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(endpoint, "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	if _, err := c.Write(hostile); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _, _ = io.Copy(io.Discard, c) }()
-}
-
-// hostileThenProxy listens on a free port: its first connection gets the
-// hostile bytes, the later ones are piped to target, so a dialing socket
-// meets a hostile peer first and a well-behaved one on its next attempt.
-func hostileThenProxy(t *testing.T, target string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			track(c)
-			if i == 0 {
-				_, _ = c.Write(hostile)
-				wg.Add(1)
-				go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
-				continue
-			}
-			up, err := net.Dial("tcp", strings.TrimPrefix(target, "tcp://"))
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			track(up)
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(up, c); _ = up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(c, up); _ = c.Close() }()
-		}
-	}()
-	return "tcp://" + ln.Addr().String()
-}
+// hostile is the reproduction: greeting, then a frame header claiming 2^50
+// bytes; zmq4 v0.17 alone tries to allocate them and panics.
+var hostile = zmtptest.Hostile()
 
 func TestSubscriberSurvivesHugeFrameHeader(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{})
-	s := newSubscriber(t, SubscriberConfig{Endpoint: hostileThenProxy(t, p.Endpoint())})
+	s := newSubscriber(t, SubscriberConfig{Endpoint: zmtptest.HostileThenProxy(t, p.Endpoint())})
 	testwait.Until(t, testTimeout, "the hostile publisher is dropped", func() bool { return s.Stats().Oversized == 1 })
 	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
 }
@@ -119,7 +31,7 @@ func TestReplaySurvivesHugeFrameHeader(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	endpoint := hostileThenProxy(t, p.ReplayEndpoint())
+	endpoint := zmtptest.HostileThenProxy(t, p.ReplayEndpoint())
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	if msgs, err := Replay(ctx, endpoint, 0, ReplayConfig{}); !errors.Is(err, ErrMessageTooLarge) || len(msgs) != 0 {
@@ -134,13 +46,13 @@ func TestReplaySurvivesHugeFrameHeader(t *testing.T) {
 func TestPublisherSurvivesHugeFrameHeader(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	t.Run("pub", func(t *testing.T) {
-		sendHostile(t, p.Endpoint())
+		zmtptest.Send(t, p.Endpoint(), hostile)
 		testwait.Until(t, testTimeout, "the hostile subscriber is dropped", func() bool { return p.Stats().Oversized == 1 })
 		s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()})
 		join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
 	})
 	t.Run("router", func(t *testing.T) {
-		sendHostile(t, p.ReplayEndpoint())
+		zmtptest.Send(t, p.ReplayEndpoint(), hostile)
 		testwait.Until(t, testTimeout, "the hostile replay client is dropped", func() bool { return p.Stats().Oversized == 2 })
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
@@ -230,21 +142,32 @@ func TestReplayBoundsWhatItHolds(t *testing.T) {
 	})
 }
 
-func TestPublisherSurvivesMalformedHandshakeMetadata(t *testing.T) {
-	p := newPublisher(t, PublisherConfig{})
-	c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
+func TestPublisherSurvivesMalformedHandshakes(t *testing.T) {
+	ready := func(metadata ...byte) []byte {
+		body := append([]byte{5, 'R', 'E', 'A', 'D', 'Y'}, metadata...)
+		return append(append(zmtptest.Greeting(), flagCommand, byte(len(body))), body...)
 	}
-	defer c.Close()
-	// A property name length that runs past the end: zmq4 alone indexes
-	// beyond the slice and panics.
-	ready := append(zmtpGreeting(), flagCommand, 8, 5, 'R', 'E', 'A', 'D', 'Y', 2, 'a')
-	if _, err := c.Write(ready); err != nil {
-		t.Fatal(err)
+	property := func(name, value string) []byte {
+		p := append([]byte{byte(len(name))}, name...)
+		p = binary.BigEndian.AppendUint32(p, uint32(len(value)))
+		return append(p, value...)
 	}
-	go func() { _, _ = io.Copy(io.Discard, c) }()
-	testwait.Until(t, testTimeout, "the peer is dropped", func() bool { return p.Stats().BadHandshakes == 1 })
-	s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()})
-	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+	for _, tc := range []struct {
+		name string
+		peer []byte // zmq4 alone panics on each
+	}{
+		{"name runs past the end", ready(2, 'a')},
+		{"value length runs past the end", ready(property("Socket-Type", "SUB")[:15]...)},
+		{"no socket type", ready(property("Identity", "x")...)},
+		{"unknown socket type", ready(property("Socket-Type", "STREAM")...)},
+		{"last socket type unknown", ready(append(property("Socket-Type", "SUB"), property("socket-type", "")...)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPublisher(t, PublisherConfig{})
+			zmtptest.Send(t, p.Endpoint(), tc.peer)
+			testwait.Until(t, testTimeout, "the peer is dropped", func() bool { return p.Stats().BadHandshakes == 1 })
+			s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()})
+			join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+		})
+	}
 }

@@ -21,6 +21,7 @@ func newAgentCmd() *cobra.Command {
 		events   string
 		replay   string
 		interval = agent.DefaultReportInterval
+		zmqMax   int64
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -61,7 +62,7 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 			defer closeNATS()
 			a, err := agent.Start(ctx, nc, agent.Config{
 				Names: pf.names(), Instance: inst, Events: events, Replay: replay,
-				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log,
+				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log, ZMQMaxMessageBytes: zmqMax,
 			})
 			if err != nil {
 				return err
@@ -86,5 +87,6 @@ same --nats-url and --namespace route to the engine as long as the agent runs.
 	fs.IntVar(&inst.TotalKVBlocks, "num-gpu-blocks", 0, "the engine's KV blocks per rank (for busy detection; 0: unknown)")
 	fs.IntVar(&inst.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "the engine's token budget per step (for the queue; 0: unknown)")
 	fs.DurationVar(&interval, "report-interval", interval, "how often load and last event ids are published")
+	registerZMQMaxMessageBytes(fs, &zmqMax)
 	return cmd
 }

@@ -55,6 +55,8 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg.Logger = log
 			f, err := fleet.Start(ctx, cfg)
 			if err != nil {
 				return err
@@ -64,7 +66,6 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
 			f.PrintTable(out)
 			if pf.natsURL != "" || os.Getenv("NATS_SERVER") != "" {
-				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-mocker", log)
 				if err != nil {
 					f.Close()
@@ -76,7 +77,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 					// Unique across mocker processes sharing one NATS.
 					workers[i].ID = max(1, xxh3.HashString(workers[i].URL)>>1)
 				}
-				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, log)
+				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, cfg.ZMQMaxMessageBytes, log)
 				if err != nil {
 					f.Close()
 					return err
@@ -109,6 +110,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
 	pf.register(fl, false, 0)
+	registerZMQMaxMessageBytes(fl, &cfg.ZMQMaxMessageBytes)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd
 }

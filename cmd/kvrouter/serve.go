@@ -26,6 +26,7 @@ func newServeCmd() *cobra.Command {
 		port       int
 		specs      []string
 		configPath string
+		zmqMax     int64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -73,7 +74,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			defer closeNATS()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, ZMQMaxMessageBytes: zmqMax})
 			if err != nil {
 				return err
 			}
@@ -92,6 +93,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
+	registerZMQMaxMessageBytes(fs, &zmqMax)
 	return cmd
 }
 

@@ -52,6 +52,13 @@
 // subscriber reconnects looks like a gap, not a reset: nothing on the wire
 // tells them apart.
 //
+// An engine peer that announces a message above Config.MaxMessageBytes, or
+// sends a handshake the ZMQ library would fail on, is disconnected and
+// counted (Stats.Oversized, Stats.BadHandshakes); the subscriber redials
+// and a replay that met one counts as failed. A replay holds at most
+// zmqevents.DefaultReplayMaxBatches batches and DefaultReplayMaxBytes
+// bytes; beyond, what fits is applied (Stats.ReplayTruncated).
+//
 // Closing the source leaves the router's state as it is; the caller removes
 // the worker when the engine goes away.
 package enginesource

@@ -23,8 +23,9 @@ import (
 // frames), like libzmq's ZMQ_MAXMSGSIZE. vLLM's largest event batch is one
 // scheduler step that stores a whole prompt without chunking: a 1M-token
 // prompt at block size 16 is one BlockStored of 65,536 32-byte hashes and
-// 1,048,576 token ids, 7.6 MB of msgpack with every token id above 65,535
-// (5 bytes each). 16 MiB covers it twice over; a 128k-token prompt is 0.95 MB.
+// 1,048,576 token ids, 7,471,147 bytes of msgpack with every token id
+// above 65,535 (5 bytes each); a 128k-token prompt is 933,929 bytes. 16 MiB
+// covers the former twice over.
 const DefaultMaxMessageBytes = 16 << 20
 
 // maxFramesPerMessage bounds the frames of one message: zmq4 keeps a slice

@@ -171,3 +171,28 @@ func TestPublisherSurvivesMalformedHandshakes(t *testing.T) {
 		})
 	}
 }
+
+// TestSlowReaderBoundsBufferedBytes: a publisher of large messages and a
+// reader that does not keep up hold at most MaxBufferedBytes, and nothing
+// is dropped.
+func TestSlowReaderBoundsBufferedBytes(t *testing.T) {
+	const size, budget, n = 10_000, 40_960, 50
+	p := newPublisher(t, PublisherConfig{})
+	s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint(), MaxMessageBytes: 2 * size, MaxBufferedBytes: budget})
+	sent := join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+	for i := range n {
+		if _, err := p.Publish(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testwait.Until(t, testTimeout, "the buffer fills", func() bool { return s.Stats().BufferedBytes >= budget/size*size })
+	for i := range n {
+		if st := s.Stats(); st.BufferedBytes > budget {
+			t.Fatalf("%d bytes buffered, bound %d", st.BufferedBytes, budget)
+		}
+		m := <-s.Messages()
+		if m.Seq != uint64(sent+i) || len(m.Payload) != size || m.Payload[0] != byte(i) {
+			t.Fatalf("message %d: seq %d, %d bytes; want seq %d", i, m.Seq, len(m.Payload), sent+i)
+		}
+	}
+}

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"golang.org/x/sync/semaphore"
 )
 
 // SubscriberConfig configures a Subscriber.
@@ -23,9 +25,15 @@ type SubscriberConfig struct {
 	// goroutine, in order, and Messages() is nil. It must not block for
 	// long: the socket is not read meanwhile.
 	Handler func(Message)
-	// Buffer is the capacity of the Messages() channel; 0 means 1024.
-	// When the channel is full the Subscriber waits (it does not drop).
+	// Buffer is how many messages wait for the Messages() reader; 0 means
+	// 1024. When it is full, or MaxBufferedBytes is reached, the
+	// Subscriber waits (it does not drop).
 	Buffer int
+	// MaxBufferedBytes bounds the payload and topic bytes waiting for the
+	// Messages() reader, so that a slow reader and a publisher of large
+	// messages cannot grow memory; 0 means 4 × MaxMessageBytes, and it is
+	// at least MaxMessageBytes.
+	MaxBufferedBytes int64
 	// RetryInterval between connection attempts; 0 means zmq4's 250 ms.
 	RetryInterval time.Duration
 	// Logger receives zmq4's own diagnostics; nil discards them.
@@ -49,6 +57,7 @@ type SubscriberStats struct {
 	Oversized uint64 // connections dropped: the publisher announced a message above MaxMessageBytes
 
 	BadHandshakes uint64 // connections dropped: the publisher's handshake was malformed
+	BufferedBytes uint64 // bytes now waiting for the Messages() reader (not a counter)
 }
 
 // Subscriber receives a publisher's stream: it connects a SUB socket,
@@ -62,6 +71,13 @@ type Subscriber struct {
 	cancel context.CancelFunc
 	out    chan Message
 	wg     sync.WaitGroup
+
+	// Messages travel run → queue → forward → out; budget holds their
+	// bytes from the moment they are queued until the reader takes them.
+	queue    chan Message
+	budget   *semaphore.Weighted
+	maxHeld  int64
+	buffered atomic.Int64
 
 	closeOnce sync.Once
 
@@ -97,7 +113,16 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		return nil, fmt.Errorf("zmqevents: subscribe: %w", err)
 	}
 	if cfg.Handler == nil {
-		s.out = make(chan Message, cfg.Buffer)
+		s.maxHeld = cfg.MaxBufferedBytes
+		if s.maxHeld <= 0 {
+			s.maxHeld = 4 * guard.max
+		}
+		s.maxHeld = max(s.maxHeld, guard.max)
+		s.budget = semaphore.NewWeighted(s.maxHeld)
+		s.queue = make(chan Message, cfg.Buffer)
+		s.out = make(chan Message)
+		s.wg.Add(1)
+		go s.forward()
 	}
 	s.wg.Add(1)
 	go s.run()
@@ -114,14 +139,15 @@ func (s *Subscriber) Stats() SubscriberStats {
 	st := s.stats
 	s.mu.Unlock()
 	st.Oversized = s.guard.oversized.Load()
+	st.BufferedBytes = uint64(s.buffered.Load())
 	st.BadHandshakes = s.guard.badHandshakes.Load()
 	return st
 }
 
 func (s *Subscriber) run() {
 	defer s.wg.Done()
-	if s.out != nil {
-		defer close(s.out)
+	if s.queue != nil {
+		defer close(s.queue)
 	}
 	retry := s.cfg.RetryInterval
 	if retry <= 0 {
@@ -167,10 +193,44 @@ func (s *Subscriber) receive() bool {
 			s.cfg.Handler(m)
 			continue
 		}
+		if !s.enqueue(m) {
+			return false
+		}
+	}
+}
+
+// held is what a message counts against MaxBufferedBytes.
+func (s *Subscriber) held(m Message) int64 {
+	return min(int64(len(m.Topic)+len(m.Payload)), s.maxHeld)
+}
+
+// enqueue waits for room for m; false when the Subscriber closes first.
+func (s *Subscriber) enqueue(m Message) bool {
+	n := s.held(m)
+	if s.budget.Acquire(s.ctx, n) != nil {
+		return false
+	}
+	s.buffered.Add(n)
+	select {
+	case s.queue <- m:
+		return true
+	case <-s.ctx.Done():
+		return false
+	}
+}
+
+// forward hands the queued messages to the Messages() reader.
+func (s *Subscriber) forward() {
+	defer s.wg.Done()
+	defer close(s.out)
+	for m := range s.queue {
 		select {
 		case s.out <- m:
+			n := s.held(m)
+			s.buffered.Add(-n)
+			s.budget.Release(n)
 		case <-s.ctx.Done():
-			return false
+			return
 		}
 	}
 }

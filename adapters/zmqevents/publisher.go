@@ -32,9 +32,11 @@ type PublisherConfig struct {
 	ReplayWithTopic bool
 	// Logger receives zmq4's own diagnostics; nil discards them.
 	Logger *log.Logger
-	// MaxMessageBytes bounds what a peer may send (subscriptions, replay
-	// requests); a peer announcing more is disconnected. 0 means
-	// DefaultMaxMessageBytes.
+	// MaxMessageBytes bounds what a peer may send; a peer announcing more
+	// is disconnected. Peers only send subscriptions and replay requests:
+	// 0, or anything above 64 KiB, means 64 KiB. (zmq4's PUB keeps up to
+	// 10 messages other than subscriptions that nobody reads, plus one per
+	// connection.)
 	MaxMessageBytes int64
 	// Log receives a rate-limited warning when a peer is dropped for an
 	// oversized message; nil discards.
@@ -53,9 +55,10 @@ type Publisher struct {
 	topic  []byte
 	pub    zmq4.Socket
 	router zmq4.Socket
-	guard  *guardPolicy
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+
+	pubGuard, routerGuard *guardPolicy // routerGuard nil without replay
+	cancel                context.CancelFunc
+	wg                    sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
@@ -74,6 +77,9 @@ type PublisherStats struct {
 	BadHandshakes  uint64 // peers dropped for a malformed handshake
 }
 
+// maxPeerRequestBytes bounds what the Publisher's peers send.
+const maxPeerRequestBytes = 64 << 10
+
 // NewPublisher binds the sockets.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.BufferSize <= 0 {
@@ -86,10 +92,15 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if logger == nil {
 		logger = log.New(discard{}, "", 0)
 	}
-	guard := newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint)
-	ctx, cancel := context.WithCancel(withGuard(context.Background(), guard))
-	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), guard: guard, cancel: cancel, ring: make([]entry, cfg.BufferSize)}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(logger))
+	if cfg.MaxMessageBytes <= 0 || cfg.MaxMessageBytes > maxPeerRequestBytes {
+		cfg.MaxMessageBytes = maxPeerRequestBytes
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{
+		cfg: cfg, topic: []byte(cfg.Topic), cancel: cancel, ring: make([]entry, cfg.BufferSize),
+		pubGuard: newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint),
+	}
+	p.pub = zmq4.NewPub(withGuard(ctx, p.pubGuard), zmq4.WithLogger(logger))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		p.closeSockets()
 		return nil, fmt.Errorf("zmqevents: pub hwm: %w", err)
@@ -99,7 +110,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, fmt.Errorf("zmqevents: pub: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		p.router = zmq4.NewRouter(ctx, zmq4.WithLogger(logger))
+		p.routerGuard = newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.ReplayEndpoint)
+		p.router = zmq4.NewRouter(withGuard(ctx, p.routerGuard), zmq4.WithLogger(logger))
 		if err := p.router.Listen(guarded(cfg.ReplayEndpoint)); err != nil {
 			p.closeSockets()
 			return nil, fmt.Errorf("zmqevents: replay: %w", err)
@@ -187,8 +199,12 @@ func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
 	st := p.stats
 	p.mu.Unlock()
-	st.Oversized = p.guard.oversized.Load()
-	st.BadHandshakes = p.guard.badHandshakes.Load()
+	for _, g := range []*guardPolicy{p.pubGuard, p.routerGuard} {
+		if g != nil {
+			st.Oversized += g.oversized.Load()
+			st.BadHandshakes += g.badHandshakes.Load()
+		}
+	}
 	return st
 }
 

@@ -40,8 +40,9 @@ type Config struct {
 	Encoding                                   vllmevents.Encoding // --kv-events-encoding
 	// Clock makes a clock per rank; nil means real time.
 	Clock func() server.Clock
-	// ZMQMaxMessageBytes bounds what a peer may send to the ZMQ sockets
-	// (see zmqevents.PublisherConfig.MaxMessageBytes); 0 means the default.
+	// ZMQMaxMessageBytes bounds what a peer may send to the ZMQ sockets,
+	// at most 64 KiB (see zmqevents.PublisherConfig.MaxMessageBytes); 0
+	// means 64 KiB.
 	ZMQMaxMessageBytes int64
 	// Logger receives the ZMQ peers dropped for oversized or malformed
 	// input (rate-limited); nil discards.

@@ -46,7 +46,7 @@ func newSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
 // join beats the ZeroMQ slow joiner: it sends probes in a bounded loop
 // until one arrives on got, and returns how many it sent. Every probe sent
 // after the first received one is delivered too (one TCP stream).
-func join(t *testing.T, send func(i int), got <-chan Message) int {
+func join(t testing.TB, send func(i int), got <-chan Message) int {
 	t.Helper()
 	deadline := time.After(testTimeout)
 	for i := 0; ; i++ {

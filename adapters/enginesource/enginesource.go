@@ -149,7 +149,7 @@ type Stats struct {
 	ApplyErrors  uint64 // errors returned by the sink
 
 	Oversized       uint64 // connections dropped, live or replay: a message above MaxMessageBytes
-	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed
+	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 }
 

@@ -20,7 +20,7 @@ func TestHostileEnginePeersAreDroppedAndTheSourceGoesOn(t *testing.T) {
 	w := kv.Worker{ID: 1}
 	a := toks(3, 9)
 	p.publish(t, stored(t, nil, a, 500, 0, 1), false) // only replay has it
-	s := start(t, Config{Worker: w, Events: zmtptest.HostileThenProxy(t, p.events()), Replay: zmtptest.HostileThenProxy(t, p.replay())}, r)
+	s := start(t, Config{Worker: w, Events: zmtptest.FirstThenProxy(t, zmtptest.Hostile(), p.events()), Replay: zmtptest.FirstThenProxy(t, zmtptest.Hostile(), p.replay())}, r)
 	// The live subscriber's counter moves without the source handling a
 	// message, which is what WaitFor waits on.
 	testwait.Until(t, 10*time.Second, "both hostile peers dropped", func() bool {

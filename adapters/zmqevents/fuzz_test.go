@@ -67,6 +67,9 @@ func referenceViolation(b []byte, maxBytes int64) (at, headerLen int, ok bool) {
 		if flags&flagLong != 0 {
 			size = binary.BigEndian.Uint64(b[pos+1:])
 		}
+		if first && (flags&flagCommand == 0 || flags&flagMore != 0) {
+			return pos, headerLen, true
+		}
 		if !more {
 			msg, frames = 0, 0
 		}
@@ -81,7 +84,7 @@ func referenceViolation(b []byte, maxBytes int64) (at, headerLen int, ok bool) {
 			return 0, 0, false
 		}
 		body := b[bodyAt : bodyAt+int(size)]
-		if first && flags&flagCommand != 0 && len(body) > 0 && int(body[0]) <= len(body)-1 &&
+		if first && len(body) > 0 && int(body[0]) <= len(body)-1 &&
 			string(body[1:1+int(body[0])]) == "READY" && !validMetadata(body[1+int(body[0]):]) {
 			return bodyAt + int(size) - 1, 1, true // the body's last byte is withheld
 		}
@@ -128,7 +131,7 @@ func FuzzGuardedZMTPConn(f *testing.F) {
 		go func() { _, _ = io.Copy(io.Discard, theirs) }()
 		go func() { _, _ = theirs.Write(stream); _ = theirs.Close() }()
 		policy := newGuardPolicy(int64(maxBytes)+1, nil, "")
-		conn := &guardedConn{Conn: ours, policy: policy, guard: newZMTPGuard(policy.max)}
+		conn := newGuardedConn(ours, policy)
 		typ, server := zmq4.Router, true
 		if kind%2 == 1 {
 			typ, server = zmq4.Sub, false

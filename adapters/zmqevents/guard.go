@@ -57,6 +57,10 @@ func (e *guardError) Unwrap() error   { return e.cause }
 func (e *guardError) Timeout() bool   { return false }
 func (e *guardError) Temporary() bool { return false }
 
+// defaultHandshakeTimeout bounds a peer's greeting and READY command (the
+// handshake is two round trips; libzmq's ZMQ_HANDSHAKE_IVL is 30 s).
+const defaultHandshakeTimeout = 10 * time.Second
+
 // maxHandshakeBytes bounds the first frame after the greeting, the
 // handshake's READY command: kvrouter's peers send a socket type and at
 // most a 255-byte identity.
@@ -72,10 +76,9 @@ const maxHandshakeBytes = 8 << 10
 type zmtpGuard struct {
 	max int64
 
-	handshake  []byte // the first frame's body so far, until it is complete
-	inFirst    bool   // the first frame's body is being read
-	firstIsCmd bool
-	firstDone  bool
+	handshake []byte // the first frame's body so far, until it is complete
+	inFirst   bool   // the first frame's body is being read
+	firstDone bool
 
 	greeting int // greeting bytes still to come
 	header   [9]byte
@@ -166,11 +169,14 @@ func (g *zmtpGuard) frame(size uint64) error {
 	g.msgBytes += int64(size)
 	g.body = size
 	if !g.firstDone {
+		if g.header[0]&flagCommand == 0 || g.more {
+			return &guardError{msg: "the peer's handshake does not start with a single-frame command", cause: ErrBadHandshake}
+		}
 		if size > maxHandshakeBytes {
 			return tooLarge("handshake frame of %d bytes, above %d", size, maxHandshakeBytes)
 		}
 		g.handshake = make([]byte, 0, size)
-		g.inFirst, g.firstIsCmd = true, g.header[0]&flagCommand != 0
+		g.inFirst = true
 		if size == 0 {
 			return g.firstFrameDone()
 		}
@@ -183,7 +189,7 @@ func (g *zmtpGuard) firstFrameDone() error {
 	g.inFirst, g.firstDone = false, true
 	body := g.handshake
 	g.handshake = nil
-	if !g.firstIsCmd || len(body) == 0 || int(body[0]) > len(body)-1 {
+	if len(body) == 0 || int(body[0]) > len(body)-1 {
 		return nil // zmq4 rejects it without reading metadata
 	}
 	name, meta := body[1:1+int(body[0])], body[1+int(body[0]):]
@@ -228,12 +234,13 @@ var knownSocketTypes = map[zmq4.SocketType]bool{
 // guardPolicy is what one socket's connections are held to; it travels to
 // the transport in the socket's context.
 type guardPolicy struct {
-	max           int64
-	oversized     atomic.Uint64
-	badHandshakes atomic.Uint64
-	log           *slog.Logger
-	endpoint      string
-	every         rate.Sometimes
+	max              int64
+	handshakeTimeout time.Duration
+	oversized        atomic.Uint64
+	badHandshakes    atomic.Uint64
+	log              *slog.Logger
+	endpoint         string
+	every            rate.Sometimes
 
 	mu     sync.Mutex
 	dialed net.Conn // the last connection dialed, see closeDialed
@@ -248,7 +255,17 @@ func newGuardPolicy(maxBytes int64, logger *slog.Logger, endpoint string) *guard
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &guardPolicy{max: maxBytes, log: logger, endpoint: endpoint, every: rate.Sometimes{First: 1, Interval: 10 * time.Second}}
+	return &guardPolicy{
+		max: maxBytes, handshakeTimeout: defaultHandshakeTimeout, log: logger, endpoint: endpoint,
+		every: rate.Sometimes{First: 1, Interval: 10 * time.Second},
+	}
+}
+
+// setHandshakeTimeout overrides the default; d <= 0 keeps it.
+func (p *guardPolicy) setHandshakeTimeout(d time.Duration) {
+	if d > 0 {
+		p.handshakeTimeout = d
+	}
 }
 
 // withGuard returns the context to create a zmq4 socket with so that its
@@ -282,16 +299,50 @@ func (p *guardPolicy) closeDialed() {
 	}
 }
 
+// A guardedConn also closes a connection whose handshake zmq4 does not
+// complete: zmq4 accepts peers one at a time, so a silent one would block
+// the listener, and it leaves the connection of a failed handshake open.
+// zmq4 reads again right after a successful handshake; a connection not
+// read past its handshake within the handshake timeout was abandoned.
 type guardedConn struct {
 	net.Conn
-	policy *guardPolicy
-	guard  zmtpGuard
-	err    error
+	policy   *guardPolicy
+	guard    zmtpGuard
+	err      error
+	state    atomic.Int32 // handshaking, adopted or abandoned
+	watchdog *time.Timer
+}
+
+const (
+	handshaking int32 = iota
+	adopted
+	abandoned
+)
+
+func newGuardedConn(c net.Conn, p *guardPolicy) *guardedConn {
+	g := &guardedConn{Conn: c, policy: p, guard: newZMTPGuard(p.max)}
+	g.watchdog = time.AfterFunc(p.handshakeTimeout, g.abandon)
+	return g
+}
+
+func (c *guardedConn) abandon() {
+	if c.state.CompareAndSwap(handshaking, abandoned) {
+		c.policy.reject(c.Conn, &guardError{msg: fmt.Sprintf("handshake not completed within %v", c.policy.handshakeTimeout), cause: ErrBadHandshake})
+		_ = c.Conn.Close()
+	}
+}
+
+func (c *guardedConn) Close() error {
+	c.watchdog.Stop()
+	return c.Conn.Close()
 }
 
 func (c *guardedConn) Read(b []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
+	}
+	if c.guard.firstDone && c.state.CompareAndSwap(handshaking, adopted) {
+		c.watchdog.Stop()
 	}
 	n, err := c.Conn.Read(b)
 	ok, gerr := c.guard.check(b[:n])
@@ -299,8 +350,8 @@ func (c *guardedConn) Read(b []byte) (int, error) {
 		return n, err
 	}
 	c.err = gerr
-	_ = c.Conn.Close()
 	c.policy.reject(c.Conn, gerr)
+	_ = c.Conn.Close()
 	if ok > 0 {
 		return ok, nil // the next read reports the error
 	}
@@ -317,7 +368,7 @@ func (l guardedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &guardedConn{Conn: c, policy: l.policy, guard: newZMTPGuard(l.policy.max)}, nil
+	return newGuardedConn(c, l.policy), nil
 }
 
 // guardedTransport is a zmq4 transport over net whose connections are
@@ -340,7 +391,7 @@ func (t guardedTransport) Dial(ctx context.Context, dialer transport.Dialer, add
 	p.mu.Lock()
 	p.dialed = c
 	p.mu.Unlock()
-	return &guardedConn{Conn: c, policy: p, guard: newZMTPGuard(p.max)}, nil
+	return newGuardedConn(c, p), nil
 }
 
 func (t guardedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 
@@ -19,7 +20,7 @@ var hostile = zmtptest.Hostile()
 
 func TestSubscriberSurvivesHugeFrameHeader(t *testing.T) {
 	p := newPublisher(t, PublisherConfig{})
-	s := newSubscriber(t, SubscriberConfig{Endpoint: zmtptest.HostileThenProxy(t, p.Endpoint())})
+	s := newSubscriber(t, SubscriberConfig{Endpoint: zmtptest.FirstThenProxy(t, zmtptest.Hostile(), p.Endpoint())})
 	testwait.Until(t, testTimeout, "the hostile publisher is dropped", func() bool { return s.Stats().Oversized == 1 })
 	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
 }
@@ -31,7 +32,7 @@ func TestReplaySurvivesHugeFrameHeader(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	endpoint := zmtptest.HostileThenProxy(t, p.ReplayEndpoint())
+	endpoint := zmtptest.FirstThenProxy(t, zmtptest.Hostile(), p.ReplayEndpoint())
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	if msgs, err := Replay(ctx, endpoint, 0, ReplayConfig{}); !errors.Is(err, ErrMessageTooLarge) || len(msgs) != 0 {
@@ -194,5 +195,49 @@ func TestSlowReaderBoundsBufferedBytes(t *testing.T) {
 		if m.Seq != uint64(sent+i) || len(m.Payload) != size || m.Payload[0] != byte(i) {
 			t.Fatalf("message %d: seq %d, %d bytes; want seq %d", i, m.Seq, len(m.Payload), sent+i)
 		}
+	}
+}
+
+// TestStalledHandshakesAreClosed: zmq4 handshakes with one peer at a time
+// and leaves the connection of a failed handshake open; a silent peer or
+// one of the wrong socket type is disconnected after the handshake
+// timeout, and the socket serves the next peer.
+func TestStalledHandshakesAreClosed(t *testing.T) {
+	ready := append(zmtptest.Greeting(), flagCommand, 28, 5, 'R', 'E', 'A', 'D', 'Y', 11)
+	ready = append(ready, "Socket-Type"...)
+	ready = append(ready, 0, 0, 0, 4, 'P', 'U', 'S', 'H')
+	for _, tc := range []struct {
+		name string
+		peer []byte
+	}{
+		{"silent", nil},
+		{"greeting only", zmtptest.Greeting()},
+		{"incompatible socket type", ready},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPublisher(t, PublisherConfig{handshakeTimeout: 100 * time.Millisecond})
+			closed := zmtptest.Send(t, p.Endpoint(), tc.peer)
+			select {
+			case <-closed:
+			case <-time.After(testTimeout):
+				t.Fatal("the peer's connection is still open")
+			}
+			if st := p.Stats(); st.BadHandshakes != 1 {
+				t.Fatalf("stats %+v: want 1 bad handshake", st)
+			}
+			s := newSubscriber(t, SubscriberConfig{Endpoint: p.Endpoint()})
+			join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+		})
+	}
+}
+
+// TestSubscriberRedialsASilentPublisher: a publisher that accepts the
+// connection and never greets does not hold the Subscriber forever.
+func TestSubscriberRedialsASilentPublisher(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	s := newSubscriber(t, SubscriberConfig{Endpoint: zmtptest.FirstThenProxy(t, nil, p.Endpoint()), handshakeTimeout: 100 * time.Millisecond})
+	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
+	if st := s.Stats(); st.BadHandshakes != 1 {
+		t.Fatalf("stats %+v: want 1 bad handshake", st)
 	}
 }

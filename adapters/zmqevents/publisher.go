@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -38,9 +39,11 @@ type PublisherConfig struct {
 	// 10 messages other than subscriptions that nobody reads, plus one per
 	// connection.)
 	MaxMessageBytes int64
-	// Log receives a rate-limited warning when a peer is dropped for an
-	// oversized message; nil discards.
+	// Log receives a rate-limited warning when a peer is dropped (an
+	// oversized message, a bad or stalled handshake); nil discards.
 	Log *slog.Logger
+
+	handshakeTimeout time.Duration // 0: defaultHandshakeTimeout
 }
 
 type entry struct {
@@ -74,7 +77,7 @@ type PublisherStats struct {
 	ReplayInvalid  uint64 // replay requests ignored (no 8-byte start frame)
 	ReplaySent     uint64 // batches sent by replay (end markers excluded)
 	Oversized      uint64 // peers dropped for announcing a message above MaxMessageBytes
-	BadHandshakes  uint64 // peers dropped for a malformed handshake
+	BadHandshakes  uint64 // peers dropped for a malformed or stalled handshake
 }
 
 // maxPeerRequestBytes bounds what the Publisher's peers send.
@@ -100,6 +103,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg: cfg, topic: []byte(cfg.Topic), cancel: cancel, ring: make([]entry, cfg.BufferSize),
 		pubGuard: newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint),
 	}
+	p.pubGuard.setHandshakeTimeout(cfg.handshakeTimeout)
 	p.pub = zmq4.NewPub(withGuard(ctx, p.pubGuard), zmq4.WithLogger(logger))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		p.closeSockets()
@@ -111,6 +115,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	if cfg.ReplayEndpoint != "" {
 		p.routerGuard = newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.ReplayEndpoint)
+		p.routerGuard.setHandshakeTimeout(cfg.handshakeTimeout)
 		p.router = zmq4.NewRouter(withGuard(ctx, p.routerGuard), zmq4.WithLogger(logger))
 		if err := p.router.Listen(guarded(cfg.ReplayEndpoint)); err != nil {
 			p.closeSockets()

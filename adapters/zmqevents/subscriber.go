@@ -42,9 +42,11 @@ type SubscriberConfig struct {
 	// bigger one is disconnected (and redialled). 0 means
 	// DefaultMaxMessageBytes.
 	MaxMessageBytes int64
-	// Log receives a rate-limited warning when a peer is dropped for an
-	// oversized message; nil discards.
+	// Log receives a rate-limited warning when a peer is dropped (an
+	// oversized message, a bad or stalled handshake); nil discards.
 	Log *slog.Logger
+
+	handshakeTimeout time.Duration // 0: defaultHandshakeTimeout
 }
 
 // SubscriberStats are a Subscriber's counters.
@@ -56,7 +58,7 @@ type SubscriberStats struct {
 	Resets    uint64 // messages whose seq did not grow (Message.Reset)
 	Oversized uint64 // connections dropped: the publisher announced a message above MaxMessageBytes
 
-	BadHandshakes uint64 // connections dropped: the publisher's handshake was malformed
+	BadHandshakes uint64 // connections dropped: the publisher's handshake was malformed or stalled
 	BufferedBytes uint64 // bytes now waiting for the Messages() reader (not a counter)
 }
 
@@ -104,6 +106,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		opts = append(opts, zmq4.WithDialerRetry(cfg.RetryInterval))
 	}
 	guard := newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint)
+	guard.setHandshakeTimeout(cfg.handshakeTimeout)
 	ctx, cancel := context.WithCancel(withGuard(context.Background(), guard))
 	s := &Subscriber{cfg: cfg, guard: guard, ctx: ctx, cancel: cancel}
 	s.sub = zmq4.NewSub(ctx, opts...)

@@ -37,10 +37,14 @@
 //     inbound bytes fails the read, and so drops the peer, when a frame
 //     would take its message above the maximum (MaxMessageBytes, like
 //     libzmq's ZMQ_MAXMSGSIZE; DefaultMaxMessageBytes), when a message has
-//     more than 1,024 frames, or when the handshake's READY command has
-//     malformed metadata or an unknown socket type. Dropped peers are
-//     counted (Stats().Oversized, Stats().BadHandshakes) and logged at most
-//     every 10 s per socket. Replay bounds what it collects (ReplayConfig).
+//     more than 1,024 frames, or when the handshake does not start with a
+//     single READY command of well-formed metadata and a known socket type.
+//     zmq4 handshakes with one peer at a time and leaves the connection of
+//     a failed handshake open: a connection whose handshake is not done
+//     within 10 s is closed. Dropped peers are counted (Stats().Oversized,
+//     Stats().BadHandshakes) and logged at most every 10 s per socket.
+//     Replay bounds what it collects (ReplayConfig), a Subscriber what
+//     waits for its reader (SubscriberConfig.MaxBufferedBytes).
 //   - zmq4 v0.17 leaves one idle goroutine per closed PUB socket (its
 //     writer loop is not stopped by Close); everything this package starts
 //     itself stops in Close.

@@ -20,7 +20,7 @@ func newSourceCollector(s *Server) *sourceCollector {
 	return &sourceCollector{
 		s: s,
 		counter: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "kv_event_stream_total"),
-			"KV-event stream of an engine rank, by what happened: batches, replayed, malformed (payloads that did not decode), skipped (events), bad_frames, gaps, recovered (by replay), rebuilds (blocks dropped), resets (engine restarts), apply_errors, oversized (connections dropped for a message above --zmq-max-message-bytes), bad_handshakes (connections dropped for a malformed ZMTP handshake), replay_truncated (replays stopped at their bound).",
+			"KV-event stream of an engine rank, by what happened: batches, replayed, malformed (payloads that did not decode), skipped (events), bad_frames, gaps, recovered (by replay), rebuilds (blocks dropped), resets (engine restarts), apply_errors, oversized (connections dropped for a message above --zmq-max-message-bytes), bad_handshakes (connections dropped for a malformed or stalled ZMTP handshake), replay_truncated (replays stopped at their bound).",
 			[]string{"worker_id", "dp_rank", "what"}, nil),
 		up: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "up"),
 			"1 while the engine answers /health and takes part in routing.", []string{"worker_id", "name"}, nil),

@@ -33,8 +33,9 @@ func HugeHeader(flags byte) []byte {
 func Hostile() []byte { return append(Greeting(), HugeHeader(0x04)...) }
 
 // Send connects to a listening ZMQ socket at endpoint ("tcp://host:port"),
-// sends b and reads whatever comes back until the test ends.
-func Send(t testing.TB, endpoint string, b []byte) {
+// sends b and reads whatever comes back; the channel is closed when the
+// socket closes the connection.
+func Send(t testing.TB, endpoint string, b []byte) (closed <-chan struct{}) {
 	t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(endpoint, "tcp://"))
 	if err != nil {
@@ -44,14 +45,17 @@ func Send(t testing.TB, endpoint string, b []byte) {
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _, _ = io.Copy(io.Discard, c) }()
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, c); close(done) }()
+	return done
 }
 
-// HostileThenProxy listens on a free port of 127.0.0.1: its first
-// connection gets Hostile(), the later ones are piped to target, so a
-// dialing socket meets a hostile peer first and a well-behaved one on its
-// next attempt. It returns its endpoint.
-func HostileThenProxy(t testing.TB, target string) string {
+// FirstThenProxy listens on a free port of 127.0.0.1: its first
+// connection gets first (nothing at all when nil) and is then only read,
+// the later ones are piped to target, so a dialing socket meets a
+// misbehaving peer first and a well-behaved one on its next attempt. It
+// returns its endpoint.
+func FirstThenProxy(t testing.TB, first []byte, target string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -86,7 +90,7 @@ func HostileThenProxy(t testing.TB, target string) string {
 			}
 			track(c)
 			if i == 0 {
-				_, _ = c.Write(Hostile())
+				_, _ = c.Write(first)
 				wg.Add(1)
 				go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
 				continue

@@ -258,7 +258,7 @@ func zmqDropped(engine string, pubs []*zmqevents.Publisher) []prometheus.Collect
 	return []prometheus.Collector{
 		counter("kvrouter_zmq_oversized_messages_total", "ZMQ peers disconnected for announcing a message above --zmq-max-message-bytes.",
 			func(st zmqevents.PublisherStats) uint64 { return st.Oversized }),
-		counter("kvrouter_zmq_bad_handshakes_total", "ZMQ peers disconnected for a malformed handshake.",
+		counter("kvrouter_zmq_bad_handshakes_total", "ZMQ peers disconnected for a malformed or stalled handshake.",
 			func(st zmqevents.PublisherStats) uint64 { return st.BadHandshakes }),
 	}
 }

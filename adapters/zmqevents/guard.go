@@ -243,7 +243,7 @@ type guardPolicy struct {
 	every            rate.Sometimes
 
 	mu     sync.Mutex
-	dialed net.Conn // the last connection dialed, see closeDialed
+	dialed *guardedConn // the last connection dialed, see closeDialed
 }
 
 type guardKey struct{}
@@ -286,8 +286,6 @@ func (p *guardPolicy) reject(conn net.Conn, err error) {
 	})
 }
 
-// guardedConn fails reads once its peer announces an oversized message and
-// closes the connection.
 // closeDialed closes the connection of a zmq4 Dial that failed its
 // handshake: zmq4 returns the error without closing it.
 func (p *guardPolicy) closeDialed() {
@@ -299,8 +297,9 @@ func (p *guardPolicy) closeDialed() {
 	}
 }
 
-// A guardedConn also closes a connection whose handshake zmq4 does not
-// complete: zmq4 accepts peers one at a time, so a silent one would block
+// A guardedConn runs a zmtpGuard on what zmq4 reads: once the guard
+// refuses, it closes the connection and fails every read. It also closes a
+// connection whose handshake zmq4 does not complete: zmq4 accepts peers one at a time, so a silent one would block
 // the listener, and it leaves the connection of a failed handshake open.
 // zmq4 reads again right after a successful handshake; a connection not
 // read past its handshake within the handshake timeout was abandoned.
@@ -388,10 +387,11 @@ func (t guardedTransport) Dial(ctx context.Context, dialer transport.Dialer, add
 		return nil, err
 	}
 	p := policyOf(ctx)
+	g := newGuardedConn(c, p)
 	p.mu.Lock()
-	p.dialed = c
+	p.dialed = g
 	p.mu.Unlock()
-	return newGuardedConn(c, p), nil
+	return g, nil
 }
 
 func (t guardedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,4 +243,21 @@ func TestSubscriberRedialsASilentPublisher(t *testing.T) {
 	if st := s.Stats(); st.BadHandshakes != 1 {
 		t.Fatalf("stats %+v: want 1 bad handshake", st)
 	}
+}
+
+// TestIPCEndpointsAreGuarded: ipc:// endpoints go through the guard too.
+func TestIPCEndpointsAreGuarded(t *testing.T) {
+	endpoint := "ipc://" + filepath.Join(t.TempDir(), "events.sock")
+	p := newPublisher(t, PublisherConfig{Endpoint: endpoint})
+	c, err := net.Dial("unix", strings.TrimPrefix(endpoint, "ipc://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(hostile); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, testTimeout, "the hostile peer is dropped", func() bool { return p.Stats().Oversized == 1 })
+	s := newSubscriber(t, SubscriberConfig{Endpoint: endpoint})
+	join(t, func(int) { _, _ = p.Publish(probe) }, s.Messages())
 }

@@ -378,8 +378,11 @@ func Replay(ctx context.Context, endpoint string, start uint64, cfg ReplayConfig
 		}
 		m.Seq, m.Payload = seq, f[1]
 		held += int64(len(m.Topic) + len(m.Payload))
-		if len(out) == cfg.MaxBatches || held > cfg.MaxBytes {
-			return out, fmt.Errorf("%w: more than %d batches or %d bytes after %d batches", ErrReplayTooLarge, cfg.MaxBatches, cfg.MaxBytes, len(out))
+		if len(out) == cfg.MaxBatches {
+			return out, fmt.Errorf("%w: more than %d batches", ErrReplayTooLarge, cfg.MaxBatches)
+		}
+		if held > cfg.MaxBytes {
+			return out, fmt.Errorf("%w: more than %d bytes after %d batches", ErrReplayTooLarge, cfg.MaxBytes, len(out))
 		}
 		out = append(out, m)
 	}

@@ -63,6 +63,13 @@
 // subscriber reconnects looks like a gap, not a reset: nothing on the wire
 // tells them apart.
 //
+// An engine peer that announces a message above Config.MaxMessageBytes, or
+// sends a handshake the ZMQ library would fail on, is disconnected and
+// counted (Stats.Oversized, Stats.BadHandshakes); the subscriber redials
+// and a replay that met one counts as failed. A replay holds at most
+// zmqevents.DefaultReplayMaxBatches batches and DefaultReplayMaxBytes
+// bytes; beyond, what fits is applied (Stats.ReplayTruncated).
+//
 // Closing the source leaves the router's state as it is; the caller removes
 // the worker when the engine goes away.
 package enginesource
@@ -129,6 +136,10 @@ type Config struct {
 	DumpTimeout time.Duration
 	// HTTPClient fetches dumps; nil means http.DefaultClient.
 	HTTPClient *http.Client
+	// MaxMessageBytes bounds one ZMQ message from the engine; a peer
+	// announcing a bigger one is disconnected (Stats.Oversized). 0 means
+	// zmqevents.DefaultMaxMessageBytes.
+	MaxMessageBytes int64
 	// Logger receives gaps, rebuilds, resets and skipped input; nil
 	// discards.
 	Logger *slog.Logger
@@ -161,9 +172,12 @@ type Stats struct {
 	ReplayErrors uint64 // replay requests that failed or timed out
 	ApplyErrors  uint64 // errors returned by the sink
 
-	Dumps       uint64 // engine dumps loaded (the rank's blocks replaced whole)
-	DumpErrors  uint64 // dump requests that failed, timed out or did not decode
-	HistoryLost uint64 // times the source went on without the events before (neither replay nor dump had them)
+	Dumps           uint64 // engine dumps loaded (the rank's blocks replaced whole)
+	DumpErrors      uint64 // dump requests that failed, timed out or did not decode
+	HistoryLost     uint64 // times the source went on without the events before (neither replay nor dump had them)
+	Oversized       uint64 // connections dropped, live or replay: a message above MaxMessageBytes
+	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
+	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 }
 
 type counters struct {
@@ -173,6 +187,7 @@ type counters struct {
 	gaps, recovered, rebuilds, resets      atomic.Uint64
 	replayErrors, applyErrors              atomic.Uint64
 	dumps, dumpErrors, historyLost         atomic.Uint64
+	replayOversized, replayTruncated       atomic.Uint64
 }
 
 // ErrClosed is returned by WaitSeq once the source has stopped.
@@ -238,7 +253,9 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("worker", cfg.Worker.String(), "events", cfg.Events)
-	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096})
+	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{
+		Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096, MaxMessageBytes: cfg.MaxMessageBytes, Log: logger,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("enginesource: %w", err)
 	}
@@ -324,6 +341,8 @@ func (s *Source) Stats() Stats {
 		Skipped: c.skipped.Load(), OtherGroup: c.otherGroup.Load(), Gaps: c.gaps.Load(), Recovered: c.recovered.Load(),
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
 		Dumps: c.dumps.Load(), DumpErrors: c.dumpErrors.Load(), HistoryLost: c.historyLost.Load(),
+		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
+		BadHandshakes: sub.BadHandshakes,
 	}
 }
 
@@ -472,9 +491,15 @@ func (s *Source) catchUp(until uint64) {
 func (s *Source) replay(from uint64) []zmqevents.Message {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from)
+	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from, zmqevents.ReplayConfig{MaxMessageBytes: s.cfg.MaxMessageBytes, Log: s.log})
 	if err != nil && s.ctx.Err() == nil {
 		s.st.replayErrors.Add(1)
+		switch {
+		case errors.Is(err, zmqevents.ErrMessageTooLarge):
+			s.st.replayOversized.Add(1)
+		case errors.Is(err, zmqevents.ErrReplayTooLarge):
+			s.st.replayTruncated.Add(1)
+		}
 		s.log.Warn("kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
 	}
 	return msgs

@@ -49,7 +49,7 @@ func published(t *testing.T, r fleet.Rank) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	msgs, err := zmqevents.Replay(ctx, r.Replay, 0)
+	msgs, err := zmqevents.Replay(ctx, r.Replay, 0, zmqevents.ReplayConfig{})
 	if err != nil || len(msgs) == 0 {
 		t.Fatalf("replay of rank %d: %d batches, %v", r.Rank, len(msgs), err)
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -31,6 +33,17 @@ type PublisherConfig struct {
 	ReplayWithTopic bool
 	// Logger receives zmq4's own diagnostics; nil discards them.
 	Logger *log.Logger
+	// MaxMessageBytes bounds what a peer may send; a peer announcing more
+	// is disconnected. Peers only send subscriptions and replay requests:
+	// 0, or anything above 64 KiB, means 64 KiB. (zmq4's PUB keeps up to
+	// 10 messages other than subscriptions that nobody reads, plus one per
+	// connection.)
+	MaxMessageBytes int64
+	// Log receives a rate-limited warning when a peer is dropped (an
+	// oversized message, a bad or stalled handshake); nil discards.
+	Log *slog.Logger
+
+	handshakeTimeout time.Duration // 0: defaultHandshakeTimeout
 }
 
 type entry struct {
@@ -45,8 +58,10 @@ type Publisher struct {
 	topic  []byte
 	pub    zmq4.Socket
 	router zmq4.Socket
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+
+	pubGuard, routerGuard *guardPolicy // routerGuard nil without replay
+	cancel                context.CancelFunc
+	wg                    sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
@@ -61,7 +76,12 @@ type PublisherStats struct {
 	ReplayRequests uint64 // well-formed replay requests served
 	ReplayInvalid  uint64 // replay requests ignored (no 8-byte start frame)
 	ReplaySent     uint64 // batches sent by replay (end markers excluded)
+	Oversized      uint64 // peers dropped for announcing a message above MaxMessageBytes
+	BadHandshakes  uint64 // peers dropped for a malformed or stalled handshake
 }
+
+// maxPeerRequestBytes bounds what the Publisher's peers send.
+const maxPeerRequestBytes = 64 << 10
 
 // NewPublisher binds the sockets.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
@@ -75,20 +95,29 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if logger == nil {
 		logger = log.New(discard{}, "", 0)
 	}
+	if cfg.MaxMessageBytes <= 0 || cfg.MaxMessageBytes > maxPeerRequestBytes {
+		cfg.MaxMessageBytes = maxPeerRequestBytes
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), cancel: cancel, ring: make([]entry, cfg.BufferSize)}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(logger))
+	p := &Publisher{
+		cfg: cfg, topic: []byte(cfg.Topic), cancel: cancel, ring: make([]entry, cfg.BufferSize),
+		pubGuard: newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.Endpoint),
+	}
+	p.pubGuard.setHandshakeTimeout(cfg.handshakeTimeout)
+	p.pub = zmq4.NewPub(withGuard(ctx, p.pubGuard), zmq4.WithLogger(logger))
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		p.closeSockets()
 		return nil, fmt.Errorf("zmqevents: pub hwm: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+	if err := p.pub.Listen(guarded(cfg.Endpoint)); err != nil {
 		p.closeSockets()
 		return nil, fmt.Errorf("zmqevents: pub: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
-		p.router = zmq4.NewRouter(ctx, zmq4.WithLogger(logger))
-		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		p.routerGuard = newGuardPolicy(cfg.MaxMessageBytes, cfg.Log, cfg.ReplayEndpoint)
+		p.routerGuard.setHandshakeTimeout(cfg.handshakeTimeout)
+		p.router = zmq4.NewRouter(withGuard(ctx, p.routerGuard), zmq4.WithLogger(logger))
+		if err := p.router.Listen(guarded(cfg.ReplayEndpoint)); err != nil {
 			p.closeSockets()
 			return nil, fmt.Errorf("zmqevents: replay: %w", err)
 		}
@@ -173,8 +202,15 @@ func (p *Publisher) oldestLocked() uint64 {
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stats
+	st := p.stats
+	p.mu.Unlock()
+	for _, g := range []*guardPolicy{p.pubGuard, p.routerGuard} {
+		if g != nil {
+			st.Oversized += g.oversized.Load()
+			st.BadHandshakes += g.badHandshakes.Load()
+		}
+	}
+	return st
 }
 
 // since copies the buffered entries with seq >= start.

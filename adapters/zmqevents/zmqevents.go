@@ -26,10 +26,25 @@
 //     subscription reaches the publisher; the sequence gap and Replay cover
 //     that.
 //   - The subscriber connects in the background and retries forever until
-//     the publisher is up; after a disconnect zmq4 reconnects by itself
-//     (automatic reconnect, 250 ms between attempts) and resends the
-//     subscription. Batches published meanwhile are lost: they appear as a
-//     gap, or as a sequence reset if the engine restarted.
+//     the publisher is up; after a disconnect it redials (250 ms between
+//     attempts) and resends the subscription. Batches published meanwhile
+//     are lost: they appear as a gap, or as a sequence reset if the engine
+//     restarted.
+//   - zmq4 allocates whatever size a frame header announces and panics on
+//     some malformed handshakes. Every socket of this package therefore
+//     runs on a guarded transport (registered with zmq4 for tcp:// and
+//     ipc:// endpoints, which are mapped to it): a ZMTP 3.x parser on the
+//     inbound bytes fails the read, and so drops the peer, when a frame
+//     would take its message above the maximum (MaxMessageBytes, like
+//     libzmq's ZMQ_MAXMSGSIZE; DefaultMaxMessageBytes), when a message has
+//     more than 1,024 frames, or when the handshake does not start with a
+//     single READY command of well-formed metadata and a known socket type.
+//     zmq4 handshakes with one peer at a time and leaves the connection of
+//     a failed handshake open: a connection whose handshake is not done
+//     within 10 s is closed. Dropped peers are counted (Stats().Oversized,
+//     Stats().BadHandshakes) and logged at most every 10 s per socket.
+//     Replay bounds what it collects (ReplayConfig), a Subscriber what
+//     waits for its reader (SubscriberConfig.MaxBufferedBytes).
 //   - zmq4 v0.17 leaves one idle goroutine per closed PUB socket (its
 //     writer loop is not stopped by Close); everything this package starts
 //     itself stops in Close.

@@ -46,7 +46,7 @@ func newSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
 // join beats the ZeroMQ slow joiner: it sends probes in a bounded loop
 // until one arrives on got, and returns how many it sent. Every probe sent
 // after the first received one is delivered too (one TCP stream).
-func join(t *testing.T, send func(i int), got <-chan Message) int {
+func join(t testing.TB, send func(i int), got <-chan Message) int {
 	t.Helper()
 	deadline := time.After(testTimeout)
 	for i := 0; ; i++ {
@@ -290,7 +290,7 @@ func TestReplayRanges(t *testing.T) {
 		{8, 8, 8},   // next: end marker only
 		{100, 8, 8}, // beyond: end marker only
 	} {
-		msgs, err := Replay(ctx, p.ReplayEndpoint(), tc.start)
+		msgs, err := Replay(ctx, p.ReplayEndpoint(), tc.start, ReplayConfig{})
 		if err != nil {
 			t.Fatalf("Replay(%d): %v", tc.start, err)
 		}
@@ -313,7 +313,7 @@ func TestReplayWithTopic(t *testing.T) {
 	p := replayPublisher(t, PublisherConfig{Topic: "kv", ReplayWithTopic: true})
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	msgs, err := Replay(ctx, p.ReplayEndpoint(), 6)
+	msgs, err := Replay(ctx, p.ReplayEndpoint(), 6, ReplayConfig{})
 	if err != nil || len(msgs) != 2 || string(msgs[0].Topic) != "kv" || msgs[0].Seq != 6 || string(msgs[1].Payload) != "p7" {
 		t.Fatalf("Replay = %+v, %v", msgs, err)
 	}
@@ -399,7 +399,7 @@ func TestReplayDeadline(t *testing.T) {
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	msgs, err := Replay(ctx, endpointOf(r.Addr(), ""), 0)
+	msgs, err := Replay(ctx, endpointOf(r.Addr(), ""), 0, ReplayConfig{})
 	if !errors.Is(err, context.DeadlineExceeded) || len(msgs) != 0 {
 		t.Fatalf("Replay = %v, %v; want DeadlineExceeded", msgs, err)
 	}
@@ -418,7 +418,7 @@ func TestCloseStopsEverything(t *testing.T) {
 		}
 		join(t, func(int) { p.Publish(probe) }, s.Messages())
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-		if _, err := Replay(ctx, p.ReplayEndpoint(), 0); err != nil {
+		if _, err := Replay(ctx, p.ReplayEndpoint(), 0, ReplayConfig{}); err != nil {
 			t.Fatal(err)
 		}
 		cancel()

@@ -21,6 +21,7 @@ func newAgentCmd() *cobra.Command {
 		events   string
 		replay   string
 		interval = agent.DefaultReportInterval
+		zmqMax   int64
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -65,7 +66,7 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 			defer closeNATS()
 			a, err := agent.Start(ctx, nc, agent.Config{
 				Names: pf.names(), Instance: inst, Events: events, Replay: replay,
-				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log,
+				LeaseTTL: pf.leaseTTL, ReportInterval: interval, Logger: log, ZMQMaxMessageBytes: zmqMax,
 			})
 			if err != nil {
 				return stoppedDuringStart(ctx, err)
@@ -90,5 +91,6 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 	fs.IntVar(&inst.TotalKVBlocks, "num-gpu-blocks", 0, "the engine's KV blocks per rank (for busy detection; 0: unknown)")
 	fs.IntVar(&inst.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "the engine's token budget per step (for the queue; 0: unknown)")
 	fs.DurationVar(&interval, "report-interval", interval, "how often load and last event ids are published")
+	registerZMQMaxMessageBytes(fs, &zmqMax)
 	return cmd
 }

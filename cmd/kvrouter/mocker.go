@@ -65,6 +65,8 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg.Logger = log
 			f, err := fleet.Start(ctx, cfg)
 			if err != nil {
 				return err
@@ -86,7 +88,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 					// Unique across mocker processes sharing one NATS.
 					workers[i].ID = max(1, xxh3.HashString(workers[i].URL)>>1)
 				}
-				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, log)
+				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, cfg.ZMQMaxMessageBytes, log)
 				if err != nil {
 					f.Close()
 					return err
@@ -120,6 +122,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
 	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
+	registerZMQMaxMessageBytes(fl, &cfg.ZMQMaxMessageBytes)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd
 }

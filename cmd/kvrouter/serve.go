@@ -28,6 +28,7 @@ func newServeCmd() *cobra.Command {
 		port       int
 		specs      []string
 		configPath string
+		zmqMax     int64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -93,7 +94,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			defer closeNATS()
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax})
 			if err != nil {
 				return err
 			}
@@ -115,6 +116,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
+	registerZMQMaxMessageBytes(fs, &zmqMax)
 	return cmd
 }
 

@@ -70,6 +70,7 @@ flags.`,
 			ctx := cmd.Context()
 
 			mock.Host, mock.HTTPPort, mock.KVEventsPort, mock.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
+			mock.Logger = log
 			engines, err := fleet.Start(ctx, mock)
 			if err != nil {
 				return err
@@ -81,7 +82,7 @@ flags.`,
 			}
 			defer closeNATS()
 			workers := serve.FleetWorkers(engines, mock)
-			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, log)
+			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, mock.ZMQMaxMessageBytes, log)
 			if err != nil {
 				return stoppedDuringStart(ctx, err)
 			}
@@ -134,5 +135,6 @@ flags.`,
 	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fs.StringVar(&mock.Server.Model, "model-name", mock.Server.Model, "model the engines serve")
 	fs.BoolVar(&verbose, "verbose", false, "log engines joining and leaving")
+	registerZMQMaxMessageBytes(fs, &mock.ZMQMaxMessageBytes)
 	return cmd
 }

@@ -41,6 +41,9 @@ type Config struct {
 	// Loss, for tests, drops published events as a lossy wire would.
 	Loss   func() bool
 	Logger *slog.Logger
+	// ZMQMaxMessageBytes bounds one ZMQ message from the engine (see
+	// enginesource.Config.MaxMessageBytes); 0 means the default.
+	ZMQMaxMessageBytes int64
 }
 
 // Agent is a running sidecar.
@@ -103,6 +106,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 			}
 			src, err := enginesource.Start(ctx, enginesource.Config{
 				Worker: kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, Events: events, Replay: replay, Logger: cfg.Logger,
+				MaxMessageBytes: cfg.ZMQMaxMessageBytes,
 			}, a)
 			if err != nil {
 				a.Close()

@@ -113,7 +113,7 @@ func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 			for wrapped := false; !wrapped; {
 				burst(t, e.HTTPURL, &n)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				msgs, err := zmqevents.Replay(ctx, e.Ranks[0].Replay, 0)
+				msgs, err := zmqevents.Replay(ctx, e.Ranks[0].Replay, 0, zmqevents.ReplayConfig{})
 				cancel()
 				if err != nil {
 					t.Fatal(err)

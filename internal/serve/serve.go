@@ -63,6 +63,9 @@ type Config struct {
 	// means 50 ms, the Inference Extension's default.
 	EngineMetricsInterval time.Duration
 	Logger                *slog.Logger
+	// ZMQMaxMessageBytes bounds one ZMQ message from an engine (see
+	// enginesource.Config.MaxMessageBytes); 0 means the default.
+	ZMQMaxMessageBytes int64
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
@@ -367,7 +370,7 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 			if spec.Dump != "" {
 				dump = spec.Dump + "?dp_rank=" + strconv.Itoa(rank)
 			}
-			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Dump: dump, Logger: s.log}, s.router)
+			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Dump: dump, Logger: s.log, MaxMessageBytes: s.cfg.ZMQMaxMessageBytes}, s.router)
 			if err != nil {
 				for _, src := range sources {
 					_ = src.Close()

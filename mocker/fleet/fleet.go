@@ -10,12 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
@@ -41,6 +44,13 @@ type Config struct {
 	ReplayBufferSize int
 	// Clock makes a clock per rank; nil means real time.
 	Clock func() server.Clock
+	// ZMQMaxMessageBytes bounds what a peer may send to the ZMQ sockets,
+	// at most 64 KiB (see zmqevents.PublisherConfig.MaxMessageBytes); 0
+	// means 64 KiB.
+	ZMQMaxMessageBytes int64
+	// Logger receives the ZMQ peers dropped for oversized or malformed
+	// input (rate-limited); nil discards.
+	Logger *slog.Logger
 }
 
 // DefaultConfig is one engine with vLLM's defaults.
@@ -117,9 +127,11 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 				return nil, err
 			}
 			pub, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{
-				Endpoint:       fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsPort, i*dp+r)),
-				ReplayEndpoint: fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsReplayPort, i*dp+r)),
-				BufferSize:     cfg.ReplayBufferSize,
+				Endpoint:        fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsPort, i*dp+r)),
+				ReplayEndpoint:  fmt.Sprintf("tcp://%s:%d", cfg.Host, port(cfg.KVEventsReplayPort, i*dp+r)),
+				MaxMessageBytes: cfg.ZMQMaxMessageBytes,
+				BufferSize:      cfg.ReplayBufferSize,
+				Log:             cfg.Logger,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("fleet: %s rank %d: %w", e.Name, r, err)
@@ -147,7 +159,9 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 			return nil, fmt.Errorf("fleet: %s: %w", e.Name, err)
 		}
 		e.HTTPURL = "http://" + ln.Addr().String()
-		srv := &http.Server{Handler: server.New(scfg, runners).Handler(), ReadHeaderTimeout: 10 * time.Second}
+		engineServer := server.New(scfg, runners)
+		engineServer.MustRegister(zmqDropped(e.Name, f.pubs[len(f.pubs)-dp:])...)
+		srv := &http.Server{Handler: engineServer.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		f.servers = append(f.servers, srv)
 		f.wg.Add(1)
 		go func() {
@@ -270,5 +284,24 @@ func (f *Fleet) Close() {
 	f.wg.Wait()
 	for _, p := range f.pubs {
 		_ = p.Close()
+	}
+}
+
+// zmqDropped counts the peers an engine's ZMQ sockets dropped.
+func zmqDropped(engine string, pubs []*zmqevents.Publisher) []prometheus.Collector {
+	counter := func(name, help string, read func(zmqevents.PublisherStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"engine": engine}}, func() float64 {
+			var n uint64
+			for _, p := range pubs {
+				n += read(p.Stats())
+			}
+			return float64(n)
+		})
+	}
+	return []prometheus.Collector{
+		counter("kvrouter_zmq_oversized_messages_total", "ZMQ peers disconnected for announcing a message above --zmq-max-message-bytes.",
+			func(st zmqevents.PublisherStats) uint64 { return st.Oversized }),
+		counter("kvrouter_zmq_bad_handshakes_total", "ZMQ peers disconnected for a malformed or stalled handshake.",
+			func(st zmqevents.PublisherStats) uint64 { return st.BadHandshakes }),
 	}
 }

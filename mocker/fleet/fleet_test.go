@@ -60,7 +60,7 @@ func replayAll(t *testing.T, r Rank) []*vllmevents.Batch {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	msgs, err := zmqevents.Replay(ctx, r.Replay, 0)
+	msgs, err := zmqevents.Replay(ctx, r.Replay, 0, zmqevents.ReplayConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

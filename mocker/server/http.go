@@ -52,6 +52,9 @@ type Server struct {
 	m       serverMetrics
 }
 
+// MustRegister adds collectors to the engine's /metrics.
+func (s *Server) MustRegister(cs ...prometheus.Collector) { s.reg.MustRegister(cs...) }
+
 // New builds the server of an engine whose ranks are driven by ranks.
 func New(cfg Config, ranks []*Runner) *Server {
 	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry()}

@@ -63,13 +63,23 @@ func errorEvent(code, format string, args ...any) []byte {
 
 // readBody reads a request body of at most limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *httpError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	in := http.MaxBytesReader(w, r.Body, limit)
+	var body []byte
+	var err error
+	if r.ContentLength >= 0 && r.ContentLength <= limit {
+		// Sized once: a body read by doubling leaves up to twice its size
+		// behind, and bodies are the largest buffers a client controls.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(in, body)
+	} else {
+		body, err = io.ReadAll(in)
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, newError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body larger than %d bytes", tooBig.Limit)
 		}
-		return nil, badRequest("invalid_body", "", "reading the request body: %v", err)
+		return nil, badRequest("invalid_body", "", "the request body could not be read: %v", err)
 	}
 	return body, nil
 }

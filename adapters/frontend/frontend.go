@@ -32,8 +32,10 @@
 // byte, except that the "nvext" key is dropped (engines do not know it) and,
 // when the worker has more than one data-parallel rank,
 // "data_parallel_rank" is set to the routed rank (replacing the client's).
-// When neither applies the client's bytes are sent untouched; otherwise the
-// top-level object is re-encoded (values keep their bytes, keys are sorted).
+// Members the frontend keeps go on in their order and bytes, spliced from
+// the client's body rather than re-encoded; so does the prompt sent to
+// /tokenize: a prompt of many megabytes is held once, not copied at every
+// step.
 // The engine's status, headers (hop-by-hop ones aside) and body come back
 // unchanged; the engine request carries X-Request-Id (the booking id) and
 // the client's Accept. Server-sent events are passed on as they arrive, flushed

@@ -57,10 +57,14 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	top, err := splitObject(body)
+	members, err := objectMembers(body)
 	if err != nil {
-		c.fail(badRequest("invalid_json", "", "the body must be a JSON object: %v", err))
+		c.fail(badRequest("invalid_json", "", "the body must be a JSON object"))
 		return
+	}
+	top := make(map[string]json.RawMessage, len(members))
+	for _, m := range members {
+		top[m.key] = m.val
 	}
 	var model string
 	if err := json.Unmarshal(top["model"], &model); err != nil || model == "" {
@@ -123,17 +127,13 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	}
 	c.worker = wk
 
-	out := body
+	out := pieces{body}
 	_, hasNvext := top["nvext"]
-	if hasNvext || wk.DPSize > 1 {
-		delete(top, "nvext")
-		if wk.DPSize > 1 {
-			top["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(d.Worker.DPRank), 10))
-		}
-		if out, err = json.Marshal(top); err != nil {
-			c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
-			return
-		}
+	switch {
+	case wk.DPSize > 1:
+		out = without(body, members, []string{"nvext", "data_parallel_rank"}, []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(d.Worker.DPRank), 10))
+	case hasNvext:
+		out = without(body, members, []string{"nvext"})
 	}
 	c.forward(out)
 }
@@ -169,15 +169,14 @@ func copyHeaders(dst, src http.Header) {
 }
 
 // forward sends the request to the chosen engine and relays its answer.
-func (c *call) forward(body []byte) {
+func (c *call) forward(body pieces) {
 	ctx := c.r.Context()
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
-	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	ereq, err := body.post(ctx, url)
 	if err != nil {
 		c.fail(newError(http.StatusBadGateway, "server_error", "engine_unreachable", "", "engine %s: %v", c.worker.Name, err))
 		return
 	}
-	ereq.Header.Set("Content-Type", "application/json")
 	if a := c.r.Header.Get("Accept"); a != "" {
 		ereq.Header.Set("Accept", a)
 	}

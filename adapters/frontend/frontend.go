@@ -120,7 +120,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -159,6 +161,13 @@ type Config struct {
 	// and is served on /metrics; nil makes a new one.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+	// MaxConcurrentRequests, when > 0, is how many requests (besides
+	// /health and /metrics) are served at once; more are answered 503 with
+	// Retry-After.
+	MaxConcurrentRequests int
+	// WriteTimeout, when > 0, bounds the writing of a non-streamed
+	// response, from its first byte; streams are not bounded.
+	WriteTimeout time.Duration
 	// Dependencies, optional, reports the state of what the frontend
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
@@ -174,6 +183,8 @@ type Frontend struct {
 	idBase  string
 	nextID  atomic.Uint64
 	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
+	// inflight counts the requests admitted under MaxConcurrentRequests.
+	inflight atomic.Int64
 }
 
 // New checks cfg and registers the metrics.
@@ -214,25 +225,48 @@ func New(cfg Config) (*Frontend, error) {
 	}, nil
 }
 
-// Handler routes every endpoint.
+// Handler routes every endpoint. A known path asked with another method is
+// answered 405 with an Allow header, in OpenAI's error shape like every
+// other error.
 func (f *Frontend) Handler() http.Handler {
+	routes := []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"POST", "/v1/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointCompletions) }},
+		{"POST", "/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointChat) }},
+		{"GET", "/v1/models", f.models},
+		{"POST", "/router/best_worker", f.bestWorker},
+		{"POST", "/router/potential_loads", f.potentialLoads},
+		{"POST", "/router/mark_prefill_complete", f.markPrefillComplete},
+		{"POST", "/router/free", f.free},
+		{"GET", "/router/dump_events", f.dumpEvents},
+		{"GET", "/busy_threshold", f.listThresholds},
+		{"POST", "/busy_threshold", f.postThreshold},
+		{"GET", "/health", f.health},
+		{"GET", "/metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}).ServeHTTP},
+	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointCompletions) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointChat) })
-	mux.HandleFunc("GET /v1/models", f.models)
-	mux.HandleFunc("POST /router/best_worker", f.bestWorker)
-	mux.HandleFunc("POST /router/potential_loads", f.potentialLoads)
-	mux.HandleFunc("POST /router/mark_prefill_complete", f.markPrefillComplete)
-	mux.HandleFunc("POST /router/free", f.free)
-	mux.HandleFunc("GET /router/dump_events", f.dumpEvents)
-	mux.HandleFunc("GET /busy_threshold", f.listThresholds)
-	mux.HandleFunc("POST /busy_threshold", f.postThreshold)
-	mux.HandleFunc("GET /health", f.health)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))
+	allowed := map[string][]string{}
+	for _, rt := range routes {
+		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		if rt.method == "GET" && !slices.Contains(allowed[rt.path], "HEAD") {
+			allowed[rt.path] = append(allowed[rt.path], "GET", "HEAD")
+		} else {
+			allowed[rt.path] = append(allowed[rt.path], rt.method)
+		}
+	}
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "", "%s %s is not served; use %s", r.Method, r.URL.Path, allow)
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return mux
+	return f.limit(mux)
 }
 
 // newID is a booking id unique to this process (and, by its random part,

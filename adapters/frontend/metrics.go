@@ -18,6 +18,7 @@ type frontendMetrics struct {
 	outputTokens *prometheus.HistogramVec
 	hitRate      *prometheus.HistogramVec
 	routing      *prometheus.HistogramVec
+	rejected     prometheus.Counter
 }
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
@@ -46,9 +47,13 @@ func newFrontendMetrics() *frontendMetrics {
 		hitRate:      histogram("kv_hit_rate", "Prompt blocks cached on the chosen worker over prompt blocks, per routed request.", prometheus.LinearBuckets(0, 0.1, 11), "model"),
 		routing: histogram("routing_overhead_seconds", "The router's own time per decision, by phase.",
 			[]float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1}, "phase"),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "rejected_requests_total",
+			Help: "Requests answered 503 because the router was serving its maximum of concurrent requests.",
+		}),
 	}
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.rejected}
 }

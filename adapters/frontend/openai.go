@@ -67,8 +67,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		top[m.key] = m.val
 	}
 	var model string
+	if !present(top["model"]) {
+		c.fail(badRequest("missing_model", "model", "model is required"))
+		return
+	}
 	if err := json.Unmarshal(top["model"], &model); err != nil || model == "" {
-		c.fail(badRequest("missing_model", "model", "model is required and must be a string"))
+		c.fail(badRequest("invalid_model", "model", "model must be a non-empty string"))
 		return
 	}
 	all, serving := f.workersFor(model)
@@ -138,13 +142,6 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.forward(out)
 }
 
-func errOrNull(err error) any {
-	if err == nil {
-		return "got null"
-	}
-	return err
-}
-
 func (f *Frontend) observeDecision(model string, d *router.Decision) {
 	f.m.routing.WithLabelValues("hash").Observe(d.Timings.Hash.Seconds())
 	f.m.routing.WithLabelValues("find_matches").Observe(d.Timings.FindMatches.Seconds())
@@ -195,11 +192,12 @@ func (c *call) forward(body pieces) {
 	defer resp.Body.Close()
 
 	if resp.StatusCode != http.StatusOK {
-		// The engine's own error, relayed as it is.
+		// The engine's own error, relayed with its code as a string.
 		c.status = strconv.Itoa(resp.StatusCode)
+		data, _ := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(c.w, resp.Body)
+		_, _ = c.w.Write(stringCode(data))
 		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
 		return
 	}
@@ -247,6 +245,53 @@ func (c *call) observeEnd(ttft time.Duration, out int) {
 	}
 }
 
+// maxEngineError bounds the engine error body the frontend relays.
+const maxEngineError = 1 << 20
+
+// stringCode gives an engine's OpenAI error body the frontend's type of
+// "code", a string: vLLM sends the HTTP status as a number, and a client
+// should not have to handle both. Other bodies are returned as they are.
+func stringCode(body []byte) []byte {
+	top, err := splitObject(body)
+	if err != nil {
+		return body
+	}
+	switch e := top["error"]; {
+	case len(e) > 0 && e[0] == '{':
+		inner, ok := withStringCode(e)
+		if !ok {
+			return body
+		}
+		top["error"] = inner
+		out, err := json.Marshal(top)
+		if err != nil {
+			return body
+		}
+		return append(out, '\n')
+	case bytes.Equal(top["object"], []byte(`"error"`)): // vLLM's older flat shape
+		if out, ok := withStringCode(body); ok {
+			return append(out, '\n')
+		}
+	}
+	return body
+}
+
+// withStringCode returns the JSON object obj with a "code" that is not a
+// string turned into one; ok is false when there is nothing to change.
+func withStringCode(obj []byte) ([]byte, bool) {
+	m, err := splitObject(obj)
+	if err != nil {
+		return nil, false
+	}
+	code := m["code"]
+	if len(code) == 0 || code[0] == '"' || string(code) == "null" {
+		return nil, false
+	}
+	m["code"], _ = json.Marshal(string(code))
+	out, err := json.Marshal(m)
+	return out, err == nil
+}
+
 // outputTokens is usage.completion_tokens of a JSON answer or chunk, else
 // def.
 func outputTokens(data []byte, def int) int {
@@ -288,6 +333,8 @@ func (c *call) stream(resp *http.Response) {
 	rc := http.NewResponseController(c.w)
 	copyHeaders(c.w.Header(), resp.Header)
 	c.w.WriteHeader(http.StatusOK)
+	// A stream lasts as long as the generation: no write timeout.
+	_ = rc.SetWriteDeadline(time.Time{})
 	_ = rc.Flush()
 
 	var (

@@ -41,9 +41,13 @@ func checkPrompt(top map[string]json.RawMessage, kind promptKind) *httpError {
 		if !present(top["messages"]) {
 			return badRequest("missing_messages", "messages", "messages is required")
 		}
-		var msgs []json.RawMessage
-		if err := json.Unmarshal(top["messages"], &msgs); err != nil || len(msgs) == 0 {
-			return badRequest("invalid_messages", "messages", "messages must be a non-empty list")
+		// Checked in place: a chat prompt can be megabytes.
+		msgs := bytes.TrimSpace(top["messages"])
+		if msgs[0] != '[' || !json.Valid(msgs) {
+			return badRequest("invalid_messages", "messages", "messages must be a list of messages")
+		}
+		if skipSpace(msgs, 1) == len(msgs)-1 {
+			return badRequest("invalid_messages", "messages", "messages must not be empty")
 		}
 	default:
 		if !present(top["tokens"]) && !present(top["prompt"]) && !present(top["messages"]) {

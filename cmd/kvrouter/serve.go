@@ -21,6 +21,7 @@ import (
 func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
+		lf         limitFlags
 		pf         planeFlags
 		host       string
 		port       int
@@ -62,6 +63,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
+			lf.applyRouter(&rcfg)
 			workers, err := loadWorkers(configPath, specs)
 			if err != nil {
 				return err
@@ -73,7 +75,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			defer closeNATS()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -87,6 +89,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	}
 	fs := cmd.Flags()
 	rf.register(fs)
+	lf.register(fs)
 	pf.register(fs, true, 4222)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")

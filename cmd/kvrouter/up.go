@@ -20,6 +20,7 @@ import (
 func newUpCmd() *cobra.Command {
 	var (
 		rf      = newRouterFlags()
+		lf      limitFlags
 		pf      planeFlags
 		mock    = fleet.DefaultConfig()
 		host    string
@@ -52,6 +53,7 @@ flags.`,
 			if err != nil {
 				return err
 			}
+			lf.applyRouter(&rcfg)
 			rcfg.BlockSize = mock.Engine.BlockSize
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -73,7 +75,7 @@ flags.`,
 				return err
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -99,6 +101,7 @@ flags.`,
 	}
 	fs := cmd.Flags()
 	rf.register(fs)
+	lf.register(fs)
 	pf.register(fs, true, 0)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/ratelog"
 )
 
 // WorkerSpec describes one engine as the router sees it.
@@ -57,6 +58,8 @@ type Config struct {
 	// means 50 ms, the Inference Extension's default.
 	EngineMetricsInterval time.Duration
 	Logger                *slog.Logger
+	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
+	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
@@ -118,6 +121,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	// A failing engine fails every request and probe: one warning per kind
+	// every 10 s says as much.
+	log = slog.New(ratelog.New(log.Handler(), slog.LevelWarn, 10*time.Second, nil))
+	cfg.HTTP = cfg.HTTP.withDefaults()
 	ids := map[uint64]bool{}
 	for i := range cfg.Workers {
 		if err := cfg.Workers[i].validate(); err != nil {
@@ -138,7 +145,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newSourceCollector(s))
-	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth})
+	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
+		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +154,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	ln = limitConnections(ln, cfg.HTTP.MaxConnections)
 	ctx, cancel := context.WithCancel(ctx)
 	s.ln, s.cancel = ln, cancel
 	if cfg.Plane != nil {
@@ -155,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = httpServer(fe.Handler(), cfg.HTTP)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -86,6 +86,7 @@ type envOpts struct {
 	engines, dp int
 	maxBody     int64
 	router      func(*router.Config)
+	frontend    func(*Config)
 }
 
 // newEnv starts a mocker fleet on 127.0.0.1 (ports 0), a router with its
@@ -120,7 +121,11 @@ func newEnv(t *testing.T, o envOpts) *env {
 			e.add(Worker{ID: uint64(10 + i), Name: eng.Name, BaseURL: eng.HTTPURL, Model: mockModel, DPSize: o.dp})
 		}
 	}
-	fe, err := New(Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg})
+	fcfg := Config{Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg}
+	if o.frontend != nil {
+		o.frontend(&fcfg)
+	}
+	fe, err := New(fcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +230,10 @@ func openAIError(t *testing.T, resp *http.Response, body []byte, status int) str
 			t.Fatalf("error without %q: %s", k, body)
 		}
 	}
-	code, _ := e.Error["code"].(string)
+	code, ok := e.Error["code"].(string)
+	if !ok && e.Error["code"] != nil {
+		t.Fatalf("code is neither a string nor null: %s", body)
+	}
 	return code
 }
 

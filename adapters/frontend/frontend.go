@@ -168,6 +168,10 @@ type Config struct {
 	// WriteTimeout, when > 0, bounds the writing of a non-streamed
 	// response, from its first byte; streams are not bounded.
 	WriteTimeout time.Duration
+	// AfterBurst, optional, is called when the last of a burst of large
+	// request bodies (64 MiB or more in flight at once) has been served,
+	// so that the process can hand the memory back.
+	AfterBurst func()
 	// Dependencies, optional, reports the state of what the frontend
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
@@ -184,7 +188,8 @@ type Frontend struct {
 	nextID  atomic.Uint64
 	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
 	// inflight counts the requests admitted under MaxConcurrentRequests.
-	inflight atomic.Int64
+	inflight    atomic.Int64
+	largeBodies bodyBurst
 }
 
 // New checks cfg and registers the metrics.

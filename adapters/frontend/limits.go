@@ -3,6 +3,7 @@ package frontend
 import (
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -29,8 +30,50 @@ func (f *Frontend) limit(next http.Handler) http.Handler {
 		if timeout > 0 {
 			w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}
 		}
+		if r.ContentLength >= largeBody && f.cfg.AfterBurst != nil {
+			f.largeBodies.start(r.ContentLength)
+			defer func() {
+				if f.largeBodies.end(r.ContentLength) {
+					f.cfg.AfterBurst()
+				}
+			}()
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// A burst is large bodies, each of largeBody bytes or more, reaching
+// burstBytes in flight at once: the heap grew for them, and the Go runtime
+// keeps what it grew to for minutes unless told otherwise.
+const (
+	largeBody  = 1 << 20
+	burstBytes = 64 << 20
+)
+
+// bodyBurst follows the large bodies in flight.
+type bodyBurst struct {
+	mu       sync.Mutex
+	inflight int64
+	peak     int64 // since the last burst ended
+}
+
+func (b *bodyBurst) start(n int64) {
+	b.mu.Lock()
+	b.inflight += n
+	b.peak = max(b.peak, b.inflight)
+	b.mu.Unlock()
+}
+
+// end reports whether the body of n bytes was the last of a burst.
+func (b *bodyBurst) end(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inflight -= n
+	if b.inflight > 0 || b.peak < burstBytes {
+		return false
+	}
+	b.peak = 0
+	return true
 }
 
 // retryAfterSeconds is what an overloaded router asks clients to wait: a

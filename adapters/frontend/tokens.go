@@ -185,11 +185,11 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 		return nil, false, err
 	}
 	defer resp.Body.Close()
-	body, err := readAtMost(resp.Body, resp.ContentLength, maxTokenizeResponse)
-	if err != nil {
-		return nil, false, err
-	}
 	if resp.StatusCode != http.StatusOK {
+		body, err := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
+		if err != nil {
+			return nil, false, err
+		}
 		msg := engineMessage(body)
 		switch resp.StatusCode {
 		case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge:
@@ -197,16 +197,9 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 		}
 		return nil, false, fmt.Errorf("/tokenize answered %s: %s", resp.Status, msg)
 	}
-	// The answer is read straight into token ids: the token list is about
-	// as large as the prompt, and decoding it through []int64 cost four
-	// times its size.
-	top, err := splitObject(body)
-	if err != nil || !present(top["tokens"]) {
-		return nil, false, fmt.Errorf("/tokenize answered no token list: %.200s", body)
-	}
-	ids, herr := tokenIDs(top["tokens"], "tokens")
-	if herr != nil {
-		return nil, false, fmt.Errorf("/tokenize answered %s", herr.Message)
+	ids, err = decodeTokenList(io.LimitReader(resp.Body, maxTokenizeResponse))
+	if err != nil {
+		return nil, false, fmt.Errorf("/tokenize answered no token list: %w", err)
 	}
 	return ids, false, nil
 }

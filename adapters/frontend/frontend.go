@@ -84,12 +84,17 @@
 // # Errors
 //
 // Errors the frontend raises itself use OpenAI's shape {"error": {"message",
-// "type", "param", "code"}} with a string code: malformed JSON, missing
-// prompt or messages, bad nvext → 400; unknown model → 404; body over
-// MaxBodyBytes → 413; every worker busy or none serving the model → 503;
-// engine unreachable or tokenization failing on the engine's side → 502;
-// a request_id already booked (router API) → 409. Engines' own errors pass
-// through unchanged.
+// "type", "param", "code"}} with a string code, and messages name the
+// request's fields ("nvext.agent_hints.osl must be an integer, got a
+// string"): malformed JSON, missing prompt or messages, bad nvext, an
+// over-long session id or request_id → 400; unknown model → 404; a known
+// path with another method → 405 with Allow; body over MaxBodyBytes → 413;
+// a new session when the router holds its maximum → 429; every worker busy
+// or none serving the model → 503; more than MaxConcurrentRequests at once
+// → 503 "overloaded" with Retry-After; engine unreachable or tokenization
+// failing on the engine's side → 502; a request_id already booked (router
+// API) → 409. Engines' own errors pass through, their numeric code (vLLM's)
+// turned into a string.
 //
 // The router API answers: best_worker {worker_id, dp_rank, overlap_blocks,
 // prompt_blocks, request_id (when booked), via, timing}; potential_loads a

@@ -1,11 +1,10 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -39,32 +38,21 @@ concurrent text prompts of --prompt-bytes. It reads the process's VmRSS from
 				}
 				cfg.Binary = exe
 			}
-			progress := io.Discard
-			if !quiet {
-				progress = cmd.ErrOrStderr()
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			res, err := bench.RunMemory(ctx, cfg, progress)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "RSS idle\t%.0f MB\n", res.IdleMB)
-			fmt.Fprintf(tw, "RSS peak\t%.0f MB\n", res.PeakMB)
-			fmt.Fprintf(tw, "RSS after the probes\t%.0f MB\n", res.AfterProbesMB)
-			fmt.Fprintf(tw, "RSS %v later\t%.0f MB\n", cfg.Settle, res.SettledMB)
-			fmt.Fprintf(tw, "back within 20 %% of idle after\t%.0f s (-1: not within %v)\n", res.BackWithinS, cfg.Settle)
-			fmt.Fprintf(tw, "GET /busy_threshold\t%d bytes\n", res.ListBytes)
-			for _, p := range []string{"sessions", "busy_threshold", "prompts"} {
-				fmt.Fprintf(tw, "answers to %s\t%s\n", p, res.Statuses[p])
-			}
-			return tw.Flush()
+			return runBench(cmd, quiet, asJSON, func(ctx context.Context, progress io.Writer) (bench.MemoryResult, error) {
+				return bench.RunMemory(ctx, cfg, progress)
+			}, func(out io.Writer, res bench.MemoryResult) error {
+				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+				fmt.Fprintf(tw, "RSS idle\t%.0f MB\n", res.IdleMB)
+				fmt.Fprintf(tw, "RSS peak\t%.0f MB\n", res.PeakMB)
+				fmt.Fprintf(tw, "RSS after the probes\t%.0f MB\n", res.AfterProbesMB)
+				fmt.Fprintf(tw, "RSS %v later\t%.0f MB\n", cfg.Settle, res.SettledMB)
+				fmt.Fprintf(tw, "back within 20 %% of idle after\t%.0f s (-1: not within %v)\n", res.BackWithinS, cfg.Settle)
+				fmt.Fprintf(tw, "GET /busy_threshold\t%d bytes\n", res.ListBytes)
+				for _, p := range []string{"sessions", "busy_threshold", "prompts"} {
+					fmt.Fprintf(tw, "answers to %s\t%s\n", p, res.Statuses[p])
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	f := cmd.Flags()

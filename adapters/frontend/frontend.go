@@ -90,8 +90,9 @@
 // over-long session id or request_id → 400; unknown model → 404; a known
 // path with another method → 405 with Allow; body over MaxBodyBytes → 413;
 // a new session when the router holds its maximum → 429; every worker busy
-// or none serving the model → 503; more than MaxConcurrentRequests at once
-// → 503 "overloaded" with Retry-After; engine unreachable or tokenization
+// or none serving the model → 503; more than MaxConcurrentRequests, or
+// bodies beyond MaxInflightBodyBytes, at once → 503 "overloaded" with
+// Retry-After; engine unreachable or tokenization
 // failing on the engine's side → 502; a request_id already booked (router
 // API) → 409. Engines' own errors pass through, their numeric code (vLLM's)
 // turned into a string.
@@ -170,6 +171,10 @@ type Config struct {
 	// /health and /metrics) are served at once; more are answered 503 with
 	// Retry-After.
 	MaxConcurrentRequests int
+	// MaxInflightBodyBytes, when > 0, bounds the request bodies (by their
+	// Content-Length) held at once; a request that would exceed it is
+	// answered 503 with Retry-After, unless it is the only one.
+	MaxInflightBodyBytes int64
 	// WriteTimeout, when > 0, bounds the writing of a non-streamed
 	// response, from its first byte; streams are not bounded.
 	WriteTimeout time.Duration
@@ -194,6 +199,7 @@ type Frontend struct {
 	tokRR   atomic.Uint64 // rotates the engine asked to tokenize
 	// inflight counts the requests admitted under MaxConcurrentRequests.
 	inflight    atomic.Int64
+	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
 }
 

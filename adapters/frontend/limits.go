@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// limit admits at most Config.MaxConcurrentRequests requests at once and
-// answers the others 503 with Retry-After at once, rather than letting
+// limit admits at most Config.MaxConcurrentRequests requests at once, and
+// request bodies up to Config.MaxInflightBodyBytes in all, and answers the
+// others 503 with Retry-After at once, rather than letting
 // every request slow down together; /health and /metrics are always
 // answered, so that probes see an overloaded router as alive. It also
 // bounds how long writing a non-streamed response may take.
@@ -26,6 +27,19 @@ func (f *Frontend) limit(next http.Handler) http.Handler {
 				return
 			}
 			defer f.inflight.Add(-1)
+		}
+		if budget := f.cfg.MaxInflightBodyBytes; budget > 0 && r.ContentLength > 0 {
+			// Bodies are the largest buffers clients control; their total
+			// is bounded, not only each one's size.
+			if n := f.bodyBytes.Add(r.ContentLength); n > budget && n != r.ContentLength {
+				f.bodyBytes.Add(-r.ContentLength)
+				f.m.rejected.Inc()
+				w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+				writeError(w, http.StatusServiceUnavailable, "server_error", "overloaded", "",
+					"the router holds its maximum of %d MiB of request bodies; retry after %d s", budget>>20, retryAfterSeconds)
+				return
+			}
+			defer f.bodyBytes.Add(-r.ContentLength)
 		}
 		if timeout > 0 {
 			w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}

@@ -290,3 +290,36 @@ func TestBodyBurst(t *testing.T) {
 		t.Fatal("the burst was reported twice")
 	}
 }
+
+// TestInflightBodyBudget: bodies held at once are bounded in total; one
+// that would exceed the budget is answered 503 with Retry-After, and once
+// the others are done it is admitted.
+func TestInflightBodyBudget(t *testing.T) {
+	e := newEnv(t, envOpts{frontend: func(c *Config) { c.MaxInflightBodyBytes = 3000 }})
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	e.fake(1, "m", 1, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		okEngine(w, r)
+	})
+	body := `{"model":"m","prompt":[1,2],"pad":"` + strings.Repeat("x", 2000) + `"}`
+	done := make(chan int)
+	go func() {
+		resp, _ := e.post("/v1/completions", body)
+		done <- resp.StatusCode
+	}()
+	<-arrived
+	resp, got := e.post("/v1/completions", body)
+	errorMessage(t, resp, got, 503, "overloaded")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	close(release)
+	if s := <-done; s != 200 {
+		t.Fatalf("admitted request: %d", s)
+	}
+	if resp, got := e.post("/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("after the first: %d %s", resp.StatusCode, got)
+	}
+	e.settle()
+}

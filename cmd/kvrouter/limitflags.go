@@ -16,6 +16,7 @@ import (
 type limitFlags struct {
 	http               serve.HTTPLimits
 	bodyLimitMB        int
+	inflightBodyMB     int
 	maxSessions        int
 	maxSessionTimeout  float64
 	maxThresholdModels int
@@ -23,6 +24,7 @@ type limitFlags struct {
 
 func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.bodyLimitMB, "http-body-limit-mb", 16, "largest request body in MiB; 413 beyond")
+	fs.IntVar(&f.inflightBodyMB, "http-max-inflight-body-mb", serve.DefaultMaxInflightBodyBytes>>20, "request bodies held at once, in MiB; more are answered 503 with Retry-After; 0 = no limit")
 	fs.DurationVar(&f.http.ReadTimeout, "http-read-timeout", serve.DefaultReadTimeout, "time to read a whole request, body included; 0 = none")
 	fs.DurationVar(&f.http.IdleTimeout, "http-idle-timeout", serve.DefaultIdleTimeout, "keep-alive connections idle this long are closed; 0 = none")
 	fs.DurationVar(&f.http.WriteTimeout, "http-write-timeout", serve.DefaultWriteTimeout, "time to write a non-streamed response, from its first byte (streams are not bounded); 0 = none")
@@ -43,6 +45,10 @@ func (f *limitFlags) applyRouter(cfg *router.Config) {
 func (f *limitFlags) httpLimits() serve.HTTPLimits {
 	l := f.http
 	l.MaxBodyBytes = int64(f.bodyLimitMB) << 20
+	l.MaxInflightBodyBytes = int64(f.inflightBodyMB) << 20
+	if l.MaxInflightBodyBytes == 0 {
+		l.MaxInflightBodyBytes = -1
+	}
 	// On the command line 0 switches a bound off; in serve.HTTPLimits it
 	// takes the default, and a negative value switches it off.
 	for _, d := range []*time.Duration{&l.ReadTimeout, &l.IdleTimeout, &l.WriteTimeout} {

@@ -16,6 +16,9 @@ import (
 // a negative one switches that bound off.
 type HTTPLimits struct {
 	MaxBodyBytes int64 // a request body; 413 beyond
+	// MaxInflightBodyBytes bounds the bodies held at once (by their
+	// Content-Length); beyond, 503 with Retry-After.
+	MaxInflightBodyBytes int64
 	// ReadTimeout bounds reading a whole request, body included: a client
 	// dripping its body is cut off.
 	ReadTimeout time.Duration
@@ -40,6 +43,7 @@ const (
 	DefaultWriteTimeout          = 60 * time.Second
 	DefaultMaxConcurrentRequests = 1024
 	DefaultMaxConnections        = 4096
+	DefaultMaxInflightBodyBytes  = 128 << 20
 )
 
 func (l HTTPLimits) withDefaults() HTTPLimits {
@@ -64,6 +68,12 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	}
 	pickInt(&l.MaxConcurrentRequests, DefaultMaxConcurrentRequests)
 	pickInt(&l.MaxConnections, DefaultMaxConnections)
+	switch {
+	case l.MaxInflightBodyBytes == 0:
+		l.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	case l.MaxInflightBodyBytes < 0:
+		l.MaxInflightBodyBytes = 0
+	}
 	if l.MaxBodyBytes <= 0 {
 		l.MaxBodyBytes = frontend.DefaultMaxBodyBytes
 	}

@@ -147,7 +147,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	reg.MustRegister(newSourceCollector(s))
 	fe, err := frontend.New(frontend.Config{Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.planeHealth,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
-		AfterBurst: newReclaimer(10 * time.Second).request})
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes,
+		AfterBurst:           newReclaimer(10 * time.Second).request})
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -63,13 +64,23 @@ func errorEvent(code, format string, args ...any) []byte {
 
 // readBody reads a request body of at most limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *httpError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	in := http.MaxBytesReader(w, r.Body, limit)
+	var body []byte
+	var err error
+	if r.ContentLength >= 0 && r.ContentLength <= limit {
+		// Sized once: a body read by doubling leaves up to twice its size
+		// behind, and bodies are the largest buffers a client controls.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(in, body)
+	} else {
+		body, err = io.ReadAll(in)
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, newError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body larger than %d bytes", tooBig.Limit)
 		}
-		return nil, badRequest("invalid_body", "", "reading the request body: %v", err)
+		return nil, badRequest("invalid_body", "", "the request body could not be read: %v", err)
 	}
 	return body, nil
 }
@@ -82,15 +93,33 @@ func routeError(err error, model string) *httpError {
 	case errors.Is(err, router.ErrNoWorkers), errors.Is(err, sched.ErrNoCandidates):
 		return newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no worker serves model %q", model)
 	case errors.Is(err, sched.ErrUnknownWorker):
-		return badRequest("unknown_worker", "nvext.backend_instance_id", "%v", err)
+		return badRequest("unknown_worker", "nvext.backend_instance_id", "nvext.backend_instance_id and dp_rank name no worker rank serving model %q", model)
 	case errors.Is(err, sched.ErrNoTarget):
 		return badRequest("no_target", "nvext.backend_instance_id", "the router is in direct mode: name a worker with nvext.backend_instance_id")
-	case errors.Is(err, sched.ErrInvalidParams), errors.Is(err, sched.ErrInvalidRequest):
-		return badRequest("invalid_nvext", "nvext", "%v", err)
+	case errors.Is(err, sched.ErrTooManySessions):
+		return newError(http.StatusTooManyRequests, "invalid_request_error", "too_many_sessions", "nvext.session_control.session_id", "%s; close sessions or let them time out", detail(err, sched.ErrTooManySessions))
+	case errors.Is(err, sched.ErrInvalidParams):
+		return badRequest("invalid_nvext", "nvext", "%s", detail(err, sched.ErrInvalidParams))
+	case errors.Is(err, sched.ErrInvalidRequest):
+		msg := detail(err, sched.ErrInvalidRequest)
+		if strings.HasPrefix(msg, "session_control") {
+			return badRequest("invalid_nvext", "nvext.session_control", "nvext.%s", msg)
+		}
+		return badRequest("invalid_nvext", "nvext", "%s", msg)
 	case errors.Is(err, router.ErrDuplicateID):
-		return newError(http.StatusConflict, "invalid_request_error", "duplicate_request_id", "request_id", "%v", err)
+		return newError(http.StatusConflict, "invalid_request_error", "duplicate_request_id", "request_id", "a request with this request_id is already booked")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return newError(http.StatusServiceUnavailable, "server_error", "cancelled", "", "the request ended while waiting for a worker: %v", err)
 	}
 	return newError(http.StatusInternalServerError, "server_error", "routing_failed", "", "routing failed: %v", err)
+}
+
+// detail is what err says beyond its sentinel's own text: the part written
+// in the request's terms.
+func detail(err, sentinel error) string {
+	msg := strings.TrimPrefix(err.Error(), sentinel.Error())
+	if msg = strings.TrimPrefix(msg, ": "); msg == "" {
+		return sentinel.Error()
+	}
+	return msg
 }

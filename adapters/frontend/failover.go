@@ -2,14 +2,17 @@ package frontend
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/router"
@@ -38,6 +41,28 @@ var errWorkerGone = errors.New("the worker left the registry")
 func connectFailure(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// refusesConnections dials the engine at baseURL once: true when it
+// refuses, false when it accepts or does not answer in time (a slow engine
+// is not a dead one).
+func refusesConnections(ctx context.Context, baseURL string) bool {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), map[bool]string{true: "443", false: "80"}[u.Scheme == "https"])
+	}
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", host)
+	if err != nil {
+		return errors.Is(err, syscall.ECONNREFUSED)
+	}
+	conn.Close()
+	return false
 }
 
 // serve routes req and forwards it, moving it to another engine when its
@@ -91,6 +116,12 @@ func (c *call) serve(req *router.Request) {
 				}
 			case errors.Is(err, errWorkerGone):
 			default:
+				// A reset often comes from a pooled connection the engine
+				// closed as it died; whether it is gone only a fresh
+				// connection tells.
+				if c.f.cfg.EngineRefused != nil && refusesConnections(ctx, c.worker.BaseURL) {
+					c.f.cfg.EngineRefused(c.worker.ID)
+				}
 				if resets++; resets > 1 {
 					c.giveUp(lastErr)
 					return
@@ -146,7 +177,7 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 		return unanswered, errWorkerGone
 	}
 	c.worker = wk
-	body, err := engineBody(top, raw, wk, d.Worker.DPRank)
+	body, err := engineBody(top, raw, c.members, wk, d.Worker.DPRank)
 	if err != nil {
 		c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
 		return served, nil
@@ -154,20 +185,27 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	return c.forward(body)
 }
 
-// engineBody is what the engine gets: the client's bytes (raw) when they
-// can go as they are, else top without nvext and with the routed
-// data-parallel rank.
-func engineBody(top map[string]json.RawMessage, raw []byte, wk Worker, rank uint32) ([]byte, error) {
+// engineBody is what the engine gets: the client's bytes (raw, made of
+// members) less nvext and with the routed data-parallel rank, spliced
+// rather than re-encoded; a continuation (raw nil) is top re-encoded.
+func engineBody(top map[string]json.RawMessage, raw []byte, members []member, wk Worker, rank uint32) (pieces, error) {
 	_, hasNvext := top["nvext"]
-	if raw != nil && !hasNvext && wk.DPSize <= 1 {
-		return raw, nil
+	if raw != nil {
+		switch {
+		case wk.DPSize > 1:
+			return without(raw, members, []string{"nvext", "data_parallel_rank"}, []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(rank), 10)), nil
+		case hasNvext:
+			return without(raw, members, []string{"nvext"}), nil
+		}
+		return pieces{raw}, nil
 	}
 	out := maps.Clone(top)
 	delete(out, "nvext")
 	if wk.DPSize > 1 {
 		out["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
 	}
-	return json.Marshal(out)
+	b, err := json.Marshal(out)
+	return pieces{b}, err
 }
 
 // continuation is the request that resumes the client's broken stream on
@@ -223,7 +261,7 @@ func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint
 			// The stream carries text, not token ids: the engine's own
 			// tokenizer turns it back into ids.
 			payload, _ := json.Marshal(map[string]any{"model": c.model, "prompt": text, "add_special_tokens": false})
-			gen, herr := c.f.tokenize(ctx, serving, payload)
+			gen, herr := c.f.tokenize(ctx, serving, pieces{payload})
 			if herr != nil {
 				return nil, nil, herr
 			}

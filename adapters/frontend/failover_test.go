@@ -1,9 +1,11 @@
 package frontend
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -302,6 +304,32 @@ func TestRelayNotesChunks(t *testing.T) {
 		rs.note([]byte(tc.chunk))
 		if rs.generated.String() != tc.text || rs.genTokens != tc.gen || rs.finished != tc.finished || rs.resumable != tc.resumable {
 			t.Errorf("%s: text %q, %d tokens, finished %v, resumable %v", tc.chunk, rs.generated.String(), rs.genTokens, rs.finished, rs.resumable)
+		}
+	}
+}
+
+// A reset says nothing about the engine: a fresh dial does. A closed port
+// refuses; a listening one, or a host that does not answer in time, is
+// not declared dead.
+func TestRefusesConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := "http://" + ln.Addr().String()
+	closedLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + closedLn.Addr().String()
+	closedLn.Close()
+	defer ln.Close()
+	for _, c := range []struct {
+		url  string
+		want bool
+	}{{open, false}, {closed, true}, {"::not a url", false}} {
+		if got := refusesConnections(context.Background(), c.url); got != c.want {
+			t.Errorf("refusesConnections(%q) = %v, want %v", c.url, got, c.want)
 		}
 	}
 }

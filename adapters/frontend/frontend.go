@@ -46,8 +46,10 @@
 // byte, except that the "nvext" key is dropped (engines do not know it) and,
 // when the worker has more than one data-parallel rank,
 // "data_parallel_rank" is set to the routed rank (replacing the client's).
-// When neither applies the client's bytes are sent untouched; otherwise the
-// top-level object is re-encoded (values keep their bytes, keys are sorted).
+// Members the frontend keeps go on in their order and bytes, spliced from
+// the client's body rather than re-encoded; so does the prompt sent to
+// /tokenize: a prompt of many megabytes is held once, not copied at every
+// step.
 // The engine's status, headers (hop-by-hop ones aside) and body come back
 // unchanged; the engine request carries X-Request-Id (the booking id) and
 // the client's Accept. Server-sent events are passed on as they arrive, flushed
@@ -122,13 +124,19 @@
 // # Errors
 //
 // Errors the frontend raises itself use OpenAI's shape {"error": {"message",
-// "type", "param", "code"}} with a string code: malformed JSON, missing
-// prompt or messages, bad nvext → 400; unknown model → 404; body over
-// MaxBodyBytes → 413; every worker busy or none serving the model → 503;
-// engine unreachable or tokenization failing on the engine's side → 502;
-// a request_id already booked (router API) → 409; a missing or wrong API
-// key or admin token → 401; too many bookings → 429; a request cut by a
-// drain → 503 "shutting_down". Engines' own errors pass through unchanged.
+// "type", "param", "code"}} with a string code, and messages name the
+// request's fields ("nvext.agent_hints.osl must be an integer, got a
+// string"): malformed JSON, missing prompt or messages, bad nvext, an
+// over-long session id or request_id → 400; a missing or wrong API key or
+// admin token → 401; unknown model → 404; a known path with another method
+// → 405 with Allow; a request_id already booked (router API) → 409; body
+// over MaxBodyBytes → 413; a new session when the router holds its maximum,
+// or too many bookings → 429; every worker busy or none serving the model →
+// 503; more than MaxConcurrentRequests, or bodies beyond
+// MaxInflightBodyBytes, at once → 503 "overloaded" with Retry-After; a
+// request cut by a drain → 503 "shutting_down"; engine unreachable or
+// tokenization failing on the engine's side → 502. Engines' own errors pass
+// through, their numeric code (vLLM's) turned into a string.
 //
 // The router API answers: best_worker {worker_id, dp_rank, overlap_blocks,
 // prompt_blocks, request_id (when booked), via, timing}; potential_loads a
@@ -170,7 +178,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -209,6 +219,21 @@ type Config struct {
 	// and is served on /metrics; nil makes a new one.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+	// MaxConcurrentRequests, when > 0, is how many requests (besides
+	// /health and /metrics) are served at once; more are answered 503 with
+	// Retry-After.
+	MaxConcurrentRequests int
+	// MaxInflightBodyBytes, when > 0, bounds the request bodies (by their
+	// Content-Length) held at once; a request that would exceed it is
+	// answered 503 with Retry-After, unless it is the only one.
+	MaxInflightBodyBytes int64
+	// WriteTimeout, when > 0, bounds the writing of a non-streamed
+	// response, from its first byte; streams are not bounded.
+	WriteTimeout time.Duration
+	// AfterBurst, optional, is called when the last of a burst of large
+	// request bodies (64 MiB or more in flight at once) has been served,
+	// so that the process can hand the memory back.
+	AfterBurst func()
 	// Dependencies, optional, reports the state of what the frontend
 	// relies on besides the engines (e.g. "nats": "ok"); any value other
 	// than "ok" makes /health "degraded" while requests are still served.
@@ -259,6 +284,11 @@ type Frontend struct {
 	// aborted ends every request still in flight when a drain times out.
 	aborted context.Context
 	abort   context.CancelFunc
+
+	// inflight counts the requests admitted under MaxConcurrentRequests.
+	inflight    atomic.Int64
+	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
+	largeBodies bodyBurst
 }
 
 // New checks cfg and registers the metrics.
@@ -306,28 +336,51 @@ func New(cfg Config) (*Frontend, error) {
 	}, nil
 }
 
-// Handler routes every endpoint.
+// Handler routes every endpoint. A known path asked with another method is
+// answered 405 with an Allow header, in OpenAI's error shape like every
+// other error.
 func (f *Frontend) Handler() http.Handler {
+	routes := []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"POST", "/v1/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointCompletions) }},
+		{"POST", "/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointChat) }},
+		{"GET", "/v1/models", f.models},
+		{"POST", "/router/best_worker", f.bestWorker},
+		{"POST", "/router/potential_loads", f.potentialLoads},
+		{"POST", "/router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete)},
+		{"POST", "/router/free", f.adminOnly(f.free)},
+		{"GET", "/router/dump_events", f.dumpEvents},
+		{"GET", "/busy_threshold", f.listThresholds},
+		{"POST", "/busy_threshold", f.adminOnly(f.postThreshold)},
+		{"GET", "/health", f.health},
+		{"GET", "/live", f.live},
+		{"GET", "/ready", f.ready},
+		{"GET", "/metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}).ServeHTTP},
+	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointCompletions) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { f.serveOpenAI(w, r, endpointChat) })
-	mux.HandleFunc("GET /v1/models", f.models)
-	mux.HandleFunc("POST /router/best_worker", f.bestWorker)
-	mux.HandleFunc("POST /router/potential_loads", f.potentialLoads)
-	mux.HandleFunc("POST /router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete))
-	mux.HandleFunc("POST /router/free", f.adminOnly(f.free))
-	mux.HandleFunc("GET /router/dump_events", f.dumpEvents)
-	mux.HandleFunc("GET /busy_threshold", f.listThresholds)
-	mux.HandleFunc("POST /busy_threshold", f.adminOnly(f.postThreshold))
-	mux.HandleFunc("GET /health", f.health)
-	mux.HandleFunc("GET /live", f.live)
-	mux.HandleFunc("GET /ready", f.ready)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))
+	allowed := map[string][]string{}
+	for _, rt := range routes {
+		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		if rt.method == "GET" && !slices.Contains(allowed[rt.path], "HEAD") {
+			allowed[rt.path] = append(allowed[rt.path], "GET", "HEAD")
+		} else {
+			allowed[rt.path] = append(allowed[rt.path], rt.method)
+		}
+	}
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "", "%s %s is not served; use %s", r.Method, r.URL.Path, allow)
+		})
+	}
 	f.handlePprof(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return f.guardOpenAI(mux)
+	return f.guardOpenAI(f.limit(mux))
 }
 
 // Drain turns /ready (and /health) to 503 while requests are still served:

@@ -92,6 +92,7 @@ type envOpts struct {
 	apiKey, adminToken string
 	maxBookings        int
 	models             func() []string
+	frontend           func(*Config)
 }
 
 // newEnv starts a mocker fleet on 127.0.0.1 (ports 0), a router with its
@@ -126,11 +127,15 @@ func newEnv(t *testing.T, o envOpts) *env {
 			e.add(Worker{ID: uint64(10 + i), Name: eng.Name, BaseURL: eng.HTTPURL, Model: mockModel, DPSize: o.dp})
 		}
 	}
-	fe, err := New(Config{
+	fcfg := Config{
 		Router: r, Workers: e.list, MaxBodyBytes: o.maxBody, Registry: e.reg,
 		APIKey: o.apiKey, AdminToken: o.adminToken, MaxBookings: o.maxBookings, Models: o.models,
 		MigrationLimit: o.migrations, EngineRefused: o.refused,
-	})
+	}
+	if o.frontend != nil {
+		o.frontend(&fcfg)
+	}
+	fe, err := New(fcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +256,10 @@ func openAIError(t *testing.T, resp *http.Response, body []byte, status int) str
 			t.Fatalf("error without %q: %s", k, body)
 		}
 	}
-	code, _ := e.Error["code"].(string)
+	code, ok := e.Error["code"].(string)
+	if !ok && e.Error["code"] != nil {
+		t.Fatalf("code is neither a string nor null: %s", body)
+	}
 	return code
 }
 

@@ -14,11 +14,32 @@ var errNotObject = errors.New("not a JSON object")
 // values the frontend reads are decoded properly afterwards, and the rest
 // go to the engine, which validates them.
 func splitObject(b []byte) (map[string]json.RawMessage, error) {
+	ms, err := objectMembers(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]json.RawMessage, len(ms))
+	for _, m := range ms {
+		out[m.key] = m.val
+	}
+	return out, nil
+}
+
+// member is one member of a JSON object and where its bytes are, so that
+// the object can be passed on less some members without copying the rest.
+type member struct {
+	key        string
+	val        json.RawMessage
+	start, end int // the object's bytes [start, end) hold `"key": value`
+}
+
+// objectMembers cuts a JSON object into its members, in their order.
+func objectMembers(b []byte) ([]member, error) {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, errNotObject
 	}
-	out := make(map[string]json.RawMessage, 8)
+	out := make([]member, 0, 8)
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		if skipSpace(b, i+1) != len(b) {
@@ -30,6 +51,7 @@ func splitObject(b []byte) (map[string]json.RawMessage, error) {
 		if i >= len(b) || b[i] != '"' {
 			return nil, errNotObject
 		}
+		start := i
 		end, err := skipString(b, i)
 		if err != nil {
 			return nil, err
@@ -47,7 +69,7 @@ func splitObject(b []byte) (map[string]json.RawMessage, error) {
 		if err != nil {
 			return nil, err
 		}
-		out[key] = json.RawMessage(b[i:vend])
+		out = append(out, member{key: key, val: json.RawMessage(b[i:vend]), start: start, end: vend})
 		i = skipSpace(b, vend)
 		if i >= len(b) {
 			return nil, errNotObject

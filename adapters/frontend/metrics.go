@@ -19,6 +19,7 @@ type frontendMetrics struct {
 	hitRate      *prometheus.HistogramVec
 	routing      *prometheus.HistogramVec
 	migrations   *prometheus.CounterVec
+	rejected     prometheus.Counter
 }
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
@@ -51,9 +52,13 @@ func newFrontendMetrics() *frontendMetrics {
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "model_migration_total",
 			Help: "Requests moved to another engine: new_request when the engine failed before answering, ongoing_request when its stream broke and was continued elsewhere.",
 		}, []string{"model", "migration_type"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "rejected_requests_total",
+			Help: "Requests answered 503 because the router was serving its maximum of concurrent requests.",
+		}),
 	}
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/jsonerr"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -103,7 +104,7 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 	var n nvext
 	if len(raw) > 0 && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &n); err != nil {
-			return n, extras{}, badRequest("invalid_nvext", "nvext", "malformed nvext: %v", err)
+			return n, extras{}, badRequest("invalid_nvext", "nvext", "%s", jsonerr.Describe(err, &n, "nvext"))
 		}
 	}
 	n.overrideFields.apply(&req.Overrides)
@@ -146,13 +147,15 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 		}
 		action, err := sched.ParseSessionAction(s.Action)
 		if err != nil {
-			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.action", "%v", err)
+			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.action", "nvext.session_control.action must be open, bind, close or absent, got %q", s.Action)
 		}
 		sc := &sched.SessionControl{ID: s.SessionID, Action: action}
 		if s.Timeout != nil {
+			// The router bounds the timeout; this only keeps the conversion
+			// to a duration from overflowing.
 			t := *s.Timeout
 			if math.IsNaN(t) || t < 0 || t > 1e9 {
-				return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.timeout", "nvext.session_control.timeout must be seconds ≥ 0, got %v", t)
+				return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.timeout", "nvext.session_control.timeout must be a number of seconds ≥ 0, got %v", t)
 			}
 			sc.Timeout = time.Duration(t * float64(time.Second))
 		}

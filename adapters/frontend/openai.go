@@ -46,6 +46,7 @@ type call struct {
 	isl      int
 	top      map[string]json.RawMessage // the client's request
 	body     []byte                     // and its bytes
+	members  []member                   // and its members, in order
 	rs       *relay                     // the client's stream, once opened
 }
 
@@ -84,14 +85,22 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	top, err := splitObject(body)
+	members, err := objectMembers(body)
 	if err != nil {
-		c.fail(badRequest("invalid_json", "", "the body must be a JSON object: %v", err))
+		c.fail(badRequest("invalid_json", "", "the body must be a JSON object"))
 		return
 	}
+	top := make(map[string]json.RawMessage, len(members))
+	for _, m := range members {
+		top[m.key] = m.val
+	}
 	var model string
+	if !present(top["model"]) {
+		c.fail(badRequest("missing_model", "model", "model is required"))
+		return
+	}
 	if err := json.Unmarshal(top["model"], &model); err != nil || model == "" {
-		c.fail(badRequest("missing_model", "model", "model is required and must be a string"))
+		c.fail(badRequest("invalid_model", "model", "model must be a non-empty string"))
 		return
 	}
 	all, serving := f.workersFor(model)
@@ -131,15 +140,8 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.tokenize = time.Since(t0)
 	c.isl = len(req.Tokens)
 
-	c.top, c.body = top, body
+	c.top, c.body, c.members = top, body, members
 	c.serve(&req)
-}
-
-func errOrNull(err error) any {
-	if err == nil {
-		return "got null"
-	}
-	return err
 }
 
 func (f *Frontend) observeDecision(model string, d *router.Decision) {
@@ -168,14 +170,13 @@ func copyHeaders(dst, src http.Header) {
 // forward sends the request to the chosen engine and relays its answer.
 // A failure before the engine answered anything comes back as unanswered,
 // with nothing written to the client.
-func (c *call) forward(body []byte) (outcome, error) {
+func (c *call) forward(body pieces) (outcome, error) {
 	ctx := c.ctx
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
-	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	ereq, err := body.post(ctx, url)
 	if err != nil {
 		return unanswered, err
 	}
-	ereq.Header.Set("Content-Type", "application/json")
 	if a := c.r.Header.Get("Accept"); a != "" {
 		ereq.Header.Set("Accept", a)
 	}
@@ -200,11 +201,12 @@ func (c *call) forward(body []byte) (outcome, error) {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			return cut, fmt.Errorf("engine %s answered the continuation with %d: %s", c.worker.Name, resp.StatusCode, engineMessage(msg))
 		}
-		// The engine's own error, relayed as it is.
+		// The engine's own error, relayed with its code as a string.
 		c.status = strconv.Itoa(resp.StatusCode)
+		data, _ := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(c.w, resp.Body)
+		_, _ = c.w.Write(stringCode(data))
 		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
 		return served, nil
 	}
@@ -255,6 +257,53 @@ func (c *call) observeEnd(ttft time.Duration, out int) {
 	}
 }
 
+// maxEngineError bounds the engine error body the frontend relays.
+const maxEngineError = 1 << 20
+
+// stringCode gives an engine's OpenAI error body the frontend's type of
+// "code", a string: vLLM sends the HTTP status as a number, and a client
+// should not have to handle both. Other bodies are returned as they are.
+func stringCode(body []byte) []byte {
+	top, err := splitObject(body)
+	if err != nil {
+		return body
+	}
+	switch e := top["error"]; {
+	case len(e) > 0 && e[0] == '{':
+		inner, ok := withStringCode(e)
+		if !ok {
+			return body
+		}
+		top["error"] = inner
+		out, err := json.Marshal(top)
+		if err != nil {
+			return body
+		}
+		return append(out, '\n')
+	case bytes.Equal(top["object"], []byte(`"error"`)): // vLLM's older flat shape
+		if out, ok := withStringCode(body); ok {
+			return append(out, '\n')
+		}
+	}
+	return body
+}
+
+// withStringCode returns the JSON object obj with a "code" that is not a
+// string turned into one; ok is false when there is nothing to change.
+func withStringCode(obj []byte) ([]byte, bool) {
+	m, err := splitObject(obj)
+	if err != nil {
+		return nil, false
+	}
+	code := m["code"]
+	if len(code) == 0 || code[0] == '"' || string(code) == "null" {
+		return nil, false
+	}
+	m["code"], _ = json.Marshal(string(code))
+	out, err := json.Marshal(m)
+	return out, err == nil
+}
+
 // outputTokens is usage.completion_tokens of a JSON answer or chunk, else
 // def.
 func outputTokens(data []byte, def int) int {
@@ -299,6 +348,8 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(http.StatusOK)
+		// A stream lasts as long as the generation: no write timeout.
+		_ = c.rs.rc.SetWriteDeadline(time.Time{})
 		_ = c.rs.rc.Flush()
 	}
 	rs := c.rs

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/jsonerr"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -25,9 +26,9 @@ func (f *Frontend) decodeObject(w http.ResponseWriter, r *http.Request) (map[str
 	if herr != nil {
 		return nil, herr
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		return nil, badRequest("invalid_json", "", "the body must be a JSON object: %v", errOrNull(err))
+	top, err := splitObject(body)
+	if err != nil {
+		return nil, badRequest("invalid_json", "", "the body must be a JSON object")
 	}
 	return top, nil
 }
@@ -41,6 +42,23 @@ func stringField(top map[string]json.RawMessage, key string) (string, *httpError
 		return "", badRequest("invalid_"+key, key, "%s must be a string", key)
 	}
 	return s, nil
+}
+
+// MaxRequestIDBytes bounds a client's request_id: a booking holds it
+// until it is freed or expires.
+const MaxRequestIDBytes = 256
+
+func requestID(top map[string]json.RawMessage, required bool) (string, *httpError) {
+	id, herr := stringField(top, "request_id")
+	switch {
+	case herr != nil:
+		return "", herr
+	case id == "" && required:
+		return "", badRequest("missing_request_id", "request_id", "request_id is required")
+	case len(id) > MaxRequestIDBytes:
+		return "", badRequest("invalid_request_id", "request_id", "request_id is %d bytes long, at most %d are allowed", len(id), MaxRequestIDBytes)
+	}
+	return id, nil
 }
 
 // routeQuery reads the common part of /router/best_worker and
@@ -87,7 +105,7 @@ type bestWorkerResponse struct {
 func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 	top, req, _, herr := f.routeQuery(w, r)
 	if herr == nil {
-		req.ID, herr = stringField(top, "request_id")
+		req.ID, herr = requestID(top, false)
 	}
 	if herr == nil && req.ID != "" {
 		// Booking holds load on an engine until freed: the admin's call.
@@ -167,10 +185,7 @@ func (f *Frontend) requestIDOp(w http.ResponseWriter, r *http.Request, op func(s
 	top, herr := f.decodeObject(w, r)
 	var id string
 	if herr == nil {
-		id, herr = stringField(top, "request_id")
-	}
-	if herr == nil && id == "" {
-		herr = badRequest("missing_request_id", "request_id", "request_id is required")
+		id, herr = requestID(top, true)
 	}
 	if herr != nil {
 		writeHTTPError(w, herr)
@@ -229,19 +244,28 @@ func (f *Frontend) listThresholds(w http.ResponseWriter, _ *http.Request) {
 // given as null, and answers the thresholds now in force; with only the
 // model it just reads them.
 func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
-	top, herr := f.decodeObject(w, r)
+	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
 	if herr != nil {
 		writeHTTPError(w, herr)
 		return
 	}
+	top, err := splitObject(body)
+	if err != nil {
+		writeHTTPError(w, badRequest("invalid_json", "", "the body must be a JSON object"))
+		return
+	}
 	var mt sched.ModelThreshold
-	b, _ := json.Marshal(top)
-	if err := json.Unmarshal(b, &mt); err != nil {
-		writeHTTPError(w, badRequest("invalid_threshold", "", "malformed busy threshold (model a string, active_decode_blocks_threshold a number, active_prefill_tokens_threshold an integer, either null to switch it off): %v", err))
+	if err := json.Unmarshal(body, &mt); err != nil {
+		// Well-formed JSON by now: a field of the wrong type.
+		writeHTTPError(w, badRequest("invalid_threshold", "", "%s", jsonerr.Describe(err, &mt, "")))
 		return
 	}
 	if strings.TrimSpace(mt.Model) == "" {
 		writeHTTPError(w, badRequest("missing_model", "model", "model is required"))
+		return
+	}
+	if len(mt.Model) > sched.MaxModelNameBytes {
+		writeHTTPError(w, badRequest("invalid_model", "model", "model is %d bytes long, at most %d are allowed", len(mt.Model), sched.MaxModelNameBytes))
 		return
 	}
 	isNull := func(key string) bool { raw, ok := top[key]; return ok && !present(raw) }
@@ -257,9 +281,12 @@ func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
 	}
 	cur, err := th.Update(mt.Model, u)
 	if err != nil {
-		if errors.Is(err, sched.ErrInvalidThreshold) {
-			writeHTTPError(w, badRequest("invalid_threshold", "", "%v", err))
-		} else {
+		switch {
+		case errors.Is(err, sched.ErrInvalidThreshold):
+			writeHTTPError(w, badRequest("invalid_threshold", "", "%s", detail(err, sched.ErrInvalidThreshold)))
+		case errors.Is(err, sched.ErrTooManyModels):
+			writeHTTPError(w, badRequest("too_many_models", "model", "%s", detail(err, sched.ErrTooManyModels)))
+		default:
 			writeHTTPError(w, newError(http.StatusInternalServerError, "server_error", "internal", "", "%v", err))
 		}
 		return

@@ -41,9 +41,13 @@ func checkPrompt(top map[string]json.RawMessage, kind promptKind) *httpError {
 		if !present(top["messages"]) {
 			return badRequest("missing_messages", "messages", "messages is required")
 		}
-		var msgs []json.RawMessage
-		if err := json.Unmarshal(top["messages"], &msgs); err != nil || len(msgs) == 0 {
-			return badRequest("invalid_messages", "messages", "messages must be a non-empty list")
+		// Checked in place: a chat prompt can be megabytes.
+		msgs := bytes.TrimSpace(top["messages"])
+		if msgs[0] != '[' || !json.Valid(msgs) {
+			return badRequest("invalid_messages", "messages", "messages must be a list of messages")
+		}
+		if skipSpace(msgs, 1) == len(msgs)-1 {
+			return badRequest("invalid_messages", "messages", "messages must not be empty")
 		}
 	default:
 		if !present(top["tokens"]) && !present(top["prompt"]) && !present(top["messages"]) {
@@ -72,27 +76,35 @@ func tokenIDs(raw json.RawMessage, param string) ([]uint32, *httpError) {
 	return out, nil
 }
 
-// completionPrompt reads an OpenAI prompt: token ids (returned), or text
-// (returned for tokenizing). A batch is represented by its first prompt.
-func completionPrompt(raw json.RawMessage) (ids []uint32, text *string, herr *httpError) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return nil, &s, nil
+// completionPrompt reads an OpenAI prompt: token ids, or text, returned as
+// its JSON string for /tokenize. A batch is represented by its first prompt.
+func completionPrompt(raw json.RawMessage) (ids []uint32, text json.RawMessage, herr *httpError) {
+	const shapes = "prompt must be a string, a list of strings, a list of token ids or a list of such lists"
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) > 0 && raw[0] == '"':
+		if !json.Valid(raw) {
+			return nil, nil, badRequest("invalid_prompt", "prompt", "prompt is not a valid JSON string")
+		}
+		return nil, raw, nil
+	case len(raw) == 0 || raw[0] != '[':
+		return nil, nil, badRequest("invalid_prompt", "prompt", shapes)
 	}
-	var list []json.RawMessage
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, nil, badRequest("invalid_prompt", "prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists")
-	}
-	if len(list) == 0 {
+	i := skipSpace(raw, 1)
+	if i < len(raw) && raw[i] == ']' {
 		return nil, nil, badRequest("invalid_prompt", "prompt", "prompt must not be an empty list")
 	}
-	switch el := bytes.TrimSpace(list[0]); {
-	case len(el) > 0 && el[0] == '"':
-		if err := json.Unmarshal(el, &s); err != nil {
-			return nil, nil, badRequest("invalid_prompt", "prompt", "prompt[0]: %v", err)
+	end, err := skipValue(raw, i)
+	if err != nil {
+		return nil, nil, badRequest("invalid_prompt", "prompt", shapes)
+	}
+	switch el := raw[i:end]; el[0] {
+	case '"':
+		if !json.Valid(el) {
+			return nil, nil, badRequest("invalid_prompt", "prompt", "prompt[0] is not a valid JSON string")
 		}
-		return nil, &s, nil
-	case len(el) > 0 && el[0] == '[':
+		return nil, el, nil
+	case '[':
 		ids, herr = tokenIDs(el, "prompt[0]")
 	default:
 		ids, herr = tokenIDs(raw, "prompt")
@@ -110,39 +122,37 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 	if kind == kindAny && present(top["tokens"]) {
 		return tokenIDs(top["tokens"], "tokens")
 	}
-	body := map[string]any{}
+	var modelJSON []byte
 	if model != "" {
-		body["model"] = model
+		modelJSON = top["model"]
 	}
 	if kind == kindChat || (kind == kindAny && present(top["messages"])) {
-		body["messages"] = top["messages"]
-		body["add_generation_prompt"] = true
+		kvs := [][]byte{[]byte("model"), modelJSON, []byte("messages"), top["messages"]}
+		if !present(top["add_generation_prompt"]) {
+			kvs = append(kvs, []byte("add_generation_prompt"), []byte("true"))
+		}
 		for _, k := range chatTemplateKeys {
 			if present(top[k]) {
-				body[k] = top[k]
+				kvs = append(kvs, []byte(k), top[k])
 			}
 		}
-	} else {
-		ids, text, herr := completionPrompt(top["prompt"])
-		if herr != nil || text == nil {
-			return ids, herr
-		}
-		body["prompt"] = *text
-		if present(top["add_special_tokens"]) {
-			body["add_special_tokens"] = top["add_special_tokens"]
-		}
+		return f.tokenize(ctx, serving, objectOf(kvs...))
 	}
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return nil, badRequest("invalid_body", "", "%v", err)
+	ids, text, herr := completionPrompt(top["prompt"])
+	if herr != nil || text == nil {
+		return ids, herr
 	}
-	return f.tokenize(ctx, serving, payload)
+	var special []byte
+	if present(top["add_special_tokens"]) {
+		special = top["add_special_tokens"]
+	}
+	return f.tokenize(ctx, serving, objectOf([]byte("model"), modelJSON, []byte("prompt"), text, []byte("add_special_tokens"), special))
 }
 
 // tokenize asks the engines serving the model, one after the other from a
 // rotating start, until one answers. A client error (400, 422) ends the
 // search; an engine that cannot (unreachable, 5xx, no /tokenize) does not.
-func (f *Frontend) tokenize(ctx context.Context, serving []Worker, payload []byte) ([]uint32, *httpError) {
+func (f *Frontend) tokenize(ctx context.Context, serving []Worker, payload pieces) ([]uint32, *httpError) {
 	if len(serving) == 0 {
 		return nil, newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no worker can tokenize the prompt")
 	}
@@ -165,22 +175,21 @@ func (f *Frontend) tokenize(ctx context.Context, serving []Worker, payload []byt
 	return nil, newError(http.StatusBadGateway, "server_error", "tokenization_failed", "", "no engine could tokenize the prompt: %v", last)
 }
 
-func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload []byte) (ids []uint32, clientErr bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(w.BaseURL, "/")+"/tokenize", bytes.NewReader(payload))
+func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (ids []uint32, clientErr bool, err error) {
+	req, err := payload.post(ctx, strings.TrimRight(w.BaseURL, "/")+"/tokenize")
 	if err != nil {
 		return nil, false, err
 	}
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
 		return nil, false, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizeResponse))
-	if err != nil {
-		return nil, false, err
-	}
 	if resp.StatusCode != http.StatusOK {
+		body, err := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
+		if err != nil {
+			return nil, false, err
+		}
 		msg := engineMessage(body)
 		switch resp.StatusCode {
 		case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge:
@@ -188,20 +197,24 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload []byte) (id
 		}
 		return nil, false, fmt.Errorf("/tokenize answered %s: %s", resp.Status, msg)
 	}
-	var out struct {
-		Tokens []int64 `json:"tokens"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil || out.Tokens == nil {
-		return nil, false, fmt.Errorf("/tokenize answered no token list: %.200s", body)
-	}
-	ids = make([]uint32, len(out.Tokens))
-	for i, t := range out.Tokens {
-		if t < 0 || t > math.MaxUint32 {
-			return nil, false, fmt.Errorf("/tokenize answered token id %d", t)
-		}
-		ids[i] = uint32(t)
+	ids, err = decodeTokenList(io.LimitReader(resp.Body, maxTokenizeResponse))
+	if err != nil {
+		return nil, false, fmt.Errorf("/tokenize answered no token list: %w", err)
 	}
 	return ids, false, nil
+}
+
+// readAtMost reads r whole, up to limit bytes; size, when known (≥ 0),
+// sizes the buffer once instead of growing it by doubling.
+func readAtMost(r io.Reader, size, limit int64) ([]byte, error) {
+	if size < 0 || size > limit {
+		return io.ReadAll(io.LimitReader(r, limit))
+	}
+	buf := make([]byte, size)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
 }
 
 // engineMessage extracts the message of an engine's error body.
@@ -240,7 +253,9 @@ func fastTokenIDs(raw []byte) ([]uint32, bool) {
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, false
 	}
-	out := make([]uint32, 0, len(raw)/6)
+	// One pass to count the ids sizes the list once; growing it by
+	// doubling would leave up to twice its size behind.
+	out := make([]uint32, 0, bytes.Count(raw, []byte{','})+1)
 	i = skipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == ']' {
 		return out, skipSpace(raw, i+1) == len(raw)

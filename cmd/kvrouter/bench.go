@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"io"
 	"os"
+	"os/signal"
 	"runtime/pprof"
 
 	"github.com/spf13/cobra"
@@ -34,4 +38,26 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// runBench is the plumbing of the bench commands: progress lines on stderr
+// unless quiet, Ctrl-C cancels the run, and the result is printed as JSON
+// or by print.
+func runBench[R any](cmd *cobra.Command, quiet, asJSON bool, run func(context.Context, io.Writer) (R, error), print func(io.Writer, R) error) error {
+	progress := io.Discard
+	if !quiet {
+		progress = cmd.ErrOrStderr()
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+	defer stop()
+	res, err := run(ctx, progress)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return print(cmd.OutOrStdout(), res)
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -32,32 +30,21 @@ the mocker's own overhead (HTTP, JSON, event publishing) included. drift =
 (wall − model) / model; 0 means the simulation kept the model's pace exactly.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			progress := io.Discard
-			if !quiet {
-				progress = cmd.ErrOrStderr()
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			res, err := bench.RunMocker(ctx, cfg, progress)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "engines × speedup\t%d × %g\n", res.Workers, res.Speedup)
-			fmt.Fprintf(tw, "concurrent streams\t%d\n", res.Concurrency)
-			fmt.Fprintf(tw, "steps measured\t%d in %.1f s\n", res.Steps, res.DurationSecond)
-			fmt.Fprintf(tw, "step time: model / wall\t%.2f s / %.2f s\n", res.ModelSeconds, res.ActualSeconds)
-			fmt.Fprintf(tw, "drift\t%+.2f %%\n", 100*res.Drift)
-			fmt.Fprintf(tw, "lag resets\t%d\n", res.LagResets)
-			fmt.Fprintf(tw, "requests (errors)\t%d (%d)\n", res.Requests, res.Errors)
-			fmt.Fprintf(tw, "tokens/s streamed\t%.0f\n", res.TokensPerSec)
-			fmt.Fprintf(tw, "client TTFT p50\t%.1f ms\n", res.ClientTTFTp50)
-			return tw.Flush()
+			return runBench(cmd, quiet, asJSON, func(ctx context.Context, progress io.Writer) (bench.MockerResult, error) {
+				return bench.RunMocker(ctx, cfg, progress)
+			}, func(out io.Writer, res bench.MockerResult) error {
+				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+				fmt.Fprintf(tw, "engines × speedup\t%d × %g\n", res.Workers, res.Speedup)
+				fmt.Fprintf(tw, "concurrent streams\t%d\n", res.Concurrency)
+				fmt.Fprintf(tw, "steps measured\t%d in %.1f s\n", res.Steps, res.DurationSecond)
+				fmt.Fprintf(tw, "step time: model / wall\t%.2f s / %.2f s\n", res.ModelSeconds, res.ActualSeconds)
+				fmt.Fprintf(tw, "drift\t%+.2f %%\n", 100*res.Drift)
+				fmt.Fprintf(tw, "lag resets\t%d\n", res.LagResets)
+				fmt.Fprintf(tw, "requests (errors)\t%d (%d)\n", res.Requests, res.Errors)
+				fmt.Fprintf(tw, "tokens/s streamed\t%.0f\n", res.TokensPerSec)
+				fmt.Fprintf(tw, "client TTFT p50\t%.1f ms\n", res.ClientTTFTp50)
+				return tw.Flush()
+			})
 		},
 	}
 	f := cmd.Flags()

@@ -38,5 +38,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchReplayCmd(),   // bench_replay.go
 		newBenchPlaneCmd(),    // bench_plane.go
 		newBenchRecoveryCmd(), // bench_recovery.go
+		newBenchMemoryCmd(),   // bench_memory.go
 	)
 }

@@ -22,6 +22,7 @@ func newServeCmd() *cobra.Command {
 	var migrationLimit int
 	var (
 		rf         = newRouterFlags()
+		lf         limitFlags
 		pf         planeFlags
 		hf         httpFlags
 		host       string
@@ -77,6 +78,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
+			lf.applyRouter(&rcfg)
 			workers, err := loadWorkers(configPath, specs)
 			if err != nil {
 				return err
@@ -94,7 +96,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			defer closeNATS()
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -110,6 +112,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs := cmd.Flags()
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
+	lf.register(fs)
 	pf.register(fs, true, 4222)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")

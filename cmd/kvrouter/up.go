@@ -21,6 +21,7 @@ func newUpCmd() *cobra.Command {
 	var migrationLimit int
 	var (
 		rf      = newRouterFlags()
+		lf      limitFlags
 		pf      planeFlags
 		hf      httpFlags
 		mock    = fleet.DefaultConfig()
@@ -57,6 +58,7 @@ flags.`,
 			if err != nil {
 				return err
 			}
+			lf.applyRouter(&rcfg)
 			rcfg.BlockSize = mock.Engine.BlockSize
 			shutdownTimeout, err := hf.timeout()
 			if err != nil {
@@ -87,7 +89,7 @@ flags.`,
 				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -122,6 +124,7 @@ flags.`,
 	fs := cmd.Flags()
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
+	lf.register(fs)
 	pf.register(fs, true, 0)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")

@@ -57,6 +57,8 @@ type Config struct {
 	TrackOutputBlocks bool          // --router-track-output-blocks
 	RequestTTL        time.Duration // active requests older than this expire
 
+	Sessions            sched.SessionLimits // --router-max-sessions, --router-max-session-timeout
+	MaxThresholdModels  int                 // models /busy_threshold holds; 0 = sched.DefaultMaxThresholdModels
 	Busy                sched.BusyThreshold // --active-decode-blocks-threshold, --active-prefill-tokens-threshold
 	QueueThreshold      *float64            // --router-queue-threshold; nil = no queue
 	QueuePolicy         sched.QueuePolicy   // --router-queue-policy
@@ -233,11 +235,11 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = sched.SharedRand
 	}
-	thresholds, err := sched.NewThresholds(cfg.Busy)
+	thresholds, err := sched.NewThresholds(cfg.Busy, cfg.MaxThresholdModels)
 	if err != nil {
 		return nil, err
 	}
-	sessions := sched.NewSessions()
+	sessions := sched.NewSessions(cfg.Sessions)
 	scheduler, err := sched.New(cfg.Mode, sessions)
 	if err != nil {
 		return nil, err

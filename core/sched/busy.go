@@ -29,6 +29,10 @@ const MinActiveDecodeBlocks = 0.01
 // ErrInvalidThreshold wraps every validation failure of thresholds.
 var ErrInvalidThreshold = errors.New("sched: invalid busy threshold")
 
+// ErrTooManyModels refuses thresholds for one model more than the registry
+// holds.
+var ErrTooManyModels = errors.New("sched: too many models")
+
 // Validate reports the first out-of-range field.
 func (t BusyThreshold) Validate() error {
 	if v := t.ActiveDecodeBlocks; v != nil && !(*v >= MinActiveDecodeBlocks && *v <= 1) {
@@ -85,18 +89,30 @@ type ModelThreshold struct {
 // time. Models never Set use the defaults given to NewThresholds (the
 // --active-*-threshold flags). Safe for concurrent use.
 type Thresholds struct {
-	defaults BusyThreshold // immutable after NewThresholds
+	defaults  BusyThreshold // immutable after NewThresholds
+	maxModels int
 
 	mu      sync.RWMutex // guards byModel; held only for map access, never across calls out
 	byModel map[string]BusyThreshold
 }
 
-// NewThresholds validates the defaults and returns an empty registry.
-func NewThresholds(defaults BusyThreshold) (*Thresholds, error) {
+// Bounds of the registry: model names come from clients of
+// /busy_threshold.
+const (
+	DefaultMaxThresholdModels = 1024
+	MaxModelNameBytes         = 256
+)
+
+// NewThresholds validates the defaults and returns an empty registry that
+// holds at most maxModels models (≤ 0: DefaultMaxThresholdModels).
+func NewThresholds(defaults BusyThreshold, maxModels int) (*Thresholds, error) {
 	if err := defaults.Validate(); err != nil {
 		return nil, err
 	}
-	return &Thresholds{defaults: defaults.clone(), byModel: map[string]BusyThreshold{}}, nil
+	if maxModels <= 0 {
+		maxModels = DefaultMaxThresholdModels
+	}
+	return &Thresholds{defaults: defaults.clone(), maxModels: maxModels, byModel: map[string]BusyThreshold{}}, nil
 }
 
 // Get returns the thresholds in force for model: what was Set, or the
@@ -132,6 +148,9 @@ func (t *Thresholds) Update(model string, u ThresholdUpdate) (BusyThreshold, err
 	if strings.TrimSpace(model) == "" {
 		return BusyThreshold{}, fmt.Errorf("%w: model name is empty", ErrInvalidThreshold)
 	}
+	if len(model) > MaxModelNameBytes {
+		return BusyThreshold{}, fmt.Errorf("%w: model name is %d bytes long, at most %d are allowed", ErrInvalidThreshold, len(model), MaxModelNameBytes)
+	}
 	if err := u.Set.Validate(); err != nil {
 		return BusyThreshold{}, err
 	}
@@ -142,6 +161,10 @@ func (t *Thresholds) Update(model string, u ThresholdUpdate) (BusyThreshold, err
 	t.mu.Lock()
 	cur, ok := t.byModel[model]
 	if !ok {
+		if len(t.byModel) >= t.maxModels {
+			t.mu.Unlock()
+			return BusyThreshold{}, fmt.Errorf("%w: thresholds are set for %d models, the most this router holds", ErrTooManyModels, len(t.byModel))
+		}
 		cur = t.defaults
 	}
 	if update.ActiveDecodeBlocks != nil || u.DecodeOff {

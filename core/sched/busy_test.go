@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -99,7 +100,7 @@ func TestThresholdValidate(t *testing.T) {
 }
 
 func TestThresholdsSwitchOff(t *testing.T) {
-	reg, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: f(0.8)})
+	reg, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: f(0.8)}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,11 +130,11 @@ func TestThresholdsSwitchOff(t *testing.T) {
 }
 
 func TestThresholds(t *testing.T) {
-	if _, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: f(2)}); !errors.Is(err, ErrInvalidThreshold) {
+	if _, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: f(2)}, 0); !errors.Is(err, ErrInvalidThreshold) {
 		t.Errorf("NewThresholds accepted 2: %v", err)
 	}
 	defDecode := 0.8
-	reg, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: &defDecode})
+	reg, err := NewThresholds(BusyThreshold{ActiveDecodeBlocks: &defDecode}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestThresholds(t *testing.T) {
 }
 
 func TestThresholdsConcurrent(t *testing.T) {
-	reg, err := NewThresholds(BusyThreshold{})
+	reg, err := NewThresholds(BusyThreshold{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,4 +224,31 @@ func js(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(out)
+}
+
+// TestThresholdsBounded refuses over-long model names and models beyond the
+// registry's size, while models already held can still be changed.
+func TestThresholdsBounded(t *testing.T) {
+	reg, err := NewThresholds(BusyThreshold{}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := BusyThreshold{ActivePrefillTokens: n(100)}
+	if _, err := reg.Set(strings.Repeat("m", MaxModelNameBytes+1), set); !errors.Is(err, ErrInvalidThreshold) {
+		t.Fatalf("over-long name: %v", err)
+	}
+	for _, m := range []string{"a", "b", "c"} {
+		if _, err := reg.Set(m, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reg.Set("d", set); !errors.Is(err, ErrTooManyModels) {
+		t.Fatalf("4th model: %v, want ErrTooManyModels", err)
+	}
+	if _, err := reg.Set("b", BusyThreshold{ActivePrefillTokens: n(5)}); err != nil {
+		t.Fatalf("changing a held model: %v", err)
+	}
+	if got := len(reg.List()); got != 3 {
+		t.Fatalf("List has %d models, want 3", got)
+	}
 }

@@ -133,8 +133,8 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 		if _, err := ParseSessionAction(string(sess.Action)); err != nil {
 			return Choice{}, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 		}
-		if sess.ID == "" {
-			return Choice{}, fmt.Errorf("%w: session control without a session id", ErrInvalidRequest)
+		if err := s.sessions.limits.check(sess); err != nil {
+			return Choice{}, err
 		}
 		if w, ok := s.sessions.Lookup(sess.ID, req.Now); ok {
 			if i := indexOf(cands, w); i >= 0 {
@@ -147,14 +147,23 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 		}
 	}
 
+	pinning := sess != nil && (sess.Action == SessionOpen || sess.Action == SessionBind || stale && sess.Action == SessionUse)
+	if pinning && s.sessions.full(sess.ID, req.Now) {
+		// Refused before routing, so that nothing is chosen for a request
+		// that will not be served.
+		return Choice{}, fmt.Errorf("%w: session %q cannot be opened", ErrTooManySessions, sess.ID)
+	}
 	i, err := s.route(req, cands, rng)
 	if err != nil {
 		return Choice{}, err
 	}
 	if sess != nil {
 		switch {
-		case sess.Action == SessionOpen, sess.Action == SessionBind, stale && sess.Action == SessionUse:
-			s.sessions.Bind(sess.ID, cands[i].Worker, sess.Timeout, req.Now)
+		case pinning:
+			// A race with another new session may fill the store between
+			// the check and here; this request is routed all the same,
+			// unpinned.
+			_ = s.sessions.Bind(sess.ID, cands[i].Worker, sess.Timeout, req.Now)
 		case stale && sess.Action == SessionClose:
 			s.sessions.Unbind(sess.ID)
 		}

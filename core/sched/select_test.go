@@ -236,7 +236,7 @@ func TestDirectAndTarget(t *testing.T) {
 		{ModeDirect, &Request{BlockSize: 16, Target: named(9)}, 0, ErrUnknownWorker},
 		{ModeRoundRobin, &Request{BlockSize: 16, Target: named(9)}, 0, ErrUnknownWorker},
 	} {
-		c, err := mustNew(t, tc.mode, NewSessions()).Select(tc.req, cands, rand.New(rand.NewPCG(1, 1)))
+		c, err := mustNew(t, tc.mode, NewSessions(SessionLimits{})).Select(tc.req, cands, rand.New(rand.NewPCG(1, 1)))
 		if !errors.Is(err, tc.err) {
 			t.Errorf("%s %+v: err = %v, want %v", tc.mode, tc.req, err, tc.err)
 			continue
@@ -321,7 +321,7 @@ func TestPowerOfTwo(t *testing.T) {
 }
 
 func TestSelectRejects(t *testing.T) {
-	s := mustNew(t, ModeKV, NewSessions())
+	s := mustNew(t, ModeKV, NewSessions(SessionLimits{}))
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, tc := range []struct {
 		name  string

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -11,6 +12,53 @@ import (
 // DefaultSessionTimeout is the sliding TTL of a session pin when the request
 // gives none.
 const DefaultSessionTimeout = 300 * time.Second
+
+// Bounds of the session store: ids and timeouts come from clients, and a
+// pin is held until its timeout runs out, so each is bounded.
+const (
+	DefaultMaxSessions       = 100_000
+	DefaultMaxSessionIDBytes = 256
+	DefaultMaxSessionTimeout = 24 * time.Hour
+)
+
+// ErrTooManySessions is Select's answer to a new pin when the store is full
+// of live ones.
+var ErrTooManySessions = errors.New("sched: too many open sessions")
+
+// SessionLimits bound what clients can make the session store hold; zero
+// fields take the defaults.
+type SessionLimits struct {
+	MaxSessions int           // live pins at once
+	MaxIDBytes  int           // length of a session id
+	MaxTimeout  time.Duration // a pin's sliding TTL
+}
+
+func (l SessionLimits) withDefaults() SessionLimits {
+	if l.MaxSessions <= 0 {
+		l.MaxSessions = DefaultMaxSessions
+	}
+	if l.MaxIDBytes <= 0 {
+		l.MaxIDBytes = DefaultMaxSessionIDBytes
+	}
+	if l.MaxTimeout <= 0 {
+		l.MaxTimeout = DefaultMaxSessionTimeout
+	}
+	return l
+}
+
+// check reports what is wrong with c for the limits, in the request's
+// terms.
+func (l SessionLimits) check(c *SessionControl) error {
+	switch {
+	case c.ID == "":
+		return fmt.Errorf("%w: session_control needs a session_id", ErrInvalidRequest)
+	case len(c.ID) > l.MaxIDBytes:
+		return fmt.Errorf("%w: session_control.session_id is %d bytes long, at most %d are allowed", ErrInvalidRequest, len(c.ID), l.MaxIDBytes)
+	case c.Timeout > l.MaxTimeout:
+		return fmt.Errorf("%w: session_control.timeout is %v s, at most %v s is allowed", ErrInvalidRequest, c.Timeout.Seconds(), l.MaxTimeout.Seconds())
+	}
+	return nil
+}
 
 // SessionAction is nvext.session_control.action.
 type SessionAction string
@@ -49,8 +97,9 @@ type SessionControl struct {
 // for its timeout after its last use. Expired pins are dropped when looked
 // up; Sweep drops the ones nobody asks for again. Safe for concurrent use.
 type Sessions struct {
-	mu   sync.Mutex // guards pins; held only for map access, never across calls out
-	pins map[string]pin
+	limits SessionLimits
+	mu     sync.Mutex // guards pins; held only for map access, never across calls out
+	pins   map[string]pin
 }
 
 type pin struct {
@@ -61,8 +110,10 @@ type pin struct {
 
 func (p pin) expired(now time.Time) bool { return now.Sub(p.lastUsed) >= p.ttl }
 
-// NewSessions returns an empty store.
-func NewSessions() *Sessions { return &Sessions{pins: map[string]pin{}} }
+// NewSessions returns an empty store bounded by limits.
+func NewSessions(limits SessionLimits) *Sessions {
+	return &Sessions{limits: limits.withDefaults(), pins: map[string]pin{}}
+}
 
 // Lookup returns the worker id is pinned to and, since being looked up is a
 // use, restarts its TTL.
@@ -83,14 +134,34 @@ func (s *Sessions) Lookup(id string, now time.Time) (kv.Worker, bool) {
 }
 
 // Bind pins id to w, replacing any earlier pin; ttl ≤ 0 means
-// DefaultSessionTimeout.
-func (s *Sessions) Bind(id string, w kv.Worker, ttl time.Duration, now time.Time) {
+// DefaultSessionTimeout. A new id finding the store full of live pins is
+// refused with ErrTooManySessions: expired pins are swept first, so only
+// sessions still in use count.
+func (s *Sessions) Bind(id string, w kv.Worker, ttl time.Duration, now time.Time) error {
 	if ttl <= 0 {
 		ttl = DefaultSessionTimeout
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pins[id]; !ok && len(s.pins) >= s.limits.MaxSessions {
+		s.sweepLocked(now)
+		if len(s.pins) >= s.limits.MaxSessions {
+			return fmt.Errorf("%w: %d sessions are open, the most this router holds", ErrTooManySessions, len(s.pins))
+		}
+	}
 	s.pins[id] = pin{worker: w, ttl: ttl, lastUsed: now}
-	s.mu.Unlock()
+	return nil
+}
+
+// full reports whether a new id would be refused now.
+func (s *Sessions) full(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pins[id]; ok || len(s.pins) < s.limits.MaxSessions {
+		return false
+	}
+	s.sweepLocked(now)
+	return len(s.pins) >= s.limits.MaxSessions
 }
 
 // Unbind drops id's pin, if any.
@@ -105,6 +176,10 @@ func (s *Sessions) Unbind(id string) {
 func (s *Sessions) Sweep(now time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.sweepLocked(now)
+}
+
+func (s *Sessions) sweepLocked(now time.Time) int {
 	n := 0
 	for id, p := range s.pins {
 		if p.expired(now) {

@@ -1,8 +1,10 @@
 package sched
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +17,7 @@ func (c *clock) advance(d time.Duration) time.Time { c.now = c.now.Add(d); retur
 
 func TestSessionSlidingTTL(t *testing.T) {
 	c := &clock{now: t0}
-	s := NewSessions()
+	s := NewSessions(SessionLimits{})
 	s.Bind("a", worker(7), 10*time.Second, c.now)
 	s.Bind("b", worker(8), 0, c.now) // default timeout
 	for _, step := range []struct {
@@ -46,7 +48,7 @@ func TestSessionSlidingTTL(t *testing.T) {
 }
 
 func TestSessionSweep(t *testing.T) {
-	s := NewSessions()
+	s := NewSessions(SessionLimits{})
 	for i := range 10 {
 		s.Bind(fmt.Sprint(i), worker(1), time.Duration(i+1)*time.Second, t0)
 	}
@@ -60,7 +62,7 @@ func TestSessionSweep(t *testing.T) {
 
 func TestSchedulerSessions(t *testing.T) {
 	c := &clock{now: t0}
-	sessions := NewSessions()
+	sessions := NewSessions(SessionLimits{})
 	s := mustNew(t, ModeKV, sessions)
 	rng := rand.New(rand.NewPCG(1, 2))
 	cands := withCosts(5, 1, 9) // worker 2 is cheapest
@@ -132,7 +134,7 @@ func TestSchedulerSessions(t *testing.T) {
 }
 
 func TestSessionsConcurrent(t *testing.T) {
-	sessions := NewSessions()
+	sessions := NewSessions(SessionLimits{})
 	s := mustNew(t, ModeRandom, sessions)
 	cands := withCosts(1, 2, 3, 4)
 	var wg sync.WaitGroup
@@ -151,4 +153,48 @@ func TestSessionsConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestSessionLimits holds the store to its bounds: ids and timeouts beyond
+// the limits are invalid requests, and a new session finding the store full
+// of live pins is refused while existing ones keep working; expired pins
+// make room again.
+func TestSessionLimits(t *testing.T) {
+	sessions := NewSessions(SessionLimits{MaxSessions: 100, MaxIDBytes: 64, MaxTimeout: time.Hour})
+	s := mustNew(t, ModeKV, sessions)
+	cands := withCosts(5, 1, 9)
+	rng := rand.New(rand.NewPCG(1, 2))
+	open := func(id string, timeout time.Duration, now time.Time) error {
+		_, err := s.Select(&Request{BlockSize: 16, Params: costOnly, Now: now,
+			Session: &SessionControl{ID: id, Action: SessionOpen, Timeout: timeout}}, cands, rng)
+		return err
+	}
+	for _, tc := range []struct {
+		id      string
+		timeout time.Duration
+	}{{strings.Repeat("x", 65), time.Minute}, {"ok", time.Hour + time.Second}, {"", time.Minute}} {
+		if err := open(tc.id, tc.timeout, t0); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("id of %d bytes, timeout %v: %v, want ErrInvalidRequest", len(tc.id), tc.timeout, err)
+		}
+	}
+	for i := range 100 {
+		if err := open(fmt.Sprint("s", i), time.Minute, t0); err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+	}
+	if err := open("s100", time.Minute, t0); !errors.Is(err, ErrTooManySessions) {
+		t.Fatalf("101st session: %v, want ErrTooManySessions", err)
+	}
+	if err := open("s7", time.Minute, t0); err != nil {
+		t.Fatalf("re-opening a held session: %v", err)
+	}
+	if sessions.Len() != 100 {
+		t.Fatalf("Len = %d, want 100", sessions.Len())
+	}
+	if err := open("s100", time.Minute, t0.Add(time.Minute)); err != nil {
+		t.Fatalf("after the pins expired: %v", err)
+	}
+	if sessions.Len() != 1 {
+		t.Fatalf("Len = %d after the sweep, want 1", sessions.Len())
+	}
 }

@@ -136,10 +136,21 @@ func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 				// batch the dump covers.
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				next, payload, err := enginesource.FetchDump(ctx, http.DefaultClient, e.HTTPURL+"/kv_events/dump")
-				if err == nil && next > 0 {
+				if err != nil {
+					cancel()
+					t.Fatal(err)
+				}
+				if next > 0 {
 					err = src.WaitSeq(ctx, next-1)
 				}
 				cancel()
+				if err != nil && i < tc.maxBursts {
+					// The burst's last batch was lost on the way: only the
+					// next burst's batches show the gap, and replay
+					// closes it.
+					t.Logf("burst %d: the router did not reach seq %d: %v", i, next-1, err)
+					continue
+				}
 				if err != nil {
 					t.Fatal(err)
 				}

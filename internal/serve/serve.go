@@ -28,6 +28,7 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/ratelog"
 )
 
 // WorkerSpec describes one engine as the router sees it.
@@ -66,6 +67,8 @@ type Config struct {
 	// ZMQMaxMessageBytes bounds one ZMQ message from an engine (see
 	// enginesource.Config.MaxMessageBytes); 0 means the default.
 	ZMQMaxMessageBytes int64
+	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
+	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
@@ -139,6 +142,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	// A failing engine fails every request and probe: one warning per kind
+	// every 10 s says as much.
+	log = slog.New(ratelog.New(log.Handler(), slog.LevelWarn, 10*time.Second, nil))
+	cfg.HTTP = cfg.HTTP.withDefaults()
 	ids := map[uint64]bool{}
 	for i := range cfg.Workers {
 		if err := cfg.Workers[i].validate(); err != nil {
@@ -164,6 +171,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Router: r, Workers: s.liveWorkers, Registry: reg, Logger: log, Dependencies: s.dependencies,
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
+		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes,
+		AfterBurst:           newReclaimer(10 * time.Second).request,
 	})
 	if err != nil {
 		return nil, err
@@ -179,6 +189,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.Access.warnIfOpen(log, ln.Addr())
+	ln = limitConnections(ln, cfg.HTTP.MaxConnections)
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
@@ -191,7 +202,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.http = &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = httpServer(fe.Handler(), cfg.HTTP)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvrouter/kvrouter/adapters/jsonerr"
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 	"github.com/kvrouter/kvrouter/mocker/tokenizer"
@@ -139,7 +140,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		badRequest(w, "malformed JSON: %v", err)
+		badRequest(w, "%s", jsonerr.Describe(err, v, ""))
 		return false
 	}
 	return true

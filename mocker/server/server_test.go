@@ -251,11 +251,12 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 		status int
 		msg    string
 	}{
-		{"malformed json", "/v1/completions", `{"prompt": "hi"`, 400, "malformed JSON"},
+		{"malformed json", "/v1/completions", `{"prompt": "hi"`, 400, "not valid JSON"},
 		{"unknown model", "/v1/completions", `{"model": "gpt-9", "prompt": "hi"}`, 404, "does not exist"},
 		{"missing prompt", "/v1/completions", `{"max_tokens": 3}`, 400, "prompt is required"},
 		{"empty prompt", "/v1/completions", `{"prompt": []}`, 400, "must not be empty"},
 		{"negative max_tokens", "/v1/completions", `{"prompt": "hi", "max_tokens": -5}`, 400, "max_tokens"},
+		{"max_tokens of the wrong type", "/v1/completions", `{"prompt": "hi", "max_tokens": "5"}`, 400, "max_tokens must be an integer, got a string"},
 		{"absurd max_tokens", "/v1/completions", `{"prompt": "hi", "max_tokens": 100000000}`, 400, "maximum context length"},
 		{"prompt beyond KV capacity", "/v1/completions", fmt.Sprintf(`{"prompt": %s}`, mustJSON(ids(2000, 1))), 400, ""},
 		{"token outside vocabulary", "/v1/completions", `{"prompt": [1, 999999999]}`, 400, "outside the vocabulary"},

@@ -37,5 +37,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchOverheadCmd(), // bench_overhead.go
 		newBenchReplayCmd(),   // bench_replay.go
 		newBenchPlaneCmd(),    // bench_plane.go
+		newBenchChaosCmd(),    // bench_chaos.go
 	)
 }

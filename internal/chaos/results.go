@@ -63,7 +63,8 @@ type RSSSummary struct {
 	PeakMB float64 `json:"peak_mb"`
 	EndMB  float64 `json:"end_mb"` // after the quiet period
 	// SlopeMBPerMin is the least-squares trend over the second half of the
-	// traffic, within the last router process (a restart resets memory).
+	// traffic, within the last router process (a restart resets memory)
+	// once it has warmed up.
 	SlopeMBPerMin float64 `json:"slope_mb_per_min"`
 	WindowSeconds float64 `json:"window_s"`
 	// Flat is false only for growth beyond flatTolerance over a window of
@@ -76,6 +77,10 @@ type RSSSummary struct {
 // breathes with the garbage collector by a few percent under steady load.
 const flatTolerance = 0.10
 
+// rssWarmup (seconds) is left out of the trend after a router starts: its
+// index and heap fill up to the working set first.
+const rssWarmup = 30
+
 // minSlopeWindow (seconds) is the shortest window whose trend is judged.
 const minSlopeWindow = 60
 
@@ -86,11 +91,17 @@ func summariseRSS(samples []RSSSample, trafficEnd float64) RSSSummary {
 	}
 	s.IdleMB, s.EndMB = samples[0].MB, samples[len(samples)-1].MB
 	last := samples[len(samples)-1].Incarnation
+	born := math.Inf(1) // the last process's first sample
+	for _, p := range samples {
+		if p.Incarnation == last {
+			born = min(born, p.T)
+		}
+	}
 	var xs, ys []float64 // minutes, MB
 	var from, to float64
 	for _, p := range samples {
 		s.PeakMB = max(s.PeakMB, p.MB)
-		if p.T >= trafficEnd/2 && p.T <= trafficEnd && p.Incarnation == last {
+		if p.T >= max(trafficEnd/2, born+rssWarmup) && p.T <= trafficEnd && p.Incarnation == last {
 			if len(xs) == 0 {
 				from = p.T
 			}

@@ -145,7 +145,7 @@ func TestSummariseRSS(t *testing.T) {
 	}
 }
 
-// TestChaosShort runs every fault of the ZMQ plane at least once, briefly,
+// TestChaosShort runs every fault of the ZMQ plane once, briefly,
 // and requires what the full run requires: every client error explained,
 // loads back to zero, the index equal to the engines' caches. The NATS
 // plane is left to `kvrouter bench chaos --plane nats`: it does not pass
@@ -162,7 +162,11 @@ func TestChaosShort(t *testing.T) {
 		t.Run(plane, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Plane, cfg.Engines, cfg.Clients = plane, 2, 20
-			cfg.Duration, cfg.FaultEvery = 15*time.Second, time.Second
+			// One fault of each kind, the engine kill first: a restarted
+			// engine's first events can be lost while the router's
+			// subscriber reconnects, and only later events reveal the gap
+			// (see adapters/enginesource), so traffic must go on after it.
+			cfg.Duration, cfg.FaultEvery = 20*time.Second, 3500*time.Millisecond
 			cfg.Pause, cfg.Grace, cfg.Quiet, cfg.Settle = 500*time.Millisecond, 2*time.Second, time.Second, 30*time.Second
 			cfg.Fleet.SpeedupRatio = 4
 			cfg.Fleet.Engine.NumGPUBlocks = 2048 // small enough to evict
@@ -175,7 +179,7 @@ func TestChaosShort(t *testing.T) {
 			}
 			t.Logf("\n%s", Summary(res))
 			for _, row := range res.FaultTable {
-				if row.Count == 0 || row.NotRecovered > 0 {
+				if row.Count != 1 || row.NotRecovered > 0 {
 					t.Errorf("%s: %d injected, %d not recovered", row.Kind, row.Count, row.NotRecovered)
 				}
 			}

@@ -39,5 +39,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchPlaneCmd(),    // bench_plane.go
 		newBenchRecoveryCmd(), // bench_recovery.go
 		newBenchMemoryCmd(),   // bench_memory.go
+		newBenchChaosCmd(),    // bench_chaos.go
 	)
 }

@@ -327,9 +327,9 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, url strin
 	return recs, time.Duration(end * 1e6), nil
 }
 
-// requestBody is a streamed token-id completion asking kvrouter's frontend
+// RequestBody is a streamed token-id completion asking kvrouter's frontend
 // to name the worker it chose (other endpoints ignore nvext).
-func requestBody(model string, r *workload.Request) []byte {
+func RequestBody(model string, r *workload.Request) []byte {
 	b := make([]byte, 0, 64+len(r.Tokens)*7)
 	b = append(b, `{"model":`...)
 	b = strconv.AppendQuote(b, model)
@@ -368,7 +368,7 @@ type chunk struct {
 func send(ctx context.Context, client *http.Client, url, model string, r *workload.Request, speedup float64) Record {
 	rec := Record{PromptTokens: len(r.Tokens)}
 	modelMS := func(d time.Duration) float64 { return float64(d) / 1e6 * speedup }
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(requestBody(model, r)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(RequestBody(model, r)))
 	if err != nil {
 		rec.Err = err.Error()
 		return rec

@@ -202,6 +202,14 @@ func (r *Runner) Metrics() engine.Metrics {
 	return r.eng.Metrics()
 }
 
+// CachedBlockHashes lists the engine's cached blocks (see
+// engine.Engine.CachedBlockHashes).
+func (r *Runner) CachedBlockHashes() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.eng.CachedBlockHashes()
+}
+
 // Timing returns the pacing figures so far.
 func (r *Runner) Timing() Timing {
 	r.tmu.Lock()

@@ -36,10 +36,14 @@ type HTTPLimits struct {
 }
 
 // Defaults of HTTPLimits: generous for real clients (a 16 MiB body in 60 s
-// is 280 kB/s), tight enough that a slow or idle client lets go.
+// is 280 kB/s), tight enough that a slow or idle client lets go. The idle
+// timeout outlasts clients' own (Go's default transport drops idle
+// connections after 90 s): a client that reuses a connection the router is
+// closing at that very moment sees its request fail with a broken pipe,
+// which clients do not retry for a POST.
 const (
 	DefaultReadTimeout           = 60 * time.Second
-	DefaultIdleTimeout           = 60 * time.Second
+	DefaultIdleTimeout           = 120 * time.Second
 	DefaultWriteTimeout          = 60 * time.Second
 	DefaultMaxConcurrentRequests = 1024
 	DefaultMaxConnections        = 4096

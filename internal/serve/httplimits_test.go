@@ -130,3 +130,13 @@ func TestConnectionsOverTheLimitAre503(t *testing.T) {
 		t.Fatalf("third connection: %d, Retry-After %q, %+v", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 }
+
+// A connection the router closes for idleness just as a client reuses it
+// fails that client's POST with a broken pipe, which it does not retry: the
+// router must keep idle connections longer than clients do by default.
+func TestIdleTimeoutOutlastsClientsIdleConnections(t *testing.T) {
+	client := http.DefaultTransport.(*http.Transport).IdleConnTimeout
+	if got := (HTTPLimits{}).withDefaults().IdleTimeout; got <= client {
+		t.Fatalf("idle timeout %v, not above Go clients' %v", got, client)
+	}
+}

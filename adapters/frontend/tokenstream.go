@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"sync"
 )
 
@@ -39,7 +40,9 @@ func decodeTokenList(r io.Reader) ([]uint32, error) {
 		if c, err := d.nonSpace(); err != nil || c != ':' {
 			return nil, errors.New("a key without a value")
 		}
-		if key == "tokens" {
+		// Keys match without regard to case, as encoding/json (and the
+		// decoding this replaced) matches them.
+		if strings.EqualFold(key, "tokens") {
 			if ids, err = d.ids(); err != nil {
 				return nil, err
 			}

@@ -1,9 +1,11 @@
 package enginesource
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 )
@@ -78,5 +80,61 @@ func TestEngineRestartedWhileUnheardIsResetAfterSilence(t *testing.T) {
 				t.Fatalf("stats %+v", st)
 			}
 		})
+	}
+}
+
+// An engine process restarted on the same ports: the subscriber's
+// connection breaks, and the new incarnation's first batches go out before
+// the subscriber has redialled (ZeroMQ drops what a PUB socket sends with
+// no subscriber connected).
+func TestEngineRestartedOnTheSamePortsIsResetAfterSilence(t *testing.T) {
+	newPub := func(events, replay string) *zmqevents.Publisher {
+		t.Helper()
+		p, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{Endpoint: events, ReplayEndpoint: replay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	publish := func(p *zmqevents.Publisher, payload []byte) uint64 {
+		t.Helper()
+		seq, err := p.Publish(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	old := newPub("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	events, replay := old.Endpoint(), old.ReplayEndpoint()
+	w := kv.Worker{ID: 1}
+	r := newRouter(t, router.WorkerInfo{ID: 1})
+	s := start(t, Config{Worker: w, Events: events, Replay: replay, SilenceProbe: probeEvery}, r)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Stats().Received == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the subscription never reached the publisher: %+v", s.Stats())
+		}
+		seq := publish(old, empty(t))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_ = s.WaitSeq(ctx, seq) // pacing only; the condition is Received
+		cancel()
+	}
+	a := toks(3, 14)
+	wait(t, s, publish(old, stored(t, nil, a, 1400, 0, 3)))
+
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := newPub(events, replay)
+	y := toks(2, 15)
+	publish(restarted, stored(t, nil, y, 1500, 0, 1))
+	last := publish(restarted, stored(t, nil, y, 1500, 1, 2))
+	waitFor(t, s, "the restart", func(st Stats) bool { return st.Resets == 1 && st.HaveSeq && st.LastSeq >= last })
+	if got := overlap(t, r, w, a); got != 0 {
+		t.Fatalf("the old engine's blocks survived its restart: overlap %d", got)
+	}
+	if got := overlap(t, r, w, y); got != 2 {
+		t.Fatalf("the new engine's blocks: overlap %d, want 2", got)
 	}
 }

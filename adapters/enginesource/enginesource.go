@@ -40,7 +40,6 @@
 //     applied twice and the source never goes backwards. The same catch-up
 //     runs when the first live message is not the one expected (ZeroMQ's
 //     slow joiner).
-//
 //   - Gap (a live seq above the one expected): the source asks the replay
 //     endpoint for [expected, ...] and applies the batches up to the
 //     current one, in order, then the current one (Stats.Gaps,
@@ -50,18 +49,15 @@
 //     rank's blocks (Stats.Dumps); without one, the source drops the
 //     blocks of every rank it has fed (a Cleared event per rank) and
 //     rebuilds from what comes next (Stats.Rebuilds).
-//
 //   - History lost (Stats.HistoryLost): when the source goes on without
 //     the earlier events and without a dump (a ring that wrapped before
 //     the router started, a gap rebuilt), new events hang below blocks the
 //     router never saw; the router places them from the requests it routes
 //     (router.Router.Recovering) until the index has caught up.
-//
 //   - Reset (the seq went backwards: the engine restarted; also a seq
 //     already applied whose payload differs): the ranks' blocks are dropped
 //     (Stats.Resets and Stats.Rebuilds) and the new incarnation's stream is
 //     caught up like at start-up.
-//
 //   - Silence (nothing live for Config.SilenceProbe, 3 s by default): a
 //     loss at the end of a stream, or a restarted engine's first batches
 //     published while the subscriber was reconnecting, would otherwise only
@@ -74,7 +70,9 @@
 //     A silent source that has applied nothing yet catches up as at
 //     start-up. While the stream stays silent, probes back off (twice the
 //     wait each time, up to 16 × SilenceProbe); any live message ends the
-//     silent period. Without a replay endpoint there is nothing to ask.
+//     silent period. A probe waits at most Config.ReplayTimeout (live
+//     messages queue meanwhile). Without a replay endpoint there is nothing
+//     to ask.
 //
 // An engine that restarts and publishes past the last seq seen before the
 // subscriber reconnects looks like a gap, not a reset, when the batches

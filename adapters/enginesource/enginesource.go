@@ -58,10 +58,27 @@
 //     already applied whose payload differs): the ranks' blocks are dropped
 //     (Stats.Resets and Stats.Rebuilds) and the new incarnation's stream is
 //     caught up like at start-up.
+//   - Silence (nothing live for Config.SilenceProbe, 3 s by default): a
+//     loss at the end of a stream, or a restarted engine's first batches
+//     published while the subscriber was reconnecting, would otherwise only
+//     show when the next batch arrives, which may be never. So a silent
+//     source asks the replay endpoint from the last seq it applied
+//     (Stats.Probes). That seq with the same payload means the same
+//     engine: whatever follows it is applied (Stats.Gaps, Stats.Recovered).
+//     A ring starting above it is a gap, handled as above. Nothing at or
+//     above it, or another payload at it, means a restarted engine: a reset.
+//     A silent source that has applied nothing yet catches up as at
+//     start-up. While the stream stays silent, probes back off (twice the
+//     wait each time, up to 16 × SilenceProbe); any live message ends the
+//     silent period. A probe waits at most Config.ReplayTimeout (live
+//     messages queue meanwhile). Without a replay endpoint there is nothing
+//     to ask.
 //
 // An engine that restarts and publishes past the last seq seen before the
-// subscriber reconnects looks like a gap, not a reset: nothing on the wire
-// tells them apart.
+// subscriber reconnects looks like a gap, not a reset, when the batches
+// arrive live: nothing on the wire tells them apart. A silence probe tells
+// them apart by the payload at the last seq applied, except after a dump
+// (no payload to compare), when it only finds what follows.
 //
 // An engine peer that announces a message above Config.MaxMessageBytes, or
 // sends a handshake the ZMQ library would fail on, is disconnected and
@@ -108,6 +125,14 @@ var _ Sink = (*router.Router)(nil)
 // DefaultReplayTimeout bounds one replay request.
 const DefaultReplayTimeout = 2 * time.Second
 
+// DefaultSilenceProbe is how long a stream stays silent before the source
+// asks the replay endpoint whether it missed something.
+const DefaultSilenceProbe = 3 * time.Second
+
+// maxProbeBackoff bounds how far apart the probes of a long silence grow,
+// as a multiple of Config.SilenceProbe.
+const maxProbeBackoff = 16
+
 // DefaultDumpTimeout bounds one dump request.
 const DefaultDumpTimeout = 10 * time.Second
 
@@ -128,6 +153,10 @@ type Config struct {
 	// ReplayTimeout bounds each replay request; 0 means
 	// DefaultReplayTimeout.
 	ReplayTimeout time.Duration
+	// SilenceProbe is how long the stream stays silent before the replay
+	// endpoint is asked for what may have been lost at its end; 0 means
+	// DefaultSilenceProbe, negative never asks.
+	SilenceProbe time.Duration
 	// Dump is the engine's full-state endpoint for this rank, e.g.
 	// "http://10.0.0.5:8000/kv_events/dump?dp_rank=0" (kvrouter's mocker
 	// serves one; vLLM has none); "" if it has none.
@@ -178,6 +207,7 @@ type Stats struct {
 	Oversized       uint64 // connections dropped, live or replay: a message above MaxMessageBytes
 	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
+	Probes          uint64 // replay requests sent because the stream was silent
 }
 
 type counters struct {
@@ -188,6 +218,7 @@ type counters struct {
 	replayErrors, applyErrors              atomic.Uint64
 	dumps, dumpErrors, historyLost         atomic.Uint64
 	replayOversized, replayTruncated       atomic.Uint64
+	probes                                 atomic.Uint64
 }
 
 // ErrClosed is returned by WaitSeq once the source has stopped.
@@ -243,6 +274,9 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 	}
 	if cfg.DumpTimeout <= 0 {
 		cfg.DumpTimeout = DefaultDumpTimeout
+	}
+	if cfg.SilenceProbe == 0 {
+		cfg.SilenceProbe = DefaultSilenceProbe
 	}
 	client := cfg.HTTPClient
 	if client == nil {
@@ -342,7 +376,7 @@ func (s *Source) Stats() Stats {
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
 		Dumps: c.dumps.Load(), DumpErrors: c.dumpErrors.Load(), HistoryLost: c.historyLost.Load(),
 		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
-		BadHandshakes: sub.BadHandshakes,
+		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(),
 	}
 }
 
@@ -360,6 +394,18 @@ func (s *Source) run() {
 		s.wake()
 	}
 	msgs := s.sub.Messages()
+	// A ticker rather than a timer reset per message keeps the live path
+	// free of timer work: a tick finding that messages arrived since the
+	// previous one only notes it, so a probe follows 1 to 2 periods of
+	// silence.
+	var tick <-chan time.Time
+	if s.cfg.Replay != "" && s.cfg.SilenceProbe > 0 {
+		t := time.NewTicker(s.cfg.SilenceProbe)
+		defer t.Stop()
+		tick = t.C
+	}
+	live := false
+	silentTicks, probeAfter := 0, 1
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -368,8 +414,74 @@ func (s *Source) run() {
 			if !ok {
 				return
 			}
+			live = true
 			s.handle(m)
 			s.wake()
+		case <-tick:
+			if live {
+				live, silentTicks, probeAfter = false, 0, 1
+				continue
+			}
+			if silentTicks++; silentTicks < probeAfter {
+				continue
+			}
+			silentTicks, probeAfter = 0, min(2*probeAfter, maxProbeBackoff)
+			s.probe()
+			s.wake()
+		}
+	}
+}
+
+// probe asks the replay endpoint, after a silence, for what the live stream
+// may have lost at its end (see Silence in the package doc).
+func (s *Source) probe() {
+	s.st.probes.Add(1)
+	if !s.started {
+		s.log.Debug("kv event stream silent: catching up")
+		s.catchUp(math.MaxUint64)
+		return
+	}
+	// Asking from the last applied seq lets its payload tell the same
+	// engine from a restarted one; after a dump there is none to compare.
+	from, known := s.next, false
+	if s.next > 0 {
+		r := s.recent[(s.next-1)%recentSize]
+		if known = r.ok && r.seq == s.next-1; known {
+			from = s.next - 1
+		}
+	}
+	msgs, err := s.fetchReplay(from, true)
+	if s.ctx.Err() != nil || (err != nil && len(msgs) == 0) {
+		return // nothing learnt; the next silent period asks again
+	}
+	if known && (len(msgs) == 0 || (msgs[0].Seq == from && s.differs(msgs[0]))) {
+		s.st.resets.Add(1)
+		s.log.Warn("kv event stream silent and the engine no longer has its last batch: engine restarted", "last", from)
+		s.restarted()
+		s.catchUp(math.MaxUint64)
+		return
+	}
+	if len(msgs) == 0 || msgs[len(msgs)-1].Seq < s.next {
+		s.log.Debug("kv event stream silent: nothing missed", "next", s.next)
+		return
+	}
+	until := msgs[len(msgs)-1].Seq + 1
+	s.log.Info("kv event stream silent: batches lost at its end", "expected", s.next, "last", until-1)
+	if msgs[0].Seq <= s.next {
+		s.applyReplayed(msgs, until)
+		if s.next == until {
+			s.st.gaps.Add(1)
+			s.st.recovered.Add(1)
+			s.log.Info("kv event gap recovered", "by", "replay after silence", "to", until-1)
+			return
+		}
+	}
+	if !s.fillGap(until) {
+		return
+	}
+	for _, r := range msgs {
+		if r.Seq >= s.next {
+			s.apply(r.Seq, r.Payload, true) // after a rebuild: the ring's batches are the history there is
 		}
 	}
 }
@@ -489,6 +601,13 @@ func (s *Source) catchUp(until uint64) {
 
 // replay fetches what the replay endpoint buffers from seq from on.
 func (s *Source) replay(from uint64) []zmqevents.Message {
+	msgs, _ := s.fetchReplay(from, false)
+	return msgs
+}
+
+// fetchReplay is replay that also returns the error; a quiet one (a probe,
+// repeated while an engine is down) logs its failure at debug level.
+func (s *Source) fetchReplay(from uint64, quiet bool) ([]zmqevents.Message, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	msgs, err := zmqevents.Replay(ctx, s.cfg.Replay, from, zmqevents.ReplayConfig{MaxMessageBytes: s.cfg.MaxMessageBytes, Log: s.log})
@@ -500,9 +619,13 @@ func (s *Source) replay(from uint64) []zmqevents.Message {
 		case errors.Is(err, zmqevents.ErrReplayTooLarge):
 			s.st.replayTruncated.Add(1)
 		}
-		s.log.Warn("kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
+		level := slog.LevelWarn
+		if quiet {
+			level = slog.LevelDebug
+		}
+		s.log.Log(s.ctx, level, "kv event replay failed", "replay", s.cfg.Replay, "from", from, "got", len(msgs), "err", err)
 	}
-	return msgs
+	return msgs, err
 }
 
 // applyReplayed applies the replayed batches below until while they follow
@@ -621,13 +744,19 @@ func (s *Source) clearRanks(seq uint64) {
 func (s *Source) reset(m zmqevents.Message) {
 	s.st.resets.Add(1)
 	s.log.Warn("kv event sequence went backwards: engine restarted", "last", s.next-1, "got", m.Seq)
+	s.restarted()
+	s.handle(m)
+}
+
+// restarted drops the rank's blocks and forgets the position: the stream
+// is the new incarnation's from now on.
+func (s *Source) restarted() {
 	s.rebuild("engine restarted")
 	s.started, s.next = false, 0
 	clear(s.recent)
 	s.mu.Lock()
-	s.haveLast = false // positions are the new incarnation's from now on
+	s.haveLast = false
 	s.mu.Unlock()
-	s.handle(m)
 }
 
 // apply processes the batch with this seq.

@@ -30,7 +30,7 @@ func toks(blocks, salt int) []uint32 {
 
 // stored encodes a batch storing blocks [from, to) of tokens, engine ids
 // base+i, chained below the previous block (root when from == 0).
-func stored(t *testing.T, rank *int, tokens []uint32, base uint64, from, to int) []byte {
+func stored(t testing.TB, rank *int, tokens []uint32, base uint64, from, to int) []byte {
 	t.Helper()
 	var parent *uint64
 	if from > 0 {
@@ -45,7 +45,7 @@ func stored(t *testing.T, rank *int, tokens []uint32, base uint64, from, to int)
 	}}})
 }
 
-func encode(t *testing.T, b *vllmevents.Batch) []byte {
+func encode(t testing.TB, b *vllmevents.Batch) []byte {
 	t.Helper()
 	p, err := vllmevents.EncodeBatch(b, vllmevents.EncodingArray)
 	if err != nil {
@@ -54,7 +54,7 @@ func encode(t *testing.T, b *vllmevents.Batch) []byte {
 	return p
 }
 
-func empty(t *testing.T) []byte { return encode(t, &vllmevents.Batch{TS: 1}) }
+func empty(t testing.TB) []byte { return encode(t, &vllmevents.Batch{TS: 1}) }
 
 func newRouter(t *testing.T, workers ...router.WorkerInfo) *router.Router {
 	t.Helper()
@@ -90,7 +90,7 @@ func start(t *testing.T, cfg Config, sink Sink) *Source {
 	return s
 }
 
-func wait(t *testing.T, s *Source, seq uint64) {
+func wait(t testing.TB, s *Source, seq uint64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -111,7 +111,7 @@ func waitFor(t *testing.T, s *Source, what string, cond func(Stats) bool) {
 
 // warmUp publishes empty batches until the source's subscription is in
 // place (ZeroMQ drops what is published before), bounded by a deadline.
-func warmUp(t *testing.T, p *testPub, s *Source) {
+func warmUp(t testing.TB, p *testPub, s *Source) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for s.Stats().Received == 0 {

@@ -43,7 +43,7 @@ type pubOpts struct {
 	hold     bool // hold replay answers until release()
 }
 
-func newTestPub(t *testing.T, o pubOpts) *testPub {
+func newTestPub(t testing.TB, o pubOpts) *testPub {
 	t.Helper()
 	if o.keep == 0 {
 		o.keep = 10_000
@@ -85,7 +85,7 @@ func (p *testPub) replay() string {
 }
 
 // publish appends a batch to the ring and, when send is set, sends it.
-func (p *testPub) publish(t *testing.T, payload []byte, send bool) uint64 {
+func (p *testPub) publish(t testing.TB, payload []byte, send bool) uint64 {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -354,7 +354,7 @@ func (r *run) inject(ctx context.Context, p Planned) Fault {
 		if err = s.start(ctx); err == nil && r.agents != nil {
 			r.agents[p.Engine], err = r.startAgent(ctx, p.Engine)
 		}
-		recovered = func() bool { return s.served() && r.router.allRegistered(r.ids) }
+		recovered = func() bool { return s.up() && r.router.allRegistered(r.ids) }
 	case EventCut:
 		cutAt := time.Now().Add(r.cfg.Pause)
 		for _, s := range r.pool.slots {

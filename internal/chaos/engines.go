@@ -104,14 +104,13 @@ func (s *engineSlot) kill() {
 	}
 }
 
-// served reports whether the running engine has generated a token.
-func (s *engineSlot) served() bool {
+// up tells whether the engine runs (its HTTP server is listening). Whether
+// it gets traffic again is the router's choice: a restarted engine holds no
+// cache, and kv routing may rightly prefer the others for a while.
+func (s *engineSlot) up() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.running == nil {
-		return false
-	}
-	return s.running.Engines()[0].Ranks[0].Runner.Metrics().GenerationTokens > 0
+	return s.running != nil
 }
 
 // blocks is the running engine's set of cached block ids; nil when down.

@@ -222,7 +222,12 @@ func (w *Watcher) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 			continue
 		}
 		// A watch ends when NATS goes away; a new one replays the bucket,
-		// and leases already known just get refreshed.
+		// and leases already known just get refreshed. A watch can also
+		// survive a reconnect yet deliver nothing more (its consumer died
+		// with the restarted server), so a reconnect, or a watch silent for
+		// a whole TTL, re-creates it before any lease may expire.
+		reconnects := nc.Stats().Reconnects
+		lastUpdate := time.Now()
 		alive := true
 		for alive {
 			select {
@@ -238,6 +243,21 @@ func (w *Watcher) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 					}
 					continue
 				}
+				if r := nc.Stats().Reconnects; r != reconnects {
+					// Heartbeats sent while we were reconnecting were not
+					// seen: count every lease from the reconnect.
+					for _, l := range leases {
+						l.expires = now.Add(ttl)
+					}
+					log.Info("discovery reconnected; re-watching")
+					alive = false
+					continue
+				}
+				if now.Sub(lastUpdate) >= ttl && anyExpired(leases, now) {
+					log.Info("discovery watch silent for a lease; re-watching")
+					alive = false
+					continue
+				}
 				for id, l := range leases {
 					if now.After(l.expires) {
 						delete(leases, id)
@@ -249,6 +269,7 @@ func (w *Watcher) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 					alive = false
 					break
 				}
+				lastUpdate = time.Now()
 				if e == nil {
 					markReady()
 					continue
@@ -288,4 +309,13 @@ func (w *Watcher) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 		}
 		_ = watcher.Stop()
 	}
+}
+
+func anyExpired(leases map[uint64]*lease, now time.Time) bool {
+	for _, l := range leases {
+		if now.After(l.expires) {
+			return true
+		}
+	}
+	return false
 }

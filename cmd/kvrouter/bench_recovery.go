@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -37,37 +35,26 @@ cache (as with vLLM, which has no such call) and must rebuild from the
 events and the traffic it routes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			progress := io.Discard
-			if !quiet {
-				progress = cmd.ErrOrStderr()
-			}
 			cfg.Dump = !noDump
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			res, err := bench.RunRecovery(ctx, cfg, progress)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "engine dump\t%v\n", res.Dump)
-			fmt.Fprintf(tw, "batches published at the restart\t%d (ring from %d)\n", res.BatchesAtRestart, res.OldestAtRestart)
-			if res.ConvergedAfterSec >= 0 {
-				fmt.Fprintf(tw, "router blocks == engine blocks after\t%.1f s\n", res.ConvergedAfterSec)
-				fmt.Fprintf(tw, "later samples still equal\t%.0f %%\n", 100*res.EqualAfterConverged)
-			} else {
-				fmt.Fprintf(tw, "router blocks == engine blocks after\tnever within %v\n", cfg.Observe)
-			}
-			fmt.Fprintf(tw, "engine blocks known at the end\t%.2f %%\n", 100*res.FinalCoverage)
-			fmt.Fprintf(tw, "requests after the restart (errors)\t%d (%d)\n", res.RequestsAfter, res.Errors)
-			fmt.Fprintf(tw, "events re-anchored / refused\t%d / %d\n", res.Reanchored, res.Refused)
-			fmt.Fprintf(tw, "blocks inferred\t%d\n", res.BlocksInferred)
-			fmt.Fprintf(tw, "dumps loaded\t%d\n", res.Dumps)
-			return tw.Flush()
+			return runBench(cmd, quiet, asJSON, func(ctx context.Context, progress io.Writer) (bench.RecoveryResult, error) {
+				return bench.RunRecovery(ctx, cfg, progress)
+			}, func(out io.Writer, res bench.RecoveryResult) error {
+				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+				fmt.Fprintf(tw, "engine dump\t%v\n", res.Dump)
+				fmt.Fprintf(tw, "batches published at the restart\t%d (ring from %d)\n", res.BatchesAtRestart, res.OldestAtRestart)
+				if res.ConvergedAfterSec >= 0 {
+					fmt.Fprintf(tw, "router blocks == engine blocks after\t%.1f s\n", res.ConvergedAfterSec)
+					fmt.Fprintf(tw, "later samples still equal\t%.0f %%\n", 100*res.EqualAfterConverged)
+				} else {
+					fmt.Fprintf(tw, "router blocks == engine blocks after\tnever within %v\n", cfg.Observe)
+				}
+				fmt.Fprintf(tw, "engine blocks known at the end\t%.2f %%\n", 100*res.FinalCoverage)
+				fmt.Fprintf(tw, "requests after the restart (errors)\t%d (%d)\n", res.RequestsAfter, res.Errors)
+				fmt.Fprintf(tw, "events re-anchored / refused\t%d / %d\n", res.Reanchored, res.Refused)
+				fmt.Fprintf(tw, "blocks inferred\t%d\n", res.BlocksInferred)
+				fmt.Fprintf(tw, "dumps loaded\t%d\n", res.Dumps)
+				return tw.Flush()
+			})
 		},
 	}
 	f := cmd.Flags()

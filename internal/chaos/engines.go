@@ -121,8 +121,8 @@ func (s *engineSlot) blocks() map[uint64]bool {
 		return nil
 	}
 	out := map[uint64]bool{}
-	for _, h := range s.running.Engines()[0].Ranks[0].Runner.CachedBlockHashes() {
-		out[h] = true
+	for _, b := range s.running.Engines()[0].Ranks[0].Runner.CachedBlocks() {
+		out[b.Hash] = true
 	}
 	return out
 }

@@ -337,16 +337,6 @@ func (e *Engine) Metrics() Metrics {
 // add up to. Nil with prefix caching off.
 func (e *Engine) CachedBlocks() []CachedBlock { return e.bm.cached() }
 
-// CachedBlockHashes lists the ids (as published in Stored events) of every
-// full block the engine holds or keeps cached, in no particular order: the
-// set a router's index of this engine should equal once events are
-// delivered.
-func (e *Engine) CachedBlockHashes() []uint64 {
-	out := make([]uint64, 0, e.bm.byHash.len())
-	e.bm.byHash.each(func(h uint64, _ int32) { out = append(out, h) })
-	return out
-}
-
 // ResetPrefixCache drops every cached block, as vLLM's /reset_prefix_cache:
 // it fails (false) while any request holds blocks. On success it returns the
 // Cleared event to publish (none with prefix caching off).

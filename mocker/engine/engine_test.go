@@ -88,13 +88,13 @@ func (x *eventIndex) apply(t *testing.T, evs []BlockEvent) {
 
 func (x *eventIndex) check(t *testing.T, e *Engine) {
 	t.Helper()
-	cached := e.CachedBlockHashes()
+	cached := e.CachedBlocks()
 	if len(x.present) != len(cached) {
 		t.Fatalf("events say %d blocks cached, the engine has %d", len(x.present), len(cached))
 	}
-	for _, h := range cached {
-		if !x.present[h] {
-			t.Fatalf("cached block %x never published", h)
+	for _, b := range cached {
+		if !x.present[b.Hash] {
+			t.Fatalf("cached block %x never published", b.Hash)
 		}
 	}
 }

@@ -202,12 +202,12 @@ func (r *Runner) Metrics() engine.Metrics {
 	return r.eng.Metrics()
 }
 
-// CachedBlockHashes lists the engine's cached blocks (see
-// engine.Engine.CachedBlockHashes).
-func (r *Runner) CachedBlockHashes() []uint64 {
+// CachedBlocks lists the engine's cached blocks (see
+// engine.Engine.CachedBlocks).
+func (r *Runner) CachedBlocks() []engine.CachedBlock {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.eng.CachedBlockHashes()
+	return r.eng.CachedBlocks()
 }
 
 // Timing returns the pacing figures so far.

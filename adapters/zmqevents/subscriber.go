@@ -56,6 +56,7 @@ type SubscriberStats struct {
 	Gaps      uint64 // messages that arrived after a gap (Message.Missed > 0)
 	Missed    uint64 // sequence numbers missed in all gaps
 	Resets    uint64 // messages whose seq did not grow (Message.Reset)
+	Connects  uint64 // connections made; each has sent the subscription, so later batches reach it
 	Oversized uint64 // connections dropped: the publisher announced a message above MaxMessageBytes
 
 	BadHandshakes uint64 // connections dropped: the publisher's handshake was malformed or stalled
@@ -163,8 +164,13 @@ func (s *Subscriber) run() {
 	for {
 		if err := s.sub.Dial(guarded(s.cfg.Endpoint)); err != nil {
 			s.guard.closeDialed()
-		} else if !s.receive() {
-			return
+		} else {
+			s.mu.Lock()
+			s.stats.Connects++
+			s.mu.Unlock()
+			if !s.receive() {
+				return
+			}
 		}
 		select {
 		case <-s.ctx.Done():

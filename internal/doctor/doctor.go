@@ -329,6 +329,9 @@ func (d *doctor) model() string {
 	return ""
 }
 
+// tokenizeWhy is what an engine without a usable /tokenize costs.
+const tokenizeWhy = "serve hashes every text and chat prompt from the engine's /tokenize (vLLM and recent SGLang serve it) and answers them 502 when no engine of the model can tokenize; only token-id prompts (or nvext.token_data) work without it"
+
 func (d *doctor) checkTokenize(ctx context.Context) {
 	code, body, err := d.do(ctx, http.MethodPost, "/tokenize", map[string]any{"model": d.model(), "prompt": "kvrouter doctor"})
 	if err == nil && code == http.StatusOK {
@@ -339,12 +342,11 @@ func (d *doctor) checkTokenize(ctx context.Context) {
 			d.add("tokenize", OK, fmt.Sprintf("POST /tokenize answers (%d tokens for a test prompt)", len(out.Tokens)), "")
 			return
 		}
-		d.add("tokenize", Warn, "POST /tokenize answers 200 without a token list",
-			"serve reads {\"tokens\": [...]} as vLLM answers it; text prompts cannot be matched against the cache otherwise")
+		d.add("tokenize", Fail, "POST /tokenize answers 200 without a token list",
+			"serve reads {\"tokens\": [...]}, as vLLM answers: "+tokenizeWhy)
 		return
 	}
-	d.add("tokenize", Warn, fmt.Sprintf("POST /tokenize: %s", describe(code, err)),
-		"serve tokenizes text and chat prompts with the engine's /tokenize (vLLM serves it): without it only token-id prompts are routed on the cache")
+	d.add("tokenize", Fail, fmt.Sprintf("POST /tokenize: %s", describe(code, err)), tokenizeWhy)
 }
 
 // rankWatch is what one rank's events showed.

@@ -382,7 +382,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 	if live {
 		w.batches++
 		if b.DPRank != nil {
-			w.dpRanks[*b.DPRank]++
+			countBounded(w.dpRanks, *b.DPRank)
 		}
 	}
 	for _, ev := range b.Events {
@@ -397,10 +397,20 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 			w.otherGroup++
 			continue
 		}
-		w.blockSizes[st.BlockSize]++
+		countBounded(w.blockSizes, st.BlockSize)
 		if want := len(st.BlockHashes) * st.BlockSize; len(st.TokenIDs) != want && len(w.badTokens) < 3 {
 			w.badTokens = append(w.badTokens, fmt.Sprintf("%d blocks of %d tokens with %d token ids", len(st.BlockHashes), st.BlockSize, len(st.TokenIDs)))
 		}
+	}
+}
+
+// maxDistinct bounds the distinct block sizes and dp ranks tracked per
+// rank: a broken publisher may name any number of them.
+const maxDistinct = 16
+
+func countBounded(m map[int]int, k int) {
+	if _, ok := m[k]; ok || len(m) < maxDistinct {
+		m[k]++
 	}
 }
 
@@ -574,7 +584,12 @@ func (d *doctor) reportEvents(w *rankWatch, name string, othersPublished bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	secs := d.cfg.Window.Seconds()
+	// Messages not of the 3-frame shape never reach the decoder.
+	w.undecoded += int(w.stats.Malformed)
 	switch {
+	case w.batches > 0 && w.undecoded == 0 && w.stats.Gaps > 0:
+		d.add(name, Warn, fmt.Sprintf("%d batches in %v on %s, with %d gaps (%d batches lost on the way)", w.batches, d.cfg.Window, w.events, w.stats.Gaps, w.stats.Missed),
+			"the publisher drops batches beyond \"hwm\" of --kv-events-config, or the network loses them; serve fetches them again from replay= when the engine has a replay endpoint")
 	case w.batches > 0 && w.undecoded == 0:
 		d.add(name, OK, fmt.Sprintf("%d batches in %v (%.1f/s) on %s: %s", w.batches, d.cfg.Window, float64(w.batches)/secs, w.events, countsText(w.counts)), "")
 	case w.batches > 0:

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
@@ -37,10 +39,11 @@ type fakeEngine struct {
 	health, models, tokenize, metrics int // status codes; 0 means 200
 	served                            []string
 	metricsBody                       string
-	blockSize                         int  // of the published blocks; 0 means 16
-	tokenShortfall                    int  // token ids left out of each BlockStored
-	silent                            bool // completions publish nothing
-	dpRank                            *int // the rank the batches name
+	blockSize                         int    // of the published blocks; 0 means 16
+	tokenShortfall                    int    // token ids left out of each BlockStored
+	silent                            bool   // completions publish nothing
+	dpRank                            *int   // the rank the batches name
+	onCompletion                      func() // replaces the publishing
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -89,7 +92,10 @@ func (f *fakeEngine) start(t *testing.T) {
 		}
 	})
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, _ *http.Request) {
-		if !f.silent {
+		switch {
+		case f.onCompletion != nil:
+			f.onCompletion()
+		case !f.silent:
 			f.publish(t)
 		}
 		_, _ = w.Write([]byte(`{"choices": [{"text": "x"}]}`))
@@ -293,6 +299,44 @@ func TestRanksAreCheckedOnConsecutivePorts(t *testing.T) {
 	expect(t, r, "events[0]", OK, "1 AllBlocksCleared")
 	expect(t, r, "events[1]", Warn, fmt.Sprintf("127.0.0.1:%d", base+1), "while other ranks published")
 	expect(t, r, "dp_ranks", Warn, "events from ranks [0] of 2")
+}
+
+// A publisher that loses batches, or sends messages of another shape, is
+// told apart from a healthy one.
+func TestLossesAndForeignMessagesAreReported(t *testing.T) {
+	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{Events: []vllmevents.Event{&vllmevents.AllBlocksCleared{}}}, vllmevents.EncodingArray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		frames [][][]byte
+		want   Status
+		says   []string
+	}{
+		{"gap", [][][]byte{{nil, zmqevents.EncodeSeq(0), payload}, {nil, zmqevents.EncodeSeq(5), payload}}, Warn, []string{"1 gaps (4 batches lost", `"hwm"`}},
+		{"foreign", [][][]byte{{[]byte("x"), []byte("y")}, {nil, zmqevents.EncodeSeq(0), []byte("not msgpack")}}, Fail, []string{"2 messages", "none a KV-event batch"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub := zmq4.NewPub(context.Background())
+			t.Cleanup(func() { _ = pub.Close() })
+			if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			f := &fakeEngine{onCompletion: func() {
+				for _, fr := range tc.frames {
+					if err := pub.SendMulti(zmq4.NewMsgFrom(fr...)); err != nil {
+						t.Error(err)
+					}
+				}
+			}}
+			f.start(t)
+			e := f.engine()
+			e.Events, e.Replay = "tcp://"+pub.Addr().String(), ""
+			r := run(t, Config{Engines: []Engine{e}, Probe: true})
+			expect(t, r, "events", tc.want, tc.says...)
+		})
+	}
 }
 
 // deadAddr is a loopback address nothing listens on.

@@ -44,14 +44,16 @@ func TestDoctorCommandPassesOnTheMocker(t *testing.T) {
 	}
 }
 
-// A failed check makes the command fail, and the text says what to fix.
+// A failed check makes the command fail, and the text says what to fix. A
+// wrong model= fails the models check alone: /tokenize and the probe use a
+// model the engine serves.
 func TestDoctorCommandFailsOnAWrongModel(t *testing.T) {
 	_, e := mockEngine(t)
 	out, err := runDoctor(t, "--worker", "url="+e.HTTPURL+",events="+e.Ranks[0].Events+",model=nope")
 	if err == nil {
 		t.Fatal("doctor passed with a model the engine does not serve")
 	}
-	for _, want := range []string{`fail  models     model="nope" is not served`, "fix: set model=kvrouter-mock", "failed"} {
+	for _, want := range []string{`fail  models     model="nope" is not served`, "fix: set model=kvrouter-mock", "ok    tokenize", "failed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}

@@ -318,15 +318,13 @@ func (d *doctor) checkModels(ctx context.Context) {
 	}
 }
 
-// model is the name the probe and /tokenize use.
+// model is the name the probe and /tokenize use: a model the engine
+// serves, so that a wrong model= fails one check, not three.
 func (d *doctor) model() string {
-	if d.e.Model != "" {
+	if len(d.served) == 0 || slices.Contains(d.served, d.e.Model) {
 		return d.e.Model
 	}
-	if len(d.served) > 0 {
-		return d.served[0]
-	}
-	return ""
+	return d.served[0]
 }
 
 // tokenizeWhy is what an engine without a usable /tokenize costs.
@@ -754,6 +752,8 @@ func (d *doctor) checkRanks(ranks []*rankWatch, inMetrics map[int]bool) {
 	case extra > 0:
 		d.add("dp_ranks", Fail, fmt.Sprintf("/metrics names %d data-parallel ranks, the worker dp=%d", extra, dp),
 			fmt.Sprintf("set dp=%d on the worker (dp_size in --config), so that every rank's events are read", extra))
+	case len(seen) == 0:
+		// The events lines already say why nothing arrived.
 	case len(seen) == dp:
 		d.add("dp_ranks", OK, fmt.Sprintf("events from all %d rank(s) %v", dp, seen), "")
 	default:

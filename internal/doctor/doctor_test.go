@@ -44,6 +44,7 @@ type fakeEngine struct {
 	silent                            bool   // completions publish nothing
 	dpRank                            *int   // the rank the batches name
 	onCompletion                      func() // replaces the publishing
+	encoding                          vllmevents.Encoding
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -114,7 +115,7 @@ func (f *fakeEngine) publish(t *testing.T) {
 		TS:     1,
 		DPRank: f.dpRank,
 		Events: []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs}},
-	}, vllmevents.EncodingMapBatch)
+	}, f.encoding)
 	if err != nil {
 		t.Error(err)
 		return
@@ -200,14 +201,20 @@ func TestMockerPassesEveryCheck(t *testing.T) {
 	expect(t, r, "block_size", OK, fmt.Sprintf("%d-token blocks", cfg.Engine.BlockSize))
 }
 
-// The fake engine done right passes, so that each test below fails for the
-// one thing it gets wrong.
+// The fake engine done right passes, in each shape vLLM and SGLang have
+// published batches in, so that each test below fails for the one thing it
+// gets wrong.
 func TestFakeEnginePassesEveryCheck(t *testing.T) {
-	f := &fakeEngine{}
-	f.start(t)
-	r := run(t, Config{Engines: []Engine{f.engine()}, Probe: true, BlockSize: 16})
-	if r.Count(Fail)+r.Count(Warn) != 0 {
-		t.Errorf("%d failed, %d warnings on a well-configured engine", r.Count(Fail), r.Count(Warn))
+	for _, enc := range []vllmevents.Encoding{vllmevents.EncodingArray, vllmevents.EncodingMap, vllmevents.EncodingMapBatch} {
+		t.Run(enc.String(), func(t *testing.T) {
+			t.Parallel()
+			f := &fakeEngine{encoding: enc}
+			f.start(t)
+			r := run(t, Config{Engines: []Engine{f.engine()}, Probe: true, BlockSize: 16})
+			if r.Count(Fail)+r.Count(Warn) != 0 {
+				t.Errorf("%d failed, %d warnings on a well-configured engine", r.Count(Fail), r.Count(Warn))
+			}
+		})
 	}
 }
 

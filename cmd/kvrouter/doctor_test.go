@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,5 +66,23 @@ func TestDoctorCommandFailsOnAWrongModel(t *testing.T) {
 func TestDoctorCommandNeedsAnEngine(t *testing.T) {
 	if _, err := runDoctor(t); err == nil || !strings.Contains(err.Error(), "--worker") {
 		t.Errorf("want an error naming --worker, got %v", err)
+	}
+}
+
+// --config takes serve's file, engine names included.
+func TestDoctorCommandReadsServesConfigFile(t *testing.T) {
+	cfg, e := mockEngine(t)
+	path := filepath.Join(t.TempDir(), "workers.json")
+	file := fmt.Sprintf(`{"workers": [{"name": "gpu-a", "url": %q, "events": %q, "replay": %q, "model": %q, "dp_size": 1}]}`,
+		e.HTTPURL, e.Ranks[0].Events, e.Ranks[0].Replay, cfg.Server.Model)
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runDoctor(t, "--probe-request", "--config", path)
+	if err != nil {
+		t.Fatalf("doctor failed on a healthy engine: %v", err)
+	}
+	if !strings.HasPrefix(out, "gpu-a\n") || !strings.Contains(out, "ok    events") {
+		t.Errorf("want the report of engine gpu-a with its events ok")
 	}
 }

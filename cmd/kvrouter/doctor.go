@@ -19,6 +19,7 @@ func newDoctorCmd() *cobra.Command {
 		configPath string
 		window     time.Duration
 		probe      bool
+		noEvents   bool
 		blockSize  int
 		asJSON     bool
 		zmqMax     int64
@@ -42,7 +43,8 @@ check (ok, warn, fail) with what to change:
   metrics     the vLLM load metrics kvrouter reads from /metrics
   dp_ranks    the data-parallel ranks the events and /metrics name, against dp=
 
-Engines are given as for serve: --worker (repeatable) or --config. The
+Engines are given as for serve: --worker (repeatable) or --config. With
+--no-router-kv-events, as for serve, the events are not checked. The
 command exits non-zero when a check fails; --json prints the checks as JSON.
 docs/engines.md has each engine's flags.`,
 		Example: `  kvrouter doctor --probe-request \
@@ -71,7 +73,7 @@ docs/engines.md has each engine's flags.`,
 				engines[i] = doctor.Engine{Name: name, URL: w.URL, Events: w.Events, Replay: w.Replay, Model: w.Model, DPSize: w.DPSize}
 			}
 			report := doctor.Run(cmd.Context(), doctor.Config{
-				Engines: engines, Window: window, Probe: probe, BlockSize: blockSize, MaxMessageBytes: zmqMax,
+				Engines: engines, Window: window, Probe: probe, NoEvents: noEvents, BlockSize: blockSize, MaxMessageBytes: zmqMax,
 				Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
 			})
 			if asJSON {
@@ -95,6 +97,7 @@ docs/engines.md has each engine's flags.`,
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}, as for serve")
 	fs.DurationVar(&window, "duration", doctor.DefaultWindow, "how long each rank's KV events are watched")
 	fs.BoolVar(&probe, "probe-request", false, "send one small completion to each engine, so that an idle engine publishes KV events")
+	fs.BoolVar(&noEvents, "no-router-kv-events", false, "the engines are routed without KV events (serve's approximate mode): do not check them")
 	fs.IntVar(&blockSize, "kv-cache-block-size", router.DefaultConfig().BlockSize, "the router's tokens per KV block, which the events must carry")
 	fs.BoolVar(&asJSON, "json", false, "print the checks as JSON")
 	registerZMQMaxMessageBytes(fs, &zmqMax)

@@ -74,6 +74,10 @@ type Config struct {
 	Window time.Duration
 	// Probe sends one small completion so that an idle engine publishes.
 	Probe bool
+	// NoEvents is serve's --no-router-kv-events: routing predicts the
+	// caches from its own decisions, so engines need not publish and
+	// their events are not checked.
+	NoEvents bool
 	// BlockSize is the router's --kv-cache-block-size; 0 leaves the
 	// events' block size unchecked against it.
 	BlockSize int
@@ -218,6 +222,11 @@ func (d *doctor) run(ctx context.Context) {
 	} else if d.checkHealth(ctx) {
 		d.checkModels(ctx)
 		d.checkTokenize(ctx)
+	}
+	if d.cfg.NoEvents {
+		d.add("events", OK, "not checked: with --no-router-kv-events the router predicts caches from its own routing", "")
+		d.checkMetrics(ctx)
+		return
 	}
 	ranks := d.watchEvents(ctx)
 	d.checkReplay(ctx, ranks)

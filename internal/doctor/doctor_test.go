@@ -230,6 +230,7 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 		says  []string
 	}{
 		{name: "idle engine without probe", fake: fakeEngine{}, check: "events", want: Fail, says: []string{"no batch", "--probe-request"}},
+		{name: "no events endpoint", fake: fakeEngine{}, edit: func(e *Engine) { e.Events = "" }, check: "events", want: Fail, says: []string{"no events endpoint", "--no-router-kv-events"}},
 		{name: "no events although probed", fake: fakeEngine{silent: true}, probe: true, check: "events", want: Fail,
 			says: []string{"although a completion was sent", `"enable_kv_cache_events": true`, `"publisher": "zmq"`}},
 		{name: "nothing listens on the events port", fake: fakeEngine{}, probe: true, edit: func(e *Engine) { e.Events = deadEndpoint(t) }, check: "events", want: Fail,
@@ -275,6 +276,25 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 			r := run(t, Config{Engines: []Engine{e}, Probe: tc.probe, BlockSize: 16})
 			expect(t, r, tc.check, tc.want, tc.says...)
 		})
+	}
+}
+
+// An engine routed without events (--no-router-kv-events) needs none: its
+// HTTP side alone is checked.
+func TestWithoutEventsOnlyHTTPIsChecked(t *testing.T) {
+	f := &fakeEngine{}
+	f.start(t)
+	e := f.engine()
+	e.Events, e.Replay = "", ""
+	r := run(t, Config{Engines: []Engine{e}, NoEvents: true})
+	if r.Count(OK) != len(r.Checks) {
+		t.Errorf("%d of %d checks ok", r.Count(OK), len(r.Checks))
+	}
+	expect(t, r, "events", OK, "not checked")
+	for _, name := range []string{"replay", "block_size", "dp_ranks"} {
+		if _, ok := r.Find("fake", name); ok {
+			t.Errorf("%s checked without events", name)
+		}
 	}
 }
 

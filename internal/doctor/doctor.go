@@ -100,7 +100,8 @@ type Status string
 
 // The verdicts: ok works as serve needs it; warn works, with a loss
 // (a feature, recovery, a routing mode); fail keeps serve from routing
-// on the engine's cache, or from routing to it at all.
+// on the engine's cache, from routing to it at all, or from serving
+// some of its requests.
 const (
 	OK   Status = "ok"
 	Warn Status = "warn"

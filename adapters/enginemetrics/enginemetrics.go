@@ -55,6 +55,14 @@ type Sample struct {
 	KVUsage          float64 // fraction of KV blocks in use, 0..1
 }
 
+// textParsers recycles parsers, which reset themselves on each use: a new
+// one allocates its read buffer, which cost more than parsing a scrape of
+// a few gauges.
+var textParsers = sync.Pool{New: func() any {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return &p
+}}
+
 // Parse reads a Prometheus text exposition and returns the samples per dp
 // rank: the `engine` label parsed as a non-negative integer; a series
 // without it, or with any other value, counts as rank 0 (the simulator, for
@@ -72,8 +80,9 @@ type Sample struct {
 // or a load metric whose value is negative, NaN or infinite, is an error:
 // reading it as zero load would draw traffic to a broken engine.
 func Parse(r io.Reader) (map[int]Sample, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
+	p := textParsers.Get().(*expfmt.TextParser)
 	families, err := p.TextToMetricFamilies(r)
+	textParsers.Put(p)
 	if err != nil {
 		return nil, fmt.Errorf("enginemetrics: %w", err)
 	}

@@ -415,3 +415,12 @@ func TestSimulatedEngine(t *testing.T) {
 		seen[r.id] = true
 	}
 }
+
+func BenchmarkParse(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(strings.NewReader(vllmV1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -16,7 +16,13 @@ import (
 // as large as the prompt, and reading it whole first doubled what a large
 // prompt cost. Members other than "tokens" are skipped, not checked.
 func decodeTokenList(r io.Reader) ([]uint32, error) {
-	d := tokenDecoder{r: bufio.NewReaderSize(r, 32<<10)}
+	br := tokenReaders.Get().(*bufio.Reader)
+	br.Reset(r)
+	defer func() {
+		br.Reset(nil) // the pool must not keep the engine's body alive
+		tokenReaders.Put(br)
+	}()
+	d := tokenDecoder{r: br}
 	if c, err := d.nonSpace(); err != nil || c != '{' {
 		return nil, errors.New("the answer is not a JSON object")
 	}
@@ -65,6 +71,10 @@ func decodeTokenList(r io.Reader) ([]uint32, error) {
 	}
 	return nil, errors.New("no token list")
 }
+
+// tokenReaders recycles decodeTokenList's buffers: a fresh 32 KiB one per
+// answer cost more than decoding a short answer does.
+var tokenReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
 
 type tokenDecoder struct{ r *bufio.Reader }
 

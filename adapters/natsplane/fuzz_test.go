@@ -31,15 +31,17 @@ func FuzzDecodeDump(f *testing.F) {
 	f.Add(good[:len(good)-1])
 	f.Add(append(slices.Clone(dumpMagic[:]), bytes.Repeat([]byte{0xff}, dumpRecord)...))
 
+	r := newFuzzRouter(f)
+	dirty := true
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := router.New(router.DefaultConfig())
-		if err != nil {
-			t.Fatal(err)
+		if dirty {
+			resetFuzzRouter(r)
+			dirty = false
 		}
-		r.AddWorker(router.WorkerInfo{ID: 1, DPSize: 2})
 		var got []kv.Event
 		err = DecodeDump(data, func(ev *kv.Event) error {
 			got = append(got, cloneEvent(ev))
+			dirty = true
 			_ = r.ApplyEvent(ev) // unknown workers and parents are refused, not fatal
 			return nil
 		})
@@ -75,6 +77,24 @@ func canonicalDump(data []byte) []byte {
 	return out
 }
 
+// newFuzzRouter is built once per fuzz worker: a router's construction
+// costs far more than what one input exercises.
+func newFuzzRouter(f *testing.F) *router.Router {
+	r, err := router.New(router.DefaultConfig())
+	if err != nil {
+		f.Fatal(err)
+	}
+	return r
+}
+
+// resetFuzzRouter gives each input the router a fresh one would be: worker
+// 1 with two ranks, no blocks, no bookings. Removing the only worker takes
+// all its state with it.
+func resetFuzzRouter(r *router.Router) {
+	r.RemoveWorker(1)
+	r.AddWorker(router.WorkerInfo{ID: 1, DPSize: 2})
+}
+
 func cloneEvent(ev *kv.Event) kv.Event {
 	c := *ev
 	c.Stored.Blocks = slices.Clone(ev.Stored.Blocks)
@@ -97,14 +117,15 @@ func FuzzReplicaSyncMessage(f *testing.F) {
 	f.Add([]byte(`{"router_id":"me","kind":"add"}`))
 	f.Add([]byte(`[]`))
 
+	r := newFuzzRouter(f)
+	dirty := true
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := router.New(router.DefaultConfig())
-		if err != nil {
-			t.Fatal(err)
+		if dirty {
+			resetFuzzRouter(r)
 		}
-		r.AddWorker(router.WorkerInfo{ID: 1, DPSize: 2})
 		s := &ReplicaSync{id: "me", r: r, log: slog.New(slog.DiscardHandler)}
 		s.handle(data)
+		dirty = s.applied.Load()+s.applyErrors.Load() != 0
 		if s.applied.Load()+s.ignored.Load()+s.malformed.Load()+s.applyErrors.Load() != 1 {
 			t.Fatalf("a message was neither applied nor counted: %+v", s.Stats())
 		}

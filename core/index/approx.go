@@ -137,6 +137,18 @@ func (a *Approx) RemoveWorker(id uint64) {
 	}
 }
 
+// RemoveRank forgets every prediction for one worker rank.
+func (a *Approx) RemoveRank(w kv.Worker) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.t.clearWorker(w)
+	for k := range a.expires {
+		if k.w == w {
+			delete(a.expires, k)
+		}
+	}
+}
+
 // ApproxStats reports the size and the churn of an Approx index.
 type ApproxStats struct {
 	Pairs   uint64

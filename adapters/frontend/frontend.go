@@ -316,7 +316,7 @@ func New(cfg Config) (*Frontend, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := newFrontendMetrics()
-	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router)) {
+	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}

@@ -215,6 +215,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.supervise(ctx, w)
 		}()
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchKVEvents(ctx)
+	}()
 	// Engine reports feed the modes scoring by them and, given a decode
 	// threshold, busy detection.
 	if cfg.Router.Mode.UsesEngineLoad() || cfg.Router.Busy.ActiveDecodeBlocks != nil {

@@ -31,10 +31,12 @@ import (
 //     called (e.g. its prefix-cache query counter grew). The engine has
 //     then stored that block and, with events on, published it.
 //   - When the grace period has passed, by the injected clock, without any
-//     event of the rank (applied or refused), the rank is *missing*: its
-//     overlap is read from the predicted index. Other ranks are untouched.
-//   - The first event of the rank makes it *received* for as long as it is
-//     registered: its predicted blocks are dropped and no more are
+//     stored or removed event of the rank (applied or refused), the rank is
+//     *missing*: its overlap is read from the predicted index. Other ranks
+//     are untouched. Cleared events do not count: routers synthesise them
+//     when they rebuild a rank.
+//   - The first such event of the rank makes it *received* for as long as
+//     it is registered: its predicted blocks are dropped and no more are
 //     recorded, so the exact index is never mixed with predictions.
 //   - RemoveWorker forgets all of it: an engine that comes back is awaited
 //     again.

@@ -156,6 +156,15 @@ func TestKVEventsModeSwitchPerWorker(t *testing.T) {
 			}},
 			expect(1, EventsReceived, map[*[]uint32]int{A: 0}),
 		}},
+		{"a cleared event, as routers synthesise when rebuilding a rank, proves nothing", nil, []evStep{
+			bookOn("a", 1, promptA), prefilled("a"),
+			{"clear", func(s *evSim) {
+				ev := kv.ClearedEvent(kv.Worker{ID: 1}, 0)
+				_ = s.r.ApplyEvent(&ev)
+			}},
+			advance(grace),
+			expect(1, EventsMissing, map[*[]uint32]int{A: 6}),
+		}},
 		{"a request that never completed its prefill proves nothing", nil, []evStep{
 			bookOn("a", 1, promptA), freed("a"), advance(time.Hour),
 			expect(1, EventsAwaited, map[*[]uint32]int{A: 0}),

@@ -446,7 +446,12 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 		r.stats.badRank.Add(1)
 		return fmt.Errorf("%w: rank %d of %d", ErrDPRankRange, ev.Worker.DPRank, info.DPSize)
 	}
-	r.watch.heardFrom(ev.Worker)
+	if ev.Kind != kv.KindCleared {
+		// Routers and their event sources synthesise clears when they
+		// rebuild a rank (a dump, a lost history): no proof of the
+		// engine's events.
+		r.watch.heardFrom(ev.Worker)
+	}
 	switch {
 	case !r.cfg.KVEvents:
 		r.stats.ignoredEvents.Add(1)

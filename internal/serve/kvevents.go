@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/frontend"
@@ -49,4 +50,24 @@ func (s *Server) workerName(id uint64) string {
 		return w.spec.Name
 	}
 	return "worker-" + strconv.FormatUint(id, 10)
+}
+
+// queryWatch tells when an engine rank's prefix-cache query counter grows:
+// it is computing prompts, served by this router or another.
+type queryWatch struct {
+	mu   sync.Mutex
+	last map[kv.Worker]float64
+}
+
+func newQueryWatch() *queryWatch { return &queryWatch{last: map[kv.Worker]float64{}} }
+
+// grew records the counter of w and reports whether it rose since the
+// previous reading; the first reading is a baseline, and a fall (an engine
+// restart) starts a new one.
+func (q *queryWatch) grew(w kv.Worker, v float64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	prev, seen := q.last[w]
+	q.last[w] = v
+	return seen && v > prev
 }

@@ -212,3 +212,35 @@ func toUint32(p []int) []uint32 {
 	}
 	return out
 }
+
+// An engine that only other routers send work to is caught by its
+// prefix-cache query counter, where the router reads engines' /metrics.
+func TestEngineWithoutKVEventsIsCaughtByItsPrefixCacheQueries(t *testing.T) {
+	cfg := fleet.DefaultConfig()
+	cfg.SpeedupRatio = 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	cfg.NoKVEvents = true
+	silent, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(silent.Close)
+	clock := &testClock{t: time.Unix(1_000_000, 0)}
+	rcfg := router.DefaultConfig()
+	rcfg.Now = clock.now
+	rcfg.Mode = "llm-d-precise"
+	s := startServerWith(t, Config{Router: rcfg, Workers: []WorkerSpec{spec(1, silent)}, HealthInterval: 20 * time.Millisecond, EngineMetricsInterval: 5 * time.Millisecond})
+	w := kv.Worker{ID: 1}
+	n := 0
+	testwait.Until(t, 10*time.Second, "engine 1 reported without events", func() bool {
+		n++
+		if err := sendCompletion(silent.Engines()[0].HTTPURL, prompt(0, n, 64)); err != nil {
+			t.Fatal(err)
+		}
+		clock.advance(router.DefaultKVEventsGrace)
+		return s.Router().KVEvents(w) == router.EventsMissing
+	})
+	if st := s.Router().Stats(); st.Booked != 0 {
+		t.Fatalf("the router booked %d requests; the evidence must come from the engine's metrics", st.Booked)
+	}
+}

@@ -89,6 +89,12 @@ func (a *Approx) Insert(w kv.Worker, local, seq []uint64) {
 	_ = a.t.applyStored(w, &kv.Stored{Blocks: blocks})
 	for i, s := range seq[:len(local)] {
 		k := pairKey{w, s}
+		if a.expires[k] == at {
+			// Refreshed at the same instant: its queue entry stands, and a
+			// second one would be live too, so compaction could never
+			// drop it.
+			continue
+		}
 		a.expires[k] = at
 		heap.Push(&a.queue, expiryItem{at: at, depth: int32(i), key: k})
 	}

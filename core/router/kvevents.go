@@ -170,43 +170,55 @@ func (wt *eventWatch) forget(drop func(kv.Worker) bool) {
 			changed = changed || !rk.since.IsZero()
 		}
 	}
-	for id, w := range wt.awaiting {
-		if drop(w) {
-			delete(wt.awaiting, id)
-			wt.awaitingN.Add(-1)
-		}
-	}
+	wt.dropAwaitingLocked(drop)
 	if changed {
 		wt.publishMissingLocked()
 	}
 	wt.scheduleLocked()
 }
 
-// heardFrom records an event of w: a registered rank that was awaited or
-// missing switches to the exact index for good, its predictions dropped.
-func (wt *eventWatch) heardFrom(w kv.Worker) {
-	if wt == nil {
-		return
-	}
-	if _, ok := wt.heard.Load(w); ok {
-		return
-	}
-	wt.mu.Lock()
-	defer wt.mu.Unlock()
-	rk := wt.ranks[w]
-	if rk == nil {
-		return // not registered (or heard meanwhile)
-	}
-	delete(wt.ranks, w)
-	wt.unheard.Add(-1)
-	wt.heard.Store(w, struct{}{})
-	wt.predicted.RemoveRank(w)
-	for id, aw := range wt.awaiting {
-		if aw == w {
+// dropAwaitingLocked forgets the requests awaited on the ranks for which
+// drop holds.
+func (wt *eventWatch) dropAwaitingLocked(drop func(kv.Worker) bool) {
+	for id, w := range wt.awaiting {
+		if drop(w) {
 			delete(wt.awaiting, id)
 			wt.awaitingN.Add(-1)
 		}
 	}
+}
+
+// lockUnheard locks wt and returns w's entry when w is registered and has
+// sent no event; otherwise it returns nil and leaves wt unlocked. A heard
+// rank costs no lock.
+func (wt *eventWatch) lockUnheard(w kv.Worker) *unheardRank {
+	if wt == nil {
+		return nil
+	}
+	if _, ok := wt.heard.Load(w); ok {
+		return nil
+	}
+	wt.mu.Lock()
+	if rk := wt.ranks[w]; rk != nil {
+		return rk
+	}
+	wt.mu.Unlock()
+	return nil
+}
+
+// heardFrom records an event of w: a registered rank that was awaited or
+// missing switches to the exact index for good, its predictions dropped.
+func (wt *eventWatch) heardFrom(w kv.Worker) {
+	rk := wt.lockUnheard(w)
+	if rk == nil {
+		return
+	}
+	defer wt.mu.Unlock()
+	delete(wt.ranks, w)
+	wt.unheard.Add(-1)
+	wt.heard.Store(w, struct{}{})
+	wt.predicted.RemoveRank(w)
+	wt.dropAwaitingLocked(func(aw kv.Worker) bool { return aw == w })
 	if !rk.since.IsZero() {
 		wt.publishMissingLocked()
 	}
@@ -218,15 +230,11 @@ func (wt *eventWatch) booked(id string, w kv.Worker, local, seq []uint64) {
 	if wt == nil || wt.unheard.Load() == 0 {
 		return
 	}
-	if _, ok := wt.heard.Load(w); ok {
-		return
-	}
-	wt.mu.Lock()
-	defer wt.mu.Unlock()
-	rk := wt.ranks[w]
+	rk := wt.lockUnheard(w)
 	if rk == nil {
 		return
 	}
+	defer wt.mu.Unlock()
 	// Under mu, so that a concurrent first event cannot drop the rank's
 	// predictions before these land.
 	wt.predicted.Insert(w, local, seq)
@@ -286,12 +294,7 @@ func (wt *eventWatch) servedLocked(w kv.Worker) {
 		return
 	}
 	rk.served = wt.now()
-	for id, aw := range wt.awaiting {
-		if aw == w {
-			delete(wt.awaiting, id)
-			wt.awaitingN.Add(-1)
-		}
-	}
+	wt.dropAwaitingLocked(func(aw kv.Worker) bool { return aw == w })
 	wt.scheduleLocked()
 }
 

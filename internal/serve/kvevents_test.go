@@ -31,6 +31,30 @@ func (c *testClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// silentFleet starts one fast simulated engine that publishes no KV events.
+func silentFleet(t *testing.T) *fleet.Fleet {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.SpeedupRatio = 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	cfg.NoKVEvents = true
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+// routerOnTestClock is the default router configuration on a clock the
+// test advances.
+func routerOnTestClock() (router.Config, *testClock) {
+	clock := &testClock{t: time.Unix(1_000_000, 0)}
+	cfg := router.DefaultConfig()
+	cfg.Now = clock.now
+	return cfg, clock
+}
+
 // completeOn sends a completion, pinned to worker target when it is not 0,
 // and returns the worker that served it.
 func completeOn(t *testing.T, s *Server, p []int, target uint64) uint64 {
@@ -116,20 +140,8 @@ func missingGauge(t *testing.T, s *Server, id uint64) float64 {
 // stay where their cache is; when its events start it goes back to the
 // exact index, its predictions dropped, and the reports clear.
 func TestEngineWithoutKVEventsIsReportedRoutedByPredictionAndSwitchesBack(t *testing.T) {
-	withEvents := engineFleet(t)
-	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = 100
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	cfg.NoKVEvents = true
-	silent, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(silent.Close)
-
-	clock := &testClock{t: time.Unix(1_000_000, 0)}
-	rcfg := router.DefaultConfig()
-	rcfg.Now = clock.now
+	withEvents, silent := engineFleet(t), silentFleet(t)
+	rcfg, clock := routerOnTestClock()
 	var logs testwait.Buffer
 	a, b := spec(1, withEvents), spec(2, silent)
 	a.Name, b.Name = "with-events", "silent"
@@ -216,18 +228,8 @@ func toUint32(p []int) []uint32 {
 // An engine that only other routers send work to is caught by its
 // prefix-cache query counter, where the router reads engines' /metrics.
 func TestEngineWithoutKVEventsIsCaughtByItsPrefixCacheQueries(t *testing.T) {
-	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = 100
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	cfg.NoKVEvents = true
-	silent, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(silent.Close)
-	clock := &testClock{t: time.Unix(1_000_000, 0)}
-	rcfg := router.DefaultConfig()
-	rcfg.Now = clock.now
+	silent := silentFleet(t)
+	rcfg, clock := routerOnTestClock()
 	rcfg.Mode = "llm-d-precise"
 	s := startServerWith(t, Config{Router: rcfg, Workers: []WorkerSpec{spec(1, silent)}, HealthInterval: 20 * time.Millisecond, EngineMetricsInterval: 5 * time.Millisecond})
 	w := kv.Worker{ID: 1}

@@ -19,7 +19,8 @@ import (
 // and routes that rank as approximate mode does, by the prompts it sent
 // there, until the rank's events arrive.
 //
-// The contract, per worker rank, while the router follows KV events and
+// The contract, per worker rank, while the router follows KV events in a
+// mode that scores cached prefixes (sched.Mode.ScoresOverlap) and
 // Config.KVEventsGrace is above 0:
 //
 //   - A rank registers as *awaited*: routed by the event-fed index, while
@@ -65,8 +66,8 @@ type EventsState int
 
 const (
 	// EventsNotFollowed: the router keeps no event-fed index
-	// (approximate mode, no overlap credit), detection is off, or the rank
-	// is not registered.
+	// (approximate mode, no overlap credit), its mode ignores caches,
+	// detection is off, or the rank is not registered.
 	EventsNotFollowed EventsState = iota
 	// EventsAwaited: no event yet, and the grace period has not run out
 	// (or not started: the rank has computed no prompt yet).

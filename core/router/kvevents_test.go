@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // evSim drives a router through a scripted life of its engines, and keeps
@@ -193,6 +194,10 @@ func TestKVEventsModeSwitchPerWorker(t *testing.T) {
 		{"grace 0 turns detection off", func(c *Config) { c.KVEventsGrace = 0 }, []evStep{
 			bookOn("a", 1, promptA), prefilled("a"), advance(time.Hour),
 			expect(1, EventsNotFollowed, map[*[]uint32]int{A: 0}),
+		}},
+		{"a mode that ignores caches expects no events", func(c *Config) { c.Mode = sched.ModeRoundRobin }, []evStep{
+			bookOn("a", 1, promptA), prefilled("a"), advance(grace),
+			expect(1, EventsNotFollowed, nil),
 		}},
 		{"approximate mode expects no events", func(c *Config) { c.KVEvents = false }, []evStep{
 			bookOn("a", 1, promptA), prefilled("a"), advance(grace),

@@ -53,8 +53,9 @@ type Config struct {
 	// below an unknown parent (see Recovering); 0 = DefaultRecoveryWindow.
 	RecoveryWindow time.Duration
 	// KVEventsGrace is how long a rank that computes prompts may go
-	// without a KV event before it is routed by predicted blocks
-	// (--router-kv-events-grace-secs; see kvevents.go); 0 = never.
+	// without a KV event before it is routed by predicted blocks, in the
+	// modes that score cached prefixes (--router-kv-events-grace-secs; see
+	// kvevents.go); 0 = never.
 	KVEventsGrace time.Duration
 
 	TrackActiveBlocks bool          // false: --no-router-track-active-blocks
@@ -284,7 +285,9 @@ func New(cfg Config) (*Router, error) {
 		switch {
 		case cfg.KVEvents:
 			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
-			if cfg.KVEventsGrace > 0 {
+			// Only a policy that scores cached prefixes suffers from, or
+			// is helped around, an engine's missing events.
+			if cfg.KVEventsGrace > 0 && cfg.Mode.ScoresOverlap() {
 				r.watch = newEventWatch(cfg.KVEventsGrace, cfg.Now, approxCfg)
 			}
 			if cfg.PredictedTTL > 0 {

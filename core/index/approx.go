@@ -44,6 +44,7 @@ type Approx struct {
 	queue   expiryQueue
 	evicted uint64
 	expired uint64
+	lastAt  int64 // expiry given by the latest Insert
 }
 
 type pairKey struct {
@@ -87,12 +88,15 @@ func (a *Approx) Insert(w kv.Worker, local, seq []uint64) {
 	defer a.mu.Unlock()
 	a.expireLocked(now)
 	_ = a.t.applyStored(w, &kv.Stored{Blocks: blocks})
+	// A pair refreshed at the instant of its last refresh keeps its queue
+	// entry: a second one would be live too, and compaction could never
+	// drop it. Only a clock that has not moved since the last insert
+	// (coarse, injected) can do that, so only then is it looked up.
+	still := at == a.lastAt
+	a.lastAt = at
 	for i, s := range seq[:len(local)] {
 		k := pairKey{w, s}
-		if a.expires[k] == at {
-			// Refreshed at the same instant: its queue entry stands, and a
-			// second one would be live too, so compaction could never
-			// drop it.
+		if still && a.expires[k] == at {
 			continue
 		}
 		a.expires[k] = at

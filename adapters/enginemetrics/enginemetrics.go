@@ -7,7 +7,7 @@
 //
 // The metrics read are vllm:num_requests_waiting, vllm:num_requests_running
 // and vllm:kv_cache_usage_perc, with vllm:gpu_cache_usage_perc (its name
-// before vLLM v1) as a fallback. vLLM labels each series with the dp rank in
+// before vLLM v1) as a fallback, and the counter vllm:prefix_cache_queries. vLLM labels each series with the dp rank in
 // `engine` and the served model in `model_name`.
 package enginemetrics
 
@@ -31,14 +31,17 @@ import (
 
 // Metric names as vLLM publishes them.
 const (
-	MetricWaiting     = "vllm:num_requests_waiting"
-	MetricRunning     = "vllm:num_requests_running"
-	MetricKVUsage     = "vllm:kv_cache_usage_perc"
-	MetricKVUsageOld  = "vllm:gpu_cache_usage_perc"
-	rankLabel         = "engine"
-	maxCount          = 1 << 31 // far beyond any batch; guards the float→int conversion
-	defaultMinTimeout = 200 * time.Millisecond
-	keepBufBytes      = 256 << 10
+	MetricWaiting    = "vllm:num_requests_waiting"
+	MetricRunning    = "vllm:num_requests_running"
+	MetricKVUsage    = "vllm:kv_cache_usage_perc"
+	MetricKVUsageOld = "vllm:gpu_cache_usage_perc"
+	// MetricPrefixQueries is a counter: Python's client publishes its
+	// series with _total appended, Go's as named.
+	MetricPrefixQueries = "vllm:prefix_cache_queries"
+	rankLabel           = "engine"
+	maxCount            = 1 << 31 // far beyond any batch; guards the float→int conversion
+	defaultMinTimeout   = 200 * time.Millisecond
+	keepBufBytes        = 256 << 10
 )
 
 // MaxBodyBytes bounds a scraped exposition, so that a broken engine cannot
@@ -53,6 +56,10 @@ const DefaultInterval = 50 * time.Millisecond
 type Sample struct {
 	Waiting, Running int
 	KVUsage          float64 // fraction of KV blocks in use, 0..1
+	// PrefixCacheQueries is the prompt tokens the engine has looked up in
+	// its prefix cache since it started: when it grows, the engine is
+	// computing prompts (and, with KV events on, announcing their blocks).
+	PrefixCacheQueries float64
 }
 
 // textParsers recycles parsers, which reset themselves on each use: a new
@@ -113,6 +120,12 @@ func Parse(r io.Reader) (map[int]Sample, error) {
 			return nil
 		}
 	}
+	queries := func(rank int, v float64) error {
+		s := out[rank]
+		s.PrefixCacheQueries += v
+		out[rank] = s
+		return nil
+	}
 	for _, step := range []struct {
 		name string
 		f    func(int, float64) error
@@ -121,6 +134,8 @@ func Parse(r io.Reader) (map[int]Sample, error) {
 		{MetricRunning, add(func(s *Sample) *int { return &s.Running })},
 		{MetricKVUsage, kv(false)},
 		{MetricKVUsageOld, kv(true)},
+		{MetricPrefixQueries, queries},
+		{MetricPrefixQueries + "_total", queries},
 	} {
 		if err := forEach(families[step.name], step.f); err != nil {
 			return nil, err

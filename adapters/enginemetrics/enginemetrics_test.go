@@ -424,3 +424,32 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+func TestParsePrefixCacheQueries(t *testing.T) {
+	// vLLM (Python's client) appends _total to the counter's series; the
+	// simulator (Go's client) does not.
+	const python = `# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4096.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 3.0e+09
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+`
+	got, err := Parse(strings.NewReader(python))
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertSamples(t, got, map[int]Sample{0: {Running: 1, PrefixCacheQueries: 4096}, 1: {PrefixCacheQueries: 3e9}})
+
+	const golang = `# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries{engine="engine-0"} 160
+`
+	if got, err = Parse(strings.NewReader(golang)); err != nil {
+		t.Fatal(err)
+	}
+	assertSamples(t, got, map[int]Sample{0: {PrefixCacheQueries: 160}})
+
+	if _, err := Parse(strings.NewReader("vllm:prefix_cache_queries_total -1\n")); err == nil {
+		t.Fatal("a negative counter was accepted")
+	}
+}

@@ -152,8 +152,9 @@
 // /live is always 200. /ready is 200 when, not draining, every model of
 // Config.Models has an engine known to the router, else 503 with reasons.
 // /health is "unavailable" (503) when not ready, "degraded" (200) when an
-// engine is not known to the router or a dependency is not ok, else "ok",
-// with the reasons, the workers and the dependencies.
+// engine is not known to the router, has sent no KV event in the grace
+// period while serving (its kv_events entry says so), or a dependency is
+// not ok, else "ok", with the reasons, the workers and the dependencies.
 //
 // # Metrics
 //
@@ -316,7 +317,7 @@ func New(cfg Config) (*Frontend, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := newFrontendMetrics()
-	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router)) {
+	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}

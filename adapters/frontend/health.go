@@ -13,6 +13,7 @@ type healthWorker struct {
 	BaseURL    string `json:"base_url"`
 	DPSize     int    `json:"dp_size"`
 	Registered bool   `json:"registered"` // known to the router
+	KVEvents   string `json:"kv_events,omitempty"`
 }
 
 // live answers while the process serves HTTP at all: a liveness probe
@@ -89,6 +90,10 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
 		if !known[wk.ID] {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not registered with the router", wk.Name, wk.ID))
+		}
+		var eventless bool
+		if out[i].KVEvents, eventless = f.kvEventsHealth(wk); eventless {
+			degraded = append(degraded, fmt.Sprintf("engine %s (%d): kv events %s", wk.Name, wk.ID, out[i].KVEvents))
 		}
 	}
 	body := map[string]any{"workers": out}

@@ -120,6 +120,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")
 	fl.IntVar(&cfg.KVEventsReplayPort, "kv-events-replay-port", cfg.KVEventsReplayPort, "replay ROUTER port of engine 0 rank 0, numbered like --kv-events-port")
+	fl.BoolVar(&cfg.NoKVEvents, "no-kv-events", false, "publish no KV events, as vLLM started without --kv-events-config (the sockets are still bound)")
 	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
 	registerZMQMaxMessageBytes(fl, &cfg.ZMQMaxMessageBytes)

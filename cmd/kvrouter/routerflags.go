@@ -27,6 +27,7 @@ type routerFlags struct {
 	noKVEvents, noTrackActive     bool
 	noAssumeReuse, noTrackPrefill bool
 	overlapRefreshSecs            float64
+	kvEventsGraceSecs             float64
 }
 
 func newRouterFlags() *routerFlags {
@@ -35,6 +36,7 @@ func newRouterFlags() *routerFlags {
 		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: sched.DefaultPrefillLoadScale, affinity: sched.DefaultCacheAffinity,
 		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
 		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
+		kvEventsGraceSecs: cfg.KVEventsGrace.Seconds(),
 	}
 }
 
@@ -53,6 +55,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.cfg.MaxTreeSize, "router-max-tree-size", f.cfg.MaxTreeSize, "approximate mode: most (block, worker) pairs before pruning")
 	fs.Float64Var(&f.cfg.PruneTargetRatio, "router-prune-target-ratio", f.cfg.PruneTargetRatio, "approximate mode: prune down to this fraction of the maximum")
 	fs.Float64Var(&f.predictedTTLSecs, "router-predicted-ttl-secs", 0, "predict-on-route: also index each decision for this many seconds (needs KV events); 0 = off")
+	fs.Float64Var(&f.kvEventsGraceSecs, "router-kv-events-grace-secs", f.kvEventsGraceSecs, "an engine that serves requests but sends no KV event for this many seconds is reported and routed by predicted caches until its events come; 0 = off")
 	fs.IntVar(&f.cfg.EventThreads, "router-event-threads", f.cfg.EventThreads, "index write parallelism")
 	fs.Uint64Var(&f.cfg.MaxIndexedPairs, "router-max-indexed-pairs", 0, "memory cap of the event-fed index in (block, worker) pairs, least recently matched evicted first; 0 = none")
 	fs.BoolVar(&f.noTrackActive, "no-router-track-active-blocks", false, "do not count active decode blocks")
@@ -135,6 +138,7 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	cfg.ApproxTTL = seconds(f.ttlSecs)
 	cfg.PredictedTTL = seconds(f.predictedTTLSecs)
 	cfg.OverlapRefreshAfter = seconds(f.overlapRefreshSecs)
+	cfg.KVEventsGrace = seconds(f.kvEventsGraceSecs)
 	if f.decodeThreshold > 0 {
 		v := f.decodeThreshold
 		cfg.Busy.ActiveDecodeBlocks = &v

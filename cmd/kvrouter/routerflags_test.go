@@ -66,3 +66,20 @@ func TestParseWorker(t *testing.T) {
 		}
 	}
 }
+
+func TestKVEventsGraceFlag(t *testing.T) {
+	rf, fs, _, err := parseRouterFlags(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _ := rf.config(fs, func(string) {}); cfg.KVEventsGrace != 10*time.Second {
+		t.Fatalf("default grace %v, want 10s", cfg.KVEventsGrace)
+	}
+	rf, fs, _, err = parseRouterFlags(t, map[string]string{"DYN_ROUTER_KV_EVENTS_GRACE_SECS": "2.5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _ := rf.config(fs, func(string) {}); cfg.KVEventsGrace != 2500*time.Millisecond {
+		t.Fatalf("grace from the environment %v, want 2.5s", cfg.KVEventsGrace)
+	}
+}

@@ -44,6 +44,7 @@ type Approx struct {
 	queue   expiryQueue
 	evicted uint64
 	expired uint64
+	lastAt  int64 // expiry given by the latest Insert
 }
 
 type pairKey struct {
@@ -87,8 +88,17 @@ func (a *Approx) Insert(w kv.Worker, local, seq []uint64) {
 	defer a.mu.Unlock()
 	a.expireLocked(now)
 	_ = a.t.applyStored(w, &kv.Stored{Blocks: blocks})
+	// A pair refreshed at the instant of its last refresh keeps its queue
+	// entry: a second one would be live too, and compaction could never
+	// drop it. Only a clock that has not moved since the last insert
+	// (coarse, injected) can do that, so only then is it looked up.
+	still := at == a.lastAt
+	a.lastAt = at
 	for i, s := range seq[:len(local)] {
 		k := pairKey{w, s}
+		if still && a.expires[k] == at {
+			continue
+		}
 		a.expires[k] = at
 		heap.Push(&a.queue, expiryItem{at: at, depth: int32(i), key: k})
 	}
@@ -132,6 +142,18 @@ func (a *Approx) RemoveWorker(id uint64) {
 	a.t.removeWorkerID(id)
 	for k := range a.expires {
 		if k.w.ID == id {
+			delete(a.expires, k)
+		}
+	}
+}
+
+// RemoveRank forgets every prediction for one worker rank.
+func (a *Approx) RemoveRank(w kv.Worker) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.t.clearWorker(w)
+	for k := range a.expires {
+		if k.w == w {
 			delete(a.expires, k)
 		}
 	}

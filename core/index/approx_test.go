@@ -138,3 +138,23 @@ func TestApproxRemoveWorkerAndConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A prompt inserted again at the same instant (a coarse or injected clock,
+// a burst) leaves its expiry unchanged: the queue must not grow with every
+// insert, nor be rebuilt on each one.
+func TestApproxQueueStaysBoundedUnderRepeatsAtOneInstant(t *testing.T) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	a := NewApprox(ApproxConfig{Now: c.now})
+	w := kv.Worker{ID: 1}
+	local, seq := chain(1, 2, 3, 4, 5, 6, 7, 8)
+	for range 10_000 {
+		a.Insert(w, local, seq)
+	}
+	if n := len(a.queue.items); n > len(seq) {
+		t.Fatalf("%d expiry entries queued for %d pairs", n, len(seq))
+	}
+	c.advance(DefaultApproxTTL)
+	if ov := depthOf(a.FindMatches(&Matcher{}, seq), w); ov != 0 || a.Stats().Pairs != 0 {
+		t.Fatalf("after the TTL: overlap %d, %d pairs left", ov, a.Stats().Pairs)
+	}
+}

@@ -107,3 +107,28 @@ func BenchmarkBytesPerPair(b *testing.B) {
 		runtime.KeepAlive(ix)
 	}
 }
+
+// BenchmarkApproxInsert records 32-block decisions, conversations sharing
+// a system prompt, spread over 16 workers on the real clock: the work of
+// approximate mode and of the predicted index on every booking.
+func BenchmarkApproxInsert(b *testing.B) {
+	a := NewApprox(ApproxConfig{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompts := make([][2][]uint64, 256)
+	for p := range prompts {
+		local := make([]uint64, 32)
+		for i := range local {
+			local[i] = uint64(i) + 1
+			if i >= 8 {
+				local[i] = rng.Uint64()
+			}
+		}
+		prompts[p] = [2][]uint64{local, blockhash.SequenceHashes(local)}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		p := prompts[i%len(prompts)]
+		a.Insert(kv.Worker{ID: uint64(i % 16)}, p[0], p[1])
+	}
+}

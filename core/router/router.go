@@ -52,6 +52,11 @@ type Config struct {
 	// RecoveryWindow is how long a rank counts as recovering after an event
 	// below an unknown parent (see Recovering); 0 = DefaultRecoveryWindow.
 	RecoveryWindow time.Duration
+	// KVEventsGrace is how long a rank that computes prompts may go
+	// without a KV event before it is routed by predicted blocks, in the
+	// modes that score cached prefixes (--router-kv-events-grace-secs; see
+	// kvevents.go); 0 = never.
+	KVEventsGrace time.Duration
 
 	TrackActiveBlocks bool          // false: --no-router-track-active-blocks
 	TrackOutputBlocks bool          // --router-track-output-blocks
@@ -87,6 +92,7 @@ func DefaultConfig() Config {
 		QueueThreshold:      &q,
 		QueuePolicy:         sched.FCFS,
 		OverlapRefreshAfter: sched.DefaultRefreshAfter,
+		KVEventsGrace:       DefaultKVEventsGrace,
 	}
 }
 
@@ -191,6 +197,9 @@ type Router struct {
 
 	// recovery places the events of ranks whose history was lost.
 	recovery *recovery
+	// watch routes ranks whose KV events never come by prediction; nil
+	// without an event-fed index or with detection off.
+	watch *eventWatch
 
 	scratch  sync.Pool
 	stats    counters
@@ -225,6 +234,9 @@ func New(cfg Config) (*Router, error) {
 	params, warning, err := sched.Resolve(cfg.Routing, sched.Overrides{})
 	if err != nil {
 		return nil, err
+	}
+	if cfg.KVEventsGrace < 0 {
+		return nil, fmt.Errorf("router: the kv events grace period must not be negative, got %v", cfg.KVEventsGrace)
 	}
 	if cfg.PredictedTTL > 0 && !cfg.KVEvents {
 		return nil, errors.New("router: predict-on-route (--router-predicted-ttl-secs) needs kv events: approximate mode already learns from routing decisions")
@@ -273,6 +285,11 @@ func New(cfg Config) (*Router, error) {
 		switch {
 		case cfg.KVEvents:
 			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
+			// Only a policy that scores cached prefixes suffers from, or
+			// is helped around, an engine's missing events.
+			if cfg.KVEventsGrace > 0 && cfg.Mode.ScoresOverlap() {
+				r.watch = newEventWatch(cfg.KVEventsGrace, cfg.Now, approxCfg)
+			}
 			if cfg.PredictedTTL > 0 {
 				approxCfg.TTL = cfg.PredictedTTL
 				r.approx = index.NewApprox(approxCfg)
@@ -315,6 +332,9 @@ func (r *Router) AddWorker(info WorkerInfo) {
 		}
 	}
 	infos[info.ID] = info
+	for rank := range info.DPSize {
+		r.watch.register(kv.Worker{ID: info.ID, DPRank: uint32(rank)})
+	}
 	r.fleet.Store(buildFleet(infos))
 	if r.exact != nil {
 		for rank := range info.DPSize {
@@ -345,6 +365,7 @@ func (r *Router) RemoveWorker(id uint64) {
 		r.exact.RemoveWorker(id)
 	}
 	r.recovery.forget(id)
+	r.watch.forget(func(w kv.Worker) bool { return w.ID == id })
 	if r.approx != nil {
 		r.approx.RemoveWorker(id)
 	}
@@ -372,6 +393,7 @@ func (r *Router) dropRank(w kv.Worker) {
 	if r.exact != nil {
 		r.exact.RemoveRank(w)
 	}
+	r.watch.forget(func(o kv.Worker) bool { return o == w })
 	r.tracker.RemoveWorker(w)
 }
 
@@ -426,6 +448,14 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 	case int(ev.Worker.DPRank) >= info.DPSize:
 		r.stats.badRank.Add(1)
 		return fmt.Errorf("%w: rank %d of %d", ErrDPRankRange, ev.Worker.DPRank, info.DPSize)
+	}
+	if ev.Kind != kv.KindCleared {
+		// Routers and their event sources synthesise clears when they
+		// rebuild a rank (a dump, a lost history): no proof of the
+		// engine's events.
+		r.watch.heardFrom(ev.Worker)
+	}
+	switch {
 	case !r.cfg.KVEvents:
 		r.stats.ignoredEvents.Add(1)
 		return ErrEventsDisabled
@@ -458,6 +488,9 @@ var ErrMisSizedBlocks = errors.New("router: blocks of a size other than the rout
 // ApplyEngineStored hashes an engine's stored blocks the router's way and
 // applies them (see HashEngineStored).
 func (r *Router) ApplyEngineStored(es *EngineStored) error {
+	// Blocks of the wrong size are unusable, but they show that the
+	// engine's events arrive: that misconfiguration is another one.
+	r.watch.heardFrom(es.Worker)
 	ev, dropped, err := HashEngineStored(es, r.cfg.BlockSize)
 	r.stats.misSized.Add(uint64(dropped))
 	if err != nil && len(ev.Stored.Blocks) == 0 {
@@ -625,9 +658,11 @@ func release(p *prepared) {
 }
 
 // match finds every rank's overlap with the request: the larger of the
-// event-fed index and the approximate one, per rank.
+// event-fed index and the approximate one, per rank; for ranks whose
+// events never came, their predicted blocks.
 func (r *Router) match(p *prepared, sc *scratch) {
 	t0 := time.Now()
+	now := r.now()
 	p.overlaps = p.overlaps[:0]
 	if r.exact != nil {
 		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
@@ -635,11 +670,18 @@ func (r *Router) match(p *prepared, sc *scratch) {
 	if r.approx != nil {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
 	}
+	if missing := r.watch.missingAt(now); len(missing) > 0 {
+		for _, o := range r.watch.predicted.FindMatches(&sc.m, p.seq) {
+			if _, ok := missing[o.Worker]; ok {
+				p.overlaps = append(p.overlaps, o)
+			}
+		}
+	}
 	p.cachedBlocks = 0
 	for _, o := range p.overlaps {
 		p.cachedBlocks = max(p.cachedBlocks, int(o.Blocks))
 	}
-	p.matchedAt = r.now()
+	p.matchedAt = now
 	p.findTime = time.Since(t0)
 }
 
@@ -734,6 +776,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		}
 		r.observeAdd(lr)
 		r.recovery.booked(choice.Worker, p.local)
+		r.watch.booked(p.req.ID, choice.Worker, p.local, p.seq)
 		if r.approx != nil {
 			r.approx.Insert(choice.Worker, p.local, p.seq)
 		}
@@ -783,6 +826,7 @@ func (r *Router) drain() {
 func (r *Router) MarkPrefillCompleted(id string) bool {
 	ok := r.tracker.MarkPrefillCompleted(id)
 	if ok {
+		r.watch.prefillDone(id)
 		r.observe(LoadUpdate{Kind: LoadPrefillDone, ID: id})
 		r.drain()
 	}
@@ -796,6 +840,7 @@ func (r *Router) AddOutputTokens(id string, n int) bool { return r.tracker.AddOu
 func (r *Router) Free(id string) bool {
 	ok := r.tracker.Free(id)
 	if ok {
+		r.watch.freed(id)
 		r.observe(LoadUpdate{Kind: LoadFree, ID: id})
 		r.drain()
 	}

@@ -38,6 +38,12 @@ func (m Mode) UsesEngineLoad() bool {
 	return m == ModeLLMDPrecise || m == ModeGIEApproxPrefix
 }
 
+// ScoresOverlap tells whether the mode's policy reads
+// Candidate.OverlapBlocks, the cached prefix the router's index reports.
+func (m Mode) ScoresOverlap() bool {
+	return m == ModeKV || m == ModeLLMDPrecise
+}
+
 // SGLang's defaults (--cache-threshold, --balance-abs-threshold,
 // --balance-rel-threshold, --max-tree-size).
 const (

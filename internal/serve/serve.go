@@ -215,6 +215,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.supervise(ctx, w)
 		}()
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchKVEvents(ctx)
+	}()
 	// Engine reports feed the modes scoring by them and, given a decode
 	// threshold, busy detection.
 	if cfg.Router.Mode.UsesEngineLoad() || cfg.Router.Busy.ActiveDecodeBlocks != nil {
@@ -452,13 +457,18 @@ func (s *Server) pollEngineMetrics(ctx context.Context) {
 	for _, w := range s.cfg.Workers {
 		targets = append(targets, enginemetrics.Target{ID: w.ID, URL: w.URL})
 	}
+	queries := newQueryWatch()
 	p := enginemetrics.Poller{
 		Interval: interval,
 		OnSamples: func(id uint64, samples map[int]enginemetrics.Sample) {
 			for rank, smp := range samples {
-				s.router.SetEngineLoad(kv.Worker{ID: id, DPRank: uint32(rank)}, sched.EngineLoad{
+				w := kv.Worker{ID: id, DPRank: uint32(rank)}
+				s.router.SetEngineLoad(w, sched.EngineLoad{
 					Waiting: smp.Waiting, Running: smp.Running, KVUsage: smp.KVUsage,
 				})
+				if queries.grew(w, smp.PrefixCacheQueries) {
+					s.router.Served(w)
+				}
 			}
 		},
 		OnError: func(id uint64, err error) { s.log.Debug("engine metrics", "worker", id, "err", err) },

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -39,6 +40,10 @@ type Config struct {
 	// KVEventsReplayPort + i×dp + r. Port 0 picks free ports instead.
 	HTTPPort, KVEventsPort, KVEventsReplayPort int
 	Encoding                                   vllmevents.Encoding // --kv-events-encoding
+	// NoKVEvents starts every engine silent, as vLLM without
+	// --kv-events-config: its sockets are bound but it publishes nothing
+	// until SetKVEvents turns it on (--no-kv-events).
+	NoKVEvents bool
 	// ReplayBufferSize is how many batches each rank keeps for replay
 	// (--kv-events-buffer-steps); 0 means zmqevents.DefaultBufferSize.
 	ReplayBufferSize int
@@ -85,6 +90,7 @@ type Fleet struct {
 	pubs    []*zmqevents.Publisher
 	pubErrs []error // per rank: the last publish error, for diagnosis
 	errMu   sync.Mutex
+	silent  []*atomic.Bool // per engine: publishes no KV events
 }
 
 func port(base, offset int) int {
@@ -116,6 +122,9 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	dp := cfg.DataParallelSize
 	for i := range cfg.NumWorkers {
 		e := Engine{Name: "engine-" + strconv.Itoa(i)}
+		silent := new(atomic.Bool)
+		silent.Store(cfg.NoKVEvents)
+		f.silent = append(f.silent, silent)
 		var runners []*server.Runner
 		for r := range dp {
 			ecfg := cfg.Engine
@@ -142,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 			if cfg.Clock != nil {
 				clock = cfg.Clock()
 			}
-			runner := server.NewRunner(eng, clock, cfg.SpeedupRatio, f.publisher(len(f.pubs)-1, pub, r, cfg.Engine.BlockSize, cfg.Encoding))
+			runner := server.NewRunner(eng, clock, cfg.SpeedupRatio, f.publisher(len(f.pubs)-1, pub, r, cfg.Engine.BlockSize, cfg.Encoding, silent))
 			runners = append(runners, runner)
 			e.Ranks = append(e.Ranks, Rank{Rank: r, Events: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Runner: runner})
 			f.wg.Add(1)
@@ -174,9 +183,12 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 }
 
 // publisher encodes each step's events as one vLLM batch on the rank's
-// socket.
-func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, enc vllmevents.Encoding) server.Publisher {
+// socket, unless the engine is silent.
+func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, enc vllmevents.Encoding, silent *atomic.Bool) server.Publisher {
 	return func(at time.Time, events []engine.BlockEvent) {
+		if silent.Load() {
+			return
+		}
 		batch := vllmevents.Batch{TS: float64(at.UnixNano()) / 1e9, DPRank: &rank}
 		for _, ev := range events {
 			switch ev.Kind {
@@ -235,6 +247,13 @@ func (f *Fleet) Inspect(ctx context.Context, eng, rank int, fn func(next uint64,
 // [oldest, next).
 func (f *Fleet) Buffered(eng, rank int) (oldest, next uint64) {
 	return f.pubs[eng*len(f.engines[0].Ranks)+rank].Buffered()
+}
+
+// SetKVEvents starts (on) or stops engine eng publishing its KV events
+// from its next step on. What it stored while silent is never announced:
+// a router learns of those blocks as of a lost history.
+func (f *Fleet) SetKVEvents(eng int, on bool) {
+	f.silent[eng].Store(!on)
 }
 
 // Engines describes the running engines.

@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
 func startFleet(t *testing.T, workers, dp int, enc vllmevents.Encoding) *Fleet {
@@ -268,5 +269,45 @@ func TestDumpEqualsTheReplayedEvents(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"invalid_request_error"`) {
 		t.Fatalf("dump of a rank the engine does not have: %d %s", resp.StatusCode, body)
+	}
+}
+
+// An engine started without KV events caches as usual but publishes
+// nothing, until it is turned on; its other ranks and engines are alike.
+func TestSilentEnginePublishesFromWhenItIsTurnedOn(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NumWorkers, cfg.SpeedupRatio, cfg.NoKVEvents = 2, 100, true
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	e := f.Engines()
+	complete(t, e[0].HTTPURL, prompt(64, 1), 0)
+	if _, next := f.Buffered(0, 0); next != 0 {
+		t.Fatalf("a silent engine published %d batches", next)
+	}
+	var cached int
+	if err := f.Inspect(context.Background(), 0, 0, func(_ uint64, blocks []engine.CachedBlock) { cached = len(blocks) }); err != nil || cached != 4 {
+		t.Fatalf("the silent engine caches %d blocks (%v), want 4", cached, err)
+	}
+
+	f.SetKVEvents(0, true)
+	complete(t, e[0].HTTPURL, prompt(64, 2), 0)
+	complete(t, e[1].HTTPURL, prompt(64, 3), 0)
+	stored := 0
+	for _, b := range replayAll(t, e[0].Ranks[0]) {
+		for _, ev := range b.Events {
+			if st, ok := ev.(*vllmevents.BlockStored); ok {
+				stored += len(st.BlockHashes)
+			}
+		}
+	}
+	if stored != 4 {
+		t.Fatalf("turned on, the engine published %d stored blocks, want the second prompt's 4", stored)
+	}
+	if _, next := f.Buffered(1, 0); next != 0 {
+		t.Fatalf("the other silent engine published %d batches", next)
 	}
 }

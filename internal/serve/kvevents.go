@@ -1,0 +1,73 @@
+package serve
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/adapters/frontend"
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// watchKVEvents logs, once each time, an engine rank that the router
+// starts routing by predicted caches because its KV events never came
+// (router.Router.Eventless), and its return to the exact index. /health
+// and the kvrouter_worker_kv_events_missing gauge say the same at any
+// time; the log is what an operator reads first.
+func (s *Server) watchKVEvents(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.HealthInterval)
+	defer tick.Stop()
+	reported := map[kv.Worker]bool{}
+	for {
+		now := map[kv.Worker]bool{}
+		for _, e := range s.router.Eventless() {
+			now[e.Worker] = true
+			if !reported[e.Worker] {
+				s.log.Warn("engine sends no KV events: routing it by predicted cache (approximate) until they come",
+					"worker", s.workerName(e.Worker.ID), "dp_rank", e.Worker.DPRank, "serving_since", e.Served, "fix", frontend.KVEventsHint)
+			}
+		}
+		for w := range reported {
+			if !now[w] && s.router.KVEvents(w) == router.EventsReceived {
+				s.log.Info("engine's KV events arrived: routing it by its exact index again", "worker", s.workerName(w.ID), "dp_rank", w.DPRank)
+			}
+		}
+		reported = now
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Server) workerName(id uint64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.workers[id]; w != nil {
+		return w.spec.Name
+	}
+	return "worker-" + strconv.FormatUint(id, 10)
+}
+
+// queryWatch tells when an engine rank's prefix-cache query counter grows:
+// it is computing prompts, served by this router or another.
+type queryWatch struct {
+	mu   sync.Mutex
+	last map[kv.Worker]float64
+}
+
+func newQueryWatch() *queryWatch { return &queryWatch{last: map[kv.Worker]float64{}} }
+
+// grew records the counter of w and reports whether it rose since the
+// previous reading; the first reading is a baseline, and a fall (an engine
+// restart) starts a new one.
+func (q *queryWatch) grew(w kv.Worker, v float64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	prev, seen := q.last[w]
+	q.last[w] = v
+	return seen && v > prev
+}

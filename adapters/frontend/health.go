@@ -91,7 +91,7 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not registered with the router", wk.Name, wk.ID))
 		}
 	}
-	body := map[string]any{"workers": out}
+	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}
 	if f.cfg.Dependencies != nil {
 		deps := f.cfg.Dependencies()
 		keys := make([]string, 0, len(deps))

@@ -99,6 +99,9 @@ type Server struct {
 	plane *planeState
 	fe    *frontend.Frontend
 	tls   bool // the listener serves HTTPS
+
+	sizesMu     sync.Mutex
+	sizesWarned map[uint64]int // the block size last logged per engine
 }
 
 type supervised struct {
@@ -160,7 +163,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{})}
+	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{}}
+	r.SetBlockSizeObserver(s.blockSizeLearned)
 	for _, w := range cfg.Workers {
 		s.workers[w.ID] = &supervised{spec: w}
 	}

@@ -1,0 +1,145 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// engineWithBlockSize starts one fast simulated engine of the given block
+// size.
+func engineWithBlockSize(t *testing.T, blockSize int) *fleet.Fleet {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.SpeedupRatio = 100
+	cfg.Engine.BlockSize = blockSize
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+// completeOn sends a completion pinned to engine id (0: routed) and waits
+// for its end.
+func completeOn(t *testing.T, s *Server, id uint64, p []int) {
+	t.Helper()
+	nvext := map[string]any{}
+	if id != 0 {
+		nvext["backend_instance_id"] = id
+	}
+	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 2, "nvext": nvext})
+	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}
+
+func tokens32(p []int) []uint32 {
+	out := make([]uint32, len(p))
+	for i, v := range p {
+		out[i] = uint32(v)
+	}
+	return out
+}
+
+// A router started with --kv-cache-block-size 64 in front of engines of
+// 16- and 32-token blocks routes both by their caches, says so once per
+// engine, and shows it in /health and /metrics.
+func TestEnginesOfAnotherBlockSizeAreRoutedByCache(t *testing.T) {
+	small, medium := engineWithBlockSize(t, 16), engineWithBlockSize(t, 32)
+	var logs testwait.Buffer
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 64
+	s := startServerWith(t, Config{Router: cfg, Workers: []WorkerSpec{spec(1, small), spec(2, medium)}, HealthInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	convs := map[uint64][]int{1: prompt(0, 1, 640), 2: prompt(0, 2, 640)}
+	for id, conv := range convs {
+		completeOn(t, s, id, conv)
+		size := map[uint64]int{1: 16, 2: 32}[id]
+		if err := s.Sources(id)[0].WaitFor(ctx, func(st enginesource.Stats) bool { return st.BlocksStored >= uint64(640/size) }); err != nil {
+			t.Fatalf("engine %d's KV events never reached the router: %v", id, err)
+		}
+	}
+	for round := range 3 {
+		for id, conv := range convs {
+			follow := append(append([]int{}, conv...), prompt(0, 100+round, 100)...)
+			d, err := s.Router().BestWorker(ctx, &router.Request{Tokens: tokens32(follow)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 640 cached tokens are 10 router blocks on either engine.
+			if d.Worker.ID != id || d.OverlapBlocks != 10 {
+				t.Fatalf("follow-up of engine %d's conversation: %+v, want engine %d with 10 of 11 router blocks cached", id, d, id)
+			}
+			completeOn(t, s, 0, follow)
+		}
+	}
+
+	for _, want := range []string{
+		"engine " + spec(1, small).Name + " publishes 16-token blocks, the router was started with --kv-cache-block-size 64: routing it with 16-token hashes",
+		"engine " + spec(2, medium).Name + " publishes 32-token blocks, the router was started with --kv-cache-block-size 64: routing it with 32-token hashes",
+	} {
+		if n := strings.Count(logs.String(), want); n != 1 {
+			t.Errorf("warning %q logged %d times, want once; log:\n%s", want, n, logs.String())
+		}
+	}
+
+	resp, err := http.Get("http://" + s.Addr() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var health struct {
+		Status    string
+		BlockSize blockSizeView `json:"kv_block_size"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&health)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantHealth := blockSizeView{Router: 64, Workers: []workerSizeView{{1, 16, "events", true}, {2, 32, "events", true}}}
+	if health.Status != "ok" || fmt.Sprint(health.BlockSize) != fmt.Sprint(wantHealth) {
+		t.Fatalf("/health: status %q, kv_block_size %+v, want ok and %+v", health.Status, health.BlockSize, wantHealth)
+	}
+	for _, line := range []string{`kvrouter_worker_block_size{worker_id="1"} 16`, `kvrouter_worker_block_size{worker_id="2"} 32`,
+		`kvrouter_worker_block_size_mismatch{worker_id="1"} 1`, `kvrouter_worker_block_size_mismatch{worker_id="2"} 1`} {
+		if !metricsHave(t, s, line) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
+}
+
+type blockSizeView struct {
+	Router  int
+	Workers []workerSizeView
+}
+
+type workerSizeView struct {
+	ID        uint64
+	BlockSize int `json:"block_size"`
+	Source    string
+	Mismatch  bool
+}

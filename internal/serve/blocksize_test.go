@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/internal/agent"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -142,4 +144,52 @@ type workerSizeView struct {
 	BlockSize int `json:"block_size"`
 	Source    string
 	Mismatch  bool
+}
+
+// On the NATS plane the agent hashes the engine's blocks in the engine's
+// block size and announces that size, even when started with a wrong
+// --block-size; routers then match the engine with it.
+func TestPlaneEngineWithAWrongBlockSizeFlagIsRoutedByCache(t *testing.T) {
+	srv := natsServer(t, t.TempDir(), 0)
+	defer srv.Shutdown()
+	f := engineWithBlockSize(t, 16)
+	e := f.Engines()[0]
+	a, err := agent.Start(context.Background(), natsConn(t, srv.URL()), agent.Config{
+		Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay, LeaseTTL: testLease, ReportInterval: 100 * time.Millisecond,
+		Instance: natsplane.Instance{WorkerID: 1, Name: e.Name, Model: "kvrouter-mock", URL: e.HTTPURL, BlockSize: 64, DPSize: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = 64
+	var logs testwait.Buffer
+	s, err := Start(context.Background(), Config{
+		Router: cfg, Addr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Plane: &Plane{Conn: natsConn(t, srv.URL()), RouterID: "r1", LeaseTTL: testLease},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitLive(t, s, 1)
+
+	conv := prompt(0, 3, 640)
+	completeOn(t, s, 0, conv)
+	testwait.Until(t, 10*time.Second, "the engine's 16-token blocks reached the router and its block size was announced", func() bool {
+		sizes := s.Router().WorkerBlockSizes()
+		return blocksOf(s, 1) >= 40 && len(sizes) == 1 && sizes[0].BlockSize == 16
+	})
+	d, err := s.Router().BestWorker(context.Background(), &router.Request{Tokens: tokens32(append(conv, prompt(0, 9, 100)...))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.ID != 1 || d.OverlapBlocks != 10 {
+		t.Fatalf("follow-up: %+v, want 10 router blocks cached on engine 1", d)
+	}
+	want := "engine " + e.Name + " announces 16-token blocks, the router was started with --kv-cache-block-size 64: routing it with 16-token hashes"
+	if n := strings.Count(logs.String(), want); n != 1 {
+		t.Fatalf("warning %q logged %d times, want once; log:\n%s", want, n, logs.String())
+	}
 }

@@ -151,4 +151,4 @@ func (s *Server) planeHealth() map[string]string {
 	return map[string]string{"nats": status}
 }
 
-var errNoEngines = errors.New("serve: no engines configured and no NATS plane to discover them")
+var errNoEngines = errors.New(`serve: no engines: give each with --worker url=http://HOST:8000,events=tcp://HOST:5557 or in a --config file, or let them join through NATS discovery ("kvrouter agent" next to each engine)`)

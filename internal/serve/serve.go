@@ -149,16 +149,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// every 10 s says as much.
 	log = slog.New(ratelog.New(log.Handler(), slog.LevelWarn, 10*time.Second, nil))
 	cfg.HTTP = cfg.HTTP.withDefaults()
-	ids := map[uint64]bool{}
 	for i := range cfg.Workers {
 		if err := cfg.Workers[i].validate(); err != nil {
 			return nil, err
 		}
-		if ids[cfg.Workers[i].ID] {
-			return nil, fmt.Errorf("serve: two workers have id %d", cfg.Workers[i].ID)
-		}
-		ids[cfg.Workers[i].ID] = true
 	}
+	if err := checkWorkers(cfg.Workers); err != nil {
+		return nil, err
+	}
+	warnModelTypos(log, cfg.Workers)
 	r, err := router.New(cfg.Router)
 	if err != nil {
 		return nil, err
@@ -205,6 +204,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			ln.Close()
 			return nil, err
 		}
+		s.warnIfNoEngines()
 	}
 	s.http = httpServer(fe.Handler(), cfg.HTTP)
 	s.wg.Add(1)

@@ -1,6 +1,8 @@
 // Package router ties kvrouter's core together into the routing engine the
 // adapters drive: workers come and go, their KV events feed the index, and
-// every request is hashed once, matched, scored and booked.
+// every request is hashed once, matched, scored and booked (once more per
+// other block size when engines do not all use the router's; see
+// blocksize.go).
 //
 // It is the Go counterpart of Dynamo's KvPushRouter: BestWorker (query
 // only, or booking the request under an id), PotentialLoads,
@@ -938,8 +940,8 @@ type Stats struct {
 	OverlapBlocks, PromptBlocks uint64
 	QueuePending                int
 	QueuePendingTokens          int
-	// Events refused before reaching the index, and blocks dropped for a
-	// block size other than the router's.
+	// Events refused before reaching the index, and stored blocks dropped
+	// for lack of their tokens.
 	UnknownWorkerEvents, DPRankEvents, IgnoredEvents, MisSizedBlocks uint64
 	Index                                                            index.Stats
 	IndexedPairs                                                     uint64

@@ -3,6 +3,7 @@ package router
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -121,5 +122,38 @@ func TestAnnouncedBlockSizeMatchesPrehashedEvents(t *testing.T) {
 	}
 	if d.Worker != w(1) || d.OverlapBlocks != 8 || d.PromptBlocks != 8 {
 		t.Fatalf("decision %+v, want engine 1 with all 8 router blocks cached", d)
+	}
+}
+
+// The approximate index records the router's own decisions, in router
+// blocks, whatever the engines' block size; predict-on-route adds to an
+// exact overlap converted to router blocks.
+func TestApproximateIndexesStayInRouterBlocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"approximate", func(c *Config) { c.KVEvents = false }},
+		{"predict-on-route", func(c *Config) { c.PredictedTTL = time.Minute }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := newRouter(t, 0, func(c *Config) { c.BlockSize = 64; tc.edit(c) })
+			r.AddWorker(WorkerInfo{ID: 0, BlockSize: 16})
+			r.AddWorker(WorkerInfo{ID: 1, BlockSize: 16})
+			toks := randomTokens(rng, 64*5+10)
+			first, err := route(r, "a", toks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Free("a")
+			again, err := route(r, "", toks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.Worker != first.Worker || again.OverlapBlocks != 5 {
+				t.Fatalf("repeated prompt: %+v, want %v with 5 router blocks predicted", again, first.Worker)
+			}
+		})
 	}
 }

@@ -24,16 +24,7 @@ import (
 // size.
 func engineWithBlockSize(t *testing.T, blockSize int) *fleet.Fleet {
 	t.Helper()
-	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = 100
-	cfg.Engine.BlockSize = blockSize
-	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
-	f, err := fleet.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
-	return f
+	return engineFleetWith(t, func(cfg *fleet.Config) { cfg.SpeedupRatio, cfg.Engine.BlockSize = 100, blockSize })
 }
 
 // completeOn sends a completion pinned to engine id (0: routed) and waits

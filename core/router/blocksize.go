@@ -77,6 +77,12 @@ type WorkerBlockSize struct {
 // router's.
 func (w WorkerBlockSize) Mismatched(routerBlockSize int) bool { return w.BlockSize != routerBlockSize }
 
+// WorkerBlockSize is the block size engine id is matched with: the one its
+// events carry, else the announced one, else the router's.
+func (r *Router) WorkerBlockSize(id uint64) int {
+	return r.fleet.Load().blockSize(id, r.cfg.BlockSize)
+}
+
 // WorkerBlockSizes lists every registered engine's block size, by id.
 func (r *Router) WorkerBlockSizes() []WorkerBlockSize {
 	f := r.fleet.Load()

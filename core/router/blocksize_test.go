@@ -1,12 +1,14 @@
 package router
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 func randomTokens(rng *rand.Rand, n int) []uint32 {
@@ -155,5 +157,24 @@ func TestApproximateIndexesStayInRouterBlocks(t *testing.T) {
 				t.Fatalf("repeated prompt: %+v, want %v with 5 router blocks predicted", again, first.Worker)
 			}
 		})
+	}
+}
+
+// Busy detection compares booked blocks (router blocks) with the engine's
+// capacity, which it reports in its own blocks.
+func TestDecodeBusyThresholdCountsCapacityInRouterBlocks(t *testing.T) {
+	r, _ := newRouter(t, 0, func(c *Config) { c.BlockSize = 64 })
+	// 64 blocks of 16 tokens hold 1,024 tokens: 16 router blocks.
+	r.AddWorker(WorkerInfo{ID: 0, BlockSize: 16, TotalKVBlocks: 64})
+	half := 0.5
+	if _, err := r.Thresholds().Set("m", sched.BusyThreshold{ActiveDecodeBlocks: &half}); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	if _, err := r.BestWorker(ctx(), &Request{ID: "a", Model: "m", Tokens: randomTokens(rng, 64*9)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.BestWorker(ctx(), &Request{ID: "b", Model: "m", Tokens: randomTokens(rng, 64)}); !errors.Is(err, sched.ErrAllBusy) {
+		t.Fatalf("9 router blocks booked of the engine's 16: want busy above half, got %v", err)
 	}
 }

@@ -418,6 +418,9 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 			if !slices.Contains(f.sizes, size) {
 				f.sizes = append(f.sizes, size)
 			}
+			// Loads are booked in router blocks: so is the capacity the
+			// busy threshold compares them with.
+			in.TotalKVBlocks = in.TotalKVBlocks * size / r.cfg.BlockSize
 		}
 		for rank := 0; rank < in.DPSize; rank++ {
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}

@@ -44,6 +44,18 @@ func (r *Router) SetBlockSizeObserver(fn func(BlockSizeChange)) {
 	r.sizeObserver.Store(&fn)
 }
 
+// maxBlockSize bounds the block sizes learnt from events; engines use 1 to
+// a few hundred tokens.
+const maxBlockSize = 1 << 16
+
+// BlockSizeConsistent tells whether the event's block size may be learnt:
+// its tokens fill its blocks exactly. One malformed event must not switch
+// how an engine is matched.
+func (es *EngineStored) BlockSizeConsistent() bool {
+	return es.BlockSize > 0 && es.BlockSize <= maxBlockSize && len(es.EngineHashes) > 0 &&
+		len(es.Tokens) == len(es.EngineHashes)*es.BlockSize
+}
+
 // learnBlockSize records that engine id's events carry blocks of size
 // tokens.
 func (r *Router) learnBlockSize(id uint64, size int) {

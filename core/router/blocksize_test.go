@@ -178,3 +178,21 @@ func TestDecodeBusyThresholdCountsCapacityInRouterBlocks(t *testing.T) {
 		t.Fatalf("9 router blocks booked of the engine's 16: want busy above half, got %v", err)
 	}
 }
+
+// A Stored event whose tokens do not fill its blocks says nothing reliable
+// about the engine's block size; nor does an absurd one.
+func TestMalformedEventsDoNotChangeAnEnginesBlockSize(t *testing.T) {
+	r, _ := newRouter(t, 1, func(c *Config) { c.BlockSize = 64 })
+	rng := rand.New(rand.NewPCG(9, 9))
+	storeEngine(t, r, w(0), 16, randomTokens(rng, 256))
+	for _, es := range []EngineStored{
+		{Worker: w(0), EngineHashes: []uint64{100, 101}, Tokens: randomTokens(rng, 40), BlockSize: 32},
+		{Worker: w(0), EngineHashes: []uint64{102}, Tokens: randomTokens(rng, 8), BlockSize: 1 << 40},
+		{Worker: w(0), EngineHashes: []uint64{103}, Tokens: randomTokens(rng, 8), BlockSize: -8},
+	} {
+		_ = r.ApplyEngineStored(&es)
+	}
+	if got := r.WorkerBlockSize(0); got != 16 {
+		t.Fatalf("block size %d after malformed events, want 16", got)
+	}
+}

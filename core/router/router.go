@@ -499,7 +499,7 @@ var ErrMisSizedBlocks = errors.New("router: stored blocks with fewer tokens than
 // then on the engine's overlap with a request is matched with hashes of
 // its block size (see BlockSizeChange).
 func (r *Router) ApplyEngineStored(es *EngineStored) error {
-	if es.BlockSize > 0 {
+	if es.BlockSizeConsistent() {
 		f := r.fleet.Load()
 		if _, known := f.infos[es.Worker.ID]; known && f.learned[es.Worker.ID] != es.BlockSize {
 			r.learnBlockSize(es.Worker.ID, es.BlockSize)

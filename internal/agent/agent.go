@@ -186,7 +186,7 @@ func (a *Agent) ApplyEvent(ev *kv.Event) error { return a.pub.Publish(*ev) }
 // ApplyEngineStored hashes stored blocks as routers do, in the engine's
 // block size, and republishes them (enginesource.Sink).
 func (a *Agent) ApplyEngineStored(es *router.EngineStored) error {
-	if es.BlockSize > 0 {
+	if es.BlockSizeConsistent() {
 		a.announceBlockSize(es.BlockSize)
 	}
 	ev, _, err := router.HashEngineStored(es, a.cfg.Instance.BlockSize)

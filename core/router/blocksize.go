@@ -44,8 +44,8 @@ func (r *Router) SetBlockSizeObserver(fn func(BlockSizeChange)) {
 	r.sizeObserver.Store(&fn)
 }
 
-// maxBlockSize bounds the block sizes learnt from events; engines use 1 to
-// a few hundred tokens.
+// maxBlockSize bounds the block sizes learnt from events or taken from
+// discovery; engines use 1 to a few hundred tokens.
 const maxBlockSize = 1 << 16
 
 // BlockSizeConsistent tells whether the event's block size may be learnt:

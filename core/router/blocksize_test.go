@@ -195,4 +195,9 @@ func TestMalformedEventsDoNotChangeAnEnginesBlockSize(t *testing.T) {
 	if got := r.WorkerBlockSize(0); got != 16 {
 		t.Fatalf("block size %d after malformed events, want 16", got)
 	}
+	// Nor does an absurd announced one.
+	r.AddWorker(WorkerInfo{ID: 1, BlockSize: 1 << 50, TotalKVBlocks: 1 << 20})
+	if got := r.WorkerBlockSize(1); got != 64 {
+		t.Fatalf("announced block size 2^50 taken as %d, want the router's 64", got)
+	}
 }

@@ -413,7 +413,7 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 		if l, ok := learned[id]; ok {
 			size = l
 		}
-		if size > 0 && size != r.cfg.BlockSize {
+		if size > 0 && size <= maxBlockSize && size != r.cfg.BlockSize {
 			f.odd[id] = size
 			if !slices.Contains(f.sizes, size) {
 				f.sizes = append(f.sizes, size)

@@ -106,7 +106,7 @@ func (s *Server) discovered(in natsplane.Instance) {
 	}
 	s.mu.Unlock()
 	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, BlockSize: in.BlockSize})
-	s.warnBlockSize(in.WorkerID, spec.Name, in.BlockSize, "announces")
+	s.warnBlockSize(in.WorkerID, spec.Name, s.router.WorkerBlockSize(in.WorkerID), "announces")
 	s.plane.sub.WorkerAdded(in)
 	s.mu.Lock()
 	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true}

@@ -61,15 +61,14 @@ func (b *bookings) release(id string) {
 // could hold.
 func (f *Frontend) checkBookingSize(req *router.Request) *httpError {
 	limit := MaxBookingTokens
-	bs := f.cfg.Router.BlockSize()
-	largest := 0
+	largest := 0 // tokens; engines count their capacity in their own blocks
 	for _, in := range f.cfg.Router.Workers() {
 		if req.Model == "" || in.Model == "" || in.Model == req.Model {
-			largest = max(largest, in.TotalKVBlocks)
+			largest = max(largest, in.TotalKVBlocks*f.cfg.Router.WorkerBlockSize(in.ID))
 		}
 	}
 	if largest > 0 {
-		limit = min(limit, largest*bs)
+		limit = min(limit, largest)
 	}
 	if len(req.Tokens) > limit {
 		return badRequest("booking_too_large", "tokens", "a booking of %d tokens exceeds %d, the most any engine serving the model can hold", len(req.Tokens), limit)

@@ -96,7 +96,7 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): kv events %s", wk.Name, wk.ID, out[i].KVEvents))
 		}
 	}
-	body := map[string]any{"workers": out}
+	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}
 	if f.cfg.Dependencies != nil {
 		deps := f.cfg.Dependencies()
 		keys := make([]string, 0, len(deps))

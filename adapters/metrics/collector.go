@@ -40,6 +40,7 @@ type Collector struct {
 	workerDecode, workerPrefill, workerReqs    desc
 	reanchored, inferred                       desc
 	recovering, rankInferred                   desc
+	workerBlockSize, blockSizeMismatch         desc
 }
 
 // NewCollector returns a collector for r; register it with a
@@ -47,32 +48,34 @@ type Collector struct {
 func NewCollector(r *router.Router) *Collector {
 	c, g := prometheus.CounterValue, prometheus.GaugeValue
 	return &Collector{
-		r:              r,
-		decisions:      newDesc("router_decisions_total", "Routing decisions made.", c),
-		booked:         newDesc("router_requests_booked_total", "Requests booked on a worker (their load counts until freed).", c),
-		queued:         newDesc("router_requests_queued_total", "Requests that waited in the admission queue.", c),
-		allBusy:        newDesc("router_all_workers_busy_total", "Requests refused because every worker was over its busy threshold.", c),
-		errors:         newDesc("router_errors_total", "Routing decisions that failed for another reason.", c),
-		overlapBlocks:  newDesc("router_overlap_blocks_total", "Prompt blocks already cached on the chosen worker; divided by router_prompt_blocks_total it is the KV hit rate.", c),
-		promptBlocks:   newDesc("router_prompt_blocks_total", "Full prompt blocks of routed requests.", c),
-		queuePending:   newDesc("router_queue_pending_requests", "Requests waiting in the admission queue.", g),
-		queueTokens:    newDesc("router_queue_pending_tokens", "Uncached prompt tokens of the requests waiting in the queue.", g),
-		events:         newDesc("kv_events_total", "KV events received, by type.", c, "type"),
-		eventsRejected: newDesc("kv_events_rejected_total", "KV events refused whole, by reason.", c, "reason"),
-		blocks:         newDesc("kv_blocks_total", "Blocks applied to the index, by operation.", c, "op"),
-		blocksSkipped:  newDesc("kv_blocks_skipped_total", "Blocks of accepted events that were skipped, by reason.", c, "reason"),
-		indexPairs:     newDesc("index_pairs", "Indexed (block, worker) pairs in the event-fed index.", g),
-		indexEvicted:   newDesc("index_evicted_pairs_total", "Pairs evicted from the event-fed index by its memory cap.", c),
-		approxPairs:    newDesc("approx_index_pairs", "Pairs in the approximate (routing-fed) index.", g),
-		approxDropped:  newDesc("approx_index_dropped_pairs_total", "Pairs dropped from the approximate index, by reason.", c, "reason"),
-		activeRequests: newDesc("router_active_requests", "Booked requests not yet freed.", g),
-		workerDecode:   newDesc("worker_active_decode_blocks", "Predicted KV blocks in use on a worker rank.", g, "worker_id", "dp_rank"),
-		workerPrefill:  newDesc("worker_active_prefill_tokens", "Predicted prompt tokens awaiting prefill on a worker rank.", g, "worker_id", "dp_rank"),
-		workerReqs:     newDesc("worker_active_requests", "Booked requests on a worker rank.", g, "worker_id", "dp_rank"),
-		reanchored:     newDesc("kv_events_reanchored_total", "Stored events below a parent the index did not know, placed from the prompts just routed to the worker.", c),
-		inferred:       newDesc("kv_blocks_inferred_total", "Blocks held on inference while re-anchoring: above a re-anchored parent, never named by the engine.", c),
-		recovering:     newDesc("worker_kv_index_recovering", "1 while a worker rank's index is rebuilt from traffic: its events hang below blocks the router never saw.", g, "worker_id", "dp_rank"),
-		rankInferred:   newDesc("worker_kv_index_inferred_blocks", "Blocks of a recovering worker rank held on inference.", g, "worker_id", "dp_rank"),
+		r:                 r,
+		decisions:         newDesc("router_decisions_total", "Routing decisions made.", c),
+		booked:            newDesc("router_requests_booked_total", "Requests booked on a worker (their load counts until freed).", c),
+		queued:            newDesc("router_requests_queued_total", "Requests that waited in the admission queue.", c),
+		allBusy:           newDesc("router_all_workers_busy_total", "Requests refused because every worker was over its busy threshold.", c),
+		errors:            newDesc("router_errors_total", "Routing decisions that failed for another reason.", c),
+		overlapBlocks:     newDesc("router_overlap_blocks_total", "Prompt blocks already cached on the chosen worker; divided by router_prompt_blocks_total it is the KV hit rate.", c),
+		promptBlocks:      newDesc("router_prompt_blocks_total", "Full prompt blocks of routed requests.", c),
+		queuePending:      newDesc("router_queue_pending_requests", "Requests waiting in the admission queue.", g),
+		queueTokens:       newDesc("router_queue_pending_tokens", "Uncached prompt tokens of the requests waiting in the queue.", g),
+		events:            newDesc("kv_events_total", "KV events received, by type.", c, "type"),
+		eventsRejected:    newDesc("kv_events_rejected_total", "KV events refused whole, by reason.", c, "reason"),
+		blocks:            newDesc("kv_blocks_total", "Blocks applied to the index, by operation.", c, "op"),
+		blocksSkipped:     newDesc("kv_blocks_skipped_total", "Blocks of accepted events that were skipped, by reason.", c, "reason"),
+		indexPairs:        newDesc("index_pairs", "Indexed (block, worker) pairs in the event-fed index.", g),
+		indexEvicted:      newDesc("index_evicted_pairs_total", "Pairs evicted from the event-fed index by its memory cap.", c),
+		approxPairs:       newDesc("approx_index_pairs", "Pairs in the approximate (routing-fed) index.", g),
+		approxDropped:     newDesc("approx_index_dropped_pairs_total", "Pairs dropped from the approximate index, by reason.", c, "reason"),
+		activeRequests:    newDesc("router_active_requests", "Booked requests not yet freed.", g),
+		workerDecode:      newDesc("worker_active_decode_blocks", "Predicted KV blocks in use on a worker rank.", g, "worker_id", "dp_rank"),
+		workerPrefill:     newDesc("worker_active_prefill_tokens", "Predicted prompt tokens awaiting prefill on a worker rank.", g, "worker_id", "dp_rank"),
+		workerReqs:        newDesc("worker_active_requests", "Booked requests on a worker rank.", g, "worker_id", "dp_rank"),
+		reanchored:        newDesc("kv_events_reanchored_total", "Stored events below a parent the index did not know, placed from the prompts just routed to the worker.", c),
+		inferred:          newDesc("kv_blocks_inferred_total", "Blocks held on inference while re-anchoring: above a re-anchored parent, never named by the engine.", c),
+		recovering:        newDesc("worker_kv_index_recovering", "1 while a worker rank's index is rebuilt from traffic: its events hang below blocks the router never saw.", g, "worker_id", "dp_rank"),
+		rankInferred:      newDesc("worker_kv_index_inferred_blocks", "Blocks of a recovering worker rank held on inference.", g, "worker_id", "dp_rank"),
+		workerBlockSize:   newDesc("worker_block_size", "Tokens per KV block of a worker, as its KV events carry it (or as announced, or the router's own until they do); its requests are matched with hashes of this size.", g, "worker_id"),
+		blockSizeMismatch: newDesc("worker_block_size_mismatch", "1 while a worker's KV block size is not the router's --kv-cache-block-size.", g, "worker_id"),
 	}
 }
 
@@ -80,7 +83,8 @@ func (c *Collector) all() []desc {
 	return []desc{c.decisions, c.booked, c.queued, c.allBusy, c.errors, c.overlapBlocks, c.promptBlocks,
 		c.queuePending, c.queueTokens, c.events, c.eventsRejected, c.blocks, c.blocksSkipped,
 		c.indexPairs, c.indexEvicted, c.approxPairs, c.approxDropped, c.activeRequests,
-		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred}
+		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred,
+		c.workerBlockSize, c.blockSizeMismatch}
 }
 
 // Describe implements prometheus.Collector.
@@ -132,6 +136,17 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		id, rank := strconv.FormatUint(rc.Worker.ID, 10), strconv.FormatUint(uint64(rc.Worker.DPRank), 10)
 		emit(c.recovering, 1, id, rank)
 		emit(c.rankInferred, float64(rc.Inferred), id, rank)
+	}
+
+	routerSize := c.r.BlockSize()
+	for _, w := range c.r.WorkerBlockSizes() {
+		id := strconv.FormatUint(w.ID, 10)
+		emit(c.workerBlockSize, float64(w.BlockSize), id)
+		mismatch := 0.0
+		if w.Mismatched(routerSize) {
+			mismatch = 1
+		}
+		emit(c.blockSizeMismatch, mismatch, id)
 	}
 
 	for _, l := range c.r.Loads() {

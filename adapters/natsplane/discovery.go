@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,6 +71,8 @@ type Registration struct {
 	done   chan struct{}
 	kv     jetstream.KeyValue
 	key    string
+	// value is the instance's JSON the heartbeat puts; Update replaces it.
+	value atomic.Pointer[[]byte]
 }
 
 // Register puts inst in discovery and re-puts it every ttl/3 so that it
@@ -105,6 +108,7 @@ func Register(ctx context.Context, nc *nats.Conn, names Names, inst Instance, tt
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Registration{cancel: cancel, done: make(chan struct{}), kv: kv, key: key}
+	r.value.Store(&value)
 	go func() {
 		defer close(r.done)
 		t := time.NewTicker(ttl / 3)
@@ -117,6 +121,7 @@ func Register(ctx context.Context, nc *nats.Conn, names Names, inst Instance, tt
 			case <-t.C:
 			}
 			pctx, pcancel := context.WithTimeout(ctx, ttl/3)
+			value := *r.value.Load()
 			_, err := kv.Put(pctx, key, value)
 			if err != nil {
 				if b, e := instancesBucket(pctx, js, names, ttl); e == nil {
@@ -136,6 +141,22 @@ func Register(ctx context.Context, nc *nats.Conn, names Names, inst Instance, tt
 		}
 	}()
 	return r, nil
+}
+
+// Update replaces the registered details of the instance (same worker id)
+// and puts them at once; routers see the change as the worker being added
+// again. A failed put is left to the next heartbeat.
+func (r *Registration) Update(ctx context.Context, inst Instance) error {
+	if err := inst.validate(); err != nil {
+		return err
+	}
+	value, err := json.Marshal(inst)
+	if err != nil {
+		return err
+	}
+	r.value.Store(&value)
+	_, err = r.kv.Put(ctx, r.key, value)
+	return err
 }
 
 // Close stops heartbeating and deletes the key so that routers drop the

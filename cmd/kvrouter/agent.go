@@ -85,7 +85,7 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 	fs.StringVar(&inst.Name, "name", "", "the engine's name (default: its URL)")
 	fs.Uint64Var(&inst.WorkerID, "worker-id", 0, "the engine's worker id (default: a hash of its name)")
 	fs.StringVar(&inst.Model, "model", "", "the model the engine serves")
-	fs.IntVar(&inst.BlockSize, "block-size", 16, "the engine's KV block size in tokens")
+	fs.IntVar(&inst.BlockSize, "block-size", 16, "the engine's KV block size in tokens, announced to routers until its KV events say otherwise")
 	fs.IntVar(&inst.DPSize, "data-parallel-size", 1, "the engine's data-parallel ranks")
 	fs.StringVar(&inst.Role, "role", "both", "both, prefill or decode")
 	fs.IntVar(&inst.TotalKVBlocks, "num-gpu-blocks", 0, "the engine's KV blocks per rank (for busy detection; 0: unknown)")

@@ -15,7 +15,8 @@
 //   - FindMatches may run concurrently with Apply and with other reads.
 //   - Requests are matched by their sequence hashes (blockhash), events by
 //     the blocks' local hashes; both must come from the same block size and
-//     LoRA adapter.
+//     LoRA adapter. Workers of different block sizes share one index (their
+//     hashes never collide); each is matched with hashes of its own size.
 package index
 
 import (

@@ -2,6 +2,8 @@ package router
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -50,5 +52,94 @@ func BenchmarkBestWorkerBooked(b *testing.B) {
 				r.Free(id)
 			}
 		})
+	}
+}
+
+// benchRouter is a 16-worker router whose workers each cache 16
+// conversations of 2,048 tokens sharing a 512-token system prompt; prompts
+// continue one of them (three quarters cached on one worker).
+func benchRouter(b *testing.B, edit func(*Config), workerBlockSize func(id int) int) (*Router, [][]uint32) {
+	b.Helper()
+	cfg := DefaultConfig()
+	cfg.BlockSize = bs
+	cfg.Rand = rand.New(rand.NewPCG(1, 2))
+	if edit != nil {
+		edit(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	random := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = rng.Uint32N(32000)
+		}
+		return out
+	}
+	system := random(512)
+	var convs [][]uint32
+	engineID := uint64(1)
+	for id := range 16 {
+		r.AddWorker(WorkerInfo{ID: uint64(id), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192})
+		size := bs
+		if workerBlockSize != nil {
+			size = workerBlockSize(id)
+		}
+		for range 16 {
+			toks := append(append([]uint32{}, system...), random(1536)...)
+			n := len(toks) / size
+			es := EngineStored{Worker: kv.Worker{ID: uint64(id)}, Tokens: toks[:n*size], BlockSize: size}
+			for range n {
+				es.EngineHashes = append(es.EngineHashes, engineID)
+				engineID++
+			}
+			if err := r.ApplyEngineStored(&es); err != nil {
+				b.Fatal(err)
+			}
+			convs = append(convs, toks)
+		}
+	}
+	prompts := make([][]uint32, 256)
+	for i := range prompts {
+		c := convs[rng.IntN(len(convs))]
+		prompts[i] = append(append([]uint32{}, c[:1536]...), random(512)...)
+	}
+	return r, prompts
+}
+
+func BenchmarkBestWorker(b *testing.B) {
+	cases := []struct {
+		name string
+		size func(int) int
+	}{
+		{"one-block-size", nil},
+		// Half the engines publish 32-token blocks on a 16-token router:
+		// every request is hashed and matched twice.
+		{"two-block-sizes", func(id int) int { return bs * (1 + id%2) }},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			r, prompts := benchRouter(b, nil, c.size)
+			for i := 0; b.Loop(); i++ {
+				if _, err := r.BestWorker(ctx(), &Request{Tokens: prompts[i%len(prompts)]}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkBookAndFree is a booked decision and its release: the whole
+// per-request cost of the routing core.
+func BenchmarkBookAndFree(b *testing.B) {
+	r, prompts := benchRouter(b, nil, nil)
+	for i := 0; b.Loop(); i++ {
+		id := strconv.Itoa(i)
+		if _, err := r.BestWorker(ctx(), &Request{ID: id, Tokens: prompts[i%len(prompts)]}); err != nil {
+			b.Fatal(err)
+		}
+		r.Free(id)
 	}
 }

@@ -120,13 +120,22 @@ func diff(a, b map[uint64]bool) (onlyA, onlyB int) {
 // A router that starts after the engine's early events are gone sees every
 // new chain hang below a hot prefix it never saw stored. It must converge
 // to the engine's cache from the traffic it routes, and say it is
-// recovering meanwhile.
+// recovering meanwhile. The same holds for a router started with another
+// block size than the engine's: it places the engine's events with the
+// prompts hashed in the engine's block size.
 func TestRecoveryConvergesAfterLostHistory(t *testing.T) {
+	for _, routerBlockSize := range []int{bs, 4 * bs} {
+		t.Run(fmt.Sprint("router-block-size-", routerBlockSize), func(t *testing.T) { testRecoveryConverges(t, routerBlockSize) })
+	}
+}
+
+func testRecoveryConverges(t *testing.T, routerBlockSize int) {
 	sim := newRecoverySim(t)
 	sim.run(nil, 200)
 
 	clk := &clock{t: time.Unix(1000, 0)}
 	cfg := DefaultConfig()
+	cfg.BlockSize = routerBlockSize
 	cfg.Now = clk.now
 	cfg.RecoveryWindow = 10 * time.Second
 	r, err := New(cfg)

@@ -1,6 +1,8 @@
 // Package router ties kvrouter's core together into the routing engine the
 // adapters drive: workers come and go, their KV events feed the index, and
-// every request is hashed once, matched, scored and booked.
+// every request is hashed once, matched, scored and booked (once more per
+// other block size when engines do not all use the router's; see
+// blocksize.go).
 //
 // It is the Go counterpart of Dynamo's KvPushRouter: BestWorker (query
 // only, or booking the request under an id), PotentialLoads,
@@ -106,6 +108,10 @@ type WorkerInfo struct {
 	// queue; 0 means unknown, which never counts as busy or saturated.
 	TotalKVBlocks       int
 	MaxNumBatchedTokens int
+	// BlockSize is the engine's KV block size in tokens as announced (NATS
+	// discovery); 0 = unknown, taken to be the router's. The block size
+	// the engine's own events carry overrides it.
+	BlockSize int
 }
 
 // Request is one request to route.
@@ -204,6 +210,8 @@ type Router struct {
 	scratch  sync.Pool
 	stats    counters
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
+	// sizeObserver: see SetBlockSizeObserver.
+	sizeObserver atomic.Pointer[func(BlockSizeChange)]
 }
 
 type fleet struct {
@@ -211,6 +219,21 @@ type fleet struct {
 	ranks []kv.Worker // every routable rank, in a stable order
 	pos   map[kv.Worker]int
 	rinfo []WorkerInfo // info of ranks[i]
+	// learned are the block sizes the engines' events carry.
+	learned map[uint64]int
+	// odd maps the engines whose block size is not the router's to theirs,
+	// and sizes lists those block sizes once each; both are empty while
+	// every engine agrees with the router, which keeps that path as it was.
+	odd   map[uint64]int
+	sizes []int
+}
+
+// blockSize is the block size engine id's blocks are hashed with.
+func (f *fleet) blockSize(id uint64, routerSize int) int {
+	if size, ok := f.odd[id]; ok {
+		return size
+	}
+	return routerSize
 }
 
 type queuedResult struct {
@@ -299,7 +322,7 @@ func New(cfg Config) (*Router, error) {
 			r.approxIsPrimary = true
 		}
 	}
-	r.fleet.Store(&fleet{infos: map[uint64]WorkerInfo{}, pos: map[kv.Worker]int{}})
+	r.fleet.Store(r.buildFleet(map[uint64]WorkerInfo{}, map[uint64]int{}))
 	r.scratch.New = func() any { return new(scratch) }
 	return r, nil
 }
@@ -335,7 +358,7 @@ func (r *Router) AddWorker(info WorkerInfo) {
 	for rank := range info.DPSize {
 		r.watch.register(kv.Worker{ID: info.ID, DPRank: uint32(rank)})
 	}
-	r.fleet.Store(buildFleet(infos))
+	r.fleet.Store(r.buildFleet(infos, old.learned))
 	if r.exact != nil {
 		for rank := range info.DPSize {
 			r.exact.Reserve(kv.Worker{ID: info.ID, DPRank: uint32(rank)}, info.TotalKVBlocks)
@@ -360,7 +383,9 @@ func (r *Router) RemoveWorker(id uint64) {
 			infos[k] = in
 		}
 	}
-	r.fleet.Store(buildFleet(infos))
+	learned := maps.Clone(old.learned)
+	delete(learned, id)
+	r.fleet.Store(r.buildFleet(infos, learned))
 	if r.exact != nil {
 		r.exact.RemoveWorker(id)
 	}
@@ -397,8 +422,8 @@ func (r *Router) dropRank(w kv.Worker) {
 	r.tracker.RemoveWorker(w)
 }
 
-func buildFleet(infos map[uint64]WorkerInfo) *fleet {
-	f := &fleet{infos: infos, pos: map[kv.Worker]int{}}
+func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int) *fleet {
+	f := &fleet{infos: infos, pos: map[kv.Worker]int{}, learned: learned, odd: map[uint64]int{}}
 	ids := make([]uint64, 0, len(infos))
 	for id := range infos {
 		ids = append(ids, id)
@@ -406,6 +431,19 @@ func buildFleet(infos map[uint64]WorkerInfo) *fleet {
 	slices.Sort(ids)
 	for _, id := range ids {
 		in := infos[id]
+		size := in.BlockSize
+		if l, ok := learned[id]; ok {
+			size = l
+		}
+		if size > 0 && size <= maxBlockSize && size != r.cfg.BlockSize {
+			f.odd[id] = size
+			if !slices.Contains(f.sizes, size) {
+				f.sizes = append(f.sizes, size)
+			}
+			// Loads are booked in router blocks: so is the capacity the
+			// busy threshold compares them with.
+			in.TotalKVBlocks = in.TotalKVBlocks * size / r.cfg.BlockSize
+		}
 		for rank := 0; rank < in.DPSize; rank++ {
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}
 			f.pos[w] = len(f.ranks)
@@ -481,16 +519,24 @@ type EngineStored struct {
 	LoRA         string   // adapter name; "" = base model
 }
 
-// ErrMisSizedBlocks reports blocks dropped because their size was not the
-// router's: hashing them would index content no request can ever match.
-var ErrMisSizedBlocks = errors.New("router: blocks of a size other than the router's block size")
+// ErrMisSizedBlocks reports blocks dropped because the event's tokens do
+// not fill them.
+var ErrMisSizedBlocks = errors.New("router: stored blocks with fewer tokens than their block size")
 
-// ApplyEngineStored hashes an engine's stored blocks the router's way and
-// applies them (see HashEngineStored).
+// ApplyEngineStored hashes an engine's stored blocks with the engine's own
+// block size and applies them (see HashEngineStored). A block size other
+// than the one the router assumed for that engine is learnt first: from
+// then on the engine's overlap with a request is matched with hashes of
+// its block size (see BlockSizeChange).
 func (r *Router) ApplyEngineStored(es *EngineStored) error {
-	// Blocks of the wrong size are unusable, but they show that the
-	// engine's events arrive: that misconfiguration is another one.
+	// Blocks of any size show that the engine's events arrive.
 	r.watch.heardFrom(es.Worker)
+	if es.BlockSizeConsistent() {
+		f := r.fleet.Load()
+		if _, known := f.infos[es.Worker.ID]; known && f.learned[es.Worker.ID] != es.BlockSize {
+			r.learnBlockSize(es.Worker.ID, es.BlockSize)
+		}
+	}
 	ev, dropped, err := HashEngineStored(es, r.cfg.BlockSize)
 	r.stats.misSized.Add(uint64(dropped))
 	if err != nil && len(ev.Stored.Blocks) == 0 {
@@ -503,25 +549,26 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 }
 
 // HashEngineStored turns an engine's stored blocks into the event the
-// index applies, hashing their tokens with blockSize; agents use it too, so
-// what they publish is what a router would have computed. A block size
-// other than blockSize drops every block; so do blocks whose tokens are
-// missing, together with every later block of the event, since they hang
-// below them. dropped counts the blocks lost either way.
-func HashEngineStored(es *EngineStored, blockSize int) (ev kv.Event, dropped int, err error) {
-	n := len(es.EngineHashes)
-	if es.BlockSize != blockSize {
-		return kv.Event{}, n, fmt.Errorf("%w: engine %d, router %d", ErrMisSizedBlocks, es.BlockSize, blockSize)
+// index applies, hashing their tokens with the engine's block size, or
+// with defaultBlockSize for an event that does not say; agents use it too,
+// so what they publish is what a router would have computed. Blocks whose
+// tokens are missing are dropped, together with every later block of the
+// event, since they hang below them; dropped counts them.
+func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, dropped int, err error) {
+	size := es.BlockSize
+	if size <= 0 {
+		size = defaultBlockSize
 	}
-	whole := min(n, len(es.Tokens)/blockSize)
+	n := len(es.EngineHashes)
+	whole := min(n, len(es.Tokens)/size)
 	if whole < n {
 		dropped = n - whole
-		err = fmt.Errorf("%w: %d tokens for %d blocks", ErrMisSizedBlocks, len(es.Tokens), n)
+		err = fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMisSizedBlocks, len(es.Tokens), n, size)
 	}
-	h := blockhash.New(blockSize, es.LoRA)
+	h := blockhash.New(size, es.LoRA)
 	blocks := make([]kv.Block, whole)
 	for i := range blocks {
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*blockSize : (i+1)*blockSize])}
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*size : (i+1)*size])}
 	}
 	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
 	if es.Tier != "" {
@@ -545,10 +592,12 @@ type scratch struct {
 
 // prepared is a request after hashing and matching.
 type prepared struct {
-	req          *Request
-	params       sched.Params
-	warning      string
-	local, seq   []uint64
+	req        *Request
+	params     sched.Params
+	warning    string
+	local, seq []uint64
+	// alt are the request's hashes in the other block sizes of the fleet.
+	alt          []altHashes
 	hashTime     time.Duration
 	findTime     time.Duration
 	arrival      time.Time
@@ -646,7 +695,7 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	p := preparedPool.Get().(*prepared)
 	local := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendLocalHashes(p.local[:0], req.Tokens)
 	seq := blockhash.AppendSequenceHashes(p.seq[:0], local)
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, overlaps: p.overlaps[:0], hashTime: time.Since(t0), arrival: r.now()}
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: time.Since(t0), arrival: r.now()}
 	return p, nil
 }
 
@@ -666,6 +715,9 @@ func (r *Router) match(p *prepared, sc *scratch) {
 	p.overlaps = p.overlaps[:0]
 	if r.exact != nil {
 		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
+		if f := r.fleet.Load(); len(f.sizes) > 0 {
+			r.matchOtherSizes(p, sc, f)
+		}
 	}
 	if r.approx != nil {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
@@ -775,7 +827,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
 		r.observeAdd(lr)
-		r.recovery.booked(choice.Worker, p.local)
+		if r.recovery.active.Load() > 0 {
+			r.recovery.booked(choice.Worker, p.localFor(r.fleet.Load(), choice.Worker.ID))
+		}
 		r.watch.booked(p.req.ID, choice.Worker, p.local, p.seq)
 		if r.approx != nil {
 			r.approx.Insert(choice.Worker, p.local, p.seq)
@@ -933,8 +987,8 @@ type Stats struct {
 	OverlapBlocks, PromptBlocks uint64
 	QueuePending                int
 	QueuePendingTokens          int
-	// Events refused before reaching the index, and blocks dropped for a
-	// block size other than the router's.
+	// Events refused before reaching the index, and stored blocks dropped
+	// for lack of their tokens.
 	UnknownWorkerEvents, DPRankEvents, IgnoredEvents, MisSizedBlocks uint64
 	Index                                                            index.Stats
 	IndexedPairs                                                     uint64

@@ -9,6 +9,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -58,6 +59,12 @@ type Agent struct {
 	mu      sync.Mutex // guards samples and sampled
 	samples map[int]enginemetrics.Sample
 	sampled time.Time
+
+	// sizeMu guards reg (set once registered) and announced, the block
+	// size the registration names: the engine's events may reveal that
+	// --block-size was wrong.
+	sizeMu    sync.Mutex
+	announced int
 }
 
 // Start registers the engine and starts following it. A fresh incarnation
@@ -88,7 +95,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, pub: pub}
+	a := &Agent{cfg: cfg, pub: pub, announced: in.BlockSize}
 	for rank := range in.DPSize {
 		if err := pub.Publish(kv.ClearedEvent(kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, 0)); err != nil {
 			_ = pub.Close()
@@ -115,7 +122,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 			a.sources = append(a.sources, src)
 		}
 	}
-	a.reg, err = natsplane.Register(ctx, nc, cfg.Names, *in, cfg.LeaseTTL, cfg.Logger)
+	a.sizeMu.Lock()
+	inst := *in
+	inst.BlockSize = a.announced
+	a.reg, err = natsplane.Register(ctx, nc, cfg.Names, inst, cfg.LeaseTTL, cfg.Logger)
+	a.sizeMu.Unlock()
 	if err != nil {
 		a.Close()
 		return nil, err
@@ -172,14 +183,41 @@ func (a *Agent) report(ctx context.Context) {
 // ApplyEvent republishes a removed or cleared event (enginesource.Sink).
 func (a *Agent) ApplyEvent(ev *kv.Event) error { return a.pub.Publish(*ev) }
 
-// ApplyEngineStored hashes stored blocks as routers do and republishes
-// them (enginesource.Sink).
+// ApplyEngineStored hashes stored blocks as routers do, in the engine's
+// block size, and republishes them (enginesource.Sink).
 func (a *Agent) ApplyEngineStored(es *router.EngineStored) error {
+	if es.BlockSizeConsistent() {
+		a.announceBlockSize(es.BlockSize)
+	}
 	ev, _, err := router.HashEngineStored(es, a.cfg.Instance.BlockSize)
 	if len(ev.Stored.Blocks) > 0 {
 		err = errors.Join(err, a.pub.Publish(ev))
 	}
 	return err
+}
+
+// announceBlockSize re-registers the engine with the block size its
+// events carry when --block-size said otherwise: routers match an engine
+// with hashes of its announced block size.
+func (a *Agent) announceBlockSize(size int) {
+	a.sizeMu.Lock()
+	defer a.sizeMu.Unlock()
+	if a.announced == size {
+		return
+	}
+	in := a.cfg.Instance
+	a.cfg.Logger.Warn(fmt.Sprintf("engine %s publishes %d-token blocks, the agent was started with --block-size %d: announcing %d-token blocks to routers",
+		in.Name, size, a.announced, size), "worker", in.Name, "engine_block_size", size, "agent_block_size", a.announced)
+	a.announced = size
+	if a.reg == nil {
+		return // Start registers it with this size
+	}
+	in.BlockSize = size
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := a.reg.Update(ctx, in); err != nil {
+		a.cfg.Logger.Warn("block size not announced yet; the next heartbeat will", "worker", in.Name, "err", err)
+	}
 }
 
 func (a *Agent) stop() {

@@ -105,7 +105,8 @@ func (s *Server) discovered(in natsplane.Instance) {
 		return
 	}
 	s.mu.Unlock()
-	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens})
+	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, BlockSize: in.BlockSize})
+	s.warnBlockSize(in.WorkerID, spec.Name, s.router.WorkerBlockSize(in.WorkerID), "announces")
 	s.plane.sub.WorkerAdded(in)
 	s.mu.Lock()
 	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true}
@@ -150,4 +151,4 @@ func (s *Server) planeHealth() map[string]string {
 	return map[string]string{"nats": status}
 }
 
-var errNoEngines = errors.New("serve: no engines configured and no NATS plane to discover them")
+var errNoEngines = errors.New(`serve: no engines: give each with --worker url=http://HOST:8000,events=tcp://HOST:5557 or in a --config file, or let them join through NATS discovery ("kvrouter agent" next to each engine)`)

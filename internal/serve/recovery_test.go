@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
@@ -88,13 +89,14 @@ func dumpSet(t *testing.T, payload []byte) map[uint64]bool {
 // A router started after the engine's replay ring wrapped must end up
 // holding exactly the engine's cache under continued traffic: at once from
 // the engine's dump when it has one, from the traffic it routes when it has
-// none (vLLM).
+// none (vLLM); also when the router's block size is not the engine's.
 func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		dump      bool
-		maxBursts int
-	}{{"dump", true, 2}, {"traffic only", false, 80}} {
+		name            string
+		dump            bool
+		maxBursts       int
+		routerBlockSize int
+	}{{"dump", true, 2, 16}, {"traffic only", false, 80, 16}, {"dump, router block size 64", true, 2, 64}, {"traffic only, router block size 64", false, 80, 64}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := fleet.DefaultConfig()
 			cfg.SpeedupRatio = 100
@@ -125,7 +127,9 @@ func TestRouterStartedAfterTheRingWrappedConverges(t *testing.T) {
 			if !tc.dump {
 				w.Dump = ""
 			}
-			s := startServer(t, w)
+			rcfg := router.DefaultConfig()
+			rcfg.BlockSize = tc.routerBlockSize
+			s := startServerWith(t, Config{Router: rcfg, Workers: []WorkerSpec{w}, HealthInterval: 50 * time.Millisecond})
 			worker := kv.Worker{ID: w.ID}
 			src := s.Sources(w.ID)[0]
 			routerURL := "http://" + s.Addr()

@@ -99,6 +99,9 @@ type Server struct {
 	plane *planeState
 	fe    *frontend.Frontend
 	tls   bool // the listener serves HTTPS
+
+	sizesMu     sync.Mutex
+	sizesWarned map[uint64]int // the block size last logged per engine
 }
 
 type supervised struct {
@@ -146,21 +149,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// every 10 s says as much.
 	log = slog.New(ratelog.New(log.Handler(), slog.LevelWarn, 10*time.Second, nil))
 	cfg.HTTP = cfg.HTTP.withDefaults()
-	ids := map[uint64]bool{}
 	for i := range cfg.Workers {
 		if err := cfg.Workers[i].validate(); err != nil {
 			return nil, err
 		}
-		if ids[cfg.Workers[i].ID] {
-			return nil, fmt.Errorf("serve: two workers have id %d", cfg.Workers[i].ID)
-		}
-		ids[cfg.Workers[i].ID] = true
 	}
+	if err := checkWorkers(cfg.Workers); err != nil {
+		return nil, err
+	}
+	warnModelTypos(log, cfg.Workers)
 	r, err := router.New(cfg.Router)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{})}
+	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{}}
+	r.SetBlockSizeObserver(s.blockSizeLearned)
 	for _, w := range cfg.Workers {
 		s.workers[w.ID] = &supervised{spec: w}
 	}
@@ -201,6 +204,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			ln.Close()
 			return nil, err
 		}
+		s.warnIfNoEngines()
 	}
 	s.http = httpServer(fe.Handler(), cfg.HTTP)
 	s.wg.Add(1)

@@ -24,8 +24,15 @@ func engineFleet(t *testing.T) *fleet.Fleet { return engineFleetAt(t, 100) }
 // than the modelled GPU.
 func engineFleetAt(t *testing.T, speedup float64) *fleet.Fleet {
 	t.Helper()
+	return engineFleetWith(t, func(cfg *fleet.Config) { cfg.SpeedupRatio = speedup })
+}
+
+// engineFleetWith starts one simulated engine, configured by edit, on free
+// ports.
+func engineFleetWith(t *testing.T, edit func(*fleet.Config)) *fleet.Fleet {
+	t.Helper()
 	cfg := fleet.DefaultConfig()
-	cfg.SpeedupRatio = speedup
+	edit(&cfg)
 	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
 	f, err := fleet.Start(context.Background(), cfg)
 	if err != nil {

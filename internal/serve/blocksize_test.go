@@ -1,11 +1,9 @@
 package serve
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -25,26 +23,6 @@ import (
 func engineWithBlockSize(t *testing.T, blockSize int) *fleet.Fleet {
 	t.Helper()
 	return engineFleetWith(t, func(cfg *fleet.Config) { cfg.SpeedupRatio, cfg.Engine.BlockSize = 100, blockSize })
-}
-
-// completeOn sends a completion pinned to engine id (0: routed) and waits
-// for its end.
-func completeOn(t *testing.T, s *Server, id uint64, p []int) {
-	t.Helper()
-	nvext := map[string]any{}
-	if id != 0 {
-		nvext["backend_instance_id"] = id
-	}
-	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 2, "nvext": nvext})
-	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
 }
 
 func tokens32(p []int) []uint32 {
@@ -70,7 +48,7 @@ func TestEnginesOfAnotherBlockSizeAreRoutedByCache(t *testing.T) {
 	defer cancel()
 	convs := map[uint64][]int{1: prompt(0, 1, 640), 2: prompt(0, 2, 640)}
 	for id, conv := range convs {
-		completeOn(t, s, id, conv)
+		completeOn(t, s, conv, id)
 		size := map[uint64]int{1: 16, 2: 32}[id]
 		if err := s.Sources(id)[0].WaitFor(ctx, func(st enginesource.Stats) bool { return st.BlocksStored >= uint64(640/size) }); err != nil {
 			t.Fatalf("engine %d's KV events never reached the router: %v", id, err)
@@ -87,7 +65,7 @@ func TestEnginesOfAnotherBlockSizeAreRoutedByCache(t *testing.T) {
 			if d.Worker.ID != id || d.OverlapBlocks != 10 {
 				t.Fatalf("follow-up of engine %d's conversation: %+v, want engine %d with 10 of 11 router blocks cached", id, d, id)
 			}
-			completeOn(t, s, 0, follow)
+			completeOn(t, s, follow, 0)
 		}
 	}
 
@@ -167,7 +145,7 @@ func TestPlaneEngineWithAWrongBlockSizeFlagIsRoutedByCache(t *testing.T) {
 	waitLive(t, s, 1)
 
 	conv := prompt(0, 3, 640)
-	completeOn(t, s, 0, conv)
+	completeOn(t, s, conv, 0)
 	testwait.Until(t, 10*time.Second, "the engine's 16-token blocks reached the router and its block size was announced", func() bool {
 		sizes := s.Router().WorkerBlockSizes()
 		return blocksOf(s, 1) >= 40 && len(sizes) == 1 && sizes[0].BlockSize == 16

@@ -120,6 +120,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
+	registerDynamoAliases(fs)
 	return cmd
 }
 

@@ -139,5 +139,6 @@ flags.`,
 	fs.StringVar(&mock.Server.Model, "model-name", mock.Server.Model, "model the engines serve")
 	fs.BoolVar(&verbose, "verbose", false, "log engines joining and leaving")
 	registerZMQMaxMessageBytes(fs, &mock.ZMQMaxMessageBytes)
+	registerDynamoAliases(fs)
 	return cmd
 }

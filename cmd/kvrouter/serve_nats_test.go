@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/testwait"
+)
+
+// listeningPorts returns the TCP ports this process listens on, from the
+// socket inodes among its descriptors and the kernel's socket tables.
+func listeningPorts(t *testing.T) []int {
+	t.Helper()
+	inodes := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(link, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = true
+		}
+	}
+	var ports []int
+	for _, table := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			const listen = "0A"
+			if len(f) < 10 || f[3] != listen || !inodes[f[9]] {
+				continue
+			}
+			_, hexPort, _ := strings.Cut(f[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil {
+				ports = append(ports, int(p))
+			}
+		}
+	}
+	slices.Sort(ports)
+	return ports
+}
+
+// serve with static engines and no NATS flag opens no port but its HTTP
+// one: no embedded NATS server that nothing would connect to. Given a NATS
+// flag, it starts one.
+func TestServeWithStaticWorkersStartsNoNATS(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads the listening sockets from /proc")
+	}
+	for _, env := range []string{"NATS_SERVER", "NATS_URL", "DYN_NATS_URL", "DYN_NATS_PORT", "DYN_ROUTER_REPLICA_SYNC"} {
+		t.Setenv(env, "")
+		os.Unsetenv(env)
+	}
+	cfg, e := mockEngine(t)
+	worker := "url=" + e.HTTPURL + ",events=" + e.Ranks[0].Events + ",replay=" + e.Ranks[0].Replay + ",model=" + cfg.Server.Model
+
+	opened := func(args ...string) (ports []int, httpPort int, stdout string) {
+		t.Helper()
+		before := listeningPorts(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		var out, errOut testwait.Buffer
+		done := make(chan error, 1)
+		go func() {
+			root := newRootCmd()
+			root.SetOut(&out)
+			root.SetErr(&errOut)
+			root.SetArgs(append([]string{"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--shutdown-timeout", "0", "--worker", worker}, args...))
+			done <- root.ExecuteContext(ctx)
+		}()
+		servingOn := regexp.MustCompile(`serving on http://127\.0\.0\.1:(\d+)`)
+		var exited error
+		testwait.Until(t, 20*time.Second, "serve is up", func() bool {
+			select {
+			case err := <-done:
+				exited = fmt.Errorf("serve returned %v", err)
+				return true
+			default:
+				return servingOn.MatchString(out.String())
+			}
+		})
+		if exited != nil {
+			t.Fatalf("%v, args %v\n%s%s", exited, args, out.String(), errOut.String())
+		}
+		httpPort, _ = strconv.Atoi(servingOn.FindStringSubmatch(out.String())[1])
+		for _, p := range listeningPorts(t) {
+			if !slices.Contains(before, p) {
+				ports = append(ports, p)
+			}
+		}
+		// serve ends on SIGTERM/SIGINT or when its context is done.
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not stop")
+		}
+		return ports, httpPort, out.String() + errOut.String()
+	}
+
+	ports, httpPort, log := opened()
+	if !slices.Equal(ports, []int{httpPort}) || strings.Contains(log, "NATS server started") {
+		t.Errorf("static engines, no NATS flag: serve opened ports %v (HTTP %d)\n%s", ports, httpPort, log)
+	}
+	ports, httpPort, log = opened("--nats-port", "0")
+	if len(ports) < 2 || !strings.Contains(log, "NATS server started") {
+		t.Errorf("--nats-port 0: want the HTTP port %d and the embedded NATS server's, got %v\n%s", httpPort, ports, log)
+	}
+}

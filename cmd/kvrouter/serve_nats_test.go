@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -67,47 +65,22 @@ func TestServeWithStaticWorkersStartsNoNATS(t *testing.T) {
 	cfg, e := mockEngine(t)
 	worker := "url=" + e.HTTPURL + ",events=" + e.Ranks[0].Events + ",replay=" + e.Ranks[0].Replay + ",model=" + cfg.Server.Model
 
-	opened := func(args ...string) (ports []int, httpPort int, stdout string) {
+	opened := func(args ...string) (ports []int, httpPort int, output string) {
 		t.Helper()
 		before := listeningPorts(t)
-		ctx, cancel := context.WithCancel(context.Background())
-		var out, errOut testwait.Buffer
-		done := make(chan error, 1)
-		go func() {
-			root := newRootCmd()
-			root.SetOut(&out)
-			root.SetErr(&errOut)
-			root.SetArgs(append([]string{"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--shutdown-timeout", "0", "--worker", worker}, args...))
-			done <- root.ExecuteContext(ctx)
-		}()
+		out, stop := startCmd(t, append([]string{"serve", "--http-host", "127.0.0.1", "--http-port", "0", "--shutdown-timeout", "0", "--worker", worker}, args...)...)
 		servingOn := regexp.MustCompile(`serving on http://127\.0\.0\.1:(\d+)`)
-		var exited error
-		testwait.Until(t, 20*time.Second, "serve is up", func() bool {
-			select {
-			case err := <-done:
-				exited = fmt.Errorf("serve returned %v", err)
-				return true
-			default:
-				return servingOn.MatchString(out.String())
-			}
-		})
-		if exited != nil {
-			t.Fatalf("%v, args %v\n%s%s", exited, args, out.String(), errOut.String())
-		}
+		testwait.Until(t, 20*time.Second, "serve is up", func() bool { return servingOn.MatchString(out.String()) })
 		httpPort, _ = strconv.Atoi(servingOn.FindStringSubmatch(out.String())[1])
 		for _, p := range listeningPorts(t) {
 			if !slices.Contains(before, p) {
 				ports = append(ports, p)
 			}
 		}
-		// serve ends on SIGTERM/SIGINT or when its context is done.
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Fatal("serve did not stop")
+		if err := stop(); err != nil {
+			t.Fatalf("serve %v: %v\n%s", args, err, out.String())
 		}
-		return ports, httpPort, out.String() + errOut.String()
+		return ports, httpPort, out.String()
 	}
 
 	ports, httpPort, log := opened()

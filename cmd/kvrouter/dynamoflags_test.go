@@ -2,15 +2,21 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 // flagValues is every flag's value but the aliases', which only mirror
@@ -221,5 +227,40 @@ func TestVersionFlagAndCommand(t *testing.T) {
 	}
 	if got := describeVersion("dev", nil, "go1.99"); !strings.HasPrefix(got, "kvrouter dev go1.99") {
 		t.Errorf("no build info: %q", got)
+	}
+}
+
+// up starts its engines and its router with one block size: Dynamo's
+// --kv-cache-block-size sets it as --block-size does, and the two may not
+// disagree.
+func TestUpBlockSizeByEitherName(t *testing.T) {
+	t.Setenv("NATS_SERVER", "")
+	out, stop := startCmd(t, "up", "--http-port", "0", "--workers", "1", "--kv-cache-block-size", "32", "--block-size", "16")
+	testwait.Until(t, 20*time.Second, "up has started or failed", func() bool {
+		return strings.Contains(out.String(), "kvrouter up:") || strings.Contains(out.String(), "Error:")
+	})
+	if err := stop(); err == nil || !strings.Contains(err.Error(), "--kv-cache-block-size 32 and --block-size 16 differ") {
+		t.Errorf("conflicting block sizes: %v\n%s", err, out.String())
+	}
+
+	out, stop = startCmd(t, "up", "--http-port", "0", "--workers", "1", "--kv-cache-block-size", "32")
+	models := regexp.MustCompile(`requests to (http://\S+) `)
+	testwait.Until(t, 20*time.Second, "up is serving", func() bool { return models.MatchString(out.String()) })
+	url := models.FindStringSubmatch(out.String())[1]
+	// 40 token ids: one full block of 32, where 16-token blocks would make two.
+	body := `{"model": "kvrouter-mock", "tokens": [` + strings.TrimSuffix(strings.Repeat("7, ", 40), ", ") + `]}`
+	resp, err := http.Post(url+"/router/best_worker", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		PromptBlocks int `json:"prompt_blocks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || got.PromptBlocks != 1 {
+		t.Errorf("--kv-cache-block-size 32: a 40-token prompt has %d blocks (%v), want 1", got.PromptBlocks, err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("up: %v\n%s", err, out.String())
 	}
 }

@@ -71,10 +71,19 @@ var dynamoEnvAliases = []envAlias{
 	{env: "DYN_TLS_KEY_PATH", flag: "tls-key-file"},
 }
 
+// offByNone are the flags whose 0 switches a check off, which Dynamo
+// spells None.
+var offByNone = []string{"active-decode-blocks-threshold", "active-prefill-tokens-threshold"}
+
 // registerDynamoAliases adds Dynamo's spellings of the flags fs has,
 // after they are registered. They stay out of --help; pflag's deprecation
 // notice names kvrouter's flag on every use.
 func registerDynamoAliases(fs *pflag.FlagSet) {
+	for _, name := range offByNone {
+		if fl := fs.Lookup(name); fl != nil {
+			fl.Value = noneMeansOff{fl.Value}
+		}
+	}
 	for _, a := range dynamoFlagAliases {
 		target := fs.Lookup(a.target)
 		if target == nil {
@@ -124,6 +133,16 @@ func (v *aliasValue) String() string {
 }
 
 func (v *aliasValue) Type() string { return v.target.Value.Type() }
+
+// noneMeansOff takes Dynamo's None (or null) for 0, off.
+type noneMeansOff struct{ pflag.Value }
+
+func (v noneMeansOff) Set(s string) error {
+	if t := strings.TrimSpace(s); strings.EqualFold(t, "none") || strings.EqualFold(t, "null") {
+		s = "0"
+	}
+	return v.Value.Set(s)
+}
 
 // parseDynamoBool reads a boolean as Dynamo's environment does (true, 1,
 // yes, on) and also their opposites; anything else is an error rather

@@ -121,6 +121,23 @@ func TestDynamoBooleanAliasesWithoutValue(t *testing.T) {
 	}
 }
 
+// Dynamo switches a busy threshold off with None, kvrouter with 0.
+func TestThresholdNoneIsOff(t *testing.T) {
+	cmd, _, err := parsedCmd(t, newServeCmd, "--active-decode-blocks-threshold", "0.5", "--active-decode-blocks-threshold", "None")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := applyEnvFrom(cmd.Flags(), lookupIn(map[string]string{"DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": "none"}), &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if v := flagValues(cmd.Flags()); v["active-decode-blocks-threshold"] != "0" || v["active-prefill-tokens-threshold"] != "0" {
+		t.Errorf("None: %v", v)
+	}
+	if _, _, err := parsedCmd(t, newServeCmd, "--active-decode-blocks-threshold", "Nothing"); err == nil {
+		t.Error("--active-decode-blocks-threshold Nothing accepted")
+	}
+}
+
 func TestUnknownSpellingsFail(t *testing.T) {
 	for _, args := range [][]string{
 		{"--router_mode", "kv"}, {"--kv-overlap-weight", "1"}, {"--router-kv-event"},

@@ -9,7 +9,9 @@ func newRootCmd() *cobra.Command {
 		Long: `kvrouter routes LLM requests to the engine (vLLM, SGLang, simulator) that
 already caches the most of their prompt, balanced against each engine's load.`,
 		SilenceUsage: true,
+		Version:      versionString(), // --version, as "kvrouter version" prints it
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	addCommands(root)
 	return root
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,7 +50,6 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.scale, "router-prefill-load-scale", f.scale, "weight of prompt-side load against decode blocks (Dynamo's default: 1)")
 	fs.Float64Var(&f.affinity, "router-cache-affinity", f.affinity, "extra blocks of cost credited per cached prefix block (the KV memory and later turns a reuse saves); 0 = Dynamo's cost")
 	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
-	fs.Float64Var(&f.weight, "kv-overlap-score-weight", -1, "deprecated alias of --router-kv-overlap-score-weight")
 	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
 	fs.BoolVar(&f.noKVEvents, "no-router-kv-events", false, "ignore KV events and predict caches from routing decisions (approximate mode)")
 	fs.Float64Var(&f.ttlSecs, "router-ttl-secs", f.ttlSecs, "approximate mode: seconds a routed prefix is assumed cached")
@@ -77,31 +78,54 @@ func modeNames() string {
 	return strings.Join(names, ", ")
 }
 
-// envAliases maps environment variables Dynamo reads under other names.
+// envAliases maps environment variables other tools read for the same
+// setting; Dynamo's own other names are in dynamoflags.go.
 var envAliases = map[string]string{
-	"DYN_OVERLAP_SCORE_WEIGHT": "router-kv-overlap-score-weight",
-	"VLLM_API_KEY":             "api-key",
+	"VLLM_API_KEY": "api-key",
 }
 
 // applyEnv fills every flag the command line left unset from DYN_<FLAG>
 // (upper case, dashes as underscores: --router-temperature is
-// DYN_ROUTER_TEMPERATURE), as Dynamo does.
+// DYN_ROUTER_TEMPERATURE), as Dynamo does, then from the other names
+// Dynamo, vLLM and NATS read.
 func applyEnv(fs *pflag.FlagSet) error {
+	return applyEnvFrom(fs, os.LookupEnv, os.Stderr)
+}
+
+func applyEnvFrom(fs *pflag.FlagSet, lookup func(string) (string, bool), warnings io.Writer) error {
 	var err error
 	set := func(name, env string) {
 		fl := fs.Lookup(name)
 		if fl == nil || fl.Changed || err != nil {
 			return
 		}
-		if v, ok := os.LookupEnv(env); ok {
-			if e := fs.Set(name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", env, v, e)
+		v, ok := lookup(env)
+		if !ok {
+			return
+		}
+		if fl.Value.Type() == "bool" {
+			b, e := parseDynamoBool(v)
+			if e != nil {
+				err = fmt.Errorf("%s: %w", env, e)
+				return
 			}
+			v = strconv.FormatBool(b)
+		}
+		if e := fs.Set(name, v); e != nil {
+			err = fmt.Errorf("%s=%q: %w", env, v, e)
 		}
 	}
 	fs.VisitAll(func(fl *pflag.Flag) {
-		set(fl.Name, "DYN_"+strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_")))
+		if fl.Deprecated == "" {
+			set(fl.Name, envName(fl.Name))
+		}
 	})
+	if err != nil {
+		return err
+	}
+	if err := applyDynamoEnv(fs, lookup, warnings); err != nil {
+		return err
+	}
 	for env, name := range envAliases {
 		set(name, env)
 	}
@@ -153,7 +177,7 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	if cfg.QueuePolicy, err = sched.ParseQueuePolicy(f.queuePolicy); err != nil {
 		return cfg, err
 	}
-	if fs.Changed("kv-overlap-score-weight") || fs.Changed("router-kv-overlap-score-weight") || f.weight >= 0 {
+	if fs.Changed("router-kv-overlap-score-weight") || f.weight >= 0 {
 		warn(sched.LegacyWeightWarning)
 	}
 	return cfg, nil

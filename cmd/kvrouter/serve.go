@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/internal/serve"
 )
@@ -62,7 +63,8 @@ http://HOST:PORT/kv_events/dump; vLLM has none).
 Engines also join through NATS discovery: run "kvrouter agent" next to each
 one with the same --nats-url and --namespace. Without --nats-url (or
 NATS_SERVER), serve starts an embedded NATS server on --nats-host:--nats-port
-for the agents to join; beyond 127.0.0.1 it requires --nats-token (or a token
+for the agents to join, unless it has --worker engines and no NATS or plane
+flag (then it runs without NATS); beyond 127.0.0.1 it requires --nats-token (or a token
 it generates into <nats-store-dir>/nats-token). Every flag can also be set as DYN_<FLAG>, e.g.
 DYN_ROUTER_TEMPERATURE=0.5.`,
 		Args: cobra.NoArgs,
@@ -89,21 +91,30 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			signalled, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			nc, natsURL, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
-			if err != nil {
-				return err
+			var plane *serve.Plane
+			natsURL := ""
+			if wantsPlane(cmd.Flags(), pf.natsURL, workers) {
+				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
+				if err != nil {
+					return err
+				}
+				defer closeNATS()
+				plane, natsURL = pf.plane(nc), url
 			}
-			defer closeNATS()
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, HTTP: lf.httpLimits()})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
 			if len(workers) > 0 {
 				printWorkers(cmd.OutOrStdout(), workers)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, natsURL, pf.namespace)
+			if plane != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, natsURL, pf.namespace)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode)
+			}
 			<-signalled.Done()
 			stop() // a second signal ends the process at once
 			return s.Shutdown(shutdownTimeout)
@@ -120,7 +131,25 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
+	registerDynamoAliases(fs)
 	return cmd
+}
+
+// wantsPlane tells whether serve needs NATS: for engines to join through
+// discovery when none is given, or because a NATS or plane flag (or its
+// variable) was set. Static engines alone need no embedded server that
+// nothing would connect to, holding port 4222 and a JetStream directory.
+func wantsPlane(fs *pflag.FlagSet, natsURL string, workers []serve.WorkerSpec) bool {
+	if len(workers) == 0 || natsURL != "" {
+		return true
+	}
+	planeOnly := pflag.NewFlagSet("plane", pflag.ContinueOnError)
+	new(planeFlags).register(planeOnly, true, 0)
+	changed := false
+	planeOnly.VisitAll(func(fl *pflag.Flag) {
+		changed = changed || (fl.Name != "nats-url" && fs.Changed(fl.Name))
+	})
+	return changed
 }
 
 // loadWorkers reads the config file, then the --worker specs; ids default

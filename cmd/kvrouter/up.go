@@ -59,6 +59,14 @@ flags.`,
 				return err
 			}
 			lf.applyRouter(&rcfg)
+			// The router and the engines it starts share one block size,
+			// given by either name.
+			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
+				if fs.Changed("block-size") && rcfg.BlockSize != mock.Engine.BlockSize {
+					return fmt.Errorf("--kv-cache-block-size %d and --block-size %d differ: up's engines and router use one block size", rcfg.BlockSize, mock.Engine.BlockSize)
+				}
+				mock.Engine.BlockSize = rcfg.BlockSize
+			}
 			rcfg.BlockSize = mock.Engine.BlockSize
 			shutdownTimeout, err := hf.timeout()
 			if err != nil {
@@ -139,5 +147,6 @@ flags.`,
 	fs.StringVar(&mock.Server.Model, "model-name", mock.Server.Model, "model the engines serve")
 	fs.BoolVar(&verbose, "verbose", false, "log engines joining and leaving")
 	registerZMQMaxMessageBytes(fs, &mock.ZMQMaxMessageBytes)
+	registerDynamoAliases(fs)
 	return cmd
 }

@@ -12,8 +12,20 @@ import (
 var version = "dev"
 
 func versionString() string {
-	rev, dirty := "", false
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	bi, _ := debug.ReadBuildInfo()
+	return describeVersion(version, bi, runtime.Version())
+}
+
+// describeVersion names the build: the linked-in version, else the module
+// version "go install ...@v1.2.3" records, followed by the commit it was
+// built from (with -dirty for uncommitted changes) when the build
+// recorded it, and the Go release.
+func describeVersion(linked string, bi *debug.BuildInfo, goVersion string) string {
+	v, rev, dirty := linked, "", false
+	if bi != nil {
+		if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -23,7 +35,6 @@ func versionString() string {
 			}
 		}
 	}
-	v := version
 	if rev != "" {
 		if len(rev) > 12 {
 			rev = rev[:12]
@@ -34,7 +45,7 @@ func versionString() string {
 		}
 		v += ")"
 	}
-	return fmt.Sprintf("kvrouter %s %s %s/%s", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return fmt.Sprintf("kvrouter %s %s %s/%s", v, goVersion, runtime.GOOS, runtime.GOARCH)
 }
 
 func newVersionCmd() *cobra.Command {

@@ -36,36 +36,51 @@ import (
 	"github.com/kvrouter/kvrouter/internal/trace"
 )
 
-// Config sets up a replay. Zero values take the defaults noted.
+// Config sets up a replay. Zero values take DefaultConfig's.
 type Config struct {
-	Workers        int    // simulated engines (4)
-	CapacityBlocks int    // blocks each engine caches (16384)
-	BlockSize      int    // tokens per KV block (16)
-	InFlight       int    // requests active at once (32)
+	Workers        int    // simulated engines
+	CapacityBlocks int    // blocks each engine caches
+	BlockSize      int    // tokens per KV block
+	InFlight       int    // requests active at once
 	Seed           uint64 // engine block ids and the router's tie-breaks
 
-	PrefillTokensPerSec float64       // an engine's prefill rate (10,000)
-	DecodeTokenTime     time.Duration // time per output token (20 ms)
+	PrefillTokensPerSec float64       // an engine's prefill rate
+	DecodeTokenTime     time.Duration // time per output token
+}
+
+// DefaultConfig is the fleet of docs/benchmarks.md's trace replay (8
+// engines of 131,072 blocks: a conversation's history is still cached when
+// it comes back, about 100 s later), loaded by 64 requests at once (8 per
+// engine), enough that queueing behind uncached prefills shows in TTFT.
+// With caches that evict a conversation before its next turn every mode
+// finds only the shared system prompt, and the replay would show no
+// difference between routing policies.
+func DefaultConfig() Config {
+	return Config{
+		Workers: 8, CapacityBlocks: 131072, BlockSize: 16, InFlight: 64, Seed: 1,
+		PrefillTokensPerSec: 10000, DecodeTokenTime: 20 * time.Millisecond,
+	}
 }
 
 func (c *Config) defaults() error {
+	d := DefaultConfig()
 	if c.Workers == 0 {
-		c.Workers = 4
+		c.Workers = d.Workers
 	}
 	if c.CapacityBlocks == 0 {
-		c.CapacityBlocks = 16384
+		c.CapacityBlocks = d.CapacityBlocks
 	}
 	if c.BlockSize == 0 {
-		c.BlockSize = 16
+		c.BlockSize = d.BlockSize
 	}
 	if c.InFlight == 0 {
-		c.InFlight = 32
+		c.InFlight = d.InFlight
 	}
 	if c.PrefillTokensPerSec == 0 {
-		c.PrefillTokensPerSec = 10000
+		c.PrefillTokensPerSec = d.PrefillTokensPerSec
 	}
 	if c.DecodeTokenTime == 0 {
-		c.DecodeTokenTime = 20 * time.Millisecond
+		c.DecodeTokenTime = d.DecodeTokenTime
 	}
 	if c.Workers < 1 || c.CapacityBlocks < 1 || c.BlockSize < 1 || c.InFlight < 1 || c.PrefillTokensPerSec <= 0 || c.DecodeTokenTime < 0 {
 		return fmt.Errorf("demo: workers, capacity, block size, in-flight and prefill rate must be positive")

@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -114,5 +116,66 @@ func TestCancelled(t *testing.T) {
 	_, err := Run(ctx, Config{}, SyntheticWorkload(100, 16, 1), sched.ModeKV)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}
+
+// conversationTrace is shaped like the Mooncake conversation trace: every
+// prompt starts with the shared block 0, a conversation's next turn repeats
+// its whole previous prompt and adds a little, and a conversation comes back
+// only after many other conversations' turns, each bringing a long new
+// document of its own.
+func conversationTrace(n int, seed uint64) *trace.Trace {
+	rng := rand.New(rand.NewPCG(seed, 0xc0))
+	next := uint64(1)
+	fresh := func(k int) []uint64 {
+		ids := make([]uint64, k)
+		for i := range ids {
+			ids[i], next = next, next+1
+		}
+		return ids
+	}
+	const active = 160
+	newConv := func() []uint64 { return append([]uint64{0}, fresh(10+rng.IntN(8))...) }
+	convs := make([][]uint64, active)
+	turnsLeft := make([]int, active)
+	for i := range convs {
+		convs[i], turnsLeft[i] = newConv(), 2+rng.IntN(4)
+	}
+	tr := &trace.Trace{}
+	for range n {
+		k := rng.IntN(active)
+		ids := slices.Clone(convs[k])
+		tr.Requests = append(tr.Requests, trace.Request{
+			InputLength: len(ids)*trace.BlockTokens - rng.IntN(trace.BlockTokens), OutputLength: 100 + rng.IntN(400), HashIDs: ids,
+		})
+		convs[k] = append(ids, fresh(1+rng.IntN(2))...)
+		if turnsLeft[k]--; turnsLeft[k] == 0 {
+			convs[k], turnsLeft[k] = newConv(), 2+rng.IntN(4)
+		}
+	}
+	return tr
+}
+
+// With the demo's defaults a trace of returning conversations shows what
+// the full replay shows: kv routing keeps nearly all the reuse one
+// unlimited cache would find, round-robin a fraction, and kv's time to
+// first token is lower.
+func TestDefaultsShowKVRoutingOnConversations(t *testing.T) {
+	wl := TraceWorkload("conversations", conversationTrace(800, 1), 0, DefaultConfig().BlockSize)
+	res, err := Compare(context.Background(), Config{}, wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvr, rr, ceiling := res[0], res[1], wl.HitCeiling()
+	t.Logf("ceiling %.3f; kv hit %.3f TTFT %v/%v; round-robin hit %.3f TTFT %v/%v",
+		ceiling, kvr.HitRate, kvr.TTFTMean, kvr.TTFTP99, rr.HitRate, rr.TTFTMean, rr.TTFTP99)
+	if kvr.HitRate < 0.85*ceiling {
+		t.Errorf("kv hit rate %.3f is below 85 %% of the ceiling %.3f", kvr.HitRate, ceiling)
+	}
+	if kvr.HitRate < rr.HitRate+0.25 {
+		t.Errorf("kv hit rate %.3f does not beat round-robin's %.3f by 0.25", kvr.HitRate, rr.HitRate)
+	}
+	if kvr.TTFTMean >= rr.TTFTMean {
+		t.Errorf("kv mean TTFT %v is not below round-robin's %v", kvr.TTFTMean, rr.TTFTMean)
 	}
 }

@@ -673,8 +673,12 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 		d.add("block_size", Fail, fmt.Sprintf("events carry several block sizes %v", keys),
 			"give every engine and rank the same --block-size (SGLang: --page-size)")
 	case d.cfg.BlockSize > 0 && keys[0] != d.cfg.BlockSize:
-		d.add("block_size", Fail, fmt.Sprintf("events carry %d-token blocks, the router uses %d: it would drop every block (kvrouter_kv_blocks_skipped_total{reason=\"mis_sized\"})%s", keys[0], d.cfg.BlockSize, note),
-			fmt.Sprintf("start serve with --kv-cache-block-size %d, or the engine with --block-size %d (SGLang: --page-size %d)", keys[0], d.cfg.BlockSize, d.cfg.BlockSize))
+		// The router learns the engine's size from these events and
+		// matches it with hashes of that size: routing stays exact, each
+		// request is hashed once more per extra size, and overlap is
+		// counted in whole router blocks.
+		d.add("block_size", Warn, fmt.Sprintf("events carry %d-token blocks, the router uses %d: it will learn the engine's size and hash requests once more for it (kvrouter_worker_block_size_mismatch)%s", keys[0], d.cfg.BlockSize, note),
+			fmt.Sprintf("for one hash per request, start serve with --kv-cache-block-size %d, or the engine with --block-size %d (SGLang: --page-size %d)", keys[0], d.cfg.BlockSize, d.cfg.BlockSize))
 	case d.cfg.BlockSize > 0:
 		d.add("block_size", OK, fmt.Sprintf("events carry %d-token blocks, as the router's --kv-cache-block-size%s", keys[0], note), "")
 	default:

@@ -241,7 +241,7 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 			says: []string{"did not answer", `"replay_endpoint"`}},
 		{name: "no replay endpoint", fake: fakeEngine{}, probe: true, edit: func(e *Engine) { e.Replay = "" }, check: "replay", want: Warn,
 			says: []string{"no replay endpoint", "replay=tcp://"}},
-		{name: "wrong block size", fake: fakeEngine{blockSize: 32}, probe: true, check: "block_size", want: Fail,
+		{name: "another block size", fake: fakeEngine{blockSize: 32}, probe: true, check: "block_size", want: Warn,
 			says: []string{"32-token blocks, the router uses 16", "--kv-cache-block-size 32", "--block-size 16", "--page-size 16"}},
 		{name: "token ids that do not fill the blocks", fake: fakeEngine{tokenShortfall: 5}, probe: true, check: "block_size", want: Fail,
 			says: []string{"2 blocks of 16 tokens with 27 token ids"}},

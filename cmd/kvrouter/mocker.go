@@ -88,7 +88,7 @@ plane, as if a "kvrouter agent" ran next to it: routers started with
 					// Unique across mocker processes sharing one NATS.
 					workers[i].ID = max(1, xxh3.HashString(workers[i].URL)>>1)
 				}
-				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, cfg.ZMQMaxMessageBytes, log)
+				stopAgents, err := startAgents(ctx, nc, &pf, workers, cfg.Engine.BlockSize, cfg.ZMQMaxMessageBytes, 0, log)
 				if err != nil {
 					f.Close()
 					return err

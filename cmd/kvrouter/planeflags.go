@@ -162,7 +162,7 @@ func (p *planeFlags) plane(nc *nats.Conn) *serve.Plane {
 // startAgents puts every engine of a simulated fleet on the plane, one
 // in-process agent each, as "kvrouter agent" would from outside. stop
 // deregisters them; calling it again does nothing.
-func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []serve.WorkerSpec, blockSize int, zmqMaxMessageBytes int64, log *slog.Logger) (stop func(), err error) {
+func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []serve.WorkerSpec, blockSize int, zmqMaxMessageBytes int64, silenceProbe time.Duration, log *slog.Logger) (stop func(), err error) {
 	var (
 		agents []*agent.Agent
 		once   sync.Once
@@ -176,7 +176,7 @@ func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []s
 	}
 	for _, w := range workers {
 		a, err := agent.Start(ctx, nc, agent.Config{
-			Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log, ZMQMaxMessageBytes: zmqMaxMessageBytes,
+			Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log, ZMQMaxMessageBytes: zmqMaxMessageBytes, SilenceProbe: silenceProbe,
 			Instance: natsplane.Instance{
 				WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: blockSize,
 				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens,

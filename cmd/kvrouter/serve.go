@@ -24,6 +24,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
 		lf         limitFlags
+		hard       hardeningFlags
 		pf         planeFlags
 		hf         httpFlags
 		host       string
@@ -81,6 +82,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			lf.applyRouter(&rcfg)
+			if err := hard.validate(); err != nil {
+				return err
+			}
+			rcfg.RecoveryWindow = hard.recoveryWindow
 			workers, err := loadWorkers(configPath, specs)
 			if err != nil {
 				return err
@@ -103,7 +108,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, HTTP: lf.httpLimits()})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -124,6 +129,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	lf.register(fs)
+	hard.register(fs)
 	pf.register(fs, true, 4222)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")

@@ -24,6 +24,7 @@ func newUpCmd() *cobra.Command {
 		lf      limitFlags
 		pf      planeFlags
 		hf      httpFlags
+		hard    hardeningFlags
 		mock    = fleet.DefaultConfig()
 		host    string
 		port    int
@@ -59,6 +60,10 @@ flags.`,
 				return err
 			}
 			lf.applyRouter(&rcfg)
+			if err := hard.validate(); err != nil {
+				return err
+			}
+			rcfg.RecoveryWindow = hard.recoveryWindow
 			// The router and the engines it starts share one block size,
 			// given by either name.
 			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
@@ -92,12 +97,12 @@ flags.`,
 			}
 			defer closeNATS()
 			workers := serve.FleetWorkers(engines, mock)
-			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, mock.ZMQMaxMessageBytes, log)
+			stopAgents, err := startAgents(ctx, nc, &pf, workers, mock.Engine.BlockSize, mock.ZMQMaxMessageBytes, hard.silenceProbeConfig(), log)
 			if err != nil {
 				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, HTTP: lf.httpLimits()})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, HTTP: lf.httpLimits()})
 			if err != nil {
 				return err
 			}
@@ -133,6 +138,7 @@ flags.`,
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	lf.register(fs)
+	hard.register(fs)
 	pf.register(fs, true, 0)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")

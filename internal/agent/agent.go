@@ -45,6 +45,8 @@ type Config struct {
 	// ZMQMaxMessageBytes bounds one ZMQ message from the engine (see
 	// enginesource.Config.MaxMessageBytes); 0 means the default.
 	ZMQMaxMessageBytes int64
+	// SilenceProbe is enginesource.Config.SilenceProbe.
+	SilenceProbe time.Duration
 }
 
 // Agent is a running sidecar.
@@ -113,7 +115,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 			}
 			src, err := enginesource.Start(ctx, enginesource.Config{
 				Worker: kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, Events: events, Replay: replay, Logger: cfg.Logger,
-				MaxMessageBytes: cfg.ZMQMaxMessageBytes,
+				MaxMessageBytes: cfg.ZMQMaxMessageBytes, SilenceProbe: cfg.SilenceProbe,
 			}, a)
 			if err != nil {
 				a.Close()

@@ -67,6 +67,10 @@ type Config struct {
 	// ZMQMaxMessageBytes bounds one ZMQ message from an engine (see
 	// enginesource.Config.MaxMessageBytes); 0 means the default.
 	ZMQMaxMessageBytes int64
+	// SilenceProbe is enginesource.Config.SilenceProbe for every engine.
+	SilenceProbe time.Duration
+	// MaxBookings is frontend.Config.MaxBookings.
+	MaxBookings int
 	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
 	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
@@ -175,8 +179,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
-		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes,
-		AfterBurst:           newReclaimer(10 * time.Second).request,
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
+		AfterBurst: newReclaimer(10 * time.Second).request,
 	})
 	if err != nil {
 		return nil, err
@@ -390,7 +394,7 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 			if spec.Dump != "" {
 				dump = spec.Dump + "?dp_rank=" + strconv.Itoa(rank)
 			}
-			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Dump: dump, Logger: s.log, MaxMessageBytes: s.cfg.ZMQMaxMessageBytes}, s.router)
+			src, err := enginesource.Start(ctx, enginesource.Config{Worker: kv.Worker{ID: spec.ID, DPRank: uint32(rank)}, Events: events, Replay: replay, Dump: dump, Logger: s.log, MaxMessageBytes: s.cfg.ZMQMaxMessageBytes, SilenceProbe: s.cfg.SilenceProbe}, s.router)
 			if err != nil {
 				for _, src := range sources {
 					_ = src.Close()

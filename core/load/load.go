@@ -363,7 +363,7 @@ type Tracker struct {
 	slots     []slot
 	freeSlots []int32
 	root      *node   // the empty chain; its children start at block 0
-	freeNodes []*node // recycled with their buffers, so booking rarely allocates
+	freeNodes []*node // recycled with their buffers (up to maxRecycledRun), so booking rarely allocates
 	blocks    int     // distinct blocks in the trie: Stats.Blocks
 	requests  map[string]*request
 	lastScan  time.Time

@@ -27,8 +27,12 @@ flags with --serve-arg), then sends it --sessions completions opening a
 session with an id of --id-bytes and a timeout of 1e9 s, --models POST
 /busy_threshold with model names of --id-bytes, and --prompt-clients
 concurrent text prompts of --prompt-bytes. It reads the process's VmRSS from
-/proc before (idle), throughout (peak), when the probes are done and
---settle later, and reports how the probes were answered.`,
+/proc before (idle), after one ordinary completion (warm idle), throughout
+(peak), when the probes are done and --settle later, and reports how the
+probes were answered. At each point the RSS is split into anonymous,
+file-backed and shared pages, next to the Go heap from the process's
+/metrics (in MB; the peak has no heap figures), so that what is held is
+visible.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Binary == "" {
@@ -47,6 +51,15 @@ concurrent text prompts of --prompt-bytes. It reads the process's VmRSS from
 				fmt.Fprintf(tw, "RSS after the probes\t%.0f MB\n", res.AfterProbesMB)
 				fmt.Fprintf(tw, "RSS %v later\t%.0f MB\n", cfg.Settle, res.SettledMB)
 				fmt.Fprintf(tw, "back within 20 %% of idle after\t%.0f s (-1: not within %v)\n", res.BackWithinS, cfg.Settle)
+				fmt.Fprintf(tw, "back within 20 %% of warm idle after\t%.0f s\n", res.BackWithinWarmS)
+				fmt.Fprintln(tw, "\tRSS\tanon\tfile\tshmem\theap in use\theap idle\theap released\tstacks\tgoroutines")
+				for _, row := range []struct {
+					name string
+					m    bench.MemorySample
+				}{{"idle", res.Idle}, {"warm idle", res.WarmIdle}, {"peak", res.Peak}, {"after the probes", res.AfterProbes}, {fmt.Sprint(cfg.Settle, " later"), res.Settled}} {
+					m := row.m
+					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", row.name, m.RSSMB, m.AnonMB, m.FileMB, m.ShmemMB, m.HeapInuseMB, m.HeapIdleMB, m.HeapReleasedMB, m.StacksMB, m.Goroutines)
+				}
 				fmt.Fprintf(tw, "GET /busy_threshold\t%d bytes\n", res.ListBytes)
 				for _, p := range []string{"sessions", "busy_threshold", "prompts"} {
 					fmt.Fprintf(tw, "answers to %s\t%s\n", p, res.Statuses[p])

@@ -363,7 +363,7 @@ type Tracker struct {
 	slots     []slot
 	freeSlots []int32
 	root      *node   // the empty chain; its children start at block 0
-	freeNodes []*node // recycled with their buffers, so booking rarely allocates
+	freeNodes []*node // recycled with their buffers (up to maxRecycledRun), so booking rarely allocates
 	blocks    int     // distinct blocks in the trie: Stats.Blocks
 	requests  map[string]*request
 	lastScan  time.Time
@@ -826,12 +826,20 @@ func (t *Tracker) unbook(end *node, si int32) {
 // still do.
 func (t *Tracker) split(n *node, m int) *node {
 	u := t.newNode()
-	u.run = append(u.run, n.run[:m]...)
+	if cap(n.run) <= maxRecycledRun {
+		u.run = append(u.run, n.run[:m]...)
+		n.run = n.run[m:]
+	} else {
+		// A long buffer stays whole with u and n gets a copy of the rest:
+		// n keeping a slice into its middle would pin all of it, whatever
+		// its cap says, past recycle's bound.
+		tail := append(u.run[:0], n.run[m:]...)
+		u.run, n.run = n.run[:m], tail
+	}
 	u.holders = append(u.holders, n.holders...)
 	u.total = n.total
 	u.parent = n.parent
-	u.parent.kids.replace(n.run[0], u)
-	n.run = n.run[m:]
+	u.parent.kids.replace(u.run[0], u)
 	n.parent = u
 	u.kids.put(n.run[0], n)
 	return u
@@ -857,8 +865,16 @@ func (t *Tracker) newNode() *node {
 	return new(node)
 }
 
+// maxRecycledRun is the longest run buffer a recycled node keeps, in
+// blocks: enough for a 16 K-token prompt. A longer one is a rare prompt's,
+// and keeping it would hold that prompt's memory for good.
+const maxRecycledRun = 1024
+
 func (t *Tracker) recycle(n *node) {
 	n.run = n.run[:0]
+	if cap(n.run) > maxRecycledRun {
+		n.run = nil
+	}
 	n.holders = n.holders[:0]
 	n.kids.reset()
 	n.parent = nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -989,4 +990,41 @@ func TestTrieAgainstModel(t *testing.T) {
 	if len(tr.freeNodes) == 0 {
 		t.Fatal("no node was ever recycled")
 	}
+}
+
+// TestFreedLongPromptLeavesNoBuffer: the nodes kept for reuse after a
+// request ends must not keep the buffer of a huge prompt, or one burst of
+// long prompts holds its memory for the life of the router.
+func TestFreedLongPromptLeavesNoBuffer(t *testing.T) {
+	tr := New(DefaultConfig())
+	const blocks = 1 << 20 // a 16 Mi-token prompt: 8 MiB of hashes
+	prompt := seqOf(0, blocks)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	mustAdd(t, tr, Request{ID: "short", Worker: w1, Blocks: seqOf(1<<40, 8), ISL: 128})
+	tr.Free("short")
+	before := heap()
+	for i := range 4 {
+		// Sharing a prefix splits the first chain's node, so both the
+		// node it was booked as and the nodes split off it are recycled.
+		mustAdd(t, tr, Request{ID: fmt.Sprint("long", i), Worker: w1, Blocks: prompt[:blocks-i], ISL: 16 * (blocks - i)})
+	}
+	for i := range 4 {
+		tr.Free(fmt.Sprint("long", i))
+	}
+	prompt = nil
+	if grown := int64(heap()) - int64(before); grown > 1<<20 {
+		t.Fatalf("the tracker keeps %d KiB after the long prompts were freed, want < 1 MiB", grown>>10)
+	}
+	if st := tr.Stats(); st.Blocks != 0 || st.Active != 0 {
+		t.Fatalf("Stats = %+v", st)
+	}
+	// The recycled nodes still serve ordinary prompts.
+	mustAdd(t, tr, Request{ID: "after", Worker: w1, Blocks: seqOf(0, 512), ISL: 8192})
+	wantLoad(t, tr, w1, WorkerLoad{ActiveDecodeBlocks: 512, ActivePrefillTokens: 8192, ActiveRequests: 1})
+	runtime.KeepAlive(tr)
 }

@@ -701,8 +701,19 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 
 var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
 
+// maxPooledBlocks is the longest hash buffer a pooled prepared keeps: a
+// 64 K-token prompt's. A longer one is a rare prompt's; pooled, it would
+// be handed from request to request and never collected.
+const maxPooledBlocks = 4096
+
 func release(p *prepared) {
 	p.req = nil
+	if cap(p.local) > maxPooledBlocks {
+		p.local = nil
+	}
+	if cap(p.seq) > maxPooledBlocks {
+		p.seq = nil
+	}
 	preparedPool.Put(p)
 }
 

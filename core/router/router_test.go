@@ -500,3 +500,25 @@ func TestExcludedWorkersAreNeverChosen(t *testing.T) {
 		t.Fatalf("every worker excluded: err %v, want ErrNoWorkers", err)
 	}
 }
+
+// TestReleaseDropsLongPromptBuffers: the pooled hash buffers of an ordinary
+// prompt are kept for the next request, a huge prompt's are not.
+func TestReleaseDropsLongPromptBuffers(t *testing.T) {
+	r, _ := newRouter(t, 1, nil)
+	for _, tc := range []struct {
+		blocks int
+		kept   bool
+	}{{512, true}, {maxPooledBlocks + 1, false}} {
+		p, err := r.prepare(&Request{Tokens: make([]uint32, tc.blocks*bs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.seq) != tc.blocks {
+			t.Fatalf("%d blocks hashed, want %d", len(p.seq), tc.blocks)
+		}
+		release(p)
+		if kept := p.local != nil && p.seq != nil; kept != tc.kept {
+			t.Errorf("%d-block prompt: buffers kept = %v, want %v", tc.blocks, kept, tc.kept)
+		}
+	}
+}

@@ -16,6 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	promModel "github.com/prometheus/common/model"
+	"github.com/prometheus/procfs"
+
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
@@ -45,13 +49,41 @@ func DefaultMemoryConfig() MemoryConfig {
 // MemoryResult is the serve process's resident memory (VmRSS) through the
 // probes, and what the probes were answered.
 type MemoryResult struct {
-	IdleMB        float64           `json:"idle_mb"`
-	PeakMB        float64           `json:"peak_mb"`
-	AfterProbesMB float64           `json:"after_probes_mb"` // when the last probe returned
-	SettledMB     float64           `json:"settled_mb"`      // Settle later
-	BackWithinS   float64           `json:"back_within_s"`   // seconds until RSS ≤ 1.2 × idle; -1 = not within Settle
-	ListBytes     int               `json:"busy_threshold_list_bytes"`
-	Statuses      map[string]string `json:"statuses"` // probe → "status×count ..."
+	IdleMB        float64 `json:"idle_mb"`
+	PeakMB        float64 `json:"peak_mb"`
+	AfterProbesMB float64 `json:"after_probes_mb"` // when the last probe returned
+	SettledMB     float64 `json:"settled_mb"`      // Settle later
+	BackWithinS   float64 `json:"back_within_s"`   // seconds until RSS ≤ 1.2 × idle; -1 = not within Settle
+	// BackWithinWarmS is BackWithinS against the warm idle: a router that
+	// has served one ordinary request has touched the code pages of its
+	// request path, which a freshly started one has not.
+	BackWithinWarmS float64           `json:"back_within_warm_s"`
+	ListBytes       int               `json:"busy_threshold_list_bytes"`
+	Statuses        map[string]string `json:"statuses"` // probe → "status×count ..."
+
+	// Where the memory is at each point: the breakdown of the RSS and the
+	// Go runtime's own account of its heap.
+	Idle        MemorySample `json:"idle"`
+	WarmIdle    MemorySample `json:"warm_idle"` // after one ordinary completion
+	Peak        MemorySample `json:"peak"`      // RSS breakdown only
+	AfterProbes MemorySample `json:"after_probes"`
+	Settled     MemorySample `json:"settled"`
+}
+
+// MemorySample is one reading of the serve process, in MB: its RSS split
+// into anonymous memory (heap, stacks), file-backed pages (the binary's
+// code and data) and shared memory, from /proc/<pid>/status, and the Go
+// heap as the process's /metrics reports it.
+type MemorySample struct {
+	RSSMB          float64 `json:"rss_mb"`
+	AnonMB         float64 `json:"rss_anon_mb"`
+	FileMB         float64 `json:"rss_file_mb"`
+	ShmemMB        float64 `json:"rss_shmem_mb"`
+	HeapInuseMB    float64 `json:"heap_inuse_mb"`
+	HeapIdleMB     float64 `json:"heap_idle_mb"`     // held by the runtime, unused...
+	HeapReleasedMB float64 `json:"heap_released_mb"` // ...of which returned to the OS
+	StacksMB       float64 `json:"stacks_mb"`
+	Goroutines     int     `json:"goroutines"`
 }
 
 // RunMemory runs the probes; progress lines go to progress.
@@ -94,16 +126,27 @@ func RunMemory(ctx context.Context, cfg MemoryConfig, progress io.Writer) (Memor
 	if err := waitHealthy(ctx, base, 30*time.Second); err != nil {
 		return MemoryResult{}, fmt.Errorf("%w (log: %s)", err, logFile.Name())
 	}
-	rss := func() float64 {
-		v, _ := vmRSS(cmd.Process.Pid)
-		return v
+	pid := cmd.Process.Pid
+	client := &http.Client{Timeout: 5 * time.Minute}
+	sample := func() MemorySample {
+		m := rssSample(pid)
+		m.addHeap(ctx, client, base)
+		return m
 	}
+	rss := func() float64 { return rssSample(pid).RSSMB }
 	var res MemoryResult
-	res.IdleMB = rss()
+	res.Idle = sample()
+	res.IdleMB = res.Idle.RSSMB
 	res.Statuses = map[string]string{}
-	fmt.Fprintf(progress, "idle: %.0f MB\n", res.IdleMB)
+	fmt.Fprintf(progress, "idle: %s\n", res.Idle)
+	res.Statuses["ordinary"] = probe(1, 1, func(int) (*http.Request, error) {
+		body, _ := json.Marshal(map[string]any{"model": fcfg.Server.Model, "prompt": "hello world", "max_tokens": 1})
+		return http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	}, client)
+	res.WarmIdle = sample()
+	fmt.Fprintf(progress, "warm idle (one ordinary completion, %s): %s\n", res.Statuses["ordinary"], res.WarmIdle)
 
-	peak := res.IdleMB
+	peak := res.Idle
 	var peakMu sync.Mutex
 	stopSampling := make(chan struct{})
 	sampled := make(chan struct{})
@@ -116,15 +159,16 @@ func RunMemory(ctx context.Context, cfg MemoryConfig, progress io.Writer) (Memor
 			case <-stopSampling:
 				return
 			case <-tick.C:
-				v := rss()
+				v := rssSample(pid)
 				peakMu.Lock()
-				peak = max(peak, v)
+				if v.RSSMB > peak.RSSMB {
+					peak = v
+				}
 				peakMu.Unlock()
 			}
 		}
 	}()
 
-	client := &http.Client{Timeout: 5 * time.Minute}
 	id := strings.Repeat("s", cfg.IDBytes)
 	res.Statuses["sessions"] = probe(cfg.Sessions, 8, func(i int) (*http.Request, error) {
 		body, _ := json.Marshal(map[string]any{"model": fcfg.Server.Model, "prompt": []int{1, 2, 3}, "max_tokens": 1,
@@ -147,10 +191,11 @@ func RunMemory(ctx context.Context, cfg MemoryConfig, progress io.Writer) (Memor
 		body, _ := json.Marshal(map[string]any{"model": fcfg.Server.Model, "prompt": strconv.Itoa(i) + prompt, "max_tokens": 1})
 		return http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 	}, client)
-	res.AfterProbesMB = rss()
-	fmt.Fprintf(progress, "prompts: %s, %.0f MB\n", res.Statuses["prompts"], res.AfterProbesMB)
+	res.AfterProbes = sample()
+	res.AfterProbesMB = res.AfterProbes.RSSMB
+	fmt.Fprintf(progress, "prompts: %s, %s\n", res.Statuses["prompts"], res.AfterProbes)
 
-	res.BackWithinS = -1
+	res.BackWithinS, res.BackWithinWarmS = -1, -1
 	start := time.Now()
 	deadline := time.NewTimer(cfg.Settle)
 	defer deadline.Stop()
@@ -164,15 +209,22 @@ settle:
 		case <-deadline.C:
 			break settle
 		case <-tick.C:
-			if v := rss(); res.BackWithinS < 0 && v <= 1.2*res.IdleMB {
+			v := rss()
+			if res.BackWithinS < 0 && v <= 1.2*res.Idle.RSSMB {
 				res.BackWithinS = time.Since(start).Seconds()
+			}
+			if res.BackWithinWarmS < 0 && v <= 1.2*res.WarmIdle.RSSMB {
+				res.BackWithinWarmS = time.Since(start).Seconds()
 			}
 		}
 	}
-	res.SettledMB = rss()
+	res.Settled = sample()
+	res.SettledMB = res.Settled.RSSMB
+	fmt.Fprintf(progress, "%v later: %s\n", cfg.Settle, res.Settled)
 	close(stopSampling)
 	<-sampled
-	res.PeakMB = peak
+	res.Peak = peak
+	res.PeakMB = peak.RSSMB
 	return res, nil
 }
 
@@ -235,17 +287,60 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// vmRSS reads a process's resident memory, in MB, from /proc.
-func vmRSS(pid int) (float64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+// rssSample reads a process's resident memory from /proc; zero if it
+// cannot be read (the process is gone).
+func rssSample(pid int) MemorySample {
+	var m MemorySample
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return 0, err
+		return m
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-			return kb / 1024, err
+	st, err := p.NewStatus()
+	if err != nil {
+		return m
+	}
+	m.RSSMB, m.AnonMB, m.FileMB, m.ShmemMB = mb(st.VmRSS), mb(st.RssAnon), mb(st.RssFile), mb(st.RssShmem)
+	return m
+}
+
+// addHeap adds the Go runtime's heap figures from the process's /metrics;
+// they stay zero if it does not answer.
+func (m *MemorySample) addHeap(ctx context.Context, client *http.Client, base string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(promModel.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return
+	}
+	value := func(name string) float64 {
+		f, ok := families[name]
+		if !ok || len(f.GetMetric()) == 0 {
+			return 0
 		}
+		met := f.GetMetric()[0]
+		if g := met.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return met.GetUntyped().GetValue()
 	}
-	return 0, errors.New("no VmRSS in /proc/" + strconv.Itoa(pid) + "/status")
+	m.HeapInuseMB = value("go_memstats_heap_inuse_bytes") / (1 << 20)
+	m.HeapIdleMB = value("go_memstats_heap_idle_bytes") / (1 << 20)
+	m.HeapReleasedMB = value("go_memstats_heap_released_bytes") / (1 << 20)
+	m.StacksMB = value("go_memstats_stack_inuse_bytes") / (1 << 20)
+	m.Goroutines = int(value("go_goroutines"))
+}
+
+func mb(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
+
+func (m MemorySample) String() string {
+	return fmt.Sprintf("RSS %.1f MB (anon %.1f, file %.1f, shmem %.1f); heap in use %.1f MB, idle %.1f, released %.1f; stacks %.1f MB, %d goroutines",
+		m.RSSMB, m.AnonMB, m.FileMB, m.ShmemMB, m.HeapInuseMB, m.HeapIdleMB, m.HeapReleasedMB, m.StacksMB, m.Goroutines)
 }

@@ -14,12 +14,13 @@ type Params struct {
 	OverlapCredit float64
 	// PrefillLoadScale weighs prompt work against decode blocks.
 	PrefillLoadScale float64
-	// CacheAffinity credits each cached prefix block with this many more
-	// blocks of cost, beyond the prefill it saves and without the clamp
-	// at 0: a reused prefix also spares the KV memory a second copy would
-	// take and the prefill of the conversation's later turns, which stay
-	// where their prefix is. It only applies while OverlapCredit > 0.
-	// Dynamo has no such term (0).
+	// CacheAffinity credits each block of prefill a worker's cache
+	// actually saves (its cached prefix less its extra queue, see Cost)
+	// with this many more blocks of cost, without the clamp at 0: a reused
+	// prefix also spares the KV memory a second copy would take and the
+	// prefill of the conversation's later turns, which stay where their
+	// prefix is. It only applies while OverlapCredit > 0. Dynamo has no
+	// such term (0).
 	CacheAffinity float64
 	// Temperature 0 picks the cheapest worker; above 0 it samples.
 	Temperature float64
@@ -54,22 +55,50 @@ func DefaultParams() Params {
 // whether the router needs a block index at all.
 func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 
-// Cost is the KV-mode cost of sending a request of isl prompt tokens to c:
+// Cost is the KV-mode cost of sending a request of isl prompt tokens to c,
+// given leastQueued, the fewest prompt tokens awaiting prefill on any
+// candidate (LeastQueued):
 //
-//	scale × max((active_prefill_tokens + isl)/block_size − credit × overlap, 0) + potential_decode_blocks
-//	− scale × affinity × overlap   (only while credit > 0)
+//	ttft    = max((active_prefill_tokens + isl)/block_size − credit × overlap, 0)
+//	saved   = credit × overlap − (active_prefill_tokens − leastQueued)/block_size
+//	cost    = scale × (ttft − affinity × max(saved, 0)) + potential_decode_blocks
 //
-// Prefill blocks are not rounded so that a partial block still separates
-// otherwise equal workers. The clamp at 0 keeps a large cache hit from
-// making a loaded worker look cheaper than an idle one by more than the
-// prompt itself is worth.
-func (p Params) Cost(c *Candidate, isl, blockSize int) float64 {
-	raw := float64(c.ActivePrefillTokens+isl) / float64(blockSize)
-	prefill := max(raw-p.OverlapCredit*float64(c.OverlapBlocks), 0)
+// ttft is the prompt work the request waits for there, in blocks. The clamp
+// at 0 keeps a large cache hit from making a loaded worker look cheaper
+// than an idle one by more than the prompt itself is worth. Prefill blocks
+// are not rounded so that a partial block still separates otherwise equal
+// workers.
+//
+// saved is the prefill the cache actually saves: the cached prefix, less
+// the extra queue the worker makes the request wait behind compared with
+// the least-queued worker. The affinity (only while credit > 0) multiplies
+// that and nothing more, so a worker whose queue has eaten its cache's
+// saving is judged by time to first token and decode load alone, and loses
+// to one that would serve the request sooner with less decode load. It
+// equals max(ttft_uncached_on_least_queued − ttft, 0): the affinity only
+// amplifies a time-to-first-token lead, never a cache behind a backlog.
+func (p Params) Cost(c *Candidate, isl, blockSize, leastQueued int) float64 {
+	bs := float64(blockSize)
+	credited := p.OverlapCredit * float64(c.OverlapBlocks)
+	cost := max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
 	if p.OverlapCredit > 0 {
-		prefill -= p.CacheAffinity * float64(c.OverlapBlocks)
+		saved := credited - float64(c.ActivePrefillTokens-leastQueued)/bs
+		cost -= p.CacheAffinity * max(saved, 0)
 	}
-	return p.PrefillLoadScale*prefill + c.PotentialDecodeBlocks
+	return p.PrefillLoadScale*cost + c.PotentialDecodeBlocks
+}
+
+// LeastQueued is the fewest prompt tokens awaiting prefill on any of cands,
+// the reference Cost measures a worker's extra queue against.
+func LeastQueued(cands []Candidate) int {
+	if len(cands) == 0 {
+		return 0
+	}
+	least := cands[0].ActivePrefillTokens
+	for i := range cands[1:] {
+		least = min(least, cands[i+1].ActivePrefillTokens)
+	}
+	return least
 }
 
 // Overrides is one layer of optional knobs: the router's flags form one

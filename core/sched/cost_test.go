@@ -29,7 +29,7 @@ func TestWorkedExample(t *testing.T) {
 	}
 	req := &Request{ISL: 10 * bs, BlockSize: bs, Params: dynamo}
 	for i, want := range []float64{18, 10, 11} {
-		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs, LeastQueued(cands)); got != want {
 			t.Errorf("cost(worker %d) = %v, want %v", i+1, got, want)
 		}
 	}
@@ -52,7 +52,7 @@ func TestWorkedExample(t *testing.T) {
 	// most of the prompt wins instead.
 	req.Params = DefaultParams()
 	for i, want := range []float64{-18 + 10, -90 + 5, -162 + 9} {
-		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs, LeastQueued(cands)); got != want {
 			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
 		}
 	}
@@ -93,7 +93,7 @@ func TestCost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := p.Cost(&c, 60, 16); math.Abs(got-tc.want) > 1e-12 {
+			if got := p.Cost(&c, 60, 16, c.ActivePrefillTokens); math.Abs(got-tc.want) > 1e-12 {
 				t.Errorf("cost = %v, want %v", got, tc.want)
 			}
 		})
@@ -101,17 +101,85 @@ func TestCost(t *testing.T) {
 
 	t.Run("prefill is not rounded to blocks", func(t *testing.T) {
 		c := Candidate{ActivePrefillTokens: 7}
-		if got := DefaultParams().Cost(&c, 1, 16); got != 0.5*DefaultPrefillLoadScale {
+		if got := DefaultParams().Cost(&c, 1, 16, 0); got != 0.5*DefaultPrefillLoadScale {
 			t.Errorf("cost = %v, want 0.5", got)
 		}
 	})
 	t.Run("credit beyond the prompt clamps at 0", func(t *testing.T) {
 		c := Candidate{OverlapBlocks: 50, PotentialDecodeBlocks: 3}
 		p, _, _ := Resolve(DynamoDefaults(), Overrides{})
-		if got := p.Cost(&c, 160, 16); got != 3 {
+		if got := p.Cost(&c, 160, 16, 0); got != 3 {
 			t.Errorf("cost = %v, want 3", got)
 		}
 	})
+}
+
+// The affinity credits only the prefill a cache actually saves: the cached
+// prefix less the worker's queue beyond the least-queued candidate's.
+func TestAffinityIsBoundedByThePrefillSaved(t *testing.T) {
+	// 100 tokens queued, a 60-token prompt, 4 of its blocks cached: raw
+	// prefill 10 blocks, 6 after the cache; 7.5 decode blocks.
+	c := Candidate{ActivePrefillTokens: 100, OverlapBlocks: 4, PotentialDecodeBlocks: 7.5}
+	p, _, err := Resolve(Overrides{CacheAffinity: f(2), PrefillLoadScale: f(1)}, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		least int
+		want  float64
+	}{
+		{100, 6 + 7.5 - 2*4},        // the least queued: the whole prefix is saved
+		{68, 6 + 7.5 - 2*2},         // 2 blocks more queue than another: 2 saved
+		{36, 6 + 7.5},               // 4 blocks more: the queue ate the saving
+		{0, 6 + 7.5},                // more still: no affinity, no penalty either
+		{100 - 4*16, 6 + 7.5 - 2*0}, // exactly the prefix
+	} {
+		if got := p.Cost(&c, 60, 16, tc.least); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("least queued %d: cost = %v, want %v", tc.least, got, tc.want)
+		}
+	}
+}
+
+// Reference model: kv mode never prefers a worker that would give the
+// request a later first token (queued + own uncached prompt blocks) and
+// has no less decode load than another, whatever the caches; before the
+// affinity was bounded, a cache behind a long queue won over an idle
+// worker.
+func TestKVNeverPicksADominatedWorker(t *testing.T) {
+	const bs = 16
+	rng := rand.New(rand.NewPCG(3, 4))
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20000 {
+		isl := 1 + rng.IntN(4096)
+		cands := make([]Candidate, 2+rng.IntN(6))
+		for i := range cands {
+			cands[i] = Candidate{
+				Worker:                worker(uint64(i)),
+				OverlapBlocks:         rng.IntN(isl/bs + 1),
+				ActivePrefillTokens:   rng.IntN(3) * rng.IntN(16384),
+				PotentialDecodeBlocks: float64(rng.IntN(4) * rng.IntN(2048)),
+			}
+		}
+		ttft := func(c *Candidate) float64 {
+			return max(float64(c.ActivePrefillTokens+isl)/bs-float64(c.OverlapBlocks), 0)
+		}
+		req := &Request{ISL: isl, BlockSize: bs, Params: DefaultParams()}
+		choice, err := s.Select(req, cands, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &cands[choice.Index]
+		for i := range cands {
+			o := &cands[i]
+			if ttft(o) <= ttft(got) && o.PotentialDecodeBlocks <= got.PotentialDecodeBlocks &&
+				(ttft(o) < ttft(got) || o.PotentialDecodeBlocks < got.PotentialDecodeBlocks) {
+				t.Fatalf("round %d, isl %d: chose %+v (ttft %.1f blocks) over %+v (ttft %.1f blocks)", round, isl, *got, ttft(got), *o, ttft(o))
+			}
+		}
+	}
 }
 
 func TestResolve(t *testing.T) {

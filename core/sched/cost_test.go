@@ -140,6 +140,38 @@ func TestAffinityIsBoundedByThePrefillSaved(t *testing.T) {
 	}
 }
 
+// docs/routing-core.md's worked example: an 80-block request whose 64-block
+// history engine A caches, with 600 decode blocks on A and 80 on an empty
+// engine B, as A's queue grows.
+func TestBoundedAffinityWorkedExample(t *testing.T) {
+	const bs = 16
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct {
+		queued int // blocks queued on A
+		costA  float64
+		want   uint64
+	}{{0, -696, 1}, {32, 72, 1}, {48, 456, 2}, {96, 936, 2}} {
+		cands := []Candidate{
+			{Worker: worker(1), OverlapBlocks: 64, ActivePrefillTokens: tc.queued * bs, PotentialDecodeBlocks: 600},
+			{Worker: worker(2), PotentialDecodeBlocks: 80},
+		}
+		req := &Request{ISL: 80 * bs, BlockSize: bs, Params: DefaultParams()}
+		if got := req.Params.Cost(&cands[0], req.ISL, bs, 0); got != tc.costA {
+			t.Errorf("queue %d: cost A = %v, want %v", tc.queued, got, tc.costA)
+		}
+		if got := req.Params.Cost(&cands[1], req.ISL, bs, 0); got != 320 {
+			t.Errorf("queue %d: cost B = %v, want 320", tc.queued, got)
+		}
+		if c, err := s.Select(req, cands, rng); err != nil || c.Worker != worker(tc.want) {
+			t.Errorf("queue %d: chose %v (%v), want worker %d", tc.queued, c.Worker, err, tc.want)
+		}
+	}
+}
+
 // Reference model: kv mode never prefers a worker that would give the
 // request a later first token (queued + own uncached prompt blocks) and
 // has no less decode load than another, whatever the caches; before the

@@ -14,9 +14,9 @@ type Params struct {
 	OverlapCredit float64
 	// PrefillLoadScale weighs prompt work against decode blocks.
 	PrefillLoadScale float64
-	// CacheAffinity credits each block of prefill a worker's cache
-	// actually saves (its cached prefix less its extra queue, see Cost)
-	// with this many more blocks of cost, without the clamp at 0: a reused
+	// CacheAffinity credits each cached prefix block (on a much busier
+	// worker only the prefill its cache actually saves, see Cost) with
+	// this many more blocks of cost, without the clamp at 0: a reused
 	// prefix also spares the KV memory a second copy would take and the
 	// prefill of the conversation's later turns, which stay where their
 	// prefix is. It only applies while OverlapCredit > 0. Dynamo has no
@@ -56,12 +56,13 @@ func DefaultParams() Params {
 func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 
 // Cost is the KV-mode cost of sending a request of isl prompt tokens to c,
-// given leastQueued, the fewest prompt tokens awaiting prefill on any
-// candidate (LeastQueued):
+// given the fleet's lightest loads (Lightest over the same candidates):
 //
-//	ttft    = max((active_prefill_tokens + isl)/block_size − credit × overlap, 0)
-//	saved   = credit × overlap − (active_prefill_tokens − leastQueued)/block_size
-//	cost    = scale × (ttft − affinity × max(saved, 0)) + potential_decode_blocks
+//	ttft  = max((active_prefill_tokens + isl)/block_size − credit × overlap, 0)
+//	saved = credit × overlap, or, on a worker running more than
+//	        ImbalanceRatio × the fewest requests + ImbalanceSlack,
+//	        credit × overlap − (active_prefill_tokens − fewest_prefill_tokens)/block_size
+//	cost  = scale × (ttft − affinity × max(saved, 0)) + potential_decode_blocks
 //
 // ttft is the prompt work the request waits for there, in blocks. The clamp
 // at 0 keeps a large cache hit from making a loaded worker look cheaper
@@ -69,36 +70,66 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // are not rounded so that a partial block still separates otherwise equal
 // workers.
 //
-// saved is the prefill the cache actually saves: the cached prefix, less
-// the extra queue the worker makes the request wait behind compared with
-// the least-queued worker. The affinity (only while credit > 0) multiplies
-// that and nothing more, so a worker whose queue has eaten its cache's
-// saving is judged by time to first token and decode load alone, and loses
-// to one that would serve the request sooner with less decode load. It
-// equals max(ttft_uncached_on_least_queued − ttft, 0): the affinity only
-// amplifies a time-to-first-token lead, never a cache behind a backlog.
-func (p Params) Cost(c *Candidate, isl, blockSize, leastQueued int) float64 {
+// The affinity (only while credit > 0) multiplies saved. On a worker much
+// busier than another, saved is the prefill its cache actually saves: the
+// cached prefix less the extra queue the request would wait behind compared
+// with the least-queued worker, i.e. its lead in time to first token over
+// sending the prompt uncached there. Once that queue has eaten the saving,
+// the worker is judged by time to first token and decode load alone, so a
+// few hot conversations cannot keep an idle or restarted engine empty.
+// Between workers of similar load the whole prefix counts: their queue
+// differences come and go by themselves, and moving a conversation for
+// them costs its later turns their cache.
+func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
 	bs := float64(blockSize)
 	credited := p.OverlapCredit * float64(c.OverlapBlocks)
 	cost := max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
 	if p.OverlapCredit > 0 {
-		saved := credited - float64(c.ActivePrefillTokens-leastQueued)/bs
+		saved := credited
+		if fleet.muchBusier(c) {
+			saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens) / bs
+		}
 		cost -= p.CacheAffinity * max(saved, 0)
 	}
 	return p.PrefillLoadScale*cost + c.PotentialDecodeBlocks
 }
 
-// LeastQueued is the fewest prompt tokens awaiting prefill on any of cands,
-// the reference Cost measures a worker's extra queue against.
-func LeastQueued(cands []Candidate) int {
+// A worker running more than ImbalanceRatio × the fewest requests of any
+// candidate, plus ImbalanceSlack, is much busier than the fleet's lightest
+// worker: there Cost bounds the cache affinity by the prefill the cache
+// saves. Measured with `kvrouter bench replay` and `kvrouter demo`:
+// bounding it between workers of similar load (ratio 1) cost 10 points of
+// hit rate and 17 % of mean TTFT on the Mooncake replay; 3 and 2 keep the
+// replay and still spread twelve clients' hot conversations evenly over an
+// idle engine (docs/routing-core.md).
+const (
+	ImbalanceRatio = 3
+	ImbalanceSlack = 2
+)
+
+// Lightest is the lightest load among the candidates of one decision, the
+// reference Cost compares a worker with.
+type Lightest struct {
+	PrefillTokens int // fewest prompt tokens awaiting prefill
+	Requests      int // fewest active requests
+}
+
+// LightestOf summarises cands for Cost.
+func LightestOf(cands []Candidate) Lightest {
 	if len(cands) == 0 {
-		return 0
+		return Lightest{}
 	}
-	least := cands[0].ActivePrefillTokens
+	l := Lightest{PrefillTokens: cands[0].ActivePrefillTokens, Requests: cands[0].ActiveRequests}
 	for i := range cands[1:] {
-		least = min(least, cands[i+1].ActivePrefillTokens)
+		c := &cands[i+1]
+		l.PrefillTokens = min(l.PrefillTokens, c.ActivePrefillTokens)
+		l.Requests = min(l.Requests, c.ActiveRequests)
 	}
-	return least
+	return l
+}
+
+func (l Lightest) muchBusier(c *Candidate) bool {
+	return c.ActiveRequests > ImbalanceRatio*l.Requests+ImbalanceSlack
 }
 
 // Overrides is one layer of optional knobs: the router's flags form one

@@ -1,33 +1,14 @@
 package serve
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 )
-
-// completePinned sends a completion that must run on engine id.
-func completePinned(t *testing.T, s *Server, p []int, id uint64) {
-	t.Helper()
-	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 2, "nvext": map[string]any{"backend_instance_id": id}})
-	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("pinned completion: %d %s", resp.StatusCode, body)
-	}
-}
 
 // Eight conversations cached on engine 1, twelve clients continuing them
 // with 1,024-token turns over 3,072-token histories: every request on
@@ -37,8 +18,11 @@ func TestHotConversationsReachTheIdleEngine(t *testing.T) {
 	a, b := engineFleetAt(t, 4), engineFleetAt(t, 4)
 	s := startServer(t, spec(1, a), spec(2, b))
 	const convs, history, turn = 8, 3072, 1024
+	pin := uint64(1)
 	for c := range convs {
-		completePinned(t, s, prompt(0, 10+c, history), 1)
+		if _, err := tryCompleteOn(s, prompt(0, 10+c, history), &pin); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

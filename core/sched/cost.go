@@ -97,11 +97,10 @@ func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
 // A worker running more than ImbalanceRatio × the fewest requests of any
 // candidate, plus ImbalanceSlack, is much busier than the fleet's lightest
 // worker: there Cost bounds the cache affinity by the prefill the cache
-// saves. Measured with `kvrouter bench replay` and `kvrouter demo`:
-// bounding it between workers of similar load (ratio 1) cost 10 points of
-// hit rate and 17 % of mean TTFT on the Mooncake replay; 3 and 2 keep the
-// replay and still spread twelve clients' hot conversations evenly over an
-// idle engine (docs/routing-core.md).
+// saves. Bounding it between workers of similar load too cost the
+// Mooncake replay 10 points of hit rate and 17 % of mean TTFT; 3 and 2 keep
+// the replay's figures and still spread twelve clients' hot conversations
+// evenly over an idle engine (measurements in docs/routing-core.md).
 const (
 	ImbalanceRatio = 3
 	ImbalanceSlack = 2

@@ -48,7 +48,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.temp, "router-temperature", 0, "softmax temperature over normalised costs; 0 picks the cheapest worker")
 	fs.Float64Var(&f.credit, "router-kv-overlap-score-credit", f.credit, "prefill blocks credited per cached prefix block, in [0, 1]; 0 disables the index")
 	fs.Float64Var(&f.scale, "router-prefill-load-scale", f.scale, "weight of prompt-side load against decode blocks (Dynamo's default: 1)")
-	fs.Float64Var(&f.affinity, "router-cache-affinity", f.affinity, "extra blocks of cost credited per cached prefix block (the KV memory and later turns a reuse saves); 0 = Dynamo's cost")
+	fs.Float64Var(&f.affinity, "router-cache-affinity", f.affinity, "extra blocks of cost credited per cached prefix block (the KV memory and later turns a reuse saves; on a much busier worker, per block saved net of its longer queue); 0 = Dynamo's cost")
 	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
 	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
 	fs.BoolVar(&f.noKVEvents, "no-router-kv-events", false, "ignore KV events and predict caches from routing decisions (approximate mode)")

@@ -33,7 +33,7 @@ func tokens(prefix, shared, salt, n int) []uint32 {
 }
 
 // store feeds the router the event a worker emits after caching toks.
-func store(t *testing.T, r *Router, w kv.Worker, toks []uint32) {
+func store(t testing.TB, r *Router, w kv.Worker, toks []uint32) {
 	t.Helper()
 	local := blockhash.New(bs, "").LocalHashes(toks)
 	blocks := make([]kv.Block, len(local))
@@ -58,7 +58,7 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func newRouter(t *testing.T, workers int, edit func(*Config)) (*Router, *clock) {
+func newRouter(t testing.TB, workers int, edit func(*Config)) (*Router, *clock) {
 	t.Helper()
 	c := &clock{t: time.Unix(1_000_000, 0)}
 	cfg := DefaultConfig()

@@ -29,7 +29,7 @@ func TestWorkedExample(t *testing.T) {
 	}
 	req := &Request{ISL: 10 * bs, BlockSize: bs, Params: dynamo}
 	for i, want := range []float64{18, 10, 11} {
-		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs, LightestOf(cands)); got != want {
 			t.Errorf("cost(worker %d) = %v, want %v", i+1, got, want)
 		}
 	}
@@ -52,7 +52,7 @@ func TestWorkedExample(t *testing.T) {
 	// most of the prompt wins instead.
 	req.Params = DefaultParams()
 	for i, want := range []float64{-18 + 10, -90 + 5, -162 + 9} {
-		if got := req.Params.Cost(&cands[i], req.ISL, bs); got != want {
+		if got := req.Params.Cost(&cands[i], req.ISL, bs, LightestOf(cands)); got != want {
 			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
 		}
 	}
@@ -93,7 +93,7 @@ func TestCost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := p.Cost(&c, 60, 16); math.Abs(got-tc.want) > 1e-12 {
+			if got := p.Cost(&c, 60, 16, LightestOf([]Candidate{c})); math.Abs(got-tc.want) > 1e-12 {
 				t.Errorf("cost = %v, want %v", got, tc.want)
 			}
 		})
@@ -101,17 +101,126 @@ func TestCost(t *testing.T) {
 
 	t.Run("prefill is not rounded to blocks", func(t *testing.T) {
 		c := Candidate{ActivePrefillTokens: 7}
-		if got := DefaultParams().Cost(&c, 1, 16); got != 0.5*DefaultPrefillLoadScale {
+		if got := DefaultParams().Cost(&c, 1, 16, Lightest{}); got != 0.5*DefaultPrefillLoadScale {
 			t.Errorf("cost = %v, want 0.5", got)
 		}
 	})
 	t.Run("credit beyond the prompt clamps at 0", func(t *testing.T) {
 		c := Candidate{OverlapBlocks: 50, PotentialDecodeBlocks: 3}
 		p, _, _ := Resolve(DynamoDefaults(), Overrides{})
-		if got := p.Cost(&c, 160, 16); got != 3 {
+		if got := p.Cost(&c, 160, 16, Lightest{}); got != 3 {
 			t.Errorf("cost = %v, want 3", got)
 		}
 	})
+}
+
+// On a worker much busier than the lightest, the affinity credits only the
+// prefill its cache actually saves: the cached prefix less its queue beyond
+// the least-queued candidate's. Between workers of similar load it credits
+// the whole prefix.
+func TestAffinityIsBoundedByThePrefillSaved(t *testing.T) {
+	// 100 tokens queued, a 60-token prompt, 4 of its blocks cached: raw
+	// prefill 10 blocks, 6 after the cache; 7.5 decode blocks; 10 requests
+	// running.
+	c := Candidate{ActivePrefillTokens: 100, OverlapBlocks: 4, PotentialDecodeBlocks: 7.5, ActiveRequests: 10}
+	p, _, err := Resolve(Overrides{CacheAffinity: f(2), PrefillLoadScale: f(1)}, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		lightest Lightest
+		want     float64
+	}{
+		{"the least queued saves its whole prefix", Lightest{PrefillTokens: 100}, 6 + 7.5 - 2*4},
+		{"2 blocks more queue than another: 2 saved", Lightest{PrefillTokens: 68}, 6 + 7.5 - 2*2},
+		{"exactly the prefix more: nothing saved", Lightest{PrefillTokens: 36}, 6 + 7.5},
+		{"more still: no affinity, no penalty either", Lightest{PrefillTokens: 0}, 6 + 7.5},
+		{"3 × 2 + 2 = 8 < 10 requests: still much busier", Lightest{Requests: 2}, 6 + 7.5},
+		{"3 × 3 + 2 = 11 ≥ 10 requests: similar load, whole prefix", Lightest{Requests: 3}, 6 + 7.5 - 2*4},
+	} {
+		if got := p.Cost(&c, 60, 16, tc.lightest); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: cost = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// docs/routing-core.md's worked example: an 80-block request whose 64-block
+// history engine A caches, with 600 decode blocks on A and 80 on engine B,
+// as A's queue grows; A runs 12 requests, B none or 4.
+func TestBoundedAffinityWorkedExample(t *testing.T) {
+	const bs = 16
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct {
+		queued, bRequests int // blocks queued on A, requests on B
+		costA             float64
+		want              uint64
+	}{{0, 0, -696, 1}, {32, 0, 72, 1}, {48, 0, 456, 2}, {96, 0, 936, 2}, {96, 4, -408, 1}} {
+		cands := []Candidate{
+			{Worker: worker(1), OverlapBlocks: 64, ActivePrefillTokens: tc.queued * bs, PotentialDecodeBlocks: 600, ActiveRequests: 12},
+			{Worker: worker(2), PotentialDecodeBlocks: 80, ActiveRequests: tc.bRequests},
+		}
+		req := &Request{ISL: 80 * bs, BlockSize: bs, Params: DefaultParams()}
+		if got := req.Params.Cost(&cands[0], req.ISL, bs, LightestOf(cands)); got != tc.costA {
+			t.Errorf("queue %d, B running %d: cost A = %v, want %v", tc.queued, tc.bRequests, got, tc.costA)
+		}
+		if got := req.Params.Cost(&cands[1], req.ISL, bs, LightestOf(cands)); got != 320 {
+			t.Errorf("queue %d, B running %d: cost B = %v, want 320", tc.queued, tc.bRequests, got)
+		}
+		if c, err := s.Select(req, cands, rng); err != nil || c.Worker != worker(tc.want) {
+			t.Errorf("queue %d, B running %d: chose %v (%v), want worker %d", tc.queued, tc.bRequests, c.Worker, err, tc.want)
+		}
+	}
+}
+
+// Reference model: kv mode never sends a request to a worker much busier
+// than the lightest (ImbalanceRatio, ImbalanceSlack) when another would
+// give it an earlier first token (queued + own uncached prompt blocks)
+// with no more decode load, whatever the caches; before the affinity was
+// bounded, a cache behind a long queue won over an idle worker.
+func TestKVNeverPicksADominatedWorker(t *testing.T) {
+	const bs = 16
+	rng := rand.New(rand.NewPCG(3, 4))
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20000 {
+		isl := 1 + rng.IntN(4096)
+		cands := make([]Candidate, 2+rng.IntN(6))
+		for i := range cands {
+			cands[i] = Candidate{
+				Worker:                worker(uint64(i)),
+				OverlapBlocks:         rng.IntN(isl/bs + 1),
+				ActivePrefillTokens:   rng.IntN(3) * rng.IntN(16384),
+				PotentialDecodeBlocks: float64(rng.IntN(4) * rng.IntN(2048)),
+				ActiveRequests:        rng.IntN(2) * rng.IntN(32),
+			}
+		}
+		ttft := func(c *Candidate) float64 {
+			return max(float64(c.ActivePrefillTokens+isl)/bs-float64(c.OverlapBlocks), 0)
+		}
+		req := &Request{ISL: isl, BlockSize: bs, Params: DefaultParams()}
+		choice, err := s.Select(req, cands, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &cands[choice.Index]
+		if !LightestOf(cands).muchBusier(got) {
+			continue
+		}
+		for i := range cands {
+			o := &cands[i]
+			if ttft(o) <= ttft(got) && o.PotentialDecodeBlocks <= got.PotentialDecodeBlocks &&
+				(ttft(o) < ttft(got) || o.PotentialDecodeBlocks < got.PotentialDecodeBlocks) {
+				t.Fatalf("round %d, isl %d: chose %+v (ttft %.1f blocks) over %+v (ttft %.1f blocks)", round, isl, *got, ttft(got), *o, ttft(o))
+			}
+		}
+	}
 }
 
 func TestResolve(t *testing.T) {

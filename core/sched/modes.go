@@ -68,9 +68,10 @@ type kvPolicy struct{}
 
 func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
+	lightest := LightestOf(cands)
 	if p.Temperature == 0 {
 		return pickMin(len(cands), func(i int) float64 {
-			return p.Cost(&cands[i], req.ISL, req.BlockSize)
+			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)
 		}, rng), nil
 	}
 	var buf [stackCosts]float64
@@ -79,7 +80,7 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 		costs = make([]float64, 0, len(cands))
 	}
 	for i := range cands {
-		costs = append(costs, p.Cost(&cands[i], req.ISL, req.BlockSize))
+		costs = append(costs, p.Cost(&cands[i], req.ISL, req.BlockSize, lightest))
 	}
 	return sampleSoftmax(costs, p.Temperature, rng), nil
 }

@@ -93,8 +93,15 @@ func complete(t *testing.T, s *Server, p []int) uint64 {
 	return id
 }
 
-func tryComplete(s *Server, p []int) (uint64, error) {
-	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 3, "nvext": map[string]any{"extra_fields": []string{"worker_id"}}})
+func tryComplete(s *Server, p []int) (uint64, error) { return tryCompleteOn(s, p, nil) }
+
+// tryCompleteOn is tryComplete pinned to engine *pin unless pin is nil.
+func tryCompleteOn(s *Server, p []int, pin *uint64) (uint64, error) {
+	nvext := map[string]any{"extra_fields": []string{"worker_id"}}
+	if pin != nil {
+		nvext["backend_instance_id"] = *pin
+	}
+	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 3, "nvext": nvext})
 	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
 		return 0, err

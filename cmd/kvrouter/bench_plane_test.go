@@ -63,7 +63,10 @@ func TestBenchPlaneCommand(t *testing.T) {
 			t.Errorf("throughput lacks %q", k)
 		}
 	}
-	if rep.Throughput["applied_blocks"].(float64) == 0 || rep.Throughput["drained"] != true {
+	// On a loaded machine the router may apply nothing inside the short
+	// window and everything while draining: what must hold is that the
+	// index ends with the workers' blocks.
+	if rep.Throughput["drained"] != true || rep.Throughput["index_blocks"] != rep.Throughput["worker_blocks_held"] || rep.Throughput["index_blocks"].(float64) == 0 {
 		t.Errorf("throughput: %v", rep.Throughput)
 	}
 	for _, k := range []string{"durable_s", "core_s", "durable_snapshot_blocks"} {

@@ -147,9 +147,8 @@ func TestSummariseRSS(t *testing.T) {
 
 // TestChaosShort runs every fault of the ZMQ plane once, briefly,
 // and requires what the full run requires: every client error explained,
-// loads back to zero, the index equal to the engines' caches. The NATS
-// plane is left to `kvrouter bench chaos --plane nats`: it does not pass
-// these checks reliably yet (docs/benchmarks.md).
+// loads back to zero, the index equal to the engines' caches; on both
+// planes, NATS with its restart included.
 func TestChaosShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts router processes")
@@ -158,7 +157,7 @@ func TestChaosShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, plane := range []string{PlaneZMQ} {
+	for _, plane := range []string{PlaneZMQ, PlaneNATS} {
 		t.Run(plane, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Plane, cfg.Engines, cfg.Clients = plane, 2, 20

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -113,18 +114,25 @@ func (s *engineSlot) up() bool {
 	return s.running != nil
 }
 
-// blocks is the running engine's set of cached block ids; nil when down.
-func (s *engineSlot) blocks() map[uint64]bool {
+// blocks is what the running engine caches; empty when down.
+func (s *engineSlot) blocks() heldBlocks {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	held := newHeldBlocks()
 	if s.running == nil {
-		return nil
+		return held
 	}
-	out := map[uint64]bool{}
-	for _, b := range s.running.Engines()[0].Ranks[0].Runner.CachedBlocks() {
-		out[b.Hash] = true
+	h := blockhash.New(s.cfg.Engine.BlockSize, "")
+	seqOf := map[uint64]uint64{}
+	for _, b := range s.running.Engines()[0].Ranks[0].Runner.CachedBlocks() { // parents first
+		seq := h.LocalHash(b.Tokens)
+		if b.Parent != nil {
+			seq = blockhash.Chain(seqOf[*b.Parent], seq)
+		}
+		seqOf[b.Hash] = seq
+		held.ids[b.Hash], held.seqs[seq] = seq, true
 	}
-	return out
+	return held
 }
 
 // workers describes the engines as the router sees them: HTTP direct,

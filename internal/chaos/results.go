@@ -215,9 +215,9 @@ func Summary(res *Results) string {
 	tw.Flush()
 	b.WriteString("\n")
 	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENGINE\tROUTER BLOCKS\tENGINE BLOCKS\tMISSING\tEXTRA")
+	fmt.Fprintln(tw, "ENGINE\tROUTER BLOCKS\tENGINE BLOCKS\tMISSING\tEXTRA\tUNDER AN INFERRED ID")
 	for _, e := range res.End.Index {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", e.Engine, e.RouterBlocks, e.EngineBlocks, e.Missing, e.Extra)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", e.Engine, e.RouterBlocks, e.EngineBlocks, e.Missing, e.Extra, e.Unnamed)
 	}
 	tw.Flush()
 	b.WriteString("\n")

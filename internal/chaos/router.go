@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
 )
 
 // routerProc is the router under test, a child process so that its memory
@@ -195,8 +197,20 @@ func (r *routerProc) loads(model string) ([]LoadRow, error) {
 	return rows, json.NewDecoder(resp.Body).Decode(&rows)
 }
 
-// index reads the router's index as per-worker sets of engine block ids.
-func (r *routerProc) index() (map[uint64]map[uint64]bool, error) {
+// heldBlocks is what an index or a cache holds for one engine: the blocks'
+// contents, as sequence hashes (a block's tokens chained to its prefix's),
+// and the engine's ids for them.
+type heldBlocks struct {
+	seqs map[uint64]bool
+	ids  map[uint64]uint64 // engine id -> sequence hash
+}
+
+func newHeldBlocks() heldBlocks {
+	return heldBlocks{seqs: map[uint64]bool{}, ids: map[uint64]uint64{}}
+}
+
+// index reads the router's index per worker.
+func (r *routerProc) index() (map[uint64]heldBlocks, error) {
 	c := &http.Client{Timeout: 30 * time.Second}
 	resp, err := c.Get(r.url + "/router/dump_events")
 	if err != nil {
@@ -206,35 +220,78 @@ func (r *routerProc) index() (map[uint64]map[uint64]bool, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("dump_events: status %d", resp.StatusCode)
 	}
+	return heldFromDump(bufio.NewReader(resp.Body))
+}
+
+// heldFromDump reads a router's /router/dump_events answer. The dump lists
+// every held block below its parent, parents first; blocks that are only a
+// path to a held one (bridges) are stored, then removed at the end.
+func heldFromDump(dump io.Reader) (map[uint64]heldBlocks, error) {
 	var evs []struct {
 		WorkerID uint64 `json:"worker_id"`
 		Event    struct {
 			Data json.RawMessage `json:"data"`
 		} `json:"event"`
 	}
-	if err := json.NewDecoder(bufio.NewReader(resp.Body)).Decode(&evs); err != nil {
+	if err := json.NewDecoder(dump).Decode(&evs); err != nil {
 		return nil, err
 	}
-	out := map[uint64]map[uint64]bool{}
+	type worker struct {
+		seqOf   map[uint64]uint64 // engine id -> sequence hash
+		bridges map[uint64]bool
+	}
+	workers := map[uint64]*worker{}
 	for _, ev := range evs {
 		var d struct {
 			Stored *struct {
+				Parent *uint64 `json:"parent_hash"`
 				Blocks []struct {
-					Hash uint64 `json:"block_hash"`
+					Hash  uint64 `json:"block_hash"`
+					Local uint64 `json:"tokens_hash"`
 				} `json:"blocks"`
 			} `json:"stored"`
+			Removed *struct {
+				Hashes []uint64 `json:"block_hashes"`
+			} `json:"removed"`
 		}
-		if err := json.Unmarshal(ev.Event.Data, &d); err != nil || d.Stored == nil {
-			return nil, errors.New("dump_events: an event other than stored")
+		if err := json.Unmarshal(ev.Event.Data, &d); err != nil || (d.Stored == nil && d.Removed == nil) {
+			return nil, errors.New("dump_events: an event other than stored or removed")
 		}
-		set := out[ev.WorkerID]
-		if set == nil {
-			set = map[uint64]bool{}
-			out[ev.WorkerID] = set
+		w := workers[ev.WorkerID]
+		if w == nil {
+			w = &worker{seqOf: map[uint64]uint64{}, bridges: map[uint64]bool{}}
+			workers[ev.WorkerID] = w
 		}
+		if d.Removed != nil {
+			for _, h := range d.Removed.Hashes {
+				w.bridges[h] = true
+			}
+			continue
+		}
+		parent := d.Stored.Parent
 		for _, b := range d.Stored.Blocks {
-			set[b.Hash] = true
+			seq := b.Local
+			if parent != nil {
+				ps, ok := w.seqOf[*parent]
+				if !ok {
+					return nil, fmt.Errorf("dump_events: worker %d: block %d listed before its parent %d", ev.WorkerID, b.Hash, *parent)
+				}
+				seq = blockhash.Chain(ps, b.Local)
+			}
+			w.seqOf[b.Hash] = seq
+			h := b.Hash
+			parent = &h
 		}
+	}
+	out := map[uint64]heldBlocks{}
+	for id, w := range workers {
+		held := newHeldBlocks()
+		for h, seq := range w.seqOf {
+			if !w.bridges[h] {
+				held.ids[h], held.seqs[seq] = seq, true
+			}
+		}
+		out[id] = held
 	}
 	return out, nil
 }

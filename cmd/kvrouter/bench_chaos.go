@@ -114,6 +114,7 @@ Writes DIR/report.md, DIR/results.json, DIR/chaos.png and DIR/router.log.`,
 	f.StringArrayVar(&routerArgs, "router-arg", nil, "extra flag for the router's serve command (repeatable), e.g. --router-arg=--router-mode=kv")
 	f.Float64Var(&cfg.Fleet.SpeedupRatio, "speedup-ratio", cfg.Fleet.SpeedupRatio, "engines' speedup over their timing model")
 	f.IntVar(&cfg.Fleet.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Fleet.Engine.NumGPUBlocks, "KV blocks per engine")
+	f.IntVar(&cfg.Fleet.ReplayBufferSize, "kv-events-buffer-steps", cfg.Fleet.ReplayBufferSize, "event batches each engine keeps for replay (0: the mocker's default); a small ring makes a restarted router lose the engines' history, so that it rebuilds their index from traffic")
 	f.IntVar(&cfg.Workload.Groups, "groups", cfg.Workload.Groups, "distinct system prompts")
 	f.IntVar(&cfg.Workload.SystemTokens, "system-tokens", cfg.Workload.SystemTokens, "tokens per system prompt")
 	f.IntVar(&cfg.Workload.QuestionTokens, "question-tokens", cfg.Workload.QuestionTokens, "new tokens per prompt")

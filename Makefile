@@ -21,7 +21,7 @@ race:
 	$(GO) test -race ./...
 
 build:
-	$(GO) build -o bin/kvrouter ./cmd/kvrouter
+	$(GO) build -buildvcs=auto -o bin/kvrouter ./cmd/kvrouter
 
 TRACE ?= ../shared/traces/mooncake_conversation.jsonl
 

@@ -15,14 +15,15 @@ import (
 // one engine count as two (twice the capacity, its events applied to both)
 // or two engines as one.
 func checkWorkers(ws []WorkerSpec) error {
-	ids := map[uint64]string{}
+	ids := map[uint64]WorkerSpec{}
 	urls := map[string]string{}
 	events := map[string]string{}
 	for _, w := range ws {
 		if other, ok := ids[w.ID]; ok {
-			return fmt.Errorf("serve: workers %q and %q both have id %d", other, w.Name, w.ID)
+			// Names default to the id, so the URLs tell the two apart.
+			return fmt.Errorf("serve: workers %q (%s) and %q (%s) both have id %d", other.Name, other.URL, w.Name, w.URL, w.ID)
 		}
-		ids[w.ID] = w.Name
+		ids[w.ID] = w
 		url := strings.TrimSuffix(w.URL, "/")
 		if other, ok := urls[url]; ok {
 			return fmt.Errorf("serve: workers %q and %q have the same url %s", other, w.Name, w.URL)

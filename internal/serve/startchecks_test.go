@@ -20,7 +20,7 @@ func TestStartRefusesNoEnginesAndDuplicates(t *testing.T) {
 		want    string
 	}{
 		{"no engines", nil, "--worker url="},
-		{"same id", []WorkerSpec{a, func() WorkerSpec { w := b; w.ID = 1; return w }()}, `workers "a" and "b" both have id 1`},
+		{"same id", []WorkerSpec{a, func() WorkerSpec { w := b; w.ID = 1; return w }()}, `workers "a" (http://127.0.0.1:1) and "b" (http://127.0.0.1:2) both have id 1`},
 		{"same url", []WorkerSpec{a, func() WorkerSpec { w := b; w.URL = a.URL + "/"; return w }()}, `workers "a" and "b" have the same url`},
 		{"same events", []WorkerSpec{a, func() WorkerSpec { w := b; w.Events = a.Events; return w }()}, `workers "a" and "b" have the same KV-event endpoint`},
 	} {

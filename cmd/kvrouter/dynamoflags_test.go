@@ -242,6 +242,10 @@ func TestVersionFlagAndCommand(t *testing.T) {
 	if got := describeVersion("v2.0.0", bi, "go1.99"); !strings.HasPrefix(got, "kvrouter v2.0.0 (0123456789ab) go1.99") {
 		t.Errorf("linked version and clean revision: %q", got)
 	}
+	bi.Main.Version = "v0.0.0-20261124135139-0123456789ab+dirty"
+	if got := describeVersion("dev", bi, "go1.99"); !strings.HasPrefix(got, "kvrouter dev (0123456789ab) go1.99") {
+		t.Errorf("pseudo-version of a checkout: %q", got)
+	}
 	if got := describeVersion("dev", nil, "go1.99"); !strings.HasPrefix(got, "kvrouter dev go1.99") {
 		t.Errorf("no build info: %q", got)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -38,6 +39,12 @@ func describeVersion(linked string, bi *debug.BuildInfo, goVersion string) strin
 	if rev != "" {
 		if len(rev) > 12 {
 			rev = rev[:12]
+		}
+		// A build from a checkout stamps a pseudo-version made of the
+		// commit ("v0.0.0-20261124135139-4cb141be8447+dirty"), which says
+		// no more than the revision that follows.
+		if strings.HasPrefix(v, "v0.0.0-") && strings.Contains(v, rev) {
+			v = "dev"
 		}
 		v += " (" + rev
 		if dirty {

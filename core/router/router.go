@@ -189,7 +189,7 @@ type Router struct {
 	// booking sees the loads of the ones before it, which is what keeps a
 	// burst sharing one hot prefix from piling onto a single worker.
 	mu      sync.Mutex
-	queue *sched.Queue
+	queue   *sched.Queue
 	waiters map[string]waiter
 	// onQueued, if set, is called with r.mu held once a request waits in
 	// the queue; tests synchronise on it.

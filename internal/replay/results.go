@@ -135,7 +135,7 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 			m.WorkerShare[w] /= float64(ok)
 		}
 	}
-	m.TTFT, m.ITL, m.E2E = dist(ttft), dist(itl), dist(e2e)
+	m.TTFT, m.ITL, m.E2E = DistOf(ttft), DistOf(itl), DistOf(e2e)
 	if s := dur.Seconds(); s > 0 {
 		m.OutputTokensPerS = float64(out) / s
 		m.RequestsPerS = float64(ok) / s
@@ -149,7 +149,8 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 	return m
 }
 
-func dist(xs []float64) Dist {
+// DistOf summarises samples in model milliseconds; xs keeps its order.
+func DistOf(xs []float64) Dist {
 	s := slices.Clone(xs) // Percentile sorts in place; records keep their order
 	return Dist{Mean: bench.Mean(s), P50: bench.Percentile(s, 50), P90: bench.Percentile(s, 90), P99: bench.Percentile(s, 99)}
 }

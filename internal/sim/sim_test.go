@@ -178,4 +178,3 @@ func TestEventQueueOrdersByTimeThenFIFO(t *testing.T) {
 		}
 	}
 }
-

@@ -178,3 +178,20 @@ func TestEventQueueOrdersByTimeThenFIFO(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRun is one run of the loop; speed is model time over wall time.
+func BenchmarkRun(b *testing.B) {
+	w := synthetic(b, 1000)
+	cfg := DefaultConfig()
+	var model float64
+	b.ResetTimer()
+	for range b.N {
+		p, err := Run(cfg, "kv", w, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		model += p.ModelS
+	}
+	b.ReportMetric(model/b.Elapsed().Seconds(), "model-s/s")
+	b.ReportMetric(float64(b.N*w.Len())/b.Elapsed().Seconds(), "requests/s")
+}

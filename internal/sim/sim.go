@@ -273,13 +273,17 @@ type reqState struct {
 	started, finished, failed  bool
 }
 
-// gapRun is n inter-token gaps of the same length: the requests decoding
-// in one step mostly share theirs, which keeps ITL samples to about one
-// per step instead of one per token.
+// gapRun is n inter-token gaps of the same length.
 type gapRun struct {
 	ns int64
 	n  int
 }
+
+// gapQuantum is the resolution of inter-token gaps: counting them by the
+// microsecond keeps one counter per distinct gap (tens of thousands over a
+// trace) instead of one sample per token (millions), and reports in ms
+// never show the difference.
+const gapQuantum = int64(time.Microsecond)
 
 type sim struct {
 	cfg   Config
@@ -302,7 +306,7 @@ type sim struct {
 	remaining  int // requests not finished or failed
 	nextArr    int
 
-	gaps     []gapRun
+	gaps     map[int64]int // inter-token gaps, in gapQuantum, counted
 	errors   int
 	firstErr error
 }
@@ -333,7 +337,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}}
+	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}, gaps: map[int64]int{}}
 	rcfg.Now = func() time.Time { return s.base.Add(time.Duration(s.now)) }
 	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	if s.r, err = router.New(rcfg); err != nil {
@@ -488,7 +492,6 @@ func (s *sim) stepDone(e int) error {
 			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
 		}
 	}
-	var lastGap int64 = -1
 	for _, o := range res.Outputs {
 		i, err := strconv.Atoi(o.ID)
 		if err != nil {
@@ -503,13 +506,7 @@ func (s *sim) stepDone(e int) error {
 			rs.cached = int32(o.CachedTokens)
 			s.r.MarkPrefillCompleted(o.ID)
 		} else {
-			gap := s.now - rs.last
-			if n := len(s.gaps); n > 0 && gap == lastGap {
-				s.gaps[n-1].n++
-			} else {
-				s.gaps = append(s.gaps, gapRun{ns: gap, n: 1})
-			}
-			lastGap = gap
+			s.gaps[(s.now-rs.last+gapQuantum/2)/gapQuantum]++
 		}
 		rs.last = s.now
 		if o.Finished {
@@ -594,7 +591,11 @@ func (s *sim) point() Point {
 		end = max(end, rs.done)
 	}
 	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
-	p.ITL = gapDist(s.gaps)
+	runs := make([]gapRun, 0, len(s.gaps))
+	for q, n := range s.gaps {
+		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})
+	}
+	p.ITL = gapDist(runs)
 	if prompt > 0 {
 		p.HitRate = float64(cached) / float64(prompt)
 	}
@@ -607,9 +608,11 @@ func (s *sim) point() Point {
 }
 
 // gapDist is replay.DistOf over the gaps each run stands for, with its
-// nearest-rank percentiles.
+// nearest-rank percentiles; runs may come in any order.
 func gapDist(runs []gapRun) replay.Dist {
 	sorted := slices.Clone(runs)
+	// The sum below adds in sorted order, whatever order runs came in:
+	// floating-point sums depend on it.
 	slices.SortFunc(sorted, func(a, b gapRun) int { return cmpDuration(time.Duration(a.ns), time.Duration(b.ns)) })
 	var n int
 	var sum float64

@@ -18,6 +18,8 @@ func newSimCmd() *cobra.Command {
 		cfg         = sim.SweepConfig{Sim: sim.DefaultConfig(), SLOTTFTP90: 2 * time.Second, BisectSteps: sim.DefaultBisectSteps}
 		rf          = newRouterFlags()
 		syn         = workload.DefaultSyntheticConfig()
+		agentic     = workload.DefaultAgenticConfig()
+		kind        string
 		tracePath   string
 		synthetic   bool
 		modes       string
@@ -34,6 +36,13 @@ func newSimCmd() *cobra.Command {
 in virtual time, in one single-threaded event loop per run: the same code
 as kvrouter serve in front of kvrouter mocker engines, without sockets or
 wall-clock waits, so a trace that takes an hour to replay takes seconds.
+
+The workload is a Mooncake JSONL trace (--trace; its prompts are built as
+they are sent), the synthetic shared-prefix sessions of bench replay
+(--synthetic, or --workload synthetic) or multi-turn agent sessions
+(--workload agentic: long contexts growing by a tool call and its result
+every turn, turns seconds apart; see the --agent* and --tool* flags).
+--max-requests keeps the first N requests.
 
 For each mode of --modes (as bench replay names them), and each arrival
 speedup of --arrival-speedup (the workload's arrival times are divided by
@@ -65,7 +74,26 @@ DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
 			if out == "" && !asJSON {
 				return fmt.Errorf("--out DIR (or --json) is required")
 			}
-			w, name, err := simWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
+			switch kind {
+			case "", "trace":
+			case "synthetic":
+				synthetic = true
+			case "agentic":
+				if tracePath != "" || synthetic {
+					return fmt.Errorf("give --trace, --synthetic or --workload agentic, not two")
+				}
+			default:
+				return fmt.Errorf("--workload %q: want trace, synthetic or agentic", kind)
+			}
+			var (
+				w    sim.Workload
+				name string
+			)
+			if kind == "agentic" {
+				w, name, err = agenticWorkload(agentic, maxRequests)
+			} else {
+				w, name, err = simWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
+			}
 			if err != nil {
 				return err
 			}
@@ -119,7 +147,18 @@ DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	registerEngineFlags(f, &cfg.Sim.Engine)
 	registerSyntheticFlags(f, &syn)
-	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed = cfg.Sim.Seed }
+	f.StringVar(&kind, "workload", "", "workload kind: trace (--trace), synthetic or agentic")
+	f.IntVar(&agentic.Requests, "agentic-requests", agentic.Requests, "agentic: requests (all turns of all sessions)")
+	f.IntVar(&agentic.Agents, "agents", agentic.Agents, "agentic: agent kinds, each with its own system prompt and tools")
+	f.IntVar(&agentic.SystemTokens, "agent-system-tokens", agentic.SystemTokens, "agentic: tokens of each kind's system prompt and tool definitions")
+	f.IntVar(&agentic.TaskTokens, "task-tokens", agentic.TaskTokens, "agentic: tokens of a session's task")
+	f.IntVar(&agentic.MinTurns, "min-turns", agentic.MinTurns, "agentic: fewest model calls per session")
+	f.IntVar(&agentic.MaxTurns, "max-turns", agentic.MaxTurns, "agentic: most model calls per session")
+	f.IntVar(&agentic.ToolCallTokens, "tool-call-tokens", agentic.ToolCallTokens, "agentic: tokens generated per turn (the tool call)")
+	f.IntVar(&agentic.ToolResultTokens, "tool-result-tokens", agentic.ToolResultTokens, "agentic: mean tokens of a tool's result (exponential, capped at 8×)")
+	f.Float64Var(&agentic.Rate, "agentic-rate", agentic.Rate, "agentic: requests per second")
+	f.DurationVar(&agentic.ThinkTime, "tool-time", agentic.ThinkTime, "agentic: mean time between a session's turns (answer and tool run)")
+	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed, agentic.Seed = cfg.Sim.Seed, cfg.Sim.Seed }
 	return cmd
 }
 
@@ -139,6 +178,16 @@ func simWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max 
 	}
 	w, err := sim.FromTrace(tr, max)
 	return w, name, err
+}
+
+func agenticWorkload(c workload.AgenticConfig, max int) (sim.Workload, string, error) {
+	if max > 0 {
+		c.Requests = max
+	}
+	reqs, err := workload.Agentic(c)
+	name := fmt.Sprintf("agentic (%d agent kinds × %d system tokens, %d task tokens, %d–%d turns of %d tool-call and ~%d tool-result tokens, %g req/s, %v between turns)",
+		c.Agents, c.SystemTokens, c.TaskTokens, c.MinTurns, c.MaxTurns, c.ToolCallTokens, c.ToolResultTokens, c.Rate, c.ThinkTime)
+	return sim.FromRequests(reqs), name, err
 }
 
 // goodputSummary is a one-line-per-mode table for the terminal.

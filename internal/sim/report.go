@@ -62,9 +62,13 @@ func Markdown(w io.Writer, res *Results) error {
 	if c.Command != "" {
 		fmt.Fprintf(bw, "```sh\n%s\n```\n\n", c.Command)
 	}
-	fmt.Fprintf(bw, "%s: %d requests over %.0f s, on %d simulated engines (%d KV blocks of %d tokens, %d batched tokens per step), KV events %.0f ms late, engine metrics every %.0f ms, seed %d. "+
+	engines := fmt.Sprintf("%d simulated engines", c.Workers)
+	if c.DPSize > 1 {
+		engines += fmt.Sprintf(" of %d data-parallel ranks", c.DPSize)
+	}
+	fmt.Fprintf(bw, "%s: %d requests over %.0f s, on %s (%d KV blocks of %d tokens, %d batched tokens per step), KV events %.0f ms late, engine metrics every %.0f ms, seed %d. "+
 		"Times are model time, in ms. Ceiling hit rate (one infinite cache): %.3f. %.0f s of model time simulated in %.1f s.\n\n",
-		c.Workload, c.Requests, c.SpanS, c.Workers, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, res.ModelS, res.WallS)
+		c.Workload, c.Requests, c.SpanS, engines, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, res.ModelS, res.WallS)
 	slo := fmt.Sprintf("p90 TTFT ≤ %.0f ms", c.SLOTTFTP90MS)
 	if c.SLOITLP90MS > 0 {
 		slo += fmt.Sprintf(", p90 ITL ≤ %.0f ms", c.SLOITLP90MS)

@@ -58,6 +58,10 @@ const DefaultKVEventDelay = 5 * time.Millisecond
 // Config is one simulated fleet behind one router.
 type Config struct {
 	Workers int
+	// DPSize is each engine's data-parallel ranks (the mocker's
+	// --data-parallel-size): the router routes to ranks, each rank is an
+	// engine core of its own; 0 means 1.
+	DPSize int
 	// Engine is every engine's configuration; each rank's seed is derived
 	// from Engine.Seed as the mocker's fleet derives it.
 	Engine engine.Config
@@ -295,7 +299,8 @@ type sim struct {
 	q     eventQueue
 
 	r       *router.Router
-	engines []simEngine
+	dp      int
+	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
 	reqs    []reqState
 	// held are the requests in the router's queue.
 	held map[int]workload.Request
@@ -344,7 +349,8 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		return nil, err
 	}
 	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
-	s.engines = make([]simEngine, cfg.Workers)
+	s.dp = max(cfg.DPSize, 1)
+	s.engines = make([]simEngine, cfg.Workers*s.dp)
 	for i := range s.engines {
 		ecfg := cfg.Engine
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
@@ -353,8 +359,10 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 			return nil, err
 		}
 		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
-		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i + 1)}}
-		s.r.AddWorker(router.WorkerInfo{ID: uint64(i + 1), TotalKVBlocks: ecfg.NumGPUBlocks, MaxNumBatchedTokens: ecfg.MaxNumBatchedTokens})
+		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}}
+	}
+	for id := range cfg.Workers {
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens})
 	}
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
@@ -425,7 +433,7 @@ func (s *sim) arrive(i int) error {
 
 // start hands a routed request to its engine.
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
-	e := int(w.ID) - 1
+	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
 	rs := &s.reqs[i]
 	rs.engine = int32(e)
 	rs.started = true
@@ -524,7 +532,7 @@ func (s *sim) stepDone(e int) error {
 	}
 	if res.Duration == 0 {
 		if se.zero++; se.zero > maxZeroSteps {
-			return fmt.Errorf("sim: engine %d makes no progress", e+1)
+			return fmt.Errorf("sim: engine %v makes no progress", se.w)
 		}
 	} else {
 		se.zero = 0

@@ -62,6 +62,7 @@ func TestConservation(t *testing.T) {
 		{"llm-d-precise reads engine load", "llm-d-precise", 2, nil},
 		{"round-robin", "round-robin", 2, nil},
 		{"approximate mode", "kv", 2, func(c *Config) { c.Router.KVEvents = false }},
+		{"data-parallel ranks", "kv", 2, func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
 	}
 	w := synthetic(t, 240)
 	for _, tc := range cases {

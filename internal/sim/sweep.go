@@ -52,6 +52,7 @@ type RunConfig struct {
 	SpanS           float64   `json:"span_s"` // the workload's arrival span at speedup 1
 	Modes           []string  `json:"modes"`
 	Workers         int       `json:"workers"`
+	DPSize          int       `json:"data_parallel_size"`
 	ArrivalSpeedups []float64 `json:"arrival_speedups"`
 	SLOTTFTP90MS    float64   `json:"slo_ttft_p90_ms"`
 	SLOITLP90MS     float64   `json:"slo_itl_p90_ms,omitempty"`
@@ -140,7 +141,7 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		}
 	}
 	res.Config = RunConfig{
-		Requests: w.Len(), SpanS: Span(w).Seconds(), Modes: slices.Clone(cfg.Modes), Workers: cfg.Sim.Workers,
+		Requests: w.Len(), SpanS: Span(w).Seconds(), Modes: slices.Clone(cfg.Modes), Workers: cfg.Sim.Workers, DPSize: max(cfg.Sim.DPSize, 1),
 		ArrivalSpeedups: speedups, SLOTTFTP90MS: ms(cfg.SLOTTFTP90), SLOITLP90MS: ms(cfg.SLOITLP90), Seed: cfg.Sim.Seed,
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),

@@ -17,7 +17,9 @@ type SweepConfig struct {
 	SLOTTFTP90      time.Duration // --slo-ttft-p90
 	SLOITLP90       time.Duration // --slo-itl-p90; 0 = no ITL objective
 	// BisectSteps is how many runs refine each goodput between the tested
-	// speedups around it; each halves the interval.
+	// speedups around it; each halves the interval. 0 = none: the goodput
+	// is then the highest tested speedup meeting the SLO below the first
+	// missing it (DefaultBisectSteps is the command's default).
 	BisectSteps int
 	// Parallel bounds the modes simulated at once; 0 = GOMAXPROCS.
 	Parallel int
@@ -93,9 +95,6 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	speedups := slices.Clone(cfg.ArrivalSpeedups)
 	slices.Sort(speedups)
 	speedups = slices.Compact(speedups)
-	if cfg.BisectSteps == 0 {
-		cfg.BisectSteps = DefaultBisectSteps
-	}
 	par := cfg.Parallel
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)

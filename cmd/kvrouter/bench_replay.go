@@ -110,9 +110,7 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	}
 	f := cmd.Flags()
 	rf.register(f)
-	f.StringVar(&tracePath, "trace", "", "Mooncake JSONL trace to replay")
-	f.BoolVar(&synthetic, "synthetic", false, "replay a generated shared-prefix workload instead of a trace")
-	f.StringVar(&modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
+	registerWorkloadFlags(f, "replay", &tracePath, &synthetic, &modes)
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated engines per mode")
 	f.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "engines' speedup ratio (wall time = model time / speedup)")
 	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
@@ -199,6 +197,14 @@ func loadTrace(path string, max int, strict bool, warn io.Writer) (*trace.Trace,
 		name = fmt.Sprintf("%s (first %d requests)", path, max)
 	}
 	return tr, name, nil
+}
+
+// registerWorkloadFlags binds the workload and the modes to run; verb is
+// what the command does with them.
+func registerWorkloadFlags(f *pflag.FlagSet, verb string, tracePath *string, synthetic *bool, modes *string) {
+	f.StringVar(tracePath, "trace", "", "Mooncake JSONL trace to "+verb)
+	f.BoolVar(synthetic, "synthetic", false, verb+" a generated shared-prefix workload instead of a trace")
+	f.StringVar(modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
 }
 
 // registerSyntheticFlags binds the synthetic workload's flags.

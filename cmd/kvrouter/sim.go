@@ -128,9 +128,7 @@ DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
 	}
 	f := cmd.Flags()
 	rf.register(f)
-	f.StringVar(&tracePath, "trace", "", "Mooncake JSONL trace to simulate")
-	f.BoolVar(&synthetic, "synthetic", false, "simulate a generated shared-prefix workload instead of a trace")
-	f.StringVar(&modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
+	registerWorkloadFlags(f, "simulate", &tracePath, &synthetic, &modes)
 	f.IntVar(&cfg.Sim.Workers, "workers", cfg.Sim.Workers, "simulated engines")
 	f.IntVar(&cfg.Sim.DPSize, "data-parallel-size", 1, "data-parallel ranks per engine, routed to separately")
 	f.Float64SliceVar(&cfg.ArrivalSpeedups, "arrival-speedup", []float64{1, 2, 4, 8, 12, 16}, "loads to run: divide the workload's arrival times by each")

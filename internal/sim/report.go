@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/kvrouter/kvrouter/internal/plots"
+	"github.com/kvrouter/kvrouter/internal/replay"
 )
 
 // WriteReport writes results.json, report.md and the load plots
@@ -29,15 +30,7 @@ func WriteReport(dir string, res *Results) error {
 	if err := writePlots(dir, res); err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(dir, "report.md"))
-	if err != nil {
-		return err
-	}
-	if err := Markdown(f, res); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return replay.WriteFile(filepath.Join(dir, "report.md"), func(w io.Writer) error { return Markdown(w, res) })
 }
 
 // JSON is results.json's content (what --json prints).

@@ -28,6 +28,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -107,18 +108,8 @@ func (r Requests) Request(i int) workload.Request { return r[i] }
 // FromRequests orders reqs by arrival (stably, as bench replay sends them).
 func FromRequests(reqs []workload.Request) Requests {
 	out := slices.Clone(reqs)
-	slices.SortStableFunc(out, func(a, b workload.Request) int { return cmpDuration(a.At, b.At) })
+	slices.SortStableFunc(out, func(a, b workload.Request) int { return cmp.Compare(a.At, b.At) })
 	return out
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Trace is a Mooncake trace whose prompts are built when they are sent:
@@ -621,7 +612,7 @@ func gapDist(runs []gapRun) replay.Dist {
 	sorted := slices.Clone(runs)
 	// The sum below adds in sorted order, whatever order runs came in:
 	// floating-point sums depend on it.
-	slices.SortFunc(sorted, func(a, b gapRun) int { return cmpDuration(time.Duration(a.ns), time.Duration(b.ns)) })
+	slices.SortFunc(sorted, func(a, b gapRun) int { return cmp.Compare(a.ns, b.ns) })
 	var n int
 	var sum float64
 	for _, r := range sorted {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/internal/bench"
 	"github.com/kvrouter/kvrouter/internal/workload"
 )
 
@@ -28,23 +29,6 @@ func smallConfig() Config {
 	// Small caches: evictions, and Removed events, happen.
 	cfg.Engine.NumGPUBlocks = 2048
 	return cfg
-}
-
-// engineBlocks is an engine's cache as sequence hashes, the reference the
-// router's index must match.
-func engineBlocks(se *simEngine, blockSize int) map[uint64]bool {
-	h := blockhash.New(blockSize, "")
-	seqOf := map[uint64]uint64{}
-	out := map[uint64]bool{}
-	for _, b := range se.eng.CachedBlocks() {
-		seq := h.LocalHash(b.Tokens)
-		if b.Parent != nil {
-			seq = blockhash.Chain(seqOf[*b.Parent], seq)
-		}
-		seqOf[b.Hash] = seq
-		out[seq] = true
-	}
-	return out
 }
 
 func TestConservation(t *testing.T) {
@@ -103,7 +87,7 @@ func TestConservation(t *testing.T) {
 			}
 			for i := range s.engines {
 				se := &s.engines[i]
-				want := engineBlocks(se, cfg.Engine.BlockSize)
+				want := bench.EngineSeqs(blockhash.New(cfg.Engine.BlockSize, ""), se.eng.CachedBlocks())
 				got := map[uint64]bool{}
 				for _, h := range s.r.HeldBlocks(se.w) {
 					got[h] = true

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/kvrouter/kvrouter/internal/trace"
 )
 
 // AgenticConfig describes multi-turn agent sessions: an agent of one of a
@@ -100,15 +98,7 @@ func Agentic(c AgenticConfig) ([]Request, error) {
 	}
 	arrivals := rand.New(rand.NewPCG(c.Seed, arrivalStream))
 	content := rand.New(rand.NewPCG(c.Seed, contentStream))
-	kindOffset := content.Uint64N(trace.Vocab)
-	sessionOffset := content.Uint64N(trace.Vocab)
-	systems := make([][]uint32, c.Agents)
-	for g := range systems {
-		s := make([]uint32, c.SystemTokens)
-		s[0] = distinctToken(uint64(g), kindOffset)
-		fillTokens(content, s[1:])
-		systems[g] = s
-	}
+	systems, sessionOffset := systemPrompts(content, c.Agents, c.SystemTokens)
 	meanTurns := float64(c.MinTurns+c.MaxTurns) / 2
 	sessionGap := float64(time.Second) * meanTurns / c.Rate
 	think := float64(c.ThinkTime)

@@ -170,6 +170,7 @@ type Point struct {
 	// HitRate is cached prompt tokens / prompt tokens, as the engines
 	// counted them (replay's prefix_hit_rate).
 	HitRate     float64 `json:"hit_rate"`
+	FirstError  string  `json:"first_error,omitempty"`
 	Queued      uint64  `json:"queued"` // requests the router's admission queue held
 	Preemptions uint64  `json:"preemptions"`
 	// ModelS is the model time from the first arrival to the last token.
@@ -189,8 +190,8 @@ func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, er
 	return s.point(), nil
 }
 
-// Event kinds, in the order they run when due at the same instant and
-// queued in the same order.
+// Event kinds. Events due at the same instant run in the order they were
+// scheduled.
 const (
 	evArrival uint8 = iota
 	evStepStart
@@ -263,9 +264,8 @@ type simEngine struct {
 // reqState is one request's life, in model ns.
 type reqState struct {
 	arrival, first, last, done int64
-	engine                     int32
 	prompt, cached             int32
-	started, finished, failed  bool
+	finished, failed           bool
 }
 
 // gapRun is n inter-token gaps of the same length.
@@ -300,7 +300,6 @@ type sim struct {
 	dispatched []dispatch
 	pollLoad   bool
 	remaining  int // requests not finished or failed
-	nextArr    int
 
 	gaps     map[int64]int // inter-token gaps, in gapQuantum, counted
 	errors   int
@@ -326,6 +325,8 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
 	case cfg.KVEventDelay < 0:
 		return nil, fmt.Errorf("sim: negative kv event delay %v", cfg.KVEventDelay)
+	case cfg.EngineMetricsInterval <= 0:
+		return nil, fmt.Errorf("sim: the engine metrics interval must be positive, got %v", cfg.EngineMetricsInterval)
 	case w.Len() == 0:
 		return nil, errors.New("sim: the workload has no requests")
 	}
@@ -425,9 +426,6 @@ func (s *sim) arrive(i int) error {
 // start hands a routed request to its engine.
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
-	rs := &s.reqs[i]
-	rs.engine = int32(e)
-	rs.started = true
 	id := strconv.Itoa(i)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL}); err != nil {
 		s.r.Free(id)
@@ -572,6 +570,9 @@ func (s *sim) poll() {
 
 func (s *sim) point() Point {
 	p := Point{ArrivalSpeedup: s.scale, Requests: len(s.reqs), Errors: s.errors}
+	if s.firstErr != nil {
+		p.FirstError = s.firstErr.Error()
+	}
 	if span := Span(s.w).Seconds() / s.scale; span > 0 {
 		p.ArrivalRPS = float64(len(s.reqs)) / span
 	}

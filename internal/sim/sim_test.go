@@ -180,3 +180,35 @@ func BenchmarkRun(b *testing.B) {
 	b.ReportMetric(model/b.Elapsed().Seconds(), "model-s/s")
 	b.ReportMetric(float64(b.N*w.Len())/b.Elapsed().Seconds(), "requests/s")
 }
+
+// A request no engine can hold fails once, leaves no load behind and does
+// not stop the others.
+func TestEngineRefusalIsCountedOnce(t *testing.T) {
+	long := make([]uint32, 2000)
+	for i := range long {
+		long[i] = uint32(i)
+	}
+	reqs := Requests{
+		{At: 0, Tokens: long[:100], OSL: 4},
+		{At: time.Millisecond, Tokens: long, OSL: 4}, // 126 blocks of 16 > 64
+		{At: 2 * time.Millisecond, Tokens: long[:200], OSL: 4},
+	}
+	cfg := smallConfig()
+	cfg.Engine.NumGPUBlocks = 64
+	s, err := newSim(cfg, "kv", reqs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	p := s.point()
+	if p.Errors != 1 || p.FirstError == "" || !s.reqs[1].failed || !s.reqs[0].finished || !s.reqs[2].finished {
+		t.Fatalf("%+v", p)
+	}
+	for _, l := range s.r.Loads() {
+		if l.ActiveRequests != 0 {
+			t.Fatalf("load left on %v", l.Worker)
+		}
+	}
+}

@@ -659,8 +659,8 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 		return d, err
 	}
 
-	d, ch, err := r.book(p, sc, nil)
-	if ch == nil {
+	d, queued, ch, err := r.book(p, sc, nil)
+	if !queued {
 		d.Timings.Total = time.Since(start)
 		return d, err
 	}
@@ -704,38 +704,39 @@ func (r *Router) Submit(req *Request, dispatched func(Decision, error)) (d Decis
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
 	r.match(p, sc)
-	d, ch, err := r.book(p, sc, dispatched)
-	if ch == nil {
+	d, queued, _, err = r.book(p, sc, dispatched)
+	if !queued {
 		release(p)
 	}
-	return d, ch != nil, err
+	return d, queued, err
 }
 
-// book decides p now or, when the queue holds it, leaves it for drain:
-// ch is then where the decision will come, or, with fn set, where it will
-// not (fn gets it) but whose being non-nil says that the request waits.
-func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Decision, ch chan queuedResult, err error) {
+// book decides p now or, when the queue holds it, leaves it to drain,
+// which hands the decision to fn or, without fn, on ch.
+func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Decision, queued bool, ch chan queuedResult, err error) {
 	req := p.req
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.waiters[req.ID]; dup {
-		return Decision{}, nil, ErrDuplicateID
+		return Decision{}, false, nil, ErrDuplicateID
 	}
 	if cands := r.candidates(p, sc); r.queue.Len() == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
 		d, err := r.decide(p, sc, cands, true)
-		return d, nil, err
+		return d, false, nil, err
 	}
 	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
 	if err := r.queue.Push(sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
-		return Decision{}, nil, err
+		return Decision{}, false, nil, err
 	}
-	ch = make(chan queuedResult, 1)
+	if fn == nil {
+		ch = make(chan queuedResult, 1)
+	}
 	r.waiters[req.ID] = waiter{ch: ch, fn: fn, p: p}
 	r.stats.queued.Add(1)
 	if r.onQueued != nil {
 		r.onQueued(req.ID)
 	}
-	return Decision{}, ch, nil
+	return Decision{}, true, ch, nil
 }
 
 func (r *Router) prepare(req *Request) (*prepared, error) {

@@ -44,5 +44,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchRecoveryCmd(), // bench_recovery.go
 		newBenchMemoryCmd(),   // bench_memory.go
 		newBenchChaosCmd(),    // bench_chaos.go
+		newBenchSimCmd(),      // bench_sim.go
 	)
 }

@@ -71,3 +71,21 @@ func TestSimCommandWritesResults(t *testing.T) {
 		t.Fatalf("no progress on stderr: %s", stderr.String())
 	}
 }
+
+func TestBenchSimReportsSpeed(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"bench", "sim", "--synthetic", "--synthetic-requests", "60", "--workers", "2", "--json", "--quiet"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var res simBenchResult
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != 60 || res.ModelS <= 0 || res.WallS <= 0 || res.Speed <= 0 || res.PeakRSSMB <= 0 || res.TTFTP90MS <= 0 {
+		t.Fatalf("%+v", res)
+	}
+}

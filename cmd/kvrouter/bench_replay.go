@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/core/sched"
 	"github.com/kvrouter/kvrouter/internal/replay"
 	"github.com/kvrouter/kvrouter/internal/trace"
 	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
 // allReplayModes is every policy worth comparing: kvrouter's kv mode, the
@@ -108,9 +110,7 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	}
 	f := cmd.Flags()
 	rf.register(f)
-	f.StringVar(&tracePath, "trace", "", "Mooncake JSONL trace to replay")
-	f.BoolVar(&synthetic, "synthetic", false, "replay a generated shared-prefix workload instead of a trace")
-	f.StringVar(&modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
+	registerWorkloadFlags(f, "replay", &tracePath, &synthetic, &modes)
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated engines per mode")
 	f.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "engines' speedup ratio (wall time = model time / speedup)")
 	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
@@ -121,18 +121,9 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
-	f.IntVar(&cfg.Fleet.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Fleet.Engine.NumGPUBlocks, "KV blocks per engine")
-	f.IntVar(&cfg.Fleet.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Fleet.Engine.MaxNumBatchedTokens, "engines' token budget per step")
-	f.IntVar(&cfg.Fleet.Engine.MaxNumSeqs, "max-num-seqs", cfg.Fleet.Engine.MaxNumSeqs, "engines' most running requests")
+	registerEngineFlags(f, &cfg.Fleet.Engine)
 	f.DurationVar(&cfg.EngineMetricsInterval, "engine-metrics-interval", cfg.EngineMetricsInterval, "model-time interval of /metrics reads for modes scoring by engine load")
-	f.IntVar(&syn.Requests, "synthetic-requests", syn.Requests, "synthetic: requests")
-	f.IntVar(&syn.Groups, "groups", syn.Groups, "synthetic: distinct system prompts")
-	f.IntVar(&syn.SystemTokens, "system-tokens", syn.SystemTokens, "synthetic: tokens per system prompt")
-	f.IntVar(&syn.QuestionTokens, "question-tokens", syn.QuestionTokens, "synthetic: new user tokens per turn")
-	f.IntVar(&syn.OutputTokens, "output-tokens", syn.OutputTokens, "synthetic: output tokens per turn")
-	f.Float64Var(&syn.Rate, "rate", syn.Rate, "synthetic: requests per second")
-	f.IntVar(&syn.Turns, "turns", syn.Turns, "synthetic: turns per session")
-	f.DurationVar(&syn.ThinkTime, "think-time", syn.ThinkTime, "synthetic: mean time between a session's turns")
+	registerSyntheticFlags(f, &syn)
 	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed = cfg.Seed }
 	return cmd
 }
@@ -178,6 +169,16 @@ func loadWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max
 	case path == "":
 		return nil, "", fmt.Errorf("give --trace FILE or --synthetic")
 	}
+	tr, name, err := loadTrace(path, max, strict, warn)
+	if err != nil {
+		return nil, "", err
+	}
+	return workload.FromTrace(tr, max), name, nil
+}
+
+// loadTrace parses a Mooncake trace, skipping malformed lines with a
+// warning unless strict, and names it as reports do.
+func loadTrace(path string, max int, strict bool, warn io.Writer) (*trace.Trace, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, "", err
@@ -195,5 +196,32 @@ func loadWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max
 	if max > 0 && max < len(tr.Requests) {
 		name = fmt.Sprintf("%s (first %d requests)", path, max)
 	}
-	return workload.FromTrace(tr, max), name, nil
+	return tr, name, nil
+}
+
+// registerWorkloadFlags binds the workload and the modes to run; verb is
+// what the command does with them.
+func registerWorkloadFlags(f *pflag.FlagSet, verb string, tracePath *string, synthetic *bool, modes *string) {
+	f.StringVar(tracePath, "trace", "", "Mooncake JSONL trace to "+verb)
+	f.BoolVar(synthetic, "synthetic", false, verb+" a generated shared-prefix workload instead of a trace")
+	f.StringVar(modes, "modes", "kv,round-robin", `comma-separated routing modes, or "all"`)
+}
+
+// registerSyntheticFlags binds the synthetic workload's flags.
+func registerSyntheticFlags(f *pflag.FlagSet, syn *workload.SyntheticConfig) {
+	f.IntVar(&syn.Requests, "synthetic-requests", syn.Requests, "synthetic: requests")
+	f.IntVar(&syn.Groups, "groups", syn.Groups, "synthetic: distinct system prompts")
+	f.IntVar(&syn.SystemTokens, "system-tokens", syn.SystemTokens, "synthetic: tokens per system prompt")
+	f.IntVar(&syn.QuestionTokens, "question-tokens", syn.QuestionTokens, "synthetic: new user tokens per turn")
+	f.IntVar(&syn.OutputTokens, "output-tokens", syn.OutputTokens, "synthetic: output tokens per turn")
+	f.Float64Var(&syn.Rate, "rate", syn.Rate, "synthetic: requests per second")
+	f.IntVar(&syn.Turns, "turns", syn.Turns, "synthetic: turns per session")
+	f.DurationVar(&syn.ThinkTime, "think-time", syn.ThinkTime, "synthetic: mean time between a session's turns")
+}
+
+// registerEngineFlags binds the simulated engines' sizes.
+func registerEngineFlags(f *pflag.FlagSet, e *engine.Config) {
+	f.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", e.NumGPUBlocks, "KV blocks per engine")
+	f.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", e.MaxNumBatchedTokens, "engines' token budget per step")
+	f.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "engines' most running requests")
 }

@@ -27,6 +27,7 @@ func addCommands(root *cobra.Command) {
 		newAgentCmd(),   // agent.go: puts one engine on the NATS plane
 		newDoctorCmd(),  // doctor.go: checks engines as serve will use them
 		newDemoCmd(),    // demo.go: trace replay through the router over in-process caches
+		newSimCmd(),     // sim.go: the router and engine cores in virtual time
 		newMockerCmd(),  // mocker.go: simulated vLLM engines
 	)
 }
@@ -43,5 +44,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchRecoveryCmd(), // bench_recovery.go
 		newBenchMemoryCmd(),   // bench_memory.go
 		newBenchChaosCmd(),    // bench_chaos.go
+		newBenchSimCmd(),      // bench_sim.go
 	)
 }

@@ -190,7 +190,7 @@ type Router struct {
 	// burst sharing one hot prefix from piling onto a single worker.
 	mu      sync.Mutex
 	queue   *sched.Queue
-	waiters map[string]chan queuedResult
+	waiters map[string]waiter
 	// onQueued, if set, is called with r.mu held once a request waits in
 	// the queue; tests synchronise on it.
 	onQueued func(id string)
@@ -239,6 +239,25 @@ func (f *fleet) blockSize(id uint64, routerSize int) int {
 type queuedResult struct {
 	d   Decision
 	err error
+}
+
+// waiter is how a queued request learns its decision: on ch, for
+// BestWorker, or by fn, for Submit (which then releases p).
+type waiter struct {
+	ch chan queuedResult
+	fn func(Decision, error)
+	p  *prepared
+}
+
+// notify runs with r.mu held, from the drain that dispatched the request;
+// drain reads nothing of p after it.
+func (w waiter) notify(res queuedResult) {
+	if w.fn == nil {
+		w.ch <- res
+		return
+	}
+	w.fn(res.d, res.err)
+	release(w.p)
 }
 
 // New builds a router. It fails on contradictory or out-of-range settings.
@@ -299,7 +318,7 @@ func New(cfg Config) (*Router, error) {
 			Now:                cfg.Now,
 		}),
 		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
-		queue: queue, waiters: map[string]chan queuedResult{},
+		queue: queue, waiters: map[string]waiter{},
 		recovery: newRecovery(cfg.RecoveryWindow, cfg.Now),
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
@@ -640,30 +659,11 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 		return d, err
 	}
 
-	r.mu.Lock()
-	if r.waiters[req.ID] != nil {
-		r.mu.Unlock()
-		return Decision{}, ErrDuplicateID
-	}
-	if cands := r.candidates(p, sc); r.queue.Len() == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
-		d, err := r.decide(p, sc, cands, true)
-		r.mu.Unlock()
+	d, queued, ch, err := r.book(p, sc, nil)
+	if !queued {
 		d.Timings.Total = time.Since(start)
 		return d, err
 	}
-	ch := make(chan queuedResult, 1)
-	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
-	if err := r.queue.Push(sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
-		r.mu.Unlock()
-		return Decision{}, err
-	}
-	r.waiters[req.ID] = ch
-	r.stats.queued.Add(1)
-	if r.onQueued != nil {
-		r.onQueued(req.ID)
-	}
-	r.mu.Unlock()
-
 	select {
 	case res := <-ch:
 		res.d.Timings.Total = time.Since(start)
@@ -681,6 +681,62 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 		}
 		return Decision{}, ctx.Err()
 	}
+}
+
+// Submit books req (req.ID must be set) as BestWorker does, but never
+// blocks. It is for a caller that owns the clock and runs on one
+// goroutine, a discrete-event simulator: a request waiting in the
+// admission queue is dispatched only by a later Free or
+// MarkPrefillCompleted, which such a caller cannot make while BestWorker
+// blocks it. queued reports a request that waits; dispatched is then
+// called once, from inside the Free, MarkPrefillCompleted or AddWorker
+// call that dispatches it, with the router's lock held: it must record
+// the decision and return without calling the router. A queued request
+// stays queued until dispatched: there is no context to give up with.
+func (r *Router) Submit(req *Request, dispatched func(Decision, error)) (d Decision, queued bool, err error) {
+	if req.ID == "" {
+		return Decision{}, false, errors.New("router: Submit needs a request id")
+	}
+	p, err := r.prepare(req)
+	if err != nil {
+		return Decision{}, false, err
+	}
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+	r.match(p, sc)
+	d, queued, _, err = r.book(p, sc, dispatched)
+	if !queued {
+		release(p)
+	}
+	return d, queued, err
+}
+
+// book decides p now or, when the queue holds it, leaves it to drain,
+// which hands the decision to fn or, without fn, on ch.
+func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Decision, queued bool, ch chan queuedResult, err error) {
+	req := p.req
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.waiters[req.ID]; dup {
+		return Decision{}, false, nil, ErrDuplicateID
+	}
+	if cands := r.candidates(p, sc); r.queue.Len() == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
+		d, err := r.decide(p, sc, cands, true)
+		return d, false, nil, err
+	}
+	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
+	if err := r.queue.Push(sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
+		return Decision{}, false, nil, err
+	}
+	if fn == nil {
+		ch = make(chan queuedResult, 1)
+	}
+	r.waiters[req.ID] = waiter{ch: ch, fn: fn, p: p}
+	r.stats.queued.Add(1)
+	if r.onQueued != nil {
+		r.onQueued(req.ID)
+	}
+	return Decision{}, true, ch, nil
 }
 
 func (r *Router) prepare(req *Request) (*prepared, error) {
@@ -878,11 +934,11 @@ func (r *Router) drain() {
 			return
 		}
 		r.queue.Pop()
-		ch := r.waiters[it.ID]
+		w := r.waiters[it.ID]
 		delete(r.waiters, it.ID)
 		d, err := r.decide(p, sc, cands, true)
 		d.Queued = r.now().Sub(p.arrival)
-		ch <- queuedResult{d, err}
+		w.notify(queuedResult{d, err})
 	}
 }
 

@@ -250,6 +250,49 @@ func TestQueueHoldsUntilCapacityAndCancelLeaksNothing(t *testing.T) {
 	}
 }
 
+// A single-threaded caller never blocks: the queued request's decision
+// comes from inside the call that frees capacity, stamped with the
+// injected clock.
+func TestSubmitQueuesWithoutBlockingAndDispatchesFromFree(t *testing.T) {
+	r, c := newRouter(t, 1, func(c *Config) {
+		q := 1.0
+		c.QueueThreshold = &q
+	})
+	r.AddWorker(WorkerInfo{ID: 0, TotalKVBlocks: 1000, MaxNumBatchedTokens: 100})
+	var dispatched []Decision
+	record := func(d Decision, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		dispatched = append(dispatched, d)
+	}
+	if _, queued, err := r.Submit(&Request{ID: "big", Tokens: tokens(1, 0, 1, 10)}, record); err != nil || queued {
+		t.Fatalf("first request: queued %v, %v", queued, err)
+	}
+	for _, id := range []string{"second", "third"} {
+		if _, queued, err := r.Submit(&Request{ID: id, Tokens: tokens(2, 0, 2, 4)}, record); err != nil || !queued {
+			t.Fatalf("%s: queued %v, %v", id, queued, err)
+		}
+	}
+	if _, _, err := r.Submit(&Request{ID: "second", Tokens: tokens(2, 0, 2, 4)}, record); !errors.Is(err, ErrDuplicateID) {
+		t.Fatalf("a queued id again: %v", err)
+	}
+	if _, _, err := r.Submit(&Request{Tokens: tokens(2, 0, 2, 4)}, record); err == nil {
+		t.Fatal("Submit without an id books nothing and must fail")
+	}
+	c.advance(3 * time.Second)
+	r.MarkPrefillCompleted("big")
+	if len(dispatched) != 2 || dispatched[0].Worker != w(0) || dispatched[0].Queued != 3*time.Second {
+		t.Fatalf("dispatched %+v", dispatched)
+	}
+	for _, id := range []string{"big", "second", "third"} {
+		r.Free(id)
+	}
+	if st := r.Stats(); st.QueuePending != 0 || st.Load.Active != 0 || st.Queued != 2 {
+		t.Fatalf("after the queue drained: %+v", st)
+	}
+}
+
 func TestApproximateModeLearnsFromDecisionsAndForgets(t *testing.T) {
 	r, c := newRouter(t, 4, func(c *Config) { c.KVEvents = false })
 	first, err := route(r, "a", tokens(5, 30, 1, 30))

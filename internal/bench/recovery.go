@@ -196,7 +196,7 @@ func RunRecovery(ctx context.Context, cfg RecoveryConfig, progress io.Writer) (R
 		}
 		err := f.Inspect(ctx, 0, 0, func(next uint64, blocks []engine.CachedBlock) {
 			smp.AfterSec = time.Since(restart).Seconds()
-			want := engineSeqs(h, blocks)
+			want := EngineSeqs(h, blocks)
 			if src == nil {
 				smp.Behind = next > 0
 			} else if next > 0 {
@@ -260,8 +260,10 @@ func RunRecovery(ctx context.Context, cfg RecoveryConfig, progress io.Writer) (R
 	return res, f.PublishErr()
 }
 
-// engineSeqs is an engine's cache (parents first) as sequence hashes.
-func engineSeqs(h blockhash.Hasher, blocks []engine.CachedBlock) map[uint64]bool {
+// EngineSeqs is an engine's cache (parents first, as
+// engine.Engine.CachedBlocks lists it) as sequence hashes: what a router's
+// index must hold for that engine.
+func EngineSeqs(h blockhash.Hasher, blocks []engine.CachedBlock) map[uint64]bool {
 	seqOf := make(map[uint64]uint64, len(blocks))
 	out := make(map[uint64]bool, len(blocks))
 	for _, b := range blocks {

@@ -108,6 +108,29 @@ func ParseMode(s string) (sched.Mode, error) {
 	return m, nil
 }
 
+// ModeConfig is the router configuration of mode name (a mode of
+// --modes) over base, for engines of blockSize tokens per block: what
+// every harness comparing modes (bench replay, sim) runs, so that they
+// compare the same policies.
+func ModeConfig(base router.Config, name string, blockSize int) (router.Config, error) {
+	mode, err := ParseMode(name)
+	if err != nil {
+		return router.Config{}, err
+	}
+	rcfg := base
+	rcfg.Mode, rcfg.BlockSize = mode, blockSize
+	if strings.TrimSpace(name) == DynamoKV {
+		d := sched.DynamoDefaults()
+		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
+	}
+	if mode != sched.ModeKV {
+		// The admission queue is kvrouter's; the policies compared with it
+		// dispatch at once, as the routers they stand for do.
+		rcfg.QueueThreshold = nil
+	}
+	return rcfg, nil
+}
+
 // Record is what one request experienced, times in model milliseconds.
 type Record struct {
 	Index        int     `json:"index"`
@@ -211,10 +234,6 @@ func probeTarget(ctx context.Context, target, model string) (string, error) {
 // runMode starts a fresh fleet and a frontend in mode, replays reqs
 // through it and stops both.
 func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, error) {
-	mode, err := ParseMode(name)
-	if err != nil {
-		return nil, 0, nil, err
-	}
 	fcfg := cfg.Fleet
 	fcfg.NumWorkers, fcfg.SpeedupRatio = cfg.Workers, cfg.Speedup
 	fcfg.Host, fcfg.HTTPPort, fcfg.KVEventsPort, fcfg.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
@@ -231,18 +250,11 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	for _, w := range workers {
 		names[w.ID] = w.Name
 	}
-	rcfg := cfg.Router
-	rcfg.Mode, rcfg.BlockSize = mode, fcfg.Engine.BlockSize
+	rcfg, err := ModeConfig(cfg.Router, name, fcfg.Engine.BlockSize)
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	rcfg.Rand = newLockedRand(cfg.Seed)
-	if name == DynamoKV {
-		d := sched.DynamoDefaults()
-		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
-	}
-	if mode != sched.ModeKV {
-		// The admission queue is kvrouter's; the policies compared with it
-		// dispatch at once, as the routers they stand for do.
-		rcfg.QueueThreshold = nil
-	}
 	metricsEvery := max(time.Duration(float64(cfg.EngineMetricsInterval)/cfg.Speedup), 5*time.Millisecond)
 	s, err := serve.Start(ctx, serve.Config{
 		Router: rcfg, Workers: workers, Addr: "127.0.0.1:0",

@@ -52,7 +52,7 @@ func TestCeilingHitRate(t *testing.T) {
 }
 
 func TestDistAndPeaks(t *testing.T) {
-	d := dist([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
+	d := DistOf([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
 	if d.Mean != 5.5 || d.P50 != 5 || d.P90 != 9 || d.P99 != 10 {
 		t.Fatalf("dist %+v", d)
 	}

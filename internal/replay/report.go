@@ -36,11 +36,16 @@ func WriteReport(dir string, res *Results) error {
 	if err := writePlots(dir, res); err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(dir, "report.md"))
+	return WriteFile(filepath.Join(dir, "report.md"), func(w io.Writer) error { return Markdown(w, res) })
+}
+
+// WriteFile creates path and writes it with write, closing it either way.
+func WriteFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := Markdown(f, res); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return err
 	}

@@ -135,7 +135,7 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 			m.WorkerShare[w] /= float64(ok)
 		}
 	}
-	m.TTFT, m.ITL, m.E2E = dist(ttft), dist(itl), dist(e2e)
+	m.TTFT, m.ITL, m.E2E = DistOf(ttft), DistOf(itl), DistOf(e2e)
 	if s := dur.Seconds(); s > 0 {
 		m.OutputTokensPerS = float64(out) / s
 		m.RequestsPerS = float64(ok) / s
@@ -149,7 +149,8 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 	return m
 }
 
-func dist(xs []float64) Dist {
+// DistOf summarises samples in model milliseconds; xs keeps its order.
+func DistOf(xs []float64) Dist {
 	s := slices.Clone(xs) // Percentile sorts in place; records keep their order
 	return Dist{Mean: bench.Mean(s), P50: bench.Percentile(s, 50), P90: bench.Percentile(s, 90), P99: bench.Percentile(s, 99)}
 }
@@ -198,31 +199,52 @@ func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
-	seen := map[uint64]struct{}{}
-	h := blockhash.New(blockSize, "")
-	var local, seq []uint64
-	var hits, total int
+	c := NewCeiling(blockSize)
 	for _, i := range order {
-		toks := reqs[i].Tokens
-		local = h.AppendLocalHashes(local[:0], toks)
-		seq = blockhash.AppendSequenceHashes(seq[:0], local)
-		hit := 0
-		for hit < len(seq) {
-			if _, ok := seen[seq[hit]]; !ok {
-				break
-			}
-			hit++
-		}
-		hits += min(hit*blockSize, (len(toks)-1)/blockSize*blockSize)
-		total += len(toks)
-		for _, s := range seq {
-			seen[s] = struct{}{}
-		}
+		c.Add(reqs[i].Tokens)
 	}
-	if total == 0 {
+	return c.Rate()
+}
+
+// Ceiling computes CeilingHitRate one prompt at a time, in arrival order,
+// for workloads whose prompts are materialised one by one.
+type Ceiling struct {
+	h           blockhash.Hasher
+	blockSize   int
+	seen        map[uint64]struct{}
+	local, seq  []uint64
+	hits, total int
+}
+
+// NewCeiling starts an empty infinite cache of blockSize-token blocks.
+func NewCeiling(blockSize int) *Ceiling {
+	return &Ceiling{h: blockhash.New(blockSize, ""), blockSize: blockSize, seen: map[uint64]struct{}{}}
+}
+
+// Add looks a prompt up and caches it.
+func (c *Ceiling) Add(toks []uint32) {
+	c.local = c.h.AppendLocalHashes(c.local[:0], toks)
+	c.seq = blockhash.AppendSequenceHashes(c.seq[:0], c.local)
+	hit := 0
+	for hit < len(c.seq) {
+		if _, ok := c.seen[c.seq[hit]]; !ok {
+			break
+		}
+		hit++
+	}
+	c.hits += min(hit*c.blockSize, (len(toks)-1)/c.blockSize*c.blockSize)
+	c.total += len(toks)
+	for _, s := range c.seq {
+		c.seen[s] = struct{}{}
+	}
+}
+
+// Rate is the hit rate of the prompts added so far.
+func (c *Ceiling) Rate() float64 {
+	if c.total == 0 {
 		return 0
 	}
-	return float64(hits) / float64(total)
+	return float64(c.hits) / float64(c.total)
 }
 
 // progress draws one line per second: a bar of completed requests.

@@ -136,15 +136,7 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 	arrivals := rand.New(rand.NewPCG(c.Seed, arrivalStream))
 	content := rand.New(rand.NewPCG(c.Seed, contentStream))
 
-	groupOffset := content.Uint64N(trace.Vocab)
-	sessionOffset := content.Uint64N(trace.Vocab)
-	systems := make([][]uint32, c.Groups)
-	for g := range systems {
-		s := make([]uint32, c.SystemTokens)
-		s[0] = distinctToken(uint64(g), groupOffset)
-		fillTokens(content, s[1:])
-		systems[g] = s
-	}
+	systems, sessionOffset := systemPrompts(content, c.Groups, c.SystemTokens)
 
 	sessionGap := float64(time.Second) * float64(c.Turns) / c.Rate // mean, ns
 	think := float64(c.ThinkTime)
@@ -184,6 +176,22 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 	}
 	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.At, b.At) })
 	return out, nil
+}
+
+// systemPrompts draws n system prompts of the given length, each starting
+// with a distinct token, and the offset that makes sessions' first tokens
+// distinct too.
+func systemPrompts(content *rand.Rand, n, tokens int) (systems [][]uint32, sessionOffset uint64) {
+	groupOffset := content.Uint64N(trace.Vocab)
+	sessionOffset = content.Uint64N(trace.Vocab)
+	systems = make([][]uint32, n)
+	for g := range systems {
+		s := make([]uint32, tokens)
+		s[0] = distinctToken(uint64(g), groupOffset)
+		fillTokens(content, s[1:])
+		systems[g] = s
+	}
+	return systems, sessionOffset
 }
 
 // distinctToken is the i-th token of a permutation of [0, Vocab).

@@ -34,14 +34,20 @@ func FromTrace(tr *trace.Trace, max int) []Request {
 	}
 	out := make([]Request, len(reqs))
 	for i := range reqs {
-		r := &reqs[i]
-		out[i] = Request{
-			At:     time.Duration(r.Timestamp) * time.Millisecond,
-			Tokens: r.Tokens(0),
-			OSL:    max1(r.OutputLength),
-		}
+		out[i] = FromTraceRequest(&reqs[i])
 	}
 	return out
+}
+
+// FromTraceRequest materialises one trace request as FromTrace does, for
+// runs that build each prompt only when it is sent: a whole trace's
+// prompts take gigabytes.
+func FromTraceRequest(r *trace.Request) Request {
+	return Request{
+		At:     time.Duration(r.Timestamp) * time.Millisecond,
+		Tokens: r.Tokens(0),
+		OSL:    max1(r.OutputLength),
+	}
 }
 
 func max1(n int) int {

@@ -68,7 +68,7 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 		capacity:  capacity,
 		caching:   caching,
 		seed:      seed,
-		byHash:    newBlockMap(capacity),
+		byHash:    newBlockMap(),
 		lruHead:   noBlock,
 		lruTail:   noBlock,
 	}

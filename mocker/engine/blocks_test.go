@@ -472,7 +472,7 @@ func removed(evs []BlockEvent) []uint64 {
 // crowded into few home slots so that probe runs are long and wrap around
 // the end of the table (backward-shift deletion).
 func TestBlockMap(t *testing.T) {
-	m := newBlockMap(8) // 16 slots
+	m := newBlockMap() // 16 slots: at most 8 keys keep it so
 	want := map[uint64]int32{}
 	rng := rand.New(rand.NewPCG(5, 5))
 	for op := 0; op < 200000; op++ {
@@ -498,8 +498,30 @@ func TestBlockMap(t *testing.T) {
 			t.Fatalf("op %d: content differs", op)
 		}
 	}
+	if len(m.slots) != minMapSlots {
+		t.Fatalf("grew to %d slots with at most 8 keys", len(m.slots))
+	}
 	m.clear()
 	if m.len() != 0 || len(m.all()) != 0 {
 		t.Fatal("clear")
+	}
+}
+
+// The table grows as keys come, keeping every entry and a load factor of
+// at most 1/2.
+func TestBlockMapGrows(t *testing.T) {
+	m := newBlockMap()
+	want := map[uint64]int32{}
+	rng := rand.New(rand.NewPCG(6, 6))
+	for i := range 10000 {
+		k := rng.Uint64() | 1
+		m.put(k, int32(i))
+		want[k] = int32(i)
+		if 2*m.len() > len(m.slots) {
+			t.Fatalf("%d keys in %d slots", m.len(), len(m.slots))
+		}
+	}
+	if len(m.slots) != 32768 || !reflect.DeepEqual(m.all(), want) {
+		t.Fatalf("%d slots, content equal: %v", len(m.slots), reflect.DeepEqual(m.all(), want))
 	}
 }

@@ -4,8 +4,11 @@ package engine
 // linear probing and backward-shift deletion, so that the constant churn of
 // a full cache (an eviction and an insertion per new block) leaves no
 // tombstones. Ids are already well-mixed hashes: the low bits index the
-// table directly. The table is sized once for the engine's capacity (load
-// factor at most 1/2) and never grows.
+// table directly. The load factor stays at most 1/2: the table starts
+// small and doubles as blocks come, up to the size the engine's capacity
+// needs, so that an engine whose cache stays small (one of a thousand in a
+// simulated fleet, each seeing a few requests) never pays for its whole
+// capacity.
 type blockMap struct {
 	slots []mapSlot
 	mask  uint64
@@ -17,14 +20,25 @@ type mapSlot struct {
 	val int32 // noBlock when empty
 }
 
-func newBlockMap(capacity int) blockMap {
-	size := 16
-	for size < 2*capacity {
-		size *= 2
-	}
-	m := blockMap{slots: make([]mapSlot, size), mask: uint64(size - 1)}
+const minMapSlots = 16
+
+func newBlockMap() blockMap {
+	m := blockMap{slots: make([]mapSlot, minMapSlots), mask: minMapSlots - 1}
 	m.clear()
 	return m
+}
+
+// grow doubles the table and reinserts every entry.
+func (m *blockMap) grow() {
+	old := m.slots
+	m.slots = make([]mapSlot, 2*len(old))
+	m.mask = uint64(len(m.slots) - 1)
+	m.clear()
+	for _, s := range old {
+		if s.val != noBlock {
+			m.put(s.key, s.val)
+		}
+	}
 }
 
 func (m *blockMap) len() int { return m.n }
@@ -48,12 +62,16 @@ func (m *blockMap) get(key uint64) (int32, bool) {
 	}
 }
 
-// put inserts or replaces key. The caller keeps the number of keys within
-// the capacity given to newBlockMap.
+// put inserts or replaces key.
 func (m *blockMap) put(key uint64, val int32) {
 	for i := key & m.mask; ; i = (i + 1) & m.mask {
 		s := &m.slots[i]
 		if s.val == noBlock {
+			if 2*(m.n+1) > len(m.slots) {
+				m.grow()
+				m.put(key, val)
+				return
+			}
 			*s = mapSlot{key: key, val: val}
 			m.n++
 			return

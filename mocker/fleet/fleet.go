@@ -67,6 +67,12 @@ func DefaultConfig() Config {
 	}
 }
 
+// RankSeed is the engine seed of the n-th rank of a fleet (counting
+// every rank of every engine) whose engines are configured with seed.
+// Distinct seeds: engines name the same content with different ids, as
+// independent vLLM processes with hash salts would.
+func RankSeed(seed uint64, n int) uint64 { return seed ^ uint64(n+1)*0x9e3779b97f4a7c15 }
+
 // Rank is where one data-parallel rank publishes.
 type Rank struct {
 	Rank           int
@@ -128,9 +134,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		var runners []*server.Runner
 		for r := range dp {
 			ecfg := cfg.Engine
-			// Distinct seeds: engines name the same content with different
-			// ids, as independent vLLM processes with hash salts would.
-			ecfg.Seed = cfg.Engine.Seed ^ uint64(i*dp+r+1)*0x9e3779b97f4a7c15
+			ecfg.Seed = RankSeed(cfg.Engine.Seed, i*dp+r)
 			eng, err := engine.New(ecfg)
 			if err != nil {
 				return nil, err

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvrouter/kvrouter/internal/sim"
+	"github.com/kvrouter/kvrouter/internal/workload"
+)
+
+func newSimCmd() *cobra.Command {
+	var (
+		cfg         = sim.SweepConfig{Sim: sim.DefaultConfig(), SLOTTFTP90: 2 * time.Second, BisectSteps: sim.DefaultBisectSteps}
+		rf          = newRouterFlags()
+		syn         = workload.DefaultSyntheticConfig()
+		agentic     = workload.DefaultAgenticConfig()
+		kind        string
+		tracePath   string
+		synthetic   bool
+		modes       string
+		maxRequests int
+		strict      bool
+		out         string
+		asJSON      bool
+		quiet       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Simulate the router and its engines in virtual time: latency, hit rate and goodput per mode across loads",
+		Long: `Replays a workload through kvrouter's router and the mocker's engine core
+in virtual time, in one single-threaded event loop per run: the same code
+as kvrouter serve in front of kvrouter mocker engines, without sockets or
+wall-clock waits, so a trace that takes an hour to replay takes seconds.
+
+The workload is a Mooncake JSONL trace (--trace; its prompts are built as
+they are sent), the synthetic shared-prefix sessions of bench replay
+(--synthetic, or --workload synthetic) or multi-turn agent sessions
+(--workload agentic: long contexts growing by a tool call and its result
+every turn, turns seconds apart; see the --agent* and --tool* flags).
+--max-requests keeps the first N requests.
+
+For each mode of --modes (as bench replay names them), and each arrival
+speedup of --arrival-speedup (the workload's arrival times are divided by
+it: more load), runs the workload on a fresh fleet of --workers engines,
+then bisects between the tested loads for the mode's goodput: the highest
+arrival rate, in requests per second of model time, at which p90 TTFT
+stays within --slo-ttft-p90 (and p90 inter-token latency within
+--slo-itl-p90, if given). Modes run in parallel.
+
+KV events reach the router --kv-event-delay after the step that made them;
+the peers' policies read engine load every --engine-metrics-interval.
+Router flags are serve's. The same inputs and --seed give the same
+results.json, but for wall_s.
+
+Writes DIR/results.json, DIR/report.md, DIR/ttft_vs_load.png,
+DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rcfg, err := rf.config(cmd.Flags(), func(w string) { fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w) })
+			if err != nil {
+				return err
+			}
+			// One block size for engines and router: the sim's engines
+			// are configured here, not discovered.
+			cfg.Sim.Router, cfg.Sim.Engine.BlockSize = rcfg, rcfg.BlockSize
+			if cfg.Modes, err = parseModes(modes); err != nil {
+				return err
+			}
+			if out == "" && !asJSON {
+				return fmt.Errorf("--out DIR (or --json) is required")
+			}
+			switch kind {
+			case "", "trace":
+			case "synthetic":
+				synthetic = true
+			case "agentic":
+				if tracePath != "" || synthetic {
+					return fmt.Errorf("give --trace, --synthetic or --workload agentic, not two")
+				}
+			default:
+				return fmt.Errorf("--workload %q: want trace, synthetic or agentic", kind)
+			}
+			var (
+				w    sim.Workload
+				name string
+			)
+			if kind == "agentic" {
+				w, name, err = agenticWorkload(agentic, maxRequests)
+			} else {
+				w, name, err = simWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
+			}
+			if err != nil {
+				return err
+			}
+			if !quiet {
+				cfg.Progress = func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
+				fmt.Fprintf(cmd.ErrOrStderr(), "simulating %d requests of %s (span %.0f s) in %d modes at arrival speedups %v\n",
+					w.Len(), name, sim.Span(w).Seconds(), len(cfg.Modes), cfg.ArrivalSpeedups)
+			}
+			res, err := sim.Sweep(cfg, w)
+			if err != nil {
+				return err
+			}
+			res.Config.Workload = name
+			res.Config.Command = "kvrouter " + strings.Join(os.Args[1:], " ")
+			if out != "" {
+				if err := sim.WriteReport(out, res); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				b, err := sim.JSON(res)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(b)
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), goodputSummary(res))
+			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s/report.md (%.0f s of model time in %.1f s)\n", out, res.ModelS, res.WallS)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	rf.register(f)
+	registerWorkloadFlags(f, "simulate", &tracePath, &synthetic, &modes)
+	f.IntVar(&cfg.Sim.Workers, "workers", cfg.Sim.Workers, "simulated engines")
+	f.IntVar(&cfg.Sim.DPSize, "data-parallel-size", 1, "data-parallel ranks per engine, routed to separately")
+	f.Float64SliceVar(&cfg.ArrivalSpeedups, "arrival-speedup", []float64{1, 2, 4, 8, 12, 16}, "loads to run: divide the workload's arrival times by each")
+	f.DurationVar(&cfg.SLOTTFTP90, "slo-ttft-p90", cfg.SLOTTFTP90, "goodput objective: p90 time to first token (model time)")
+	f.DurationVar(&cfg.SLOITLP90, "slo-itl-p90", 0, "goodput objective: p90 inter-token latency (model time); 0 = none")
+	f.IntVar(&cfg.BisectSteps, "bisect-steps", cfg.BisectSteps, "runs that refine each mode's goodput, each halving the interval")
+	f.IntVar(&cfg.Parallel, "parallel", 0, "modes simulated at once (0 = one per core)")
+	f.DurationVar(&cfg.Sim.KVEventDelay, "kv-event-delay", cfg.Sim.KVEventDelay, "model time from an engine's step to its KV events' arrival at the router")
+	f.DurationVar(&cfg.Sim.EngineMetricsInterval, "engine-metrics-interval", cfg.Sim.EngineMetricsInterval, "model-time interval of engine-load reads for modes scoring by engine load")
+	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")
+	f.Uint64Var(&cfg.Sim.Seed, "seed", cfg.Sim.Seed, "seed of the router's tie-breaks and of the synthetic workload")
+	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
+	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")
+	f.BoolVar(&asJSON, "json", false, "print results.json to stdout")
+	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	registerEngineFlags(f, &cfg.Sim.Engine)
+	registerSyntheticFlags(f, &syn)
+	f.StringVar(&kind, "workload", "", "workload kind: trace (--trace), synthetic or agentic")
+	f.IntVar(&agentic.Requests, "agentic-requests", agentic.Requests, "agentic: requests (all turns of all sessions)")
+	f.IntVar(&agentic.Agents, "agents", agentic.Agents, "agentic: agent kinds, each with its own system prompt and tools")
+	f.IntVar(&agentic.SystemTokens, "agent-system-tokens", agentic.SystemTokens, "agentic: tokens of each kind's system prompt and tool definitions")
+	f.IntVar(&agentic.TaskTokens, "task-tokens", agentic.TaskTokens, "agentic: tokens of a session's task")
+	f.IntVar(&agentic.MinTurns, "min-turns", agentic.MinTurns, "agentic: fewest model calls per session")
+	f.IntVar(&agentic.MaxTurns, "max-turns", agentic.MaxTurns, "agentic: most model calls per session")
+	f.IntVar(&agentic.ToolCallTokens, "tool-call-tokens", agentic.ToolCallTokens, "agentic: tokens generated per turn (the tool call)")
+	f.IntVar(&agentic.ToolResultTokens, "tool-result-tokens", agentic.ToolResultTokens, "agentic: mean tokens of a tool's result (exponential, capped at 8×)")
+	f.Float64Var(&agentic.Rate, "agentic-rate", agentic.Rate, "agentic: requests per second")
+	f.DurationVar(&agentic.ThinkTime, "tool-time", agentic.ThinkTime, "agentic: mean time between a session's turns (answer and tool run)")
+	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed, agentic.Seed = cfg.Sim.Seed, cfg.Sim.Seed }
+	return cmd
+}
+
+// simWorkload is the trace, its prompts built as they are sent, or the
+// synthetic workload.
+func simWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max int, strict bool, warn io.Writer) (sim.Workload, string, error) {
+	if synthetic || path == "" {
+		reqs, name, err := loadWorkload(path, synthetic, syn, max, strict, warn)
+		if err != nil {
+			return nil, "", err
+		}
+		return sim.FromRequests(reqs), name, nil
+	}
+	tr, name, err := loadTrace(path, max, strict, warn)
+	if err != nil {
+		return nil, "", err
+	}
+	w, err := sim.FromTrace(tr, max)
+	return w, name, err
+}
+
+func agenticWorkload(c workload.AgenticConfig, max int) (sim.Workload, string, error) {
+	if max > 0 {
+		c.Requests = max
+	}
+	reqs, err := workload.Agentic(c)
+	name := fmt.Sprintf("agentic (%d agent kinds × %d system tokens, %d task tokens, %d–%d turns of %d tool-call and ~%d tool-result tokens, %g req/s, %v between turns)",
+		c.Agents, c.SystemTokens, c.TaskTokens, c.MinTurns, c.MaxTurns, c.ToolCallTokens, c.ToolResultTokens, c.Rate, c.ThinkTime)
+	return sim.FromRequests(reqs), name, err
+}
+
+// goodputSummary is a one-line-per-mode table for the terminal.
+func goodputSummary(res *sim.Results) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-20s %14s %10s %s\n", "mode", "goodput req/s", "speedup", "TTFT p90 (ms) per tested speedup")
+	for _, name := range res.Order {
+		m := res.Modes[name]
+		var p90 []string
+		for _, p := range m.Points {
+			p90 = append(p90, fmt.Sprintf("×%g %.0f", p.ArrivalSpeedup, p.TTFT.P90))
+		}
+		g := fmt.Sprintf("%.2f", m.GoodputRPS)
+		if m.GoodputBound != "" {
+			g = "≥" + g
+		}
+		fmt.Fprintf(&b, "%-20s %14s %10.3g %s\n", name, g, m.GoodputArrivalSpeedup, strings.Join(p90, ", "))
+	}
+	return b.String()
+}

@@ -1,0 +1,136 @@
+package sim
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/kvrouter/kvrouter/internal/plots"
+	"github.com/kvrouter/kvrouter/internal/replay"
+)
+
+// WriteReport writes results.json, report.md and the load plots
+// (ttft_vs_load.png, itl_vs_load.png, hit_rate_vs_load.png) into dir.
+func WriteReport(dir string, res *Results) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := JSON(res)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), b, 0o644); err != nil {
+		return err
+	}
+	if err := writePlots(dir, res); err != nil {
+		return err
+	}
+	return replay.WriteFile(filepath.Join(dir, "report.md"), func(w io.Writer) error { return Markdown(w, res) })
+}
+
+// JSON is results.json's content (what --json prints).
+func JSON(res *Results) ([]byte, error) {
+	b, err := json.MarshalIndent(res, "", "  ")
+	return append(b, '\n'), err
+}
+
+// loadCurve is a mode's runs, tested points and bisection probes alike,
+// by increasing load.
+func loadCurve(m *ModeResult) []Point {
+	ps := append(slices.Clone(m.Points), m.Probes...)
+	slices.SortStableFunc(ps, func(a, b Point) int { return cmp.Compare(a.ArrivalSpeedup, b.ArrivalSpeedup) })
+	return ps
+}
+
+// Markdown writes the goodput table and one table of points per mode.
+func Markdown(w io.Writer, res *Results) error {
+	c := res.Config
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "# kvrouter sim\n\n")
+	if c.Command != "" {
+		fmt.Fprintf(bw, "```sh\n%s\n```\n\n", c.Command)
+	}
+	engines := fmt.Sprintf("%d simulated engines", c.Workers)
+	if c.DPSize > 1 {
+		engines += fmt.Sprintf(" of %d data-parallel ranks", c.DPSize)
+	}
+	fmt.Fprintf(bw, "%s: %d requests over %.0f s, on %s (%d KV blocks of %d tokens, %d batched tokens per step), KV events %.0f ms late, engine metrics every %.0f ms, seed %d. "+
+		"Times are model time, in ms. Ceiling hit rate (one infinite cache): %.3f. %.0f s of model time simulated in %.1f s.\n\n",
+		c.Workload, c.Requests, c.SpanS, engines, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, res.ModelS, res.WallS)
+	slo := fmt.Sprintf("p90 TTFT ≤ %.0f ms", c.SLOTTFTP90MS)
+	if c.SLOITLP90MS > 0 {
+		slo += fmt.Sprintf(", p90 ITL ≤ %.0f ms", c.SLOITLP90MS)
+	}
+	fmt.Fprintf(bw, "## Goodput at %s\n\n", slo)
+	rr := res.Modes["round-robin"]
+	fmt.Fprintln(bw, "| mode | goodput (req/s) | arrival speedup | × round-robin |")
+	fmt.Fprintln(bw, "|---|---|---|---|")
+	for _, name := range res.Order {
+		m := res.Modes[name]
+		vsRR := "n/a"
+		if rr != nil && rr.GoodputRPS > 0 {
+			vsRR = fmt.Sprintf("%.2f×", m.GoodputRPS/rr.GoodputRPS)
+		}
+		bound := ""
+		if m.GoodputBound != "" {
+			bound = m.GoodputBound + " "
+		}
+		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
+	}
+	for _, name := range res.Order {
+		fmt.Fprintf(bw, "\n## %s\n\n", name)
+		fmt.Fprintln(bw, "| arrival speedup | req/s | errors | TTFT mean | p50 | p90 | p99 | ITL p50 | ITL p90 | E2E mean | E2E p90 | hit rate | of ceiling | queued | preemptions | SLO |")
+		fmt.Fprintln(bw, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, p := range loadCurve(res.Modes[name]) {
+			of := 0.0
+			if c.CeilingHitRate > 0 {
+				of = p.HitRate / c.CeilingHitRate
+			}
+			fmt.Fprintf(bw, "| %.3g | %.2f | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.0f | %.0f | %.3f | %.0f%% | %d | %d | %s |\n",
+				p.ArrivalSpeedup, p.ArrivalRPS, p.Errors, p.TTFT.Mean, p.TTFT.P50, p.TTFT.P90, p.TTFT.P99, p.ITL.P50, p.ITL.P90,
+				p.E2E.Mean, p.E2E.P90, p.HitRate, 100*of, p.Queued, p.Preemptions, yes(p.MeetsSLO))
+		}
+	}
+	fmt.Fprintf(bw, "\nRows include the bisection's runs. Plots: ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
+	return bw.Flush()
+}
+
+func writePlots(dir string, res *Results) error {
+	series := func(get func(*Point) float64) []plots.Series {
+		var out []plots.Series
+		for _, name := range res.Order {
+			s := plots.Series{Name: name}
+			for _, p := range loadCurve(res.Modes[name]) {
+				s.X = append(s.X, p.ArrivalRPS)
+				s.Y = append(s.Y, get(&p))
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	const x = "arrival rate (req/s, model time)"
+	ttft := []plots.Panel{
+		{Title: "p50", XLabel: x, YLabel: "TTFT (ms)", Series: series(func(p *Point) float64 { return p.TTFT.P50 })},
+		{Title: "p90", XLabel: x, YLabel: "TTFT (ms)", Series: series(func(p *Point) float64 { return p.TTFT.P90 })},
+	}
+	if err := plots.Grid(filepath.Join(dir, "ttft_vs_load.png"), "Time to first token vs load", 2, ttft); err != nil {
+		return err
+	}
+	itl := []plots.Panel{
+		{Title: "p50", XLabel: x, YLabel: "ITL (ms)", Series: series(func(p *Point) float64 { return p.ITL.P50 })},
+		{Title: "p90", XLabel: x, YLabel: "ITL (ms)", Series: series(func(p *Point) float64 { return p.ITL.P90 })},
+	}
+	if err := plots.Grid(filepath.Join(dir, "itl_vs_load.png"), "Inter-token latency vs load", 2, itl); err != nil {
+		return err
+	}
+	zero, one := 0.0, 1.0
+	return plots.Lines(filepath.Join(dir, "hit_rate_vs_load.png"), plots.Panel{
+		Title: "Prefix-cache hit rate vs load (engines' count)", XLabel: x, YLabel: "cached / prompt tokens", YMin: &zero, YMax: &one,
+		Series: series(func(p *Point) float64 { return p.HitRate }),
+	})
+}

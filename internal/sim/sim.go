@@ -1,0 +1,637 @@
+// Package sim replays a workload through kvrouter's real router
+// (core/router) and the mocker's real engine core (mocker/engine) in
+// virtual time: one discrete-event loop on one goroutine, no sockets, no
+// goroutine per request, no clock. It is what `kvrouter sim` runs, and it
+// answers in seconds what `kvrouter bench replay` answers in an hour of
+// wall time, with the same engines and the same router configuration per
+// mode (replay.ModeConfig).
+//
+// What reaches the router, and when, follows the live system (kvrouter
+// serve in front of mocker engines, as bench replay runs them):
+//   - a request is routed when it arrives (its workload time divided by
+//     the arrival speedup) and reaches its engine at once, or, when the
+//     router's admission queue holds it, when a later first token or
+//     stream end dispatches it (router.Submit);
+//   - an engine steps back to back while it has work, as the mocker's
+//     runner does: a step's outputs and KV events exist at the end of the
+//     step's model duration;
+//   - the first token is the prefill's completion (MarkPrefillCompleted),
+//     the last token the stream's end (Free), both at once: over loopback
+//     HTTP they take microseconds;
+//   - KV events reach the router KVEventDelay after their step ends (the
+//     ZMQ hop, the subscriber's decoding and batching);
+//   - the modes that score by engine-reported load read every engine's
+//     metrics every EngineMetricsInterval, as serve's poller does.
+//
+// The loop is deterministic: the same workload, Config and mode give the
+// same Point, whatever the machine.
+package sim
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/replay"
+	"github.com/kvrouter/kvrouter/internal/trace"
+	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/mocker/engine"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// DefaultKVEventDelay is how long after an engine's step its KV events
+// reach the router by default. Measured on one host, a vLLM batch crosses
+// ZMQ and the router's decoding in well under a millisecond; across hosts
+// and under load, vLLM publishes from a background thread and the router
+// applies events in batches, which puts the usual lag at a few
+// milliseconds. 5 ms is that lag, about a quarter of a decode step: a
+// request arriving right after its prefix was stored may miss it, as it
+// would live.
+const DefaultKVEventDelay = 5 * time.Millisecond
+
+// Config is one simulated fleet behind one router.
+type Config struct {
+	Workers int
+	// DPSize is each engine's data-parallel ranks (the mocker's
+	// --data-parallel-size): the router routes to ranks, each rank is an
+	// engine core of its own; 0 means 1.
+	DPSize int
+	// Engine is every engine's configuration; each rank's seed is derived
+	// from Engine.Seed as the mocker's fleet derives it.
+	Engine engine.Config
+	// Router is the configuration every mode starts from
+	// (replay.ModeConfig sets the mode's part).
+	Router router.Config
+	Seed   uint64 // the router's tie-breaks and sampling
+	// KVEventDelay is the model time from a step's end to its KV events'
+	// arrival at the router.
+	KVEventDelay time.Duration
+	// EngineMetricsInterval is the model-time period at which the modes
+	// scoring by engine-reported load read the engines' metrics.
+	EngineMetricsInterval time.Duration
+}
+
+// DefaultConfig is bench replay's fleet: 8 engines with replay's KV
+// capacity, Dynamo's router defaults.
+func DefaultConfig() Config {
+	rc := replay.DefaultConfig()
+	return Config{
+		Workers: rc.Workers, Engine: rc.Fleet.Engine, Router: rc.Router, Seed: rc.Seed,
+		KVEventDelay: DefaultKVEventDelay, EngineMetricsInterval: rc.EngineMetricsInterval,
+	}
+}
+
+// Workload is the requests of a run, indexed in arrival order (At never
+// decreases). Request may build the prompt on every call: the loop asks
+// for it once, when the request arrives, and keeps it only while the
+// request waits in the router's queue.
+type Workload interface {
+	Len() int
+	At(i int) time.Duration
+	Request(i int) workload.Request
+}
+
+// Requests is a materialised workload; FromRequests orders it.
+type Requests []workload.Request
+
+func (r Requests) Len() int                       { return len(r) }
+func (r Requests) At(i int) time.Duration         { return r[i].At }
+func (r Requests) Request(i int) workload.Request { return r[i] }
+
+// FromRequests orders reqs by arrival (stably, as bench replay sends them).
+func FromRequests(reqs []workload.Request) Requests {
+	out := slices.Clone(reqs)
+	slices.SortStableFunc(out, func(a, b workload.Request) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
+// Trace is a Mooncake trace whose prompts are built when they are sent:
+// the conversation trace's 12,031 prompts would take 580 MB at once.
+type Trace struct {
+	reqs []trace.Request
+}
+
+// FromTrace keeps the first max requests of tr (all with max <= 0). It
+// fails on a trace whose timestamps go back.
+func FromTrace(tr *trace.Trace, max int) (*Trace, error) {
+	reqs := tr.Requests
+	if max > 0 && max < len(reqs) {
+		reqs = reqs[:max]
+	}
+	for i := 1; i < len(reqs); i++ {
+		if reqs[i].Timestamp < reqs[i-1].Timestamp {
+			return nil, fmt.Errorf("sim: trace line %d goes back in time (%d ms after %d ms)", i+1, reqs[i].Timestamp, reqs[i-1].Timestamp)
+		}
+	}
+	return &Trace{reqs: reqs}, nil
+}
+
+func (t *Trace) Len() int { return len(t.reqs) }
+func (t *Trace) At(i int) time.Duration {
+	return time.Duration(t.reqs[i].Timestamp) * time.Millisecond
+}
+func (t *Trace) Request(i int) workload.Request { return workload.FromTraceRequest(&t.reqs[i]) }
+
+// Span is the workload's arrival span, first to last, in its own time.
+func Span(w Workload) time.Duration {
+	if w.Len() == 0 {
+		return 0
+	}
+	return w.At(w.Len()-1) - w.At(0)
+}
+
+// Ceiling is the workload's infinite-cache hit rate (replay.CeilingHitRate).
+func Ceiling(w Workload, blockSize int) float64 {
+	c := replay.NewCeiling(blockSize)
+	for i := range w.Len() {
+		c.Add(w.Request(i).Tokens)
+	}
+	return c.Rate()
+}
+
+// Point is what one run at one arrival speedup measured; latencies are in
+// model milliseconds.
+type Point struct {
+	ArrivalSpeedup float64 `json:"arrival_speedup"`
+	// ArrivalRPS is the offered load: requests per second of model time.
+	ArrivalRPS float64     `json:"arrival_rps"`
+	Requests   int         `json:"requests"`
+	Errors     int         `json:"errors"`
+	TTFT       replay.Dist `json:"ttft_ms"`
+	ITL        replay.Dist `json:"itl_ms"`
+	E2E        replay.Dist `json:"e2e_ms"`
+	// HitRate is cached prompt tokens / prompt tokens, as the engines
+	// counted them (replay's prefix_hit_rate).
+	HitRate     float64 `json:"hit_rate"`
+	FirstError  string  `json:"first_error,omitempty"`
+	Queued      uint64  `json:"queued"` // requests the router's admission queue held
+	Preemptions uint64  `json:"preemptions"`
+	// ModelS is the model time from the first arrival to the last token.
+	ModelS   float64 `json:"model_s"`
+	MeetsSLO bool    `json:"meets_slo"`
+}
+
+// Run simulates w in mode at arrivalSpeedup.
+func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, error) {
+	s, err := newSim(cfg, mode, w, arrivalSpeedup)
+	if err != nil {
+		return Point{}, err
+	}
+	if err := s.run(); err != nil {
+		return Point{}, err
+	}
+	return s.point(), nil
+}
+
+// Event kinds. Events due at the same instant run in the order they were
+// scheduled.
+const (
+	evArrival uint8 = iota
+	evStepStart
+	evStepDone
+	evKV
+	evPoll
+)
+
+type event struct {
+	at   int64  // model ns
+	seq  uint64 // FIFO among events due at the same instant
+	kind uint8
+	n    int32 // request (arrival) or engine
+}
+
+// eventQueue is a binary min-heap by (at, seq), by hand: container/heap's
+// interface calls box every event.
+type eventQueue []event
+
+func (q eventQueue) less(i, j int) bool {
+	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
+}
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h) && h.less(l, m) {
+			m = l
+		}
+		if r < len(h) && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
+	return top
+}
+
+type simEngine struct {
+	eng     *engine.Engine
+	w       kv.Worker
+	stepped bool                  // a step is scheduled or under way
+	res     engine.StepResult     // the step under way, delivered at its end
+	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
+	zero    int                   // consecutive steps that took no time
+}
+
+// reqState is one request's life, in model ns.
+type reqState struct {
+	arrival, first, last, done int64
+	prompt, cached             int32
+	finished, failed           bool
+}
+
+// gapRun is n inter-token gaps of the same length.
+type gapRun struct {
+	ns int64
+	n  int
+}
+
+// gapQuantum is the resolution of inter-token gaps: counting them by the
+// microsecond keeps one counter per distinct gap (tens of thousands over a
+// trace) instead of one sample per token (millions), and reports in ms
+// never show the difference.
+const gapQuantum = int64(time.Microsecond)
+
+type sim struct {
+	cfg   Config
+	w     Workload
+	scale float64
+	base  time.Time
+	now   int64
+	seq   uint64
+	q     eventQueue
+
+	r       *router.Router
+	dp      int
+	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
+	reqs    []reqState
+	// held are the requests in the router's queue.
+	held map[int]workload.Request
+	// dispatched collects the queue's decisions while the router's lock
+	// is held; the loop acts on them after the call that made them.
+	dispatched []dispatch
+	pollLoad   bool
+	remaining  int // requests not finished or failed
+
+	gaps     map[int64]int // inter-token gaps, in gapQuantum, counted
+	errors   int
+	firstErr error
+}
+
+type dispatch struct {
+	id  int
+	d   router.Decision
+	err error
+}
+
+// maxZeroSteps bounds an engine's steps in a row that take no time (every
+// running request preempted): beyond, the engine cannot progress and the
+// run would never end.
+const maxZeroSteps = 1000
+
+func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
+	switch {
+	case cfg.Workers < 1:
+		return nil, fmt.Errorf("sim: need at least one worker, got %d", cfg.Workers)
+	case scale <= 0:
+		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
+	case cfg.KVEventDelay < 0:
+		return nil, fmt.Errorf("sim: negative kv event delay %v", cfg.KVEventDelay)
+	case cfg.EngineMetricsInterval <= 0:
+		return nil, fmt.Errorf("sim: the engine metrics interval must be positive, got %v", cfg.EngineMetricsInterval)
+	case w.Len() == 0:
+		return nil, errors.New("sim: the workload has no requests")
+	}
+	rcfg, err := replay.ModeConfig(cfg.Router, mode, cfg.Engine.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}, gaps: map[int64]int{}}
+	rcfg.Now = func() time.Time { return s.base.Add(time.Duration(s.now)) }
+	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	if s.r, err = router.New(rcfg); err != nil {
+		return nil, err
+	}
+	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
+	s.dp = max(cfg.DPSize, 1)
+	s.engines = make([]simEngine, cfg.Workers*s.dp)
+	for i := range s.engines {
+		ecfg := cfg.Engine
+		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
+		eng, err := engine.New(ecfg)
+		if err != nil {
+			return nil, err
+		}
+		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
+		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}}
+	}
+	for id := range cfg.Workers {
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens})
+	}
+	s.reqs = make([]reqState, w.Len())
+	s.remaining = w.Len()
+	return s, nil
+}
+
+func (s *sim) schedule(at int64, kind uint8, n int) {
+	s.seq++
+	s.q.push(event{at: at, seq: s.seq, kind: kind, n: int32(n)})
+}
+
+func (s *sim) arrivalAt(i int) int64 {
+	return int64(float64(s.w.At(i)-s.w.At(0)) / s.scale)
+}
+
+func (s *sim) run() error {
+	s.schedule(s.arrivalAt(0), evArrival, 0)
+	if s.pollLoad {
+		s.schedule(0, evPoll, 0)
+	}
+	for len(s.q) > 0 {
+		ev := s.q.pop()
+		s.now = ev.at
+		var err error
+		switch ev.kind {
+		case evArrival:
+			err = s.arrive(int(ev.n))
+		case evStepStart:
+			s.step(int(ev.n))
+		case evStepDone:
+			err = s.stepDone(int(ev.n))
+		case evKV:
+			s.deliverKV(int(ev.n))
+		case evPoll:
+			s.poll()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if s.remaining != 0 {
+		return fmt.Errorf("sim: %d requests never finished", s.remaining)
+	}
+	return nil
+}
+
+func (s *sim) arrive(i int) error {
+	if next := i + 1; next < s.w.Len() {
+		s.schedule(s.arrivalAt(next), evArrival, next)
+	}
+	req := s.w.Request(i)
+	rs := &s.reqs[i]
+	rs.arrival = s.now
+	rs.prompt = int32(len(req.Tokens))
+	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL}, func(d router.Decision, err error) {
+		s.dispatched = append(s.dispatched, dispatch{id: i, d: d, err: err})
+	})
+	switch {
+	case err != nil:
+		s.fail(i, err)
+	case queued:
+		s.held[i] = req
+	default:
+		s.start(i, d.Worker, &req)
+	}
+	return s.flushDispatched()
+}
+
+// start hands a routed request to its engine.
+func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
+	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
+	id := strconv.Itoa(i)
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL}); err != nil {
+		s.r.Free(id)
+		s.fail(i, err)
+		return
+	}
+	if !s.engines[e].stepped {
+		s.engines[e].stepped = true
+		// Not now: requests arriving at this same instant join the step.
+		s.schedule(s.now, evStepStart, e)
+	}
+}
+
+func (s *sim) fail(i int, err error) {
+	rs := &s.reqs[i]
+	if rs.failed || rs.finished {
+		return
+	}
+	rs.failed = true
+	s.remaining--
+	s.errors++
+	if s.firstErr == nil {
+		s.firstErr = fmt.Errorf("request %d: %w", i, err)
+	}
+}
+
+// flushDispatched starts the requests the router's queue let go during the
+// last router call.
+func (s *sim) flushDispatched() error {
+	for len(s.dispatched) > 0 {
+		batch := s.dispatched
+		s.dispatched = nil
+		for _, d := range batch {
+			req := s.held[d.id]
+			delete(s.held, d.id)
+			if d.err != nil {
+				s.fail(d.id, d.err)
+				continue
+			}
+			s.start(d.id, d.d.Worker, &req)
+		}
+	}
+	return nil
+}
+
+func (s *sim) step(e int) {
+	se := &s.engines[e]
+	se.res = se.eng.Step()
+	s.schedule(s.now+int64(se.res.Duration), evStepDone, e)
+}
+
+func (s *sim) stepDone(e int) error {
+	se := &s.engines[e]
+	res := se.res
+	se.res = engine.StepResult{}
+	if len(res.Events) > 0 {
+		if s.cfg.KVEventDelay == 0 {
+			s.applyKV(se, res.Events)
+		} else {
+			se.batches = append(se.batches, res.Events)
+			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
+		}
+	}
+	for _, o := range res.Outputs {
+		i, err := strconv.Atoi(o.ID)
+		if err != nil {
+			return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
+		}
+		rs := &s.reqs[i]
+		if rs.finished {
+			return fmt.Errorf("sim: request %d produced a token after its last", i)
+		}
+		if o.Index == 0 {
+			rs.first = s.now
+			rs.cached = int32(o.CachedTokens)
+			s.r.MarkPrefillCompleted(o.ID)
+		} else {
+			s.gaps[(s.now-rs.last+gapQuantum/2)/gapQuantum]++
+		}
+		rs.last = s.now
+		if o.Finished {
+			rs.finished, rs.done = true, s.now
+			s.remaining--
+			s.r.Free(o.ID)
+		}
+	}
+	if err := s.flushDispatched(); err != nil {
+		return err
+	}
+	if se.eng.Idle() {
+		se.stepped = false
+		return nil
+	}
+	if res.Duration == 0 {
+		if se.zero++; se.zero > maxZeroSteps {
+			return fmt.Errorf("sim: engine %v makes no progress", se.w)
+		}
+	} else {
+		se.zero = 0
+	}
+	s.step(e)
+	return nil
+}
+
+// deliverKV applies an engine's oldest batch in flight: every batch waits
+// the same delay, so they arrive in the order they left.
+func (s *sim) deliverKV(e int) {
+	se := &s.engines[e]
+	batch := se.batches[0]
+	se.batches[0] = nil
+	se.batches = se.batches[1:]
+	s.applyKV(se, batch)
+}
+
+func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
+	bs := s.cfg.Engine.BlockSize
+	for _, ev := range events {
+		switch ev.Kind {
+		case engine.Stored:
+			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs})
+		case engine.Removed:
+			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
+			_ = s.r.ApplyEvent(&kev)
+		case engine.Cleared:
+			kev := kv.Event{Worker: se.w, Kind: kv.KindCleared}
+			_ = s.r.ApplyEvent(&kev)
+		}
+	}
+}
+
+// poll reads every engine's metrics into the router, and keeps polling
+// while requests remain.
+func (s *sim) poll() {
+	for i := range s.engines {
+		m := s.engines[i].eng.Metrics()
+		s.r.SetEngineLoad(s.engines[i].w, sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage})
+	}
+	if s.remaining > 0 {
+		s.schedule(s.now+int64(s.cfg.EngineMetricsInterval), evPoll, 0)
+	}
+}
+
+func (s *sim) point() Point {
+	p := Point{ArrivalSpeedup: s.scale, Requests: len(s.reqs), Errors: s.errors}
+	if s.firstErr != nil {
+		p.FirstError = s.firstErr.Error()
+	}
+	if span := Span(s.w).Seconds() / s.scale; span > 0 {
+		p.ArrivalRPS = float64(len(s.reqs)) / span
+	}
+	ttft := make([]float64, 0, len(s.reqs))
+	e2e := make([]float64, 0, len(s.reqs))
+	var prompt, cached, end int64
+	for i := range s.reqs {
+		rs := &s.reqs[i]
+		if !rs.finished {
+			continue
+		}
+		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
+		e2e = append(e2e, float64(rs.done-rs.arrival)/1e6)
+		prompt += int64(rs.prompt)
+		cached += int64(rs.cached)
+		end = max(end, rs.done)
+	}
+	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
+	runs := make([]gapRun, 0, len(s.gaps))
+	for q, n := range s.gaps {
+		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})
+	}
+	p.ITL = gapDist(runs)
+	if prompt > 0 {
+		p.HitRate = float64(cached) / float64(prompt)
+	}
+	p.ModelS = float64(end-s.arrivalAt(0)) / 1e9
+	p.Queued = s.r.Stats().Queued
+	for i := range s.engines {
+		p.Preemptions += s.engines[i].eng.Metrics().Preemptions
+	}
+	return p
+}
+
+// gapDist is replay.DistOf over the gaps each run stands for, with its
+// nearest-rank percentiles; runs may come in any order.
+func gapDist(runs []gapRun) replay.Dist {
+	sorted := slices.Clone(runs)
+	// The sum below adds in sorted order, whatever order runs came in:
+	// floating-point sums depend on it.
+	slices.SortFunc(sorted, func(a, b gapRun) int { return cmp.Compare(a.ns, b.ns) })
+	var n int
+	var sum float64
+	for _, r := range sorted {
+		n += r.n
+		sum += float64(r.ns) * float64(r.n)
+	}
+	if n == 0 {
+		return replay.Dist{}
+	}
+	at := func(p float64) float64 {
+		i := min(max(int(float64(n)*p/100+0.5)-1, 0), n-1)
+		for _, r := range sorted {
+			if i < r.n {
+				return float64(r.ns) / 1e6
+			}
+			i -= r.n
+		}
+		return 0
+	}
+	return replay.Dist{Mean: sum / float64(n) / 1e6, P50: at(50), P90: at(90), P99: at(99)}
+}

@@ -1,0 +1,214 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/internal/workload"
+)
+
+// synthetic is a small shared-prefix workload: 8 system prompts, sessions
+// of 4 turns, enough load on 4 engines that queues form.
+func synthetic(t testing.TB, requests int) Requests {
+	t.Helper()
+	reqs, err := workload.Synthetic(workload.SyntheticConfig{
+		Requests: requests, Groups: 32, SystemTokens: 1024, QuestionTokens: 128, OutputTokens: 24,
+		Rate: 40, Turns: 4, ThinkTime: 2 * time.Second, Seed: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return FromRequests(reqs)
+}
+
+func smallConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Workers = 4
+	// Small caches: evictions, and Removed events, happen.
+	cfg.Engine.NumGPUBlocks = 2048
+	return cfg
+}
+
+func TestConservation(t *testing.T) {
+	tight := 0.01
+	cases := []struct {
+		name    string
+		mode    string
+		speedup float64
+		edit    func(*Config)
+	}{
+		{"kv, events at once", "kv", 1, func(c *Config) { c.KVEventDelay = 0 }},
+		{"kv, delayed events", "kv", 2, nil},
+		{"kv, admission queue", "kv", 16, func(c *Config) { c.Router.QueueThreshold = &tight }},
+		{"dynamo-kv", "dynamo-kv", 2, nil},
+		{"llm-d-precise reads engine load", "llm-d-precise", 2, nil},
+		{"round-robin", "round-robin", 2, nil},
+		{"approximate mode", "kv", 2, func(c *Config) { c.Router.KVEvents = false }},
+		{"data-parallel ranks", "kv", 2, func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+	}
+	w := synthetic(t, 240)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := smallConfig()
+			if tc.edit != nil {
+				tc.edit(&cfg)
+			}
+			s, err := newSim(cfg, tc.mode, w, tc.speedup)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.run(); err != nil {
+				t.Fatal(err)
+			}
+			for i, rs := range s.reqs {
+				if !rs.finished || rs.failed || rs.first < rs.arrival || rs.done < rs.first {
+					t.Fatalf("request %d: %+v", i, rs)
+				}
+			}
+			if s.errors != 0 || len(s.held) != 0 {
+				t.Fatalf("%d errors (%v), %d still queued", s.errors, s.firstErr, len(s.held))
+			}
+			for _, l := range s.r.Loads() {
+				if l.ActiveRequests != 0 || l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 0 {
+					t.Fatalf("load left on %v: %+v", l.Worker, l)
+				}
+			}
+			st := s.r.Stats()
+			if tc.name == "kv, admission queue" && st.Queued == 0 {
+				t.Fatal("the queue was never used")
+			}
+			if st.QueuePending != 0 {
+				t.Fatalf("%d requests left in the queue", st.QueuePending)
+			}
+			if !cfg.Router.KVEvents {
+				return
+			}
+			for i := range s.engines {
+				se := &s.engines[i]
+				want := bench.EngineSeqs(blockhash.New(cfg.Engine.BlockSize, ""), se.eng.CachedBlocks())
+				got := map[uint64]bool{}
+				for _, h := range s.r.HeldBlocks(se.w) {
+					got[h] = true
+				}
+				if len(want) == 0 {
+					t.Fatalf("engine %d caches nothing", i)
+				}
+				if len(got) != len(want) {
+					t.Fatalf("engine %d: index holds %d blocks, engine %d", i, len(got), len(want))
+				}
+				for h := range want {
+					if !got[h] {
+						t.Fatalf("engine %d: block %x missing from the index", i, h)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestDeterministicPoint(t *testing.T) {
+	w := synthetic(t, 200)
+	a, err := Run(smallConfig(), "kv", w, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(smallConfig(), "kv", w, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Fatalf("two runs differ:\n%+v\n%+v", a, b)
+	}
+}
+
+// On shared-prefix sessions, routing by cached prefix finds far more of
+// the prompts cached than ignoring caches does.
+func TestKVHitsMoreThanRoundRobin(t *testing.T) {
+	w := synthetic(t, 400)
+	cfg := smallConfig()
+	kvp, err := Run(cfg, "kv", w, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := Run(cfg, "round-robin", w, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hit rate: kv %.3f, round-robin %.3f; TTFT p90 kv %.0f ms, round-robin %.0f ms", kvp.HitRate, rr.HitRate, kvp.TTFT.P90, rr.TTFT.P90)
+	if kvp.HitRate < rr.HitRate+0.2 {
+		t.Fatalf("kv's hit rate %.3f is not clearly above round-robin's %.3f", kvp.HitRate, rr.HitRate)
+	}
+}
+
+func TestGapDistCountsEveryGap(t *testing.T) {
+	ms := int64(time.Millisecond)
+	// 10 gaps: 1 ms ×5, 2 ms ×3, 10 ms ×2.
+	d := gapDist([]gapRun{{2 * ms, 3}, {ms, 5}, {10 * ms, 2}})
+	if d.P50 != 1 || d.P90 != 10 || d.P99 != 10 || d.Mean != 3.1 {
+		t.Fatalf("%+v", d)
+	}
+}
+
+func TestEventQueueOrdersByTimeThenFIFO(t *testing.T) {
+	var q eventQueue
+	for i, at := range []int64{5, 1, 5, 3, 1, 9, 0} {
+		q.push(event{at: at, seq: uint64(i), n: int32(i)})
+	}
+	want := []int32{6, 1, 4, 3, 0, 2, 5}
+	for _, n := range want {
+		if e := q.pop(); e.n != n {
+			t.Fatalf("popped %d, want %d", e.n, n)
+		}
+	}
+}
+
+// BenchmarkRun is one run of the loop; speed is model time over wall time.
+func BenchmarkRun(b *testing.B) {
+	w := synthetic(b, 1000)
+	cfg := DefaultConfig()
+	var model float64
+	b.ResetTimer()
+	for range b.N {
+		p, err := Run(cfg, "kv", w, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		model += p.ModelS
+	}
+	b.ReportMetric(model/b.Elapsed().Seconds(), "model-s/s")
+	b.ReportMetric(float64(b.N*w.Len())/b.Elapsed().Seconds(), "requests/s")
+}
+
+// A request no engine can hold fails once, leaves no load behind and does
+// not stop the others.
+func TestEngineRefusalIsCountedOnce(t *testing.T) {
+	long := make([]uint32, 2000)
+	for i := range long {
+		long[i] = uint32(i)
+	}
+	reqs := Requests{
+		{At: 0, Tokens: long[:100], OSL: 4},
+		{At: time.Millisecond, Tokens: long, OSL: 4}, // 126 blocks of 16 > 64
+		{At: 2 * time.Millisecond, Tokens: long[:200], OSL: 4},
+	}
+	cfg := smallConfig()
+	cfg.Engine.NumGPUBlocks = 64
+	s, err := newSim(cfg, "kv", reqs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	p := s.point()
+	if p.Errors != 1 || p.FirstError == "" || !s.reqs[1].failed || !s.reqs[0].finished || !s.reqs[2].finished {
+		t.Fatalf("%+v", p)
+	}
+	for _, l := range s.r.Loads() {
+		if l.ActiveRequests != 0 {
+			t.Fatalf("load left on %v", l.Worker)
+		}
+	}
+}

@@ -1,0 +1,245 @@
+package sim
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// SweepConfig is a sweep: every mode at every arrival speedup, then each
+// mode's goodput; the comments name the flags of `kvrouter sim`.
+type SweepConfig struct {
+	Sim             Config
+	Modes           []string      // --modes
+	ArrivalSpeedups []float64     // --arrival-speedup
+	SLOTTFTP90      time.Duration // --slo-ttft-p90
+	SLOITLP90       time.Duration // --slo-itl-p90; 0 = no ITL objective
+	// BisectSteps is how many runs refine each goodput between the tested
+	// speedups around it; each halves the interval. 0 = none: the goodput
+	// is then the highest tested speedup meeting the SLO below the first
+	// missing it (DefaultBisectSteps is the command's default).
+	BisectSteps int
+	// Parallel bounds the modes simulated at once; 0 = GOMAXPROCS.
+	Parallel int
+	// Progress receives one line per run; it is called from the modes'
+	// goroutines, one call at a time.
+	Progress func(line string)
+}
+
+// DefaultBisectSteps narrows the goodput to 1/64 of the interval between
+// the two tested loads around it: under 1 % of the load at a typical
+// 2 → 4 step.
+const DefaultBisectSteps = 6
+
+// ModeResult is results.json's modes.<mode>.
+type ModeResult struct {
+	// GoodputRPS is the highest arrival rate (requests per second of model
+	// time) at which the mode meets the SLO.
+	GoodputRPS            float64 `json:"goodput_rps"`
+	GoodputArrivalSpeedup float64 `json:"goodput_arrival_speedup"`
+	// GoodputBound says when the goodput is only a bound: "at least" when
+	// even the highest tested load met the SLO.
+	GoodputBound string  `json:"goodput_bound,omitempty"`
+	Points       []Point `json:"points"`
+	// Probes are the bisection's runs, in the order run.
+	Probes []Point `json:"probes,omitempty"`
+}
+
+// RunConfig is results.json's config: what was run.
+type RunConfig struct {
+	Workload        string    `json:"workload"`
+	Requests        int       `json:"requests"`
+	SpanS           float64   `json:"span_s"` // the workload's arrival span at speedup 1
+	Modes           []string  `json:"modes"`
+	Workers         int       `json:"workers"`
+	DPSize          int       `json:"data_parallel_size"`
+	ArrivalSpeedups []float64 `json:"arrival_speedups"`
+	SLOTTFTP90MS    float64   `json:"slo_ttft_p90_ms"`
+	SLOITLP90MS     float64   `json:"slo_itl_p90_ms,omitempty"`
+	Seed            uint64    `json:"seed"`
+	BlockSize       int       `json:"block_size"`
+	NumGPUBlocks    int       `json:"num_gpu_blocks"`
+	MaxBatched      int       `json:"max_num_batched_tokens"`
+	KVEventDelayMS  float64   `json:"kv_event_delay_ms"`
+	MetricsMS       float64   `json:"engine_metrics_interval_ms"`
+	CeilingHitRate  float64   `json:"ceiling_hit_rate"`
+	Command         string    `json:"command,omitempty"`
+}
+
+// Results is results.json. Everything but WallS is a function of the
+// inputs: compare two runs with WallS zeroed.
+type Results struct {
+	Modes  map[string]*ModeResult `json:"modes"`
+	Order  []string               `json:"order"`
+	Config RunConfig              `json:"config"`
+	// ModelS is the model time simulated, every run of every mode summed.
+	ModelS float64 `json:"model_s"`
+	// WallS is the sweep's wall time, the one field that differs between
+	// identical runs.
+	WallS float64 `json:"wall_s"`
+}
+
+// Sweep runs cfg over w. The modes run in parallel, each on its own
+// goroutine; within a mode runs are sequential, and each run is the
+// single-threaded loop of Run.
+func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
+	start := time.Now()
+	if len(cfg.Modes) == 0 || len(cfg.ArrivalSpeedups) == 0 {
+		return nil, fmt.Errorf("sim: need at least one mode and one arrival speedup")
+	}
+	if cfg.SLOTTFTP90 <= 0 {
+		return nil, fmt.Errorf("sim: the TTFT objective must be positive, got %v", cfg.SLOTTFTP90)
+	}
+	speedups := slices.Clone(cfg.ArrivalSpeedups)
+	slices.Sort(speedups)
+	speedups = slices.Compact(speedups)
+	par := cfg.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	var mu sync.Mutex
+	progress := func(format string, args ...any) {
+		if cfg.Progress == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		cfg.Progress(fmt.Sprintf(format, args...))
+	}
+	results := make([]*ModeResult, len(cfg.Modes))
+	errs := make([]error, len(cfg.Modes))
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for mi, mode := range cfg.Modes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			results[mi], errs[mi] = sweepMode(&cfg, mode, w, speedups, progress)
+		}()
+	}
+	var ceiling float64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ceiling = Ceiling(w, cfg.Sim.Engine.BlockSize)
+	}()
+	wg.Wait()
+	res := &Results{Modes: map[string]*ModeResult{}}
+	for mi, mode := range cfg.Modes {
+		if errs[mi] != nil {
+			return nil, fmt.Errorf("mode %s: %w", mode, errs[mi])
+		}
+		res.Modes[mode] = results[mi]
+		res.Order = append(res.Order, mode)
+		for _, p := range append(slices.Clone(results[mi].Points), results[mi].Probes...) {
+			res.ModelS += p.ModelS
+		}
+	}
+	res.Config = RunConfig{
+		Requests: w.Len(), SpanS: Span(w).Seconds(), Modes: slices.Clone(cfg.Modes), Workers: cfg.Sim.Workers, DPSize: max(cfg.Sim.DPSize, 1),
+		ArrivalSpeedups: speedups, SLOTTFTP90MS: ms(cfg.SLOTTFTP90), SLOITLP90MS: ms(cfg.SLOITLP90), Seed: cfg.Sim.Seed,
+		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
+		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
+		CeilingHitRate: ceiling,
+	}
+	res.WallS = time.Since(start).Seconds()
+	return res, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, progress func(string, ...any)) (*ModeResult, error) {
+	mr := &ModeResult{}
+	run := func(s float64, what string) (Point, error) {
+		t0 := time.Now()
+		p, err := Run(cfg.Sim, mode, w, s)
+		if err != nil {
+			return p, err
+		}
+		p.MeetsSLO = cfg.meets(&p)
+		progress("%-20s %-8s ×%-7.3g %7.2f req/s  TTFT p50 %7.0f p90 %7.0f ms  ITL p90 %5.1f ms  hit %.3f  SLO %-3s  %.1f s model in %.2f s",
+			mode, what, s, p.ArrivalRPS, p.TTFT.P50, p.TTFT.P90, p.ITL.P90, p.HitRate, yes(p.MeetsSLO), p.ModelS, time.Since(t0).Seconds())
+		return p, nil
+	}
+	for _, s := range speedups {
+		p, err := run(s, "point")
+		if err != nil {
+			return nil, err
+		}
+		mr.Points = append(mr.Points, p)
+	}
+	g, err := Goodput(mr.Points, func(s float64) (bool, error) {
+		p, err := run(s, "bisect")
+		if err != nil {
+			return false, err
+		}
+		mr.Probes = append(mr.Probes, p)
+		return p.MeetsSLO, nil
+	}, cfg.BisectSteps)
+	if err != nil {
+		return nil, err
+	}
+	mr.GoodputArrivalSpeedup = g.Speedup
+	mr.GoodputBound = g.Bound
+	if span := Span(w).Seconds(); span > 0 {
+		mr.GoodputRPS = float64(w.Len()) / span * g.Speedup
+	}
+	return mr, nil
+}
+
+func yes(b bool) string {
+	if b {
+		return "met"
+	}
+	return "missed"
+}
+
+func (c *SweepConfig) meets(p *Point) bool {
+	if p.TTFT.P90 > ms(c.SLOTTFTP90) {
+		return false
+	}
+	return c.SLOITLP90 <= 0 || p.ITL.P90 <= ms(c.SLOITLP90)
+}
+
+// GoodputResult is where the SLO stops being met, in arrival speedup.
+type GoodputResult struct {
+	Speedup float64
+	Bound   string // "at least" when no tested load missed the SLO
+}
+
+// Goodput bisects between the highest tested speedup meeting the SLO and
+// the first one above it missing it (between 0 and the lowest, when even
+// that one misses): steps runs of meets, each halving the interval, and
+// the last load known to meet the SLO is the goodput. It assumes, as
+// capacity does, that more load never makes latency better; points must
+// be sorted by ArrivalSpeedup, with MeetsSLO set.
+func Goodput(points []Point, meets func(speedup float64) (bool, error), steps int) (GoodputResult, error) {
+	if len(points) == 0 {
+		return GoodputResult{}, fmt.Errorf("sim: no points to bisect between")
+	}
+	first := slices.IndexFunc(points, func(p Point) bool { return !p.MeetsSLO })
+	if first < 0 {
+		return GoodputResult{Speedup: points[len(points)-1].ArrivalSpeedup, Bound: "at least"}, nil
+	}
+	lo, hi := 0.0, points[first].ArrivalSpeedup
+	if first > 0 {
+		lo = points[first-1].ArrivalSpeedup
+	}
+	for range steps {
+		mid := (lo + hi) / 2
+		ok, err := meets(mid)
+		if err != nil {
+			return GoodputResult{}, err
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return GoodputResult{Speedup: lo}, nil
+}

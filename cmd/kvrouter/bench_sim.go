@@ -46,6 +46,7 @@ func newBenchSimCmd() *cobra.Command {
 		maxRequests int
 		asJSON      bool
 		quiet       bool
+		cpuProfile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -70,9 +71,14 @@ arrival speedup 1 is the reference figure of docs/benchmarks.md.`,
 					return simBenchResult{}, err
 				}
 				fmt.Fprintf(progress, "simulating %d requests of %s in %s at arrival speedup %g on %d engines\n", w.Len(), name, mode, speedup, cfg.Workers)
+				stopProfile, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return simBenchResult{}, err
+				}
 				cpu0 := cpuTime()
 				t0 := time.Now()
 				p, err := sim.Run(cfg, mode, w, speedup)
+				stopProfile()
 				if err != nil {
 					return simBenchResult{}, err
 				}
@@ -110,6 +116,7 @@ arrival speedup 1 is the reference figure of docs/benchmarks.md.`,
 	registerSyntheticFlags(f, &syn)
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	return cmd
 }
 

@@ -301,7 +301,12 @@ type sim struct {
 	pollLoad   bool
 	remaining  int // requests not finished or failed
 
-	gaps     map[int64]int // inter-token gaps, in gapQuantum, counted
+	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
+	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
+	// mostly share one gap, and a map update per token cost more than the
+	// rest of the loop's bookkeeping.
+	pendingQ int64
+	pendingN int
 	errors   int
 	firstErr error
 }
@@ -503,7 +508,7 @@ func (s *sim) stepDone(e int) error {
 			rs.cached = int32(o.CachedTokens)
 			s.r.MarkPrefillCompleted(o.ID)
 		} else {
-			s.gaps[(s.now-rs.last+gapQuantum/2)/gapQuantum]++
+			s.countGap((s.now - rs.last + gapQuantum/2) / gapQuantum)
 		}
 		rs.last = s.now
 		if o.Finished {
@@ -528,6 +533,22 @@ func (s *sim) stepDone(e int) error {
 	}
 	s.step(e)
 	return nil
+}
+
+func (s *sim) countGap(q int64) {
+	if s.pendingN > 0 && q == s.pendingQ {
+		s.pendingN++
+		return
+	}
+	s.flushGaps()
+	s.pendingQ, s.pendingN = q, 1
+}
+
+func (s *sim) flushGaps() {
+	if s.pendingN > 0 {
+		s.gaps[s.pendingQ] += s.pendingN
+		s.pendingN = 0
+	}
 }
 
 // deliverKV applies an engine's oldest batch in flight: every batch waits
@@ -591,6 +612,7 @@ func (s *sim) point() Point {
 		end = max(end, rs.done)
 	}
 	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
+	s.flushGaps()
 	runs := make([]gapRun, 0, len(s.gaps))
 	for q, n := range s.gaps {
 		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})

@@ -149,12 +149,15 @@ type StepResult struct {
 	// 0 if nothing ran. A zero Duration while the engine is not Idle (every
 	// running request was preempted in this step) means: Step again now.
 	Duration      time.Duration
-	PrefillTokens int          // new (uncached) tokens computed for prefills (and recomputes)
-	DecodeSeqs    int          // requests that decoded one token
-	Outputs       []Output     // in the order of the running queue
-	Events        []BlockEvent // in the order they happened
-	Preempted     int          // requests preempted in this step
-	KVUsage       float64      // KV usage during the step (the u of the decode time)
+	PrefillTokens int // new (uncached) tokens computed for prefills (and recomputes)
+	DecodeSeqs    int // requests that decoded one token
+	// Outputs are in the order of the running queue, valid until the next
+	// Step: the engine reuses the slice (a fresh one per step was the
+	// simulator's largest allocation).
+	Outputs   []Output
+	Events    []BlockEvent // in the order they happened
+	Preempted int          // requests preempted in this step
+	KVUsage   float64      // KV usage during the step (the u of the decode time)
 }
 
 // Metrics is the engine's state and counters, as vLLM's /metrics has them.
@@ -222,7 +225,8 @@ type Engine struct {
 	waiting deque
 	running []*seq
 	byID    map[string]*seq
-	sched   []*seq // scratch: requests scheduled in the current step
+	sched   []*seq   // scratch: requests scheduled in the current step
+	outputs []Output // the last step's Outputs, reused
 	m       Metrics
 }
 
@@ -273,17 +277,31 @@ func (e *Engine) Add(r Request) error {
 	toks := make([]uint32, len(r.Tokens), total)
 	copy(toks, r.Tokens)
 	s := &seq{
-		seqBlocks:  seqBlocks{tokens: toks},
-		id:         r.ID,
-		numPrompt:  len(r.Tokens),
-		maxTokens:  r.MaxTokens,
-		promptHash: hashBlock(e.cfg.Seed, promptSalt, r.Tokens),
-		state:      stWaiting,
+		seqBlocks: seqBlocks{tokens: toks},
+		id:        r.ID,
+		numPrompt: len(r.Tokens),
+		maxTokens: r.MaxTokens,
+		state:     stWaiting,
 	}
 	e.byID[r.ID] = s
 	e.waiting.pushBack(s)
 	e.m.RequestsAdded++
 	return nil
+}
+
+// fingerprint is a hash of s's whole prompt that seeds its generated
+// tokens. It chains on the prompt's last full block id, which allocation
+// has already computed, so that only the partial block's tokens are hashed
+// again: hashing every prompt a second time cost more than the rest of Add.
+func (e *Engine) fingerprint(s *seq) uint64 {
+	bs := e.cfg.BlockSize
+	full := s.numPrompt / bs
+	e.bm.ensureHashes(&s.seqBlocks, full)
+	var last uint64
+	if full > 0 {
+		last = s.hashes[full-1]
+	}
+	return hashBlock(e.cfg.Seed, last^promptSalt, s.tokens[full*bs:s.numPrompt])
 }
 
 // Abort drops a request (its client is gone) and releases its blocks now.
@@ -434,7 +452,7 @@ func (e *Engine) Step() StepResult {
 	res.KVUsage = e.KVUsage()
 	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
 
-	res.Outputs = make([]Output, 0, len(sched))
+	res.Outputs = e.outputs[:0]
 	finished := 0
 	for _, s := range sched {
 		s.numComputed += s.chunk
@@ -443,6 +461,9 @@ func (e *Engine) Step() StepResult {
 			continue // prefill chunk
 		}
 		s.prefilled = true
+		if s.generated == 0 {
+			s.promptHash = e.fingerprint(s)
+		}
 		out := Output{
 			ID:       s.id,
 			Token:    genToken(e.cfg.Seed, s.promptHash, s.generated, e.cfg.VocabSize),
@@ -477,6 +498,7 @@ func (e *Engine) Step() StepResult {
 		e.running = kept
 	}
 	clear(sched)
+	e.outputs = res.Outputs
 	return res
 }
 

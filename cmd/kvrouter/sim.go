@@ -28,6 +28,7 @@ func newSimCmd() *cobra.Command {
 		out         string
 		asJSON      bool
 		quiet       bool
+		workers     []int
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -46,7 +47,8 @@ every turn, turns seconds apart; see the --agent* and --tool* flags).
 
 For each mode of --modes (as bench replay names them), and each arrival
 speedup of --arrival-speedup (the workload's arrival times are divided by
-it: more load), runs the workload on a fresh fleet of --workers engines,
+it: more load), runs the workload on a fresh fleet of --workers engines
+(several, as in --workers 4,8,16, repeat the sweep on each fleet size),
 then bisects between the tested loads for the mode's goodput: the highest
 arrival rate, in requests per second of model time, at which p90 TTFT
 stays within --slo-ttft-p90 (and p90 inter-token latency within
@@ -57,8 +59,11 @@ the peers' policies read engine load every --engine-metrics-interval.
 Router flags are serve's. The same inputs and --seed give the same
 results.json, but for wall_s.
 
-Writes DIR/results.json, DIR/report.md, DIR/ttft_vs_load.png,
-DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
+Writes DIR/results.json, DIR/report.md, DIR/goodput.png,
+DIR/ttft_vs_load.png, DIR/itl_vs_load.png, DIR/hit_rate_vs_load.png and,
+over several fleet sizes, DIR/goodput_vs_workers.png (results.json's
+modes.<mode> is then the first size's, modes.<mode>.by_workers every
+size's).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rcfg, err := rf.config(cmd.Flags(), func(w string) { fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w) })
@@ -70,6 +75,15 @@ DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
 			cfg.Sim.Router, cfg.Sim.Engine.BlockSize = rcfg, rcfg.BlockSize
 			if cfg.Modes, err = parseModes(modes); err != nil {
 				return err
+			}
+			for _, n := range workers {
+				if n < 1 {
+					return fmt.Errorf("--workers %d: want at least one engine", n)
+				}
+			}
+			cfg.Sim.Workers = workers[0]
+			if len(workers) > 1 {
+				cfg.WorkerCounts = workers
 			}
 			if out == "" && !asJSON {
 				return fmt.Errorf("--out DIR (or --json) is required")
@@ -129,7 +143,7 @@ DIR/itl_vs_load.png and DIR/hit_rate_vs_load.png.`,
 	f := cmd.Flags()
 	rf.register(f)
 	registerWorkloadFlags(f, "simulate", &tracePath, &synthetic, &modes)
-	f.IntVar(&cfg.Sim.Workers, "workers", cfg.Sim.Workers, "simulated engines")
+	f.IntSliceVar(&workers, "workers", []int{cfg.Sim.Workers}, "simulated engines; several (4,8,16) sweep the fleet size")
 	f.IntVar(&cfg.Sim.DPSize, "data-parallel-size", 1, "data-parallel ranks per engine, routed to separately")
 	f.Float64SliceVar(&cfg.ArrivalSpeedups, "arrival-speedup", []float64{1, 2, 4, 8, 12, 16}, "loads to run: divide the workload's arrival times by each")
 	f.DurationVar(&cfg.SLOTTFTP90, "slo-ttft-p90", cfg.SLOTTFTP90, "goodput objective: p90 time to first token (model time)")
@@ -204,6 +218,13 @@ func goodputSummary(res *sim.Results) string {
 			g = "≥" + g
 		}
 		fmt.Fprintf(&b, "%-20s %14s %10.3g %s\n", name, g, m.GoodputArrivalSpeedup, strings.Join(p90, ", "))
+		for _, f := range m.ByWorkers {
+			bound := ""
+			if f.GoodputBound != "" {
+				bound = "≥"
+			}
+			fmt.Fprintf(&b, "  %4d workers %20s req/s at ×%.3g\n", f.Workers, bound+fmt.Sprintf("%.2f", f.GoodputRPS), f.GoodputArrivalSpeedup)
+		}
 	}
 	return b.String()
 }

@@ -191,6 +191,50 @@ func Lines(path string, p Panel) error {
 	return render(path, "", [][]*plot.Plot{{pl}}, chartWidth, chartHeight)
 }
 
+// Bars renders one bar per name, e.g. each routing mode's goodput, with
+// its value written above it.
+func Bars(path, title, ylabel string, names []string, values []float64) error {
+	if len(names) != len(values) || len(names) == 0 {
+		return fmt.Errorf("plots: %d bar names for %d values", len(names), len(values))
+	}
+	pl := newPlot(title, "", ylabel)
+	pl.X.Tick.Marker = nil
+	vs := make(plotter.Values, len(values))
+	labels := make([]string, len(values))
+	for i, v := range values {
+		if !finite(v) {
+			v = 0
+		}
+		vs[i] = v
+		labels[i] = fmt.Sprintf("%.3g", v)
+	}
+	b, err := plotter.NewBarChart(vs, vg.Points(24))
+	if err != nil {
+		return fmt.Errorf("plots: %s: %w", path, err)
+	}
+	b.LineStyle.Width = 0
+	b.Color = lineStyle(0).Color
+	pl.Add(b)
+	pl.NominalX(names...)
+	if l, err := plotter.NewLabels(plotter.XYLabels{XYs: barTops(vs), Labels: labels}); err == nil {
+		for i := range l.TextStyle {
+			l.TextStyle[i].XAlign = draw.XCenter
+		}
+		pl.Add(l)
+	}
+	pl.Y.Min = 0
+	pl.X.Min, pl.X.Max = -0.6, float64(len(names))-0.4
+	return render(path, "", [][]*plot.Plot{{pl}}, max(chartWidth, vg.Length(len(names))*vg.Points(80)), chartHeight)
+}
+
+func barTops(vs plotter.Values) plotter.XYs {
+	xy := make(plotter.XYs, len(vs))
+	for i, v := range vs {
+		xy[i] = plotter.XY{X: float64(i), Y: v}
+	}
+	return xy
+}
+
 // Grid renders several panels tiled in `cols` columns (rows as needed) into
 // one PNG, e.g. per-worker load over time with one panel per mode.
 // cols is clamped to [1, len(panels)] so that the image is not wider than

@@ -14,8 +14,9 @@ import (
 	"github.com/kvrouter/kvrouter/internal/replay"
 )
 
-// WriteReport writes results.json, report.md and the load plots
-// (ttft_vs_load.png, itl_vs_load.png, hit_rate_vs_load.png) into dir.
+// WriteReport writes results.json, report.md and the plots (goodput.png,
+// ttft_vs_load.png, itl_vs_load.png, hit_rate_vs_load.png, and
+// goodput_vs_workers.png for a sweep over fleet sizes) into dir.
 func WriteReport(dir string, res *Results) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -82,6 +83,30 @@ func Markdown(w io.Writer, res *Results) error {
 		}
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
+	if len(c.WorkerCounts) > 1 {
+		fmt.Fprintf(bw, "\n## Goodput by fleet size (req/s at %s)\n\n", slo)
+		fmt.Fprint(bw, "| mode |")
+		for _, n := range c.WorkerCounts {
+			fmt.Fprintf(bw, " %d workers |", n)
+		}
+		fmt.Fprint(bw, "\n|---|")
+		for range c.WorkerCounts {
+			fmt.Fprint(bw, "---|")
+		}
+		fmt.Fprintln(bw)
+		for _, name := range res.Order {
+			fmt.Fprintf(bw, "| %s |", name)
+			for _, f := range res.Modes[name].ByWorkers {
+				bound := ""
+				if f.GoodputBound != "" {
+					bound = "≥ "
+				}
+				fmt.Fprintf(bw, " %s%.2f |", bound, f.GoodputRPS)
+			}
+			fmt.Fprintln(bw)
+		}
+		fmt.Fprintf(bw, "\nThe tables below are the %d-worker fleet's; ![goodput vs fleet size](goodput_vs_workers.png)\n", c.Workers)
+	}
 	for _, name := range res.Order {
 		fmt.Fprintf(bw, "\n## %s\n\n", name)
 		fmt.Fprintln(bw, "| arrival speedup | req/s | errors | TTFT mean | p50 | p90 | p99 | ITL p50 | ITL p90 | E2E mean | E2E p90 | hit rate | of ceiling | queued | preemptions | SLO |")
@@ -96,7 +121,7 @@ func Markdown(w io.Writer, res *Results) error {
 				p.E2E.Mean, p.E2E.P90, p.HitRate, 100*of, p.Queued, p.Preemptions, yes(p.MeetsSLO))
 		}
 	}
-	fmt.Fprintf(bw, "\nRows include the bisection's runs. Plots: ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
+	fmt.Fprintf(bw, "\nRows include the bisection's runs. Plots: ![goodput](goodput.png) ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
 	return bw.Flush()
 }
 
@@ -127,6 +152,32 @@ func writePlots(dir string, res *Results) error {
 	}
 	if err := plots.Grid(filepath.Join(dir, "itl_vs_load.png"), "Inter-token latency vs load", 2, itl); err != nil {
 		return err
+	}
+	var names []string
+	var goodput []float64
+	for _, name := range res.Order {
+		names = append(names, name)
+		goodput = append(goodput, res.Modes[name].GoodputRPS)
+	}
+	if err := plots.Bars(filepath.Join(dir, "goodput.png"), fmt.Sprintf("Goodput at p90 TTFT ≤ %.0f ms (req/s, model time)", res.Config.SLOTTFTP90MS),
+		"req/s", names, goodput); err != nil {
+		return err
+	}
+	if len(res.Config.WorkerCounts) > 1 {
+		var fleets []plots.Series
+		for _, name := range res.Order {
+			s := plots.Series{Name: name}
+			for _, f := range res.Modes[name].ByWorkers {
+				s.X = append(s.X, float64(f.Workers))
+				s.Y = append(s.Y, f.GoodputRPS)
+			}
+			fleets = append(fleets, s)
+		}
+		if err := plots.Lines(filepath.Join(dir, "goodput_vs_workers.png"), plots.Panel{
+			Title: "Goodput vs fleet size", XLabel: "engines", YLabel: "goodput (req/s, model time)", Series: fleets,
+		}); err != nil {
+			return err
+		}
 	}
 	zero, one := 0.0, 1.0
 	return plots.Lines(filepath.Join(dir, "hit_rate_vs_load.png"), plots.Panel{

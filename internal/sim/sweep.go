@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -11,8 +12,11 @@ import (
 // SweepConfig is a sweep: every mode at every arrival speedup, then each
 // mode's goodput; the comments name the flags of `kvrouter sim`.
 type SweepConfig struct {
-	Sim             Config
-	Modes           []string      // --modes
+	Sim   Config
+	Modes []string // --modes
+	// WorkerCounts sweeps the fleet size (--workers 4,8,16): every mode at
+	// every load on each; empty = Sim.Workers alone.
+	WorkerCounts    []int
 	ArrivalSpeedups []float64     // --arrival-speedup
 	SLOTTFTP90      time.Duration // --slo-ttft-p90
 	SLOITLP90       time.Duration // --slo-itl-p90; 0 = no ITL objective
@@ -45,6 +49,19 @@ type ModeResult struct {
 	Points       []Point `json:"points"`
 	// Probes are the bisection's runs, in the order run.
 	Probes []Point `json:"probes,omitempty"`
+	// ByWorkers is the same per fleet size when the sweep had several
+	// (--workers 4,8,16); the fields above are then the first size's.
+	ByWorkers []FleetResult `json:"by_workers,omitempty"`
+}
+
+// FleetResult is one mode on one fleet size of a sweep over sizes.
+type FleetResult struct {
+	Workers               int     `json:"workers"`
+	GoodputRPS            float64 `json:"goodput_rps"`
+	GoodputArrivalSpeedup float64 `json:"goodput_arrival_speedup"`
+	GoodputBound          string  `json:"goodput_bound,omitempty"`
+	Points                []Point `json:"points"`
+	Probes                []Point `json:"probes,omitempty"`
 }
 
 // RunConfig is results.json's config: what was run.
@@ -54,6 +71,7 @@ type RunConfig struct {
 	SpanS           float64   `json:"span_s"` // the workload's arrival span at speedup 1
 	Modes           []string  `json:"modes"`
 	Workers         int       `json:"workers"`
+	WorkerCounts    []int     `json:"worker_counts,omitempty"` // a sweep over fleet sizes
 	DPSize          int       `json:"data_parallel_size"`
 	ArrivalSpeedups []float64 `json:"arrival_speedups"`
 	SLOTTFTP90MS    float64   `json:"slo_ttft_p90_ms"`
@@ -99,26 +117,27 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
-	var mu sync.Mutex
-	progress := func(format string, args ...any) {
-		if cfg.Progress == nil {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		cfg.Progress(fmt.Sprintf(format, args...))
+	fleets := slices.Clone(cfg.WorkerCounts)
+	if len(fleets) == 0 {
+		fleets = []int{cfg.Sim.Workers}
 	}
-	results := make([]*ModeResult, len(cfg.Modes))
-	errs := make([]error, len(cfg.Modes))
+	nm := len(cfg.Modes)
+	bar := &progressBar{out: cfg.Progress, start: start, total: len(fleets) * nm * (len(speedups) + max(cfg.BisectSteps, 0))}
+	// One job per fleet size and mode, any order: job j is fleet j/nm,
+	// mode j%nm.
+	results := make([]*ModeResult, len(fleets)*nm)
+	errs := make([]error, len(results))
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
-	for mi, mode := range cfg.Modes {
+	for j := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			results[mi], errs[mi] = sweepMode(&cfg, mode, w, speedups, progress)
+			fc := cfg
+			fc.Sim.Workers = fleets[j/nm]
+			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar)
 		}()
 	}
 	var ceiling float64
@@ -129,14 +148,22 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
-	for mi, mode := range cfg.Modes {
-		if errs[mi] != nil {
-			return nil, fmt.Errorf("mode %s: %w", mode, errs[mi])
+	for j, mr := range results {
+		fleet, mode := fleets[j/nm], cfg.Modes[j%nm]
+		if errs[j] != nil {
+			return nil, fmt.Errorf("mode %s on %d workers: %w", mode, fleet, errs[j])
 		}
-		res.Modes[mode] = results[mi]
-		res.Order = append(res.Order, mode)
-		for _, p := range append(slices.Clone(results[mi].Points), results[mi].Probes...) {
+		for _, p := range append(slices.Clone(mr.Points), mr.Probes...) {
 			res.ModelS += p.ModelS
+		}
+		if j < nm {
+			res.Modes[mode] = mr
+			res.Order = append(res.Order, mode)
+		}
+		if len(fleets) > 1 {
+			top := res.Modes[mode]
+			top.ByWorkers = append(top.ByWorkers, FleetResult{Workers: fleet, GoodputRPS: mr.GoodputRPS,
+				GoodputArrivalSpeedup: mr.GoodputArrivalSpeedup, GoodputBound: mr.GoodputBound, Points: mr.Points, Probes: mr.Probes})
 		}
 	}
 	res.Config = RunConfig{
@@ -146,13 +173,16 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
 		CeilingHitRate: ceiling,
 	}
+	if len(fleets) > 1 {
+		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets
+	}
 	res.WallS = time.Since(start).Seconds()
 	return res, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, progress func(string, ...any)) (*ModeResult, error) {
+func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, bar *progressBar) (*ModeResult, error) {
 	mr := &ModeResult{}
 	run := func(s float64, what string) (Point, error) {
 		t0 := time.Now()
@@ -161,8 +191,8 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, pr
 			return p, err
 		}
 		p.MeetsSLO = cfg.meets(&p)
-		progress("%-20s %-8s ×%-7.3g %7.2f req/s  TTFT p50 %7.0f p90 %7.0f ms  ITL p90 %5.1f ms  hit %.3f  SLO %-3s  %.1f s model in %.2f s",
-			mode, what, s, p.ArrivalRPS, p.TTFT.P50, p.TTFT.P90, p.ITL.P90, p.HitRate, yes(p.MeetsSLO), p.ModelS, time.Since(t0).Seconds())
+		bar.done(1, "%-20s %4d workers %-8s ×%-7.3g %7.2f req/s  TTFT p50 %7.0f p90 %7.0f ms  ITL p90 %5.1f ms  hit %.3f  SLO %-3s  %.1f s model in %.2f s",
+			mode, cfg.Sim.Workers, what, s, p.ArrivalRPS, p.TTFT.P50, p.TTFT.P90, p.ITL.P90, p.HitRate, yes(p.MeetsSLO), p.ModelS, time.Since(t0).Seconds())
 		return p, nil
 	}
 	for _, s := range speedups {
@@ -172,7 +202,9 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, pr
 		}
 		mr.Points = append(mr.Points, p)
 	}
+	bisected := 0
 	g, err := Goodput(mr.Points, func(s float64) (bool, error) {
+		bisected++
 		p, err := run(s, "bisect")
 		if err != nil {
 			return false, err
@@ -183,12 +215,50 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, pr
 	if err != nil {
 		return nil, err
 	}
+	// A mode that met the SLO at every tested load is not bisected.
+	bar.skip(max(cfg.BisectSteps, 0) - bisected)
 	mr.GoodputArrivalSpeedup = g.Speedup
 	mr.GoodputBound = g.Bound
 	if span := Span(w).Seconds(); span > 0 {
 		mr.GoodputRPS = float64(w.Len()) / span * g.Speedup
 	}
 	return mr, nil
+}
+
+// progressBar prefixes each run's line with the sweep's progress: a bar of
+// runs done out of the runs planned, the time so far and an estimate of the
+// time left. Its methods are called from the modes' goroutines.
+type progressBar struct {
+	out   func(line string)
+	start time.Time
+	mu    sync.Mutex // guards the fields below and serialises out
+	total int
+	n     int
+}
+
+func (b *progressBar) done(runs int, format string, args ...any) {
+	if b.out == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.n += runs
+	const width = 24
+	fill := width * b.n / max(b.total, 1)
+	elapsed := time.Since(b.start)
+	left := "?"
+	if b.n > 0 {
+		left = (time.Duration(float64(elapsed) * float64(b.total-b.n) / float64(b.n))).Round(time.Second).String()
+	}
+	b.out(fmt.Sprintf("[%s%s] %d/%d runs, %s, ~%s left | %s", strings.Repeat("#", fill), strings.Repeat(".", width-fill),
+		b.n, b.total, elapsed.Round(time.Second), left, fmt.Sprintf(format, args...)))
+}
+
+// skip drops runs that were planned but will not happen.
+func (b *progressBar) skip(runs int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.total -= runs
 }
 
 func yes(b bool) string {

@@ -3,6 +3,9 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -93,5 +96,52 @@ func TestSweepIsDeterministic(t *testing.T) {
 	}
 	if res.ModelS <= 0 || res.Config.CeilingHitRate <= 0 {
 		t.Fatalf("model time %g, ceiling %g", res.ModelS, res.Config.CeilingHitRate)
+	}
+}
+
+// A sweep over fleet sizes runs every mode on each size, keeps the first
+// size's results where a single-size sweep has them, and a larger fleet
+// carries at least the load a smaller one does.
+func TestSweepOverFleetSizes(t *testing.T) {
+	w := synthetic(t, 160)
+	cfg := SweepConfig{
+		Sim: smallConfig(), Modes: []string{"kv", "round-robin"}, WorkerCounts: []int{1, 3},
+		ArrivalSpeedups: []float64{1, 4, 16}, SLOTTFTP90: 200 * time.Millisecond, BisectSteps: 3,
+	}
+	var lines []string
+	cfg.Progress = func(l string) { lines = append(lines, l) }
+	res, err := Sweep(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Config.Workers != 1 || !slices.Equal(res.Config.WorkerCounts, []int{1, 3}) {
+		t.Fatalf("config workers %d, counts %v", res.Config.Workers, res.Config.WorkerCounts)
+	}
+	runs := 0
+	for _, mode := range res.Order {
+		m := res.Modes[mode]
+		if len(m.ByWorkers) != 2 || m.ByWorkers[0].Workers != 1 || m.ByWorkers[1].Workers != 3 {
+			t.Fatalf("%s: by_workers %+v", mode, m.ByWorkers)
+		}
+		small, large := m.ByWorkers[0], m.ByWorkers[1]
+		if m.GoodputRPS != small.GoodputRPS || len(m.Points) != len(small.Points) || m.Points[1].TTFT != small.Points[1].TTFT {
+			t.Errorf("%s: the top level is not the first fleet's: %+v vs %+v", mode, m, small)
+		}
+		if large.GoodputRPS < small.GoodputRPS {
+			t.Errorf("%s: 3 engines carry %.2f req/s, 1 engine %.2f", mode, large.GoodputRPS, small.GoodputRPS)
+		}
+		if large.Points[2].TTFT.P90 > small.Points[2].TTFT.P90 {
+			t.Errorf("%s: at ×16, p90 TTFT %.0f ms on 3 engines, %.0f on 1", mode, large.Points[2].TTFT.P90, small.Points[2].TTFT.P90)
+		}
+		for _, f := range m.ByWorkers {
+			runs += len(f.Points) + len(f.Probes)
+		}
+	}
+	// One progress line per run, the last one complete.
+	if len(lines) != runs {
+		t.Fatalf("%d progress lines for %d runs", len(lines), runs)
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, fmt.Sprintf("] %d/%d runs", runs, runs)) {
+		t.Errorf("last progress line %q, want %d/%d runs", last, runs, runs)
 	}
 }

@@ -136,6 +136,9 @@ size's).`,
 				return err
 			}
 			fmt.Fprint(cmd.OutOrStdout(), goodputSummary(res))
+			if b := res.Config.PrefillBoundRPS; b > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "prefill bound: no policy sustains more than %.1f req/s on %d engines\n", b, res.Config.Workers)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s/report.md (%.0f s of model time in %.1f s)\n", out, res.ModelS, res.WallS)
 			return nil
 		},

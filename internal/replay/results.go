@@ -239,6 +239,9 @@ func (c *Ceiling) Add(toks []uint32) {
 	}
 }
 
+// Tokens are the prompt tokens added so far and those of them cached.
+func (c *Ceiling) Tokens() (hits, total int) { return c.hits, c.total }
+
 // Rate is the hit rate of the prompts added so far.
 func (c *Ceiling) Rate() float64 {
 	if c.total == 0 {

@@ -83,6 +83,10 @@ func Markdown(w io.Writer, res *Results) error {
 		}
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
+	if c.PrefillBoundRPS > 0 {
+		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+
+			"prefilled at the cheapest cost per token and nothing else to do (the prefill bound).\n", c.PrefillBoundRPS, c.Workers)
+	}
 	if len(c.WorkerCounts) > 1 {
 		fmt.Fprintf(bw, "\n## Goodput by fleet size (req/s at %s)\n\n", slo)
 		fmt.Fprint(bw, "| mode |")

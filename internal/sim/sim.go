@@ -31,6 +31,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -149,11 +150,37 @@ func Span(w Workload) time.Duration {
 
 // Ceiling is the workload's infinite-cache hit rate (replay.CeilingHitRate).
 func Ceiling(w Workload, blockSize int) float64 {
+	return ceilingOf(w, blockSize).Rate()
+}
+
+func ceilingOf(w Workload, blockSize int) *replay.Ceiling {
 	c := replay.NewCeiling(blockSize)
 	for i := range w.Len() {
 		c.Add(w.Request(i).Tokens)
 	}
-	return c.Rate()
+	return c
+}
+
+// PrefillBoundRPS bounds the arrival rate any routing policy can sustain
+// on w: with every prompt token that one infinite cache would miss
+// prefilled once, at the engines' cheapest cost per token (the step size
+// that amortises the step's fixed cost best, within the batch budget),
+// spread perfectly over the fleet and nothing else to do, the engines
+// are saturated at this rate. Real fleets decode too, have finite caches
+// and imperfect balance, so every policy's goodput lies below it. 0 when
+// there is nothing to bound (no prompt token to compute).
+func PrefillBoundRPS(c *replay.Ceiling, requests, workers, maxBatched int) float64 {
+	hits, total := c.Tokens()
+	miss := float64(total - hits)
+	if miss <= 0 || workers <= 0 {
+		return 0
+	}
+	best := math.Inf(1)
+	for t := 1; t <= max(maxBatched, 1); t++ {
+		best = min(best, float64(engine.PrefillTime(t))/float64(t))
+	}
+	busy := time.Duration(miss * best / float64(workers)) // each engine's share
+	return float64(requests) / busy.Seconds()
 }
 
 // Point is what one run at one arrival speedup measured; latencies are in

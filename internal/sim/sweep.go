@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/replay"
 )
 
 // SweepConfig is a sweep: every mode at every arrival speedup, then each
@@ -83,7 +85,10 @@ type RunConfig struct {
 	KVEventDelayMS  float64   `json:"kv_event_delay_ms"`
 	MetricsMS       float64   `json:"engine_metrics_interval_ms"`
 	CeilingHitRate  float64   `json:"ceiling_hit_rate"`
-	Command         string    `json:"command,omitempty"`
+	// PrefillBoundRPS is the rate no policy can sustain on the first fleet
+	// size (PrefillBoundRPS, the function): a bound on every goodput.
+	PrefillBoundRPS float64 `json:"prefill_bound_rps"`
+	Command         string  `json:"command,omitempty"`
 }
 
 // Results is results.json. Everything but WallS is a function of the
@@ -140,11 +145,11 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar)
 		}()
 	}
-	var ceiling float64
+	var ceiling *replay.Ceiling
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ceiling = Ceiling(w, cfg.Sim.Engine.BlockSize)
+		ceiling = ceilingOf(w, cfg.Sim.Engine.BlockSize)
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -171,7 +176,8 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		ArrivalSpeedups: speedups, SLOTTFTP90MS: ms(cfg.SLOTTFTP90), SLOITLP90MS: ms(cfg.SLOITLP90), Seed: cfg.Sim.Seed,
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
-		CeilingHitRate: ceiling,
+		CeilingHitRate:  ceiling.Rate(),
+		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), cfg.Sim.Workers*max(cfg.Sim.DPSize, 1), cfg.Sim.Engine.MaxNumBatchedTokens),
 	}
 	if len(fleets) > 1 {
 		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/replay"
 )
 
 func TestGoodputBisection(t *testing.T) {
@@ -143,5 +146,34 @@ func TestSweepOverFleetSizes(t *testing.T) {
 	}
 	if last := lines[len(lines)-1]; !strings.Contains(last, fmt.Sprintf("] %d/%d runs", runs, runs)) {
 		t.Errorf("last progress line %q, want %d/%d runs", last, runs, runs)
+	}
+}
+
+// The prefill bound, checked by hand: two identical 1,000-token prompts in
+// 16-token blocks; one infinite cache misses the first whole and all but
+// the last 8 tokens' block of the second (992 hits), so 1,008 tokens need
+// computing. With a budget of 1,000 tokens a step, the cheapest step is
+// the largest: (4.209989e-7·1000² + 1.518344e-2·1000 + 16.50142) ms for
+// 1,000 tokens. Spread over 2 engines, each is busy 504 tokens' worth.
+func TestPrefillBoundByHand(t *testing.T) {
+	prompt := make([]uint32, 1000)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1)
+	}
+	c := ceilingOf(Requests{{Tokens: prompt, OSL: 1}, {At: time.Second, Tokens: prompt, OSL: 1}}, 16)
+	if hits, total := c.Tokens(); hits != 992 || total != 2000 {
+		t.Fatalf("ceiling: %d of %d tokens cached, want 992 of 2000", hits, total)
+	}
+	perToken := (4.209989e-7*1000*1000 + 1.518344e-2*1000 + 16.50142) / 1000 // ms
+	want := 2 / (1008 * perToken / 2 / 1000)
+	if got := PrefillBoundRPS(c, 2, 2, 1000); math.Abs(got-want) > want*1e-6 {
+		t.Fatalf("bound %.4f req/s, want %.4f", got, want)
+	}
+	// A larger budget finds the cheaper step near 6,261 tokens.
+	if got := PrefillBoundRPS(c, 2, 2, 8192); got <= want {
+		t.Fatalf("a larger step budget cannot lower the bound: %.4f ≤ %.4f", got, want)
+	}
+	if got := PrefillBoundRPS(replay.NewCeiling(16), 0, 2, 1000); got != 0 {
+		t.Fatalf("nothing to compute: bound %v, want 0", got)
 	}
 }

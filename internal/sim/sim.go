@@ -327,6 +327,11 @@ type sim struct {
 	dispatched []dispatch
 	pollLoad   bool
 	remaining  int // requests not finished or failed
+	// after[i] is the request that waits for i to end (closed-loop
+	// sessions), -1 for none; waits[i] says i waits for another. Both nil
+	// when no request waits.
+	after []int32
+	waits []bool
 
 	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
@@ -402,7 +407,59 @@ func (s *sim) arrivalAt(i int) int64 {
 	return int64(float64(s.w.At(i)-s.w.At(0)) / s.scale)
 }
 
+// linkSessions finds, in a materialised workload, the requests that wait
+// for their session's previous turn (workload.Request.Think): each gets
+// its predecessor's after entry. A trace's requests never wait.
+func (s *sim) linkSessions() {
+	reqs, ok := s.w.(Requests)
+	if !ok {
+		return
+	}
+	last := map[string]int{}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Session == "" {
+			continue
+		}
+		if p, seen := last[r.Session]; seen && r.Think > 0 {
+			if s.after == nil {
+				s.after = make([]int32, len(reqs))
+				for j := range s.after {
+					s.after[j] = -1
+				}
+				s.waits = make([]bool, len(reqs))
+			}
+			s.after[p] = int32(i)
+			s.waits[i] = true
+		}
+		last[r.Session] = i
+	}
+}
+
+// nextOpen is the first request after i that does not wait for another,
+// or -1.
+func (s *sim) nextOpen(i int) int {
+	for j := i + 1; j < s.w.Len(); j++ {
+		if s.waits == nil || !s.waits[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// release sends the request waiting for i, if any, its think time after
+// i ended (finished or failed): think times are the agent's and its
+// tools', not the workload's pace, so no arrival speedup shortens them.
+func (s *sim) release(i int) {
+	if s.after == nil || s.after[i] < 0 {
+		return
+	}
+	n := int(s.after[i])
+	s.schedule(s.now+int64(s.w.Request(n).Think), evArrival, n)
+}
+
 func (s *sim) run() error {
+	s.linkSessions()
 	s.schedule(s.arrivalAt(0), evArrival, 0)
 	if s.pollLoad {
 		s.schedule(0, evPoll, 0)
@@ -434,8 +491,10 @@ func (s *sim) run() error {
 }
 
 func (s *sim) arrive(i int) error {
-	if next := i + 1; next < s.w.Len() {
-		s.schedule(s.arrivalAt(next), evArrival, next)
+	if s.waits == nil || !s.waits[i] {
+		if next := s.nextOpen(i); next >= 0 {
+			s.schedule(s.arrivalAt(next), evArrival, next)
+		}
 	}
 	req := s.w.Request(i)
 	rs := &s.reqs[i]
@@ -478,6 +537,7 @@ func (s *sim) fail(i int, err error) {
 	}
 	rs.failed = true
 	s.remaining--
+	s.release(i)
 	s.errors++
 	if s.firstErr == nil {
 		s.firstErr = fmt.Errorf("request %d: %w", i, err)
@@ -541,6 +601,7 @@ func (s *sim) stepDone(e int) error {
 		if o.Finished {
 			rs.finished, rs.done = true, s.now
 			s.remaining--
+			s.release(i)
 			s.r.Free(o.ID)
 		}
 	}
@@ -623,6 +684,20 @@ func (s *sim) point() Point {
 	}
 	if span := Span(s.w).Seconds() / s.scale; span > 0 {
 		p.ArrivalRPS = float64(len(s.reqs)) / span
+	}
+	if s.after != nil {
+		// Closed-loop sessions arrive as fast as they are served: the
+		// offered load is what arrived, first to last.
+		first, last := int64(math.MaxInt64), int64(0)
+		for i := range s.reqs {
+			if a := s.reqs[i].arrival; s.reqs[i].finished || s.reqs[i].failed {
+				first, last = min(first, a), max(last, a)
+			}
+		}
+		p.ArrivalRPS = 0
+		if last > first {
+			p.ArrivalRPS = float64(len(s.reqs)) / (float64(last-first) / 1e9)
+		}
 	}
 	ttft := make([]float64, 0, len(s.reqs))
 	e2e := make([]float64, 0, len(s.reqs))

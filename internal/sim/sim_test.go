@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,18 +40,32 @@ func TestConservation(t *testing.T) {
 		mode    string
 		speedup float64
 		edit    func(*Config)
+		agentic bool // closed-loop agent sessions instead of the synthetic workload
 	}{
-		{"kv, events at once", "kv", 1, func(c *Config) { c.KVEventDelay = 0 }},
-		{"kv, delayed events", "kv", 2, nil},
-		{"kv, admission queue", "kv", 16, func(c *Config) { c.Router.QueueThreshold = &tight }},
-		{"dynamo-kv", "dynamo-kv", 2, nil},
-		{"llm-d-precise reads engine load", "llm-d-precise", 2, nil},
-		{"round-robin", "round-robin", 2, nil},
-		{"approximate mode", "kv", 2, func(c *Config) { c.Router.KVEvents = false }},
-		{"data-parallel ranks", "kv", 2, func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+		{"kv, events at once", "kv", 1, func(c *Config) { c.KVEventDelay = 0 }, false},
+		{"kv, delayed events", "kv", 2, nil, false},
+		{"kv, admission queue", "kv", 16, func(c *Config) { c.Router.QueueThreshold = &tight }, false},
+		{"dynamo-kv", "dynamo-kv", 2, nil, false},
+		{"llm-d-precise reads engine load", "llm-d-precise", 2, nil, false},
+		{"round-robin", "round-robin", 2, nil, false},
+		{"approximate mode", "kv", 2, func(c *Config) { c.Router.KVEvents = false }, false},
+		{"data-parallel ranks", "kv", 2, func(c *Config) { c.Workers, c.DPSize = 2, 2 }, false},
+		{"closed-loop agent sessions", "kv", 8, nil, true},
+		{"closed-loop sessions through the queue", "kv", 1024, func(c *Config) { c.Router.QueueThreshold = &tight }, true},
 	}
-	w := synthetic(t, 240)
+	syn := synthetic(t, 240)
+	ac := workload.DefaultAgenticConfig()
+	ac.Requests, ac.SystemTokens, ac.ToolResultTokens = 240, 1024, 256
+	reqs, err := workload.Agentic(ac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := FromRequests(reqs)
 	for _, tc := range cases {
+		w := syn
+		if tc.agentic {
+			w = agent
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := smallConfig()
 			if tc.edit != nil {
@@ -76,7 +92,10 @@ func TestConservation(t *testing.T) {
 				}
 			}
 			st := s.r.Stats()
-			if tc.name == "kv, admission queue" && st.Queued == 0 {
+			if tc.agentic && s.after == nil {
+				t.Fatal("no request waited for its session")
+			}
+			if strings.Contains(tc.name, "queue") && st.Queued == 0 {
 				t.Fatal("the queue was never used")
 			}
 			if st.QueuePending != 0 {
@@ -209,6 +228,54 @@ func TestEngineRefusalIsCountedOnce(t *testing.T) {
 	for _, l := range s.r.Loads() {
 		if l.ActiveRequests != 0 {
 			t.Fatalf("load left on %v", l.Worker)
+		}
+	}
+}
+
+// A turn that waits for its session's previous one arrives its think time
+// after that one's last token, whatever its open-loop At says and whatever
+// the arrival speedup; requests on their own keep their (sped-up) At.
+func TestClosedLoopTurnsWaitForTheirAnswer(t *testing.T) {
+	prompt := func(n int) []uint32 {
+		toks := make([]uint32, n)
+		for i := range toks {
+			toks[i] = uint32(i + 7)
+		}
+		return toks
+	}
+	w := FromRequests([]workload.Request{
+		{At: 0, Tokens: prompt(500), OSL: 20, Session: "a"},
+		{At: 10 * time.Millisecond, Tokens: prompt(600), OSL: 20, Session: "a", Think: time.Second},
+		{At: 20 * time.Millisecond, Tokens: prompt(700), OSL: 20, Session: "a", Think: 300 * time.Millisecond},
+		{At: 8 * time.Millisecond, Tokens: prompt(300), OSL: 5, Session: "b"},
+	})
+	for _, scale := range []float64{1, 4} {
+		s, err := newSim(smallConfig(), "kv", w, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.run(); err != nil {
+			t.Fatal(err)
+		}
+		// FromRequests orders by At: a0, b, a1, a2.
+		a0, b, a1, a2 := &s.reqs[0], &s.reqs[1], &s.reqs[2], &s.reqs[3]
+		for i, rs := range []*reqState{a0, b, a1, a2} {
+			if !rs.finished {
+				t.Fatalf("×%g: request %d never finished", scale, i)
+			}
+		}
+		if want := int64(float64(8*time.Millisecond) / scale); b.arrival != want {
+			t.Errorf("×%g: the independent request arrived at %d ns, want %d", scale, b.arrival, want)
+		}
+		if a1.arrival != a0.done+int64(time.Second) {
+			t.Errorf("×%g: turn 2 arrived at %d ns, want turn 1's end %d + 1 s", scale, a1.arrival, a0.done)
+		}
+		if a2.arrival != a1.done+int64(300*time.Millisecond) {
+			t.Errorf("×%g: turn 3 arrived at %d ns, want turn 2's end %d + 300 ms", scale, a2.arrival, a1.done)
+		}
+		p := s.point()
+		if span := float64(a2.arrival-a0.arrival) / 1e9; math.Abs(p.ArrivalRPS-4/span) > 1e-9 {
+			t.Errorf("×%g: arrival rate %g req/s, want 4 requests over the %g s they arrived in", scale, p.ArrivalRPS, span)
 		}
 	}
 }

@@ -225,8 +225,14 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, ba
 	bar.skip(max(cfg.BisectSteps, 0) - bisected)
 	mr.GoodputArrivalSpeedup = g.Speedup
 	mr.GoodputBound = g.Bound
-	if span := Span(w).Seconds(); span > 0 {
-		mr.GoodputRPS = float64(w.Len()) / span * g.Speedup
+	// The run at the goodput's load says what rate it offered: for
+	// closed-loop sessions that is not the speedup times the workload's
+	// own rate.
+	for _, p := range append(slices.Clone(mr.Points), mr.Probes...) {
+		if p.ArrivalSpeedup == g.Speedup {
+			mr.GoodputRPS = p.ArrivalRPS
+			break
+		}
 	}
 	return mr, nil
 }

@@ -81,11 +81,21 @@ func (c AgenticConfig) Validate() error {
 	return nil
 }
 
+// thinkOf is turn k's Think: none for a session's first turn, at least 1 ns
+// for the others, so that each of them waits for the turn before.
+func thinkOf(k int, gap float64) time.Duration {
+	if k == 0 {
+		return 0
+	}
+	return max(duration(gap), 1)
+}
+
 // Agentic generates the workload, sorted by At (stable for equal At).
 //
 // Sessions start as a Poisson process at Rate / mean turns per second;
-// each turn after the first arrives an exponential ThinkTime after the
-// one before (open loop, as Synthetic). Turn k's prompt is turn k-1's,
+// each turn after the first follows the one before by an exponential
+// ThinkTime: after its answer when the driver is closed-loop (Think is
+// set; kvrouter sim), after its arrival otherwise (At). Turn k's prompt is turn k-1's,
 // the tool call the model generated (ToolCallTokens, its output length)
 // and the tool's result; the first turn's is the agent's system prompt
 // and the task. Sessions are generated until Requests requests exist: the
@@ -124,12 +134,14 @@ func Agentic(c AgenticConfig) ([]Request, error) {
 		at := start
 		name := "a" + strconv.Itoa(i)
 		for k := range turns {
+			var gap float64
 			if k > 0 {
 				n += fillTokens(content, buf[n:n+c.ToolCallTokens])
 				n += fillTokens(content, buf[n:n+results[k-1]])
-				at += arrivals.ExpFloat64() * think
+				gap = arrivals.ExpFloat64() * think
+				at += gap
 			}
-			out = append(out, Request{At: duration(at), Tokens: buf[:n:n], OSL: c.ToolCallTokens, Session: name})
+			out = append(out, Request{At: duration(at), Tokens: buf[:n:n], OSL: c.ToolCallTokens, Session: name, Think: thinkOf(k, gap)})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.At, b.At) })

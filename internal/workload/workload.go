@@ -21,6 +21,12 @@ type Request struct {
 	// Session names the multi-turn conversation the request belongs to; ""
 	// for a request on its own.
 	Session string
+	// Think, when positive, makes the request wait for the one before it in
+	// its Session (closed loop): a driver that can sends it Think after
+	// that one's last token, as an agent sends its next call once the tool
+	// has run on the previous answer. At is then the open-loop estimate,
+	// which drivers without completions (bench replay) use.
+	Think time.Duration
 }
 
 // FromTrace materialises the first max requests of tr (all with max <= 0)

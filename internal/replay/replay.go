@@ -36,6 +36,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/internal/workload"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/mocker/server"
 )
 
 // Config is one replay; the comments name the flags of `kvrouter bench
@@ -169,11 +170,13 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 		return res, nil
 	}
 	for i, mode := range cfg.Modes {
-		recs, dur, names, err := runMode(ctx, &cfg, mode, i+1, len(cfg.Modes), reqs)
+		recs, dur, names, pace, err := runMode(ctx, &cfg, mode, i+1, len(cfg.Modes), reqs)
 		if err != nil {
 			return nil, fmt.Errorf("mode %s: %w", mode, err)
 		}
-		res.add(mode, summarise(recs, dur, res.Config.CeilingHitRate, names), recs)
+		m := summarise(recs, dur, res.Config.CeilingHitRate, names)
+		m.EngineDrift, m.EngineLagResets = pace.Drift(), pace.LagResets
+		res.add(mode, m, recs)
 	}
 	return res, nil
 }
@@ -233,7 +236,11 @@ func probeTarget(ctx context.Context, target, model string) (string, error) {
 
 // runMode starts a fresh fleet and a frontend in mode, replays reqs
 // through it and stops both.
-func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, error) {
+//
+// It also returns the engines' pacing: how far their steps ran behind the
+// timing model (a machine too busy for the speedup makes them slower than
+// the model, and every latency longer).
+func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, server.Timing, error) {
 	fcfg := cfg.Fleet
 	fcfg.NumWorkers, fcfg.SpeedupRatio = cfg.Workers, cfg.Speedup
 	fcfg.Host, fcfg.HTTPPort, fcfg.KVEventsPort, fcfg.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
@@ -242,7 +249,7 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	}
 	engines, err := fleet.Start(ctx, fcfg)
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, 0, nil, server.Timing{}, err
 	}
 	defer engines.Close()
 	workers := serve.FleetWorkers(engines, fcfg)
@@ -252,7 +259,7 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	}
 	rcfg, err := ModeConfig(cfg.Router, name, fcfg.Engine.BlockSize)
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, 0, nil, server.Timing{}, err
 	}
 	rcfg.Rand = newLockedRand(cfg.Seed)
 	metricsEvery := max(time.Duration(float64(cfg.EngineMetricsInterval)/cfg.Speedup), 5*time.Millisecond)
@@ -265,13 +272,13 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 		HTTP: serve.HTTPLimits{MaxConcurrentRequests: -1, MaxConnections: -1},
 	})
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, 0, nil, server.Timing{}, err
 	}
 	defer s.Close()
 	ready, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.WaitReady(ready); err != nil {
-		return nil, 0, nil, fmt.Errorf("engines did not join routing: %w", err)
+		return nil, 0, nil, server.Timing{}, fmt.Errorf("engines did not join routing: %w", err)
 	}
 	run := *cfg
 	run.Model = fcfg.Server.Model
@@ -281,7 +288,7 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 			recs[i].Worker = names[id]
 		}
 	}
-	return recs, dur, names, err
+	return recs, dur, names, engines.Timing(), err
 }
 
 // drive sends every request at its scaled arrival time and waits for all

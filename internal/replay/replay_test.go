@@ -224,3 +224,40 @@ func TestReplayUnreachableTargetFailsFast(t *testing.T) {
 		t.Fatalf("took %v to give up", time.Since(start))
 	}
 }
+
+// A pooled cache of the fleet's size loses what LRU evicts, the tail of a
+// prompt before its prefix; with room for everything it is the infinite
+// ceiling.
+func TestPooledCeiling(t *testing.T) {
+	a, c, d := block(1, 32), block(2, 16), block(3, 16) // 2, 1 and 1 blocks of 16
+	rate := func(capacity int, prompts ...[]uint32) (hits, total int) {
+		pc := NewPooledCeiling(16, capacity)
+		for _, p := range prompts {
+			pc.Add(p)
+		}
+		return pc.Tokens()
+	}
+	// Room for all: a's second use hits its first block (the last token is
+	// always computed).
+	if h, _ := rate(100, a, c, a); h != 16 {
+		t.Fatalf("ample room: %d tokens hit, want 16", h)
+	}
+	// Room for 3 blocks: d evicts the least recent, a's tail, so a's
+	// prefix still hits.
+	if h, _ := rate(3, a, c, d, a); h != 16 {
+		t.Fatalf("tail evicted first: %d tokens hit, want 16", h)
+	}
+	// Room for 2: c and d push a out entirely.
+	if h, _ := rate(2, a, c, d, a); h != 0 {
+		t.Fatalf("a evicted: %d tokens hit, want 0", h)
+	}
+	reqs := []workload.Request{{Tokens: cat(a, c)}, {At: time.Second, Tokens: cat(a, d)}, {At: 2 * time.Second, Tokens: cat(a, c, d)}}
+	inf, pooled := NewCeiling(16), NewPooledCeiling(16, 1000)
+	for _, r := range reqs {
+		inf.Add(r.Tokens)
+		pooled.Add(r.Tokens)
+	}
+	if inf.Rate() != pooled.Rate() || inf.Rate() != CeilingHitRate(reqs, 16) {
+		t.Fatalf("with room for everything the pooled ceiling %.3f should be the infinite one %.3f", pooled.Rate(), inf.Rate())
+	}
+}

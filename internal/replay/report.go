@@ -106,6 +106,12 @@ func Markdown(w io.Writer, res *Results) error {
 			name, m.Requests, m.Errors, m.TTFT.Mean, m.TTFT.P50, m.TTFT.P90, m.TTFT.P99, m.ITL.P50, m.ITL.P99,
 			m.E2E.Mean, m.E2E.P90, m.OutputTokensPerS, m.PrefixHitRate, 100*ofCeiling, share, peak)
 	}
+	for _, name := range res.Order {
+		if m := res.Modes[name]; m.EngineDrift > DriftWarning {
+			fmt.Fprintf(bw, "\n**Warning:** in %s the engines ran %.1f %% slower than the timing model (%d times more than 50 ms behind): the machine did not keep up with speedup %g, and the latencies above are too long. Rerun at a lower --speedup.\n",
+				name, 100*m.EngineDrift, m.EngineLagResets, c.Speedup)
+		}
+	}
 	if kv := res.Modes["kv"]; kv != nil && len(res.Order) > 1 {
 		fmt.Fprintf(bw, "\nkv against each other mode (negative = kv lower, better):\n\n")
 		fmt.Fprintln(bw, "| mode | TTFT mean | TTFT p90 | TTFT p99 | E2E mean |")
@@ -121,6 +127,11 @@ func Markdown(w io.Writer, res *Results) error {
 	fmt.Fprintf(bw, "\nPlots: ![TTFT CDF](ttft_cdf.png) ![in-flight requests per worker](worker_load.png) ![prefix-cache hit rate](hit_rate.png)\n")
 	return bw.Flush()
 }
+
+// DriftWarning is the engines' lag behind the timing model beyond which a
+// replay's latencies are not the model's: a step's timer fires a few
+// hundred microseconds late at most, far below it.
+const DriftWarning = 0.02
 
 func rel(kv, other float64) string {
 	if other == 0 {

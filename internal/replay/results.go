@@ -42,6 +42,12 @@ type ModeResult struct {
 	PeakActive     map[string]int     `json:"peak_active"`
 	DurationS      float64            `json:"duration_s"` // model time, first send to last completion
 	FirstError     string             `json:"first_error,omitempty"`
+	// EngineDrift is how much longer the engines' steps took than the
+	// timing model (divided by the speedup) says, as a fraction: above a
+	// few percent the machine could not keep up with --speedup, and every
+	// latency of the run is longer than the model's.
+	EngineDrift     float64 `json:"engine_drift"`
+	EngineLagResets uint64  `json:"engine_lag_resets"` // times an engine fell more than 50 ms behind and skipped ahead
 }
 
 // RunConfig is results.json's config: what was run, to rerun it.
@@ -214,6 +220,7 @@ type Ceiling struct {
 	seen        map[uint64]struct{}
 	local, seq  []uint64
 	hits, total int
+	lru         *lru // nil: the cache is infinite
 }
 
 // NewCeiling starts an empty infinite cache of blockSize-token blocks.
@@ -221,22 +228,110 @@ func NewCeiling(blockSize int) *Ceiling {
 	return &Ceiling{h: blockhash.New(blockSize, ""), blockSize: blockSize, seen: map[uint64]struct{}{}}
 }
 
+// NewPooledCeiling starts an empty cache of capacity blocks that evicts the
+// least recently used: one cache holding as much as a whole fleet, the hit
+// rate no routing of the fleet's requests can beat by more than LRU's own
+// misjudgements (a router's engines each evict on their own, and a
+// request's blocks are one engine's). Blocks of a prompt are used last to
+// first, so that its prefix outlives its tail, as engines free them.
+func NewPooledCeiling(blockSize, capacity int) *Ceiling {
+	c := NewCeiling(blockSize)
+	c.seen = nil
+	c.lru = newLRU(capacity)
+	return c
+}
+
+// lru is a fixed-capacity set of keys in recency order, in arrays linked by
+// index: the pooled ceiling of a fleet holds millions of blocks.
+type lru struct {
+	at               map[uint64]int32
+	keys             []uint64
+	prev, next       []int32
+	head, tail, used int32 // head is the most recent; -1 when empty
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{at: make(map[uint64]int32, capacity), keys: make([]uint64, capacity),
+		prev: make([]int32, capacity), next: make([]int32, capacity), head: -1, tail: -1}
+}
+
+func (l *lru) has(k uint64) bool { _, ok := l.at[k]; return ok }
+
+func (l *lru) unlink(i int32) {
+	if p := l.prev[i]; p >= 0 {
+		l.next[p] = l.next[i]
+	} else {
+		l.head = l.next[i]
+	}
+	if n := l.next[i]; n >= 0 {
+		l.prev[n] = l.prev[i]
+	} else {
+		l.tail = l.prev[i]
+	}
+}
+
+func (l *lru) pushFront(i int32) {
+	l.prev[i], l.next[i] = -1, l.head
+	if l.head >= 0 {
+		l.prev[l.head] = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+// touch makes k the most recent key, evicting the least recent when full.
+func (l *lru) touch(k uint64) {
+	if len(l.keys) == 0 {
+		return
+	}
+	if i, ok := l.at[k]; ok {
+		l.unlink(i)
+		l.pushFront(i)
+		return
+	}
+	var i int32
+	if int(l.used) < len(l.keys) {
+		i = l.used
+		l.used++
+	} else {
+		i = l.tail
+		l.unlink(i)
+		delete(l.at, l.keys[i])
+	}
+	l.keys[i] = k
+	l.at[k] = i
+	l.pushFront(i)
+}
+
 // Add looks a prompt up and caches it.
 func (c *Ceiling) Add(toks []uint32) {
 	c.local = c.h.AppendLocalHashes(c.local[:0], toks)
 	c.seq = blockhash.AppendSequenceHashes(c.seq[:0], c.local)
 	hit := 0
-	for hit < len(c.seq) {
-		if _, ok := c.seen[c.seq[hit]]; !ok {
-			break
-		}
+	for hit < len(c.seq) && c.cached(c.seq[hit]) {
 		hit++
 	}
 	c.hits += min(hit*c.blockSize, (len(toks)-1)/c.blockSize*c.blockSize)
 	c.total += len(toks)
+	if c.lru != nil {
+		for i := len(c.seq) - 1; i >= 0; i-- {
+			c.lru.touch(c.seq[i])
+		}
+		return
+	}
 	for _, s := range c.seq {
 		c.seen[s] = struct{}{}
 	}
+}
+
+func (c *Ceiling) cached(seq uint64) bool {
+	if c.lru != nil {
+		return c.lru.has(seq)
+	}
+	_, ok := c.seen[seq]
+	return ok
 }
 
 // Tokens are the prompt tokens added so far and those of them cached.

@@ -38,6 +38,10 @@ type CalibrationRow struct {
 	SimHitRate     float64     `json:"sim_hit_rate"`
 	ReplayHitRate  float64     `json:"replay_hit_rate"`
 	ReplayErrors   int         `json:"replay_errors"`
+	// ReplayDrift is how much slower than the timing model the replay's
+	// engines ran (replay.ModeResult.EngineDrift): above
+	// replay.DriftWarning the replay, not the sim, is off.
+	ReplayDrift float64 `json:"replay_engine_drift"`
 	// MeanDiff and P90Diff are (sim − replay) / replay; HitDiff is sim −
 	// replay.
 	MeanDiff float64 `json:"ttft_mean_diff"`
@@ -96,9 +100,9 @@ func Calibrate(ctx context.Context, cfg CalibrateConfig, reqs []workload.Request
 			res.Agrees = res.Agrees && row.Agrees
 			res.Rows = append(res.Rows, row)
 			if progress != nil {
-				fmt.Fprintf(progress, "%s ×%g: TTFT mean %.0f / %.0f ms (%+.1f %%), p90 %.0f / %.0f (%+.1f %%), hit rate %.3f / %.3f: %s\n",
+				fmt.Fprintf(progress, "%s ×%g: TTFT mean %.0f / %.0f ms (%+.1f %%), p90 %.0f / %.0f (%+.1f %%), hit rate %.3f / %.3f, replay engines %+.1f %% behind the model: %s\n",
 					mode, s, p.TTFT.Mean, m.TTFT.Mean, 100*row.MeanDiff, p.TTFT.P90, m.TTFT.P90, 100*row.P90Diff,
-					p.HitRate, m.PrefixHitRate, agreeWord(row.Agrees))
+					p.HitRate, m.PrefixHitRate, 100*m.EngineDrift, agreeWord(row.Agrees))
 			}
 		}
 	}
@@ -108,7 +112,7 @@ func Calibrate(ctx context.Context, cfg CalibrateConfig, reqs []workload.Request
 func compareRow(mode string, speedup float64, p Point, m *replay.ModeResult) CalibrationRow {
 	row := CalibrationRow{
 		Mode: mode, ArrivalSpeedup: speedup, SimTTFT: p.TTFT, ReplayTTFT: m.TTFT,
-		SimHitRate: p.HitRate, ReplayHitRate: m.PrefixHitRate, ReplayErrors: m.Errors,
+		SimHitRate: p.HitRate, ReplayHitRate: m.PrefixHitRate, ReplayErrors: m.Errors, ReplayDrift: m.EngineDrift,
 		MeanDiff: relDiff(p.TTFT.Mean, m.TTFT.Mean), P90Diff: relDiff(p.TTFT.P90, m.TTFT.P90),
 		HitDiff: p.HitRate - m.PrefixHitRate,
 	}
@@ -137,12 +141,12 @@ func agreeWord(ok bool) string {
 // CalibrationTable is the comparison as a markdown table.
 func CalibrationTable(r *CalibrationResult) string {
 	var b strings.Builder
-	b.WriteString("| mode | load | TTFT mean sim / replay (ms) | p90 sim / replay (ms) | hit rate sim / replay | verdict |\n")
-	b.WriteString("|---|---|---|---|---|---|\n")
+	b.WriteString("| mode | load | TTFT mean sim / replay (ms) | p90 sim / replay (ms) | hit rate sim / replay | replay engines' lag | verdict |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
-		fmt.Fprintf(&b, "| %s | ×%g | %.0f / %.0f (%+.1f %%) | %.0f / %.0f (%+.1f %%) | %.3f / %.3f (%+.1f pts) | %s |\n",
+		fmt.Fprintf(&b, "| %s | ×%g | %.0f / %.0f (%+.1f %%) | %.0f / %.0f (%+.1f %%) | %.3f / %.3f (%+.1f pts) | %+.1f %% | %s |\n",
 			row.Mode, row.ArrivalSpeedup, row.SimTTFT.Mean, row.ReplayTTFT.Mean, 100*row.MeanDiff,
-			row.SimTTFT.P90, row.ReplayTTFT.P90, 100*row.P90Diff, row.SimHitRate, row.ReplayHitRate, 100*row.HitDiff, agreeWord(row.Agrees))
+			row.SimTTFT.P90, row.ReplayTTFT.P90, 100*row.P90Diff, row.SimHitRate, row.ReplayHitRate, 100*row.HitDiff, 100*row.ReplayDrift, agreeWord(row.Agrees))
 	}
 	return b.String()
 }

@@ -61,8 +61,8 @@ func Markdown(w io.Writer, res *Results) error {
 		engines += fmt.Sprintf(" of %d data-parallel ranks", c.DPSize)
 	}
 	fmt.Fprintf(bw, "%s: %d requests over %.0f s, on %s (%d KV blocks of %d tokens, %d batched tokens per step), KV events %.0f ms late, engine metrics every %.0f ms, seed %d. "+
-		"Times are model time, in ms. Ceiling hit rate (one infinite cache): %.3f. %.0f s of model time simulated in %.1f s.\n\n",
-		c.Workload, c.Requests, c.SpanS, engines, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, res.ModelS, res.WallS)
+		"Times are model time, in ms. Ceiling hit rate: %.3f with one infinite cache, %.3f with one LRU cache as large as the fleet's together. %.0f s of model time simulated in %.1f s.\n\n",
+		c.Workload, c.Requests, c.SpanS, engines, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, c.FleetCeilingHitRate, res.ModelS, res.WallS)
 	slo := fmt.Sprintf("p90 TTFT ≤ %.0f ms", c.SLOTTFTP90MS)
 	if c.SLOITLP90MS > 0 {
 		slo += fmt.Sprintf(", p90 ITL ≤ %.0f ms", c.SLOITLP90MS)

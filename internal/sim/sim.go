@@ -154,11 +154,26 @@ func Ceiling(w Workload, blockSize int) float64 {
 }
 
 func ceilingOf(w Workload, blockSize int) *replay.Ceiling {
-	c := replay.NewCeiling(blockSize)
-	for i := range w.Len() {
-		c.Add(w.Request(i).Tokens)
-	}
+	c, _ := ceilings(w, blockSize, 0)
 	return c
+}
+
+// ceilings are w's infinite-cache ceiling and, with fleetBlocks > 0, the
+// hit rate of one LRU cache of fleetBlocks blocks (replay.NewPooledCeiling),
+// in one pass over the prompts.
+func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.Ceiling) {
+	infinite = replay.NewCeiling(blockSize)
+	if fleetBlocks > 0 {
+		pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
+	}
+	for i := range w.Len() {
+		toks := w.Request(i).Tokens
+		infinite.Add(toks)
+		if pooled != nil {
+			pooled.Add(toks)
+		}
+	}
+	return infinite, pooled
 }
 
 // PrefillBoundRPS bounds the arrival rate any routing policy can sustain

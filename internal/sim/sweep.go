@@ -85,6 +85,10 @@ type RunConfig struct {
 	KVEventDelayMS  float64   `json:"kv_event_delay_ms"`
 	MetricsMS       float64   `json:"engine_metrics_interval_ms"`
 	CeilingHitRate  float64   `json:"ceiling_hit_rate"`
+	// FleetCeilingHitRate is the hit rate of one LRU cache as large as the
+	// first fleet's KV caches together: what the fleet's memory allows
+	// (replay.NewPooledCeiling).
+	FleetCeilingHitRate float64 `json:"fleet_ceiling_hit_rate"`
 	// PrefillBoundRPS is the rate no policy can sustain on the first fleet
 	// size (PrefillBoundRPS, the function): a bound on every goodput.
 	PrefillBoundRPS float64 `json:"prefill_bound_rps"`
@@ -145,11 +149,11 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar)
 		}()
 	}
-	var ceiling *replay.Ceiling
+	var ceiling, pooled *replay.Ceiling
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ceiling = ceilingOf(w, cfg.Sim.Engine.BlockSize)
+		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, fleets[0]*max(cfg.Sim.DPSize, 1)*cfg.Sim.Engine.NumGPUBlocks)
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -176,8 +180,8 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		ArrivalSpeedups: speedups, SLOTTFTP90MS: ms(cfg.SLOTTFTP90), SLOITLP90MS: ms(cfg.SLOITLP90), Seed: cfg.Sim.Seed,
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
-		CeilingHitRate:  ceiling.Rate(),
-		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), cfg.Sim.Workers*max(cfg.Sim.DPSize, 1), cfg.Sim.Engine.MaxNumBatchedTokens),
+		CeilingHitRate: ceiling.Rate(), FleetCeilingHitRate: pooled.Rate(),
+		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), fleets[0]*max(cfg.Sim.DPSize, 1), cfg.Sim.Engine.MaxNumBatchedTokens),
 	}
 	if len(fleets) > 1 {
 		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets

@@ -47,10 +47,10 @@ func TestWorkedExample(t *testing.T) {
 			t.Fatalf("chose %+v, want worker 2", c)
 		}
 	}
-	// kvrouter's defaults (affinity 7, prefill scale 3) make the prefill
-	// terms 3 × (8 − 14), 3 × (5 − 35), 3 × (2 − 56): the worker caching
+	// With kvrouter's cache affinity (7 here, prefill scale 3) the prefill
+	// terms are 3 × (8 − 14), 3 × (5 − 35), 3 × (2 − 56): the worker caching
 	// most of the prompt wins instead.
-	req.Params = DefaultParams()
+	req.Params = affinity7()
 	for i, want := range []float64{-18 + 10, -90 + 5, -162 + 9} {
 		if got := req.Params.Cost(&cands[i], req.ISL, bs, LightestOf(cands)); got != want {
 			t.Errorf("with affinity: cost(worker %d) = %v, want %v", i+1, got, want)
@@ -145,6 +145,14 @@ func TestAffinityIsBoundedByThePrefillSaved(t *testing.T) {
 	}
 }
 
+// affinity7 is the default parameters with affinity 7, the value
+// docs/routing-core.md's worked examples use.
+func affinity7() Params {
+	p := DefaultParams()
+	p.CacheAffinity = 7
+	return p
+}
+
 // docs/routing-core.md's worked example: an 80-block request whose 64-block
 // history engine A caches, with 600 decode blocks on A and 80 on engine B,
 // as A's queue grows; A runs 12 requests, B none or 4.
@@ -164,7 +172,7 @@ func TestBoundedAffinityWorkedExample(t *testing.T) {
 			{Worker: worker(1), OverlapBlocks: 64, ActivePrefillTokens: tc.queued * bs, PotentialDecodeBlocks: 600, ActiveRequests: 12},
 			{Worker: worker(2), PotentialDecodeBlocks: 80, ActiveRequests: tc.bRequests},
 		}
-		req := &Request{ISL: 80 * bs, BlockSize: bs, Params: DefaultParams()}
+		req := &Request{ISL: 80 * bs, BlockSize: bs, Params: affinity7()}
 		if got := req.Params.Cost(&cands[0], req.ISL, bs, LightestOf(cands)); got != tc.costA {
 			t.Errorf("queue %d, B running %d: cost A = %v, want %v", tc.queued, tc.bRequests, got, tc.costA)
 		}

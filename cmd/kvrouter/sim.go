@@ -42,7 +42,9 @@ The workload is a Mooncake JSONL trace (--trace; its prompts are built as
 they are sent), the synthetic shared-prefix sessions of bench replay
 (--synthetic, or --workload synthetic) or multi-turn agent sessions
 (--workload agentic: long contexts growing by a tool call and its result
-every turn, turns seconds apart; see the --agent* and --tool* flags).
+every turn; closed loop: a turn is sent --tool-time after the answer to the
+one before, and --arrival-speedup speeds up only the sessions' starts; see
+the --agent* and --tool* flags).
 --max-requests keeps the first N requests.
 
 For each mode of --modes (as bench replay names them), and each arrival
@@ -52,7 +54,11 @@ it: more load), runs the workload on a fresh fleet of --workers engines
 then bisects between the tested loads for the mode's goodput: the highest
 arrival rate, in requests per second of model time, at which p90 TTFT
 stays within --slo-ttft-p90 (and p90 inter-token latency within
---slo-itl-p90, if given). Modes run in parallel.
+--slo-itl-p90, if given); with closed-loop sessions, the rate is the one
+the run at that load offered (its requests over their arrival span). Modes
+run in parallel. The report adds the prefill bound: the rate that would
+saturate the fleet with the prompt tokens one infinite cache misses, which
+no policy's goodput can reach.
 
 KV events reach the router --kv-event-delay after the step that made them;
 the peers' policies read engine load every --engine-metrics-interval.
@@ -172,8 +178,8 @@ size's).`,
 	f.IntVar(&agentic.MaxTurns, "max-turns", agentic.MaxTurns, "agentic: most model calls per session")
 	f.IntVar(&agentic.ToolCallTokens, "tool-call-tokens", agentic.ToolCallTokens, "agentic: tokens generated per turn (the tool call)")
 	f.IntVar(&agentic.ToolResultTokens, "tool-result-tokens", agentic.ToolResultTokens, "agentic: mean tokens of a tool's result (exponential, capped at 8×)")
-	f.Float64Var(&agentic.Rate, "agentic-rate", agentic.Rate, "agentic: requests per second")
-	f.DurationVar(&agentic.ThinkTime, "tool-time", agentic.ThinkTime, "agentic: mean time between a session's turns (answer and tool run)")
+	f.Float64Var(&agentic.Rate, "agentic-rate", agentic.Rate, "agentic: sessions start at this many requests per second ÷ the mean turns (before --arrival-speedup)")
+	f.DurationVar(&agentic.ThinkTime, "tool-time", agentic.ThinkTime, "agentic: mean time from a turn's answer to the session's next call (the tool's run; not sped up)")
 	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed, agentic.Seed = cfg.Sim.Seed, cfg.Sim.Seed }
 	return cmd
 }

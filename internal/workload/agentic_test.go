@@ -93,3 +93,19 @@ func TestAgenticValidate(t *testing.T) {
 		}
 	}
 }
+
+// Every turn but a session's first waits for the one before (Think > 0);
+// first turns are open-loop.
+func TestAgenticTurnsAfterTheFirstWait(t *testing.T) {
+	reqs, err := Agentic(smallAgentic())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, r := range reqs {
+		if first := !seen[r.Session]; first != (r.Think == 0) {
+			t.Fatalf("request %d (session %s, first turn %v) has Think %v", i, r.Session, first, r.Think)
+		}
+		seen[r.Session] = true
+	}
+}

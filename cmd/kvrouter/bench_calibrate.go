@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -67,7 +68,7 @@ when any comparison disagrees.`,
 				}
 				r, err := sim.Calibrate(ctx, cfg, reqs, progress)
 				if r != nil {
-					r.Workload = name
+					r.Workload, r.Command = name, "kvrouter "+strings.Join(os.Args[1:], " ")
 				}
 				res = r
 				return r, err
@@ -128,7 +129,7 @@ func writeCalibration(dir string, r *sim.CalibrationResult) error {
 	if !r.Agrees {
 		verdict = "The sim and the replay disagree at some points (see the verdict column)."
 	}
-	md := fmt.Sprintf("# kvrouter sim against bench replay\n\n%d requests of %s on %d engines, the replay's engines at speedup %g; latencies in model ms.\n\n%s\n%s\n",
-		r.Requests, r.Workload, r.Workers, r.Speedup, sim.CalibrationTable(r), verdict)
+	md := fmt.Sprintf("# kvrouter sim against bench replay\n\n```sh\n%s\n```\n\n%d requests of %s on %d engines, the replay's engines at speedup %g; latencies in model ms.\n\n%s\n%s\n",
+		r.Command, r.Requests, r.Workload, r.Workers, r.Speedup, sim.CalibrationTable(r), verdict)
 	return os.WriteFile(filepath.Join(dir, "calibration.md"), []byte(md), 0o644)
 }

@@ -58,6 +58,7 @@ type CalibrationResult struct {
 	Speedup  float64          `json:"replay_speedup"`
 	Rows     []CalibrationRow `json:"rows"`
 	Agrees   bool             `json:"agrees"`
+	Command  string           `json:"command,omitempty"`
 }
 
 // Calibrate runs reqs through bench replay's live path and through the sim

@@ -138,7 +138,16 @@ func (t *Trace) Len() int { return len(t.reqs) }
 func (t *Trace) At(i int) time.Duration {
 	return time.Duration(t.reqs[i].Timestamp) * time.Millisecond
 }
-func (t *Trace) Request(i int) workload.Request { return workload.FromTraceRequest(&t.reqs[i]) }
+
+// Request builds request i's prompt with room for its output after it, so
+// that its engine can take the slice over (engine.Request.Owned).
+func (t *Trace) Request(i int) workload.Request {
+	r := &t.reqs[i]
+	// As workload.FromTraceRequest: an output length of 0 becomes 1.
+	osl := max(r.OutputLength, 1)
+	toks := r.AppendTokens(make([]uint32, 0, max(len(r.HashIDs)*trace.BlockTokens, r.InputLength+osl)), 0)
+	return workload.Request{At: t.At(i), Tokens: toks, OSL: osl}
+}
 
 // Span is the workload's arrival span, first to last, in its own time.
 func Span(w Workload) time.Duration {
@@ -533,7 +542,10 @@ func (s *sim) arrive(i int) error {
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
 	id := strconv.Itoa(i)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL}); err != nil {
+	// A trace's prompts are built for one request each (Trace.Request) and
+	// dropped once sent: the engine may keep them.
+	_, owned := s.w.(*Trace)
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: owned}); err != nil {
 		s.r.Free(id)
 		s.fail(i, err)
 		return

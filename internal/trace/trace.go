@@ -54,11 +54,17 @@ func (r *Request) Blocks(blockSize int) int { return r.InputLength / blockSize }
 
 // Tokens returns the prompt's token ids in copy c of the trace.
 func (r *Request) Tokens(c int) []uint32 {
-	out := make([]uint32, 0, len(r.HashIDs)*BlockTokens)
+	return r.AppendTokens(make([]uint32, 0, len(r.HashIDs)*BlockTokens), c)
+}
+
+// AppendTokens appends the prompt Tokens returns to dst: with room for
+// len(HashIDs) whole blocks in dst, nothing is reallocated.
+func (r *Request) AppendTokens(dst []uint32, c int) []uint32 {
+	n := len(dst)
 	for _, id := range r.HashIDs {
-		out = AppendBlockTokens(out, ContentID(id, c))
+		dst = AppendBlockTokens(dst, ContentID(id, c))
 	}
-	return out[:r.InputLength]
+	return dst[:n+r.InputLength]
 }
 
 // Trace is a loaded trace.

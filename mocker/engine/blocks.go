@@ -46,9 +46,12 @@ type blockManager struct {
 	caching   bool
 	seed      uint64
 
-	blocks  []block  // full blocks by slot index
-	tokens  []uint32 // tokens of blocks[i] at [i×blockSize, (i+1)×blockSize), for CachedBlocks
-	freeIdx []int32  // unused indices into blocks
+	blocks []block // full blocks by slot index
+	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
+	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
+	// array would be copied on every doubling (megabytes per engine).
+	tokens  [][]uint32
+	freeIdx []int32 // unused indices into blocks
 	byHash  blockMap
 
 	lruHead, lruTail int32
@@ -216,7 +219,7 @@ func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
 			if i > 0 {
 				m.blocks[idx].parent = s.hashes[i-1]
 			}
-			copy(m.tokens[int(idx)*bs:], s.tokens[i*bs:(i+1)*bs])
+			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs])
 			m.byHash.put(s.hashes[i], idx)
 			m.numActive++
 			s.blocks[i] = idx
@@ -296,8 +299,19 @@ func (m *blockManager) newIndex() int32 {
 		return idx
 	}
 	m.blocks = append(m.blocks, block{})
-	m.tokens = append(m.tokens, make([]uint32, m.blockSize)...)
-	return int32(len(m.blocks) - 1)
+	idx := int32(len(m.blocks) - 1)
+	if int(idx) >= len(m.tokens)*tokenPageBlocks {
+		m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
+	}
+	return idx
+}
+
+const tokenPageBlocks = 256
+
+// blockTokens is the token storage of block idx.
+func (m *blockManager) blockTokens(idx int32) []uint32 {
+	page, off := int(idx)/tokenPageBlocks, int(idx)%tokenPageBlocks*m.blockSize
+	return m.tokens[page][off : off+m.blockSize : off+m.blockSize]
 }
 
 // release returns every block s holds, tail first.
@@ -324,7 +338,6 @@ func (m *blockManager) release(s *seqBlocks) {
 // reset drops every cached block. Only valid when no request holds blocks.
 func (m *blockManager) reset() {
 	m.blocks = m.blocks[:0]
-	m.tokens = m.tokens[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	m.lruHead, m.lruTail = noBlock, noBlock
@@ -369,7 +382,6 @@ type CachedBlock struct {
 // is cached too; a block can outlive its parent only in principle, since
 // releases go tail-first).
 func (m *blockManager) cached() []CachedBlock {
-	bs := m.blockSize
 	depth := make(map[int32]int, m.byHash.len())
 	var depthOf func(idx int32) int
 	depthOf = func(idx int32) int {
@@ -394,7 +406,7 @@ func (m *blockManager) cached() []CachedBlock {
 	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
 	for _, idx := range order {
 		b := &m.blocks[idx]
-		cb := CachedBlock{Hash: b.hash, Tokens: m.tokens[int(idx)*bs : (int(idx)+1)*bs : (int(idx)+1)*bs]}
+		cb := CachedBlock{Hash: b.hash, Tokens: m.blockTokens(idx)}
 		if !b.root {
 			p := b.parent
 			cb.Parent = &p

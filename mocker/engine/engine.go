@@ -96,8 +96,13 @@ func DefaultConfig() Config {
 // Request is one generation request.
 type Request struct {
 	ID        string
-	Tokens    []uint32 // prompt token ids (copied by Add)
+	Tokens    []uint32 // prompt token ids (copied by Add, unless Owned)
 	MaxTokens int      // tokens to generate (> 0); exactly this many are generated (no EOS)
+	// Owned hands Tokens to the engine: the caller neither reads nor writes
+	// them after Add, and the engine appends the generated tokens in place
+	// when their capacity allows (a copy of every prompt was a tenth of the
+	// simulator's time).
+	Owned bool
 }
 
 // Output is one generated token.
@@ -274,8 +279,11 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q: prompt of %d tokens plus max_tokens %d needs %d KV blocks of %d tokens, but the engine has %d blocks (%d tokens)",
 			ErrPromptTooLong, r.ID, len(r.Tokens), r.MaxTokens, blocks, bs, e.cfg.NumGPUBlocks, e.cfg.NumGPUBlocks*bs)
 	}
-	toks := make([]uint32, len(r.Tokens), total)
-	copy(toks, r.Tokens)
+	toks := r.Tokens
+	if !r.Owned || cap(toks) < total {
+		toks = make([]uint32, len(r.Tokens), total)
+		copy(toks, r.Tokens)
+	}
 	s := &seq{
 		seqBlocks: seqBlocks{tokens: toks},
 		id:        r.ID,

@@ -605,3 +605,45 @@ func TestDeterminism(t *testing.T) {
 		t.Fatalf("seeds share %d block ids and %d/%d tokens", idsC, tokSame, toks)
 	}
 }
+
+// An owned prompt with room for the output is taken over, not copied: the
+// engine writes its generated tokens after it in the caller's array, and
+// produces exactly what it produces from a copied prompt. Without room, or
+// not owned, the caller's array is left alone.
+func TestOwnedPromptIsTakenOver(t *testing.T) {
+	cfg := Config{BlockSize: 4, NumGPUBlocks: 100, MaxNumSeqs: 4, MaxNumBatchedTokens: 64, EnablePrefixCaching: true}
+	run := func(toks []uint32, owned bool) ([]Output, [][]BlockEvent) {
+		e := mustNew(t, cfg)
+		if err := e.Add(Request{ID: "r", Tokens: toks, MaxTokens: 6, Owned: owned}); err != nil {
+			t.Fatal(err)
+		}
+		var outs []Output
+		var evs [][]BlockEvent
+		for !e.Idle() {
+			res := e.Step()
+			outs = append(outs, res.Outputs...)
+			evs = append(evs, res.Events)
+		}
+		return outs, evs
+	}
+	wantOuts, wantEvs := run(seqTokens(1, 10), false)
+	roomy := append(make([]uint32, 0, 16), seqTokens(1, 10)...)
+	outs, evs := run(roomy, true)
+	if !reflect.DeepEqual(outs, wantOuts) || !reflect.DeepEqual(evs, wantEvs) {
+		t.Fatalf("owned prompt: outputs %v, events %v; copied: %v, %v", outs, evs, wantOuts, wantEvs)
+	}
+	// The last output is never appended (nothing computes it).
+	if got := roomy[:15]; !slices.Equal(got[10:], []uint32{wantOuts[0].Token, wantOuts[1].Token, wantOuts[2].Token, wantOuts[3].Token, wantOuts[4].Token}) {
+		t.Fatalf("the engine did not append into the owned array: %v", got)
+	}
+	for _, c := range []struct {
+		owned bool
+		cap   int
+	}{{false, 12}, {true, 12}, {false, 16}} { // 12: no room for 6 more
+		arr := append(make([]uint32, 0, c.cap), seqTokens(1, 10)...)
+		run(arr, c.owned)
+		if extra := arr[:12][10:]; extra[0] != 0 || extra[1] != 0 {
+			t.Fatalf("owned %v, capacity %d: the caller's array was written: %v", c.owned, c.cap, extra)
+		}
+	}
+}

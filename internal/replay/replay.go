@@ -124,6 +124,11 @@ func ModeConfig(base router.Config, name string, blockSize int) (router.Config, 
 		d := sched.DynamoDefaults()
 		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
 	}
+	if mode != sched.ModeKV || strings.TrimSpace(name) == DynamoKV {
+		// Predict-on-route is kvrouter's; the policies compared with it see
+		// what the routers they stand for see.
+		rcfg.PredictedTTL = 0
+	}
 	if mode != sched.ModeKV {
 		// The admission queue is kvrouter's; the policies compared with it
 		// dispatch at once, as the routers they stand for do.

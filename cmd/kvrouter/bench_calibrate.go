@@ -56,7 +56,7 @@ when any comparison disagrees.`,
 				return err
 			}
 			var res *sim.CalibrationResult
-			err = runBench(cmd, quiet, false, func(ctx context.Context, progress io.Writer) (*sim.CalibrationResult, error) {
+			err = runBench(cmd, quiet, asJSON, func(ctx context.Context, progress io.Writer) (*sim.CalibrationResult, error) {
 				reqs, name, err := loadWorkload(tracePath, synthetic, syn, maxRequests, false, cmd.ErrOrStderr())
 				if err != nil {
 					return nil, err
@@ -73,11 +73,6 @@ when any comparison disagrees.`,
 				res = r
 				return r, err
 			}, func(w io.Writer, r *sim.CalibrationResult) error {
-				if asJSON {
-					enc := json.NewEncoder(w)
-					enc.SetIndent("", "  ")
-					return enc.Encode(r)
-				}
 				_, err := io.WriteString(w, sim.CalibrationTable(r))
 				return err
 			})

@@ -139,15 +139,7 @@ func (t *Trace) At(i int) time.Duration {
 	return time.Duration(t.reqs[i].Timestamp) * time.Millisecond
 }
 
-// Request builds request i's prompt with room for its output after it, so
-// that its engine can take the slice over (engine.Request.Owned).
-func (t *Trace) Request(i int) workload.Request {
-	r := &t.reqs[i]
-	// As workload.FromTraceRequest: an output length of 0 becomes 1.
-	osl := max(r.OutputLength, 1)
-	toks := r.AppendTokens(make([]uint32, 0, max(len(r.HashIDs)*trace.BlockTokens, r.InputLength+osl)), 0)
-	return workload.Request{At: t.At(i), Tokens: toks, OSL: osl}
-}
+func (t *Trace) Request(i int) workload.Request { return workload.FromTraceRequest(&t.reqs[i]) }
 
 // Span is the workload's arrival span, first to last, in its own time.
 func Span(w Workload) time.Duration {
@@ -350,7 +342,10 @@ type sim struct {
 	// is held; the loop acts on them after the call that made them.
 	dispatched []dispatch
 	pollLoad   bool
-	remaining  int // requests not finished or failed
+	// ownsPrompts: the workload builds each prompt for its request alone
+	// (a Trace) and the loop drops it once sent, so the engine may keep it.
+	ownsPrompts bool
+	remaining   int // requests not finished or failed
 	// after[i] is the request that waits for i to end (closed-loop
 	// sessions), -1 for none; waits[i] says i waits for another. Both nil
 	// when no request waits.
@@ -402,6 +397,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		return nil, err
 	}
 	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
+	_, s.ownsPrompts = w.(*Trace)
 	s.dp = max(cfg.DPSize, 1)
 	s.engines = make([]simEngine, cfg.Workers*s.dp)
 	for i := range s.engines {
@@ -542,10 +538,7 @@ func (s *sim) arrive(i int) error {
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
 	id := strconv.Itoa(i)
-	// A trace's prompts are built for one request each (Trace.Request) and
-	// dropped once sent: the engine may keep them.
-	_, owned := s.w.(*Trace)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: owned}); err != nil {
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id)
 		s.fail(i, err)
 		return

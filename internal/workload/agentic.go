@@ -98,8 +98,8 @@ func thinkOf(k int, gap float64) time.Duration {
 // Sessions start as a Poisson process at Rate / mean turns per second;
 // each turn after the first follows the one before by an exponential
 // ThinkTime: after its answer when the driver is closed-loop (Think is
-// set; kvrouter sim), after its arrival otherwise (At). Turn k's prompt is turn k-1's,
-// the tool call the model generated (ToolCallTokens, its output length)
+// set; kvrouter sim), after its arrival otherwise (At). Turn k's prompt is
+// turn k-1's, the tool call the model generated (ToolCallTokens, its output length)
 // and the tool's result; the first turn's is the agent's system prompt
 // and the task. Sessions are generated until Requests requests exist: the
 // last one may be cut short. As in Synthetic, a session's turns share one

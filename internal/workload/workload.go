@@ -47,12 +47,16 @@ func FromTrace(tr *trace.Trace, max int) []Request {
 
 // FromTraceRequest materialises one trace request as FromTrace does, for
 // runs that build each prompt only when it is sent: a whole trace's
-// prompts take gigabytes.
+// prompts take gigabytes. The prompt's slice has room for the output after
+// it, so that a simulated engine can take it over instead of copying it
+// (engine.Request.Owned).
 func FromTraceRequest(r *trace.Request) Request {
+	osl := max1(r.OutputLength)
+	room := max(len(r.HashIDs)*trace.BlockTokens, r.InputLength+osl)
 	return Request{
 		At:     time.Duration(r.Timestamp) * time.Millisecond,
-		Tokens: r.Tokens(0),
-		OSL:    max1(r.OutputLength),
+		Tokens: r.AppendTokens(make([]uint32, 0, room), 0),
+		OSL:    osl,
 	}
 }
 

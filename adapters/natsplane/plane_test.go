@@ -225,6 +225,9 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 				pubs = append(pubs, p)
 			}
 			sub, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "r1"}, ids...)
+			// A start-up dump served after the burst would carry the lost
+			// events, and the subscriber would never see a gap.
+			testwait.Until(t, 10*time.Second, "start-up dumps", func() bool { return sub.Stats().Dumps >= uint64(len(ids)) })
 			// Rounds of events, each followed by convergence, keep most
 			// gaps within the ring, where ranges recover them.
 			for range tc.rounds {

@@ -89,6 +89,7 @@ type syncAdd struct {
 	OSL            int      `json:"osl"`
 	TrackPrefill   *bool    `json:"track_prefill_tokens,omitempty"`
 	AssumeReuse    *bool    `json:"assume_kv_reuse,omitempty"`
+	TrackBlocks    *bool    `json:"track_active_blocks,omitempty"`
 }
 
 // StartReplicaSync subscribes to the fleet's replica-sync subject and makes
@@ -197,7 +198,7 @@ func (s *ReplicaSync) publish(u router.LoadUpdate) {
 		v = syncAdd{
 			syncHead: head, WorkerID: &q.Worker.ID, DPRank: q.Worker.DPRank,
 			SequenceHashes: q.Blocks, ISL: q.ISL, OverlapBlocks: q.OverlapBlocks, OSL: q.OSL,
-			TrackPrefill: q.TrackPrefill, AssumeReuse: q.AssumeReuse,
+			TrackPrefill: q.TrackPrefill, AssumeReuse: q.AssumeReuse, TrackBlocks: q.TrackBlocks,
 		}
 	}
 	b, err := json.Marshal(v)
@@ -265,7 +266,7 @@ func (m *syncAdd) update() (router.LoadUpdate, error) {
 		return router.LoadUpdate{Kind: router.LoadAdd, Request: load.Request{
 			ID: id, Worker: kv.Worker{ID: *m.WorkerID, DPRank: m.DPRank}, Blocks: m.SequenceHashes,
 			ISL: m.ISL, OverlapBlocks: m.OverlapBlocks, OSL: m.OSL,
-			TrackPrefill: m.TrackPrefill, AssumeReuse: m.AssumeReuse,
+			TrackPrefill: m.TrackPrefill, AssumeReuse: m.AssumeReuse, TrackBlocks: m.TrackBlocks,
 		}}, nil
 	case router.LoadPrefillDone.String():
 		return router.LoadUpdate{Kind: router.LoadPrefillDone, ID: id}, nil

@@ -103,6 +103,11 @@ type Request struct {
 	// the same, a count can never collide, and it costs no trie nodes.
 	TrackPrefill *bool
 	AssumeReuse  *bool
+	// TrackBlocks false books no active blocks for the request: it runs on
+	// a prefill-only engine of a disaggregated pool, which frees its KV
+	// once the decode engine has pulled it, and never decodes. Like
+	// TrackPrefill it can only turn tracking off.
+	TrackBlocks *bool
 }
 
 // Query describes a request being scored, before any worker is chosen.
@@ -115,6 +120,7 @@ type Query struct {
 	// Without reuse, every prompt block counts as new on every worker.
 	TrackPrefill *bool
 	AssumeReuse  *bool
+	TrackBlocks  *bool
 }
 
 // WorkerLoad is a worker's predicted load now.
@@ -335,6 +341,7 @@ type request struct {
 	// the request's hashes nor a lookup.
 	end     *node
 	private int // prompt blocks booked without reuse
+	blocks  bool // active blocks are tracked for this request
 	isl     int
 	osl     int
 	prefill int // tokens still counted as prefill; 0 once completed
@@ -434,8 +441,8 @@ func (t *Tracker) AddRequest(r Request) error {
 	if q == nil {
 		q = new(request)
 	}
-	*q = request{id: r.ID, slot: si, added: now, isl: r.ISL, osl: r.OSL}
-	if t.cfg.TrackActiveBlocks {
+	*q = request{id: r.ID, slot: si, added: now, isl: r.ISL, osl: r.OSL, blocks: t.cfg.TrackActiveBlocks && or(r.TrackBlocks, true)}
+	if q.blocks {
 		if or(r.AssumeReuse, t.cfg.AssumeKVReuse) {
 			q.end = t.book(r.Blocks, si)
 		} else {
@@ -490,7 +497,7 @@ func (t *Tracker) AddOutputTokens(id string, n int) bool {
 	if q == nil {
 		return false
 	}
-	if n <= 0 || !t.cfg.TrackOutputBlocks || !t.cfg.TrackActiveBlocks {
+	if n <= 0 || !t.cfg.TrackOutputBlocks || !q.blocks {
 		return true
 	}
 	s := &t.slots[q.slot]
@@ -585,7 +592,7 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expire(t.now())
-	trackBlocks := t.cfg.TrackActiveBlocks
+	trackBlocks := t.cfg.TrackActiveBlocks && or(q.TrackBlocks, true)
 	reuse := trackBlocks && or(q.AssumeReuse, t.cfg.AssumeKVReuse)
 	trackPrefill := t.cfg.TrackPrefillTokens && or(q.TrackPrefill, true)
 
@@ -729,7 +736,7 @@ func (t *Tracker) release(q *request) {
 	s.prefill -= q.prefill
 	if q.osl == 0 {
 		s.private -= q.out
-	} else if t.cfg.TrackActiveBlocks {
+	} else if q.blocks {
 		s.decayed -= q.weight
 		if s.decayedReqs--; s.decayedReqs == 0 {
 			s.decayed = 0

@@ -281,32 +281,39 @@ func TestSwitchesOff(t *testing.T) {
 		name       string
 		mod        func(*Config)
 		trackPref  *bool
+		trackBlk   *bool
+		osl        int
 		wantLoad   WorkerLoad
 		wantPotDec float64
 		wantPotPre int
 	}{
-		{"all on", func(*Config) {}, nil, WorkerLoad{ActiveDecodeBlocks: 8 + 1, ActivePrefillTokens: 128 - 32, ActiveRequests: 1}, 9 + 4, 96 + 128 - 16},
-		{"blocks off", func(c *Config) { c.TrackActiveBlocks = false }, nil, WorkerLoad{ActivePrefillTokens: 96, ActiveRequests: 1}, 0, 96 + 112},
-		{"prefill off", func(c *Config) { c.TrackPrefillTokens = false }, nil, WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
-		{"prefill off per request", func(*Config) {}, ptr(false), WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
-		{"prefill on per request, off in config", func(c *Config) { c.TrackPrefillTokens = false }, ptr(true), WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
-		{"output off", func(c *Config) { c.TrackOutputBlocks = false }, nil, WorkerLoad{ActiveDecodeBlocks: 8, ActivePrefillTokens: 96, ActiveRequests: 1}, 12, 96 + 112},
+		{"all on", func(*Config) {}, nil, nil, 0, WorkerLoad{ActiveDecodeBlocks: 8 + 1, ActivePrefillTokens: 128 - 32, ActiveRequests: 1}, 9 + 4, 96 + 128 - 16},
+		{"blocks off", func(c *Config) { c.TrackActiveBlocks = false }, nil, nil, 0, WorkerLoad{ActivePrefillTokens: 96, ActiveRequests: 1}, 0, 96 + 112},
+		{"blocks off per request (prefill pool)", func(*Config) {}, nil, ptr(false), 0, WorkerLoad{ActivePrefillTokens: 96, ActiveRequests: 1}, 0, 96 + 112},
+		{"blocks off per request, with an OSL", func(*Config) {}, nil, ptr(false), 64, WorkerLoad{ActivePrefillTokens: 96, ActiveRequests: 1}, 0, 96 + 112},
+		{"blocks on per request, off in config", func(c *Config) { c.TrackActiveBlocks = false }, nil, ptr(true), 0, WorkerLoad{ActivePrefillTokens: 96, ActiveRequests: 1}, 0, 96 + 112},
+		{"prefill off", func(c *Config) { c.TrackPrefillTokens = false }, nil, nil, 0, WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
+		{"prefill off per request", func(*Config) {}, ptr(false), nil, 0, WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
+		{"prefill on per request, off in config", func(c *Config) { c.TrackPrefillTokens = false }, ptr(true), nil, 0, WorkerLoad{ActiveDecodeBlocks: 9, ActiveRequests: 1}, 13, 0},
+		{"output off", func(c *Config) { c.TrackOutputBlocks = false }, nil, nil, 0, WorkerLoad{ActiveDecodeBlocks: 8, ActivePrefillTokens: 96, ActiveRequests: 1}, 12, 96 + 112},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.TrackOutputBlocks = true
 			tc.mod(&cfg)
 			tr := New(cfg)
-			mustAdd(t, tr, Request{ID: "a", Worker: w1, Blocks: p, ISL: 128, OverlapBlocks: 2, TrackPrefill: tc.trackPref})
+			mustAdd(t, tr, Request{ID: "a", Worker: w1, Blocks: p, ISL: 128, OverlapBlocks: 2, OSL: tc.osl, TrackPrefill: tc.trackPref, TrackBlocks: tc.trackBlk})
 			tr.AddOutputTokens("a", 16)
 			wantLoad(t, tr, w1, tc.wantLoad)
-			got := tr.PotentialLoads(Query{Blocks: seqOf(0, 12), ISL: 128, TrackPrefill: tc.trackPref}, ws, []int{1, 0}, nil)
+			got := tr.PotentialLoads(Query{Blocks: seqOf(0, 12), ISL: 128, TrackPrefill: tc.trackPref, TrackBlocks: tc.trackBlk}, ws, []int{1, 0}, nil)
 			if got[0].PotentialDecodeBlocks != tc.wantPotDec || got[0].PotentialPrefillTokens != tc.wantPotPre {
 				t.Fatalf("potential = %+v, want decode %v prefill %v", got[0], tc.wantPotDec, tc.wantPotPre)
 			}
 			if got[1].WorkerLoad != (WorkerLoad{}) || got[1].Worker != w2 {
 				t.Fatalf("idle worker: %+v", got[1])
 			}
+			tr.Free("a")
+			wantLoad(t, tr, w1, WorkerLoad{})
 		})
 	}
 }

@@ -79,6 +79,7 @@ func (r *Router) observeAdd(req load.Request) {
 	req.Blocks = slices.Clone(req.Blocks)
 	req.TrackPrefill = cloneBool(req.TrackPrefill)
 	req.AssumeReuse = cloneBool(req.AssumeReuse)
+	req.TrackBlocks = cloneBool(req.TrackBlocks)
 	(*fn)(LoadUpdate{Kind: LoadAdd, Request: req})
 }
 

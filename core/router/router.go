@@ -112,6 +112,7 @@ type WorkerInfo struct {
 	// discovery); 0 = unknown, taken to be the router's. The block size
 	// the engine's own events carry overrides it.
 	BlockSize int
+	Role      Role
 }
 
 // Request is one request to route.
@@ -135,6 +136,11 @@ type Request struct {
 	// Exclude names engines this request must not go to: they already
 	// failed it, and the registry may not have caught up yet.
 	Exclude []uint64
+	// Prefill routes the prefill half of a disaggregated request among the
+	// model's prefill workers, booked without active blocks: a prefill
+	// engine does no decode and hands its KV over. Otherwise the request
+	// goes to a decode-capable worker (RoleBoth or RoleDecode).
+	Prefill bool
 }
 
 // Decision is where a request goes and what the router knew when it chose.
@@ -817,7 +823,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			sc.overlaps[i] = int(o.Blocks)
 		}
 	}
-	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse}
+	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
 	sc.pots = r.tracker.PotentialLoads(q, sc.workers, sc.overlaps, sc.pots[:0])
 	// Engine reports feed the peer modes' scorers and the decode busy
 	// threshold; other decisions skip the lookups.
@@ -835,6 +841,9 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			continue
 		}
 		if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
+			continue
+		}
+		if (info.Role == RolePrefill) != p.req.Prefill {
 			continue
 		}
 		c := sched.Candidate{
@@ -887,7 +896,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		lr := load.Request{
 			ID: p.req.ID, Worker: choice.Worker, Blocks: p.seq, ISL: len(p.req.Tokens),
 			OverlapBlocks: c.OverlapBlocks, OSL: p.req.OSL,
-			TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse,
+			TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks(),
 		}
 		if err := r.tracker.AddRequest(lr); err != nil {
 			r.stats.errors.Add(1)

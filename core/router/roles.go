@@ -1,0 +1,72 @@
+package router
+
+import "fmt"
+
+// Role is a worker's part in disaggregated serving.
+type Role uint8
+
+const (
+	// RoleBoth prefills and decodes its own requests: aggregated serving,
+	// the default.
+	RoleBoth Role = iota
+	// RolePrefill only prefills: it answers with where the KV lives, and a
+	// decode worker pulls it.
+	RolePrefill
+	// RoleDecode decodes requests whose KV a prefill worker computed, and
+	// prefills itself when there is none (fallback, short remainders).
+	RoleDecode
+)
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	}
+	return "both"
+}
+
+// ParseRole reads a role as flags, configs and discovery entries name it;
+// "" is RoleBoth.
+func ParseRole(s string) (Role, error) {
+	switch s {
+	case "", "both", "aggregated":
+		return RoleBoth, nil
+	case "prefill":
+		return RolePrefill, nil
+	case "decode":
+		return RoleDecode, nil
+	}
+	return RoleBoth, fmt.Errorf("unknown worker role %q: want prefill, decode or both", s)
+}
+
+// Pools counts the workers that can take model's requests, by the half of
+// the work they do: prefill workers, and decode-capable ones (RoleDecode
+// and RoleBoth). A model with both is served disaggregated; when its last
+// prefill worker leaves, it is served aggregated again.
+func (r *Router) Pools(model string) (prefill, decode int) {
+	for _, in := range r.fleet.Load().infos {
+		if model != "" && in.Model != "" && in.Model != model {
+			continue
+		}
+		if in.Role == RolePrefill {
+			prefill++
+		} else {
+			decode++
+		}
+	}
+	return prefill, decode
+}
+
+var noBlocks = false
+
+// trackBlocks is the booking's active-block override: a prefill request's
+// blocks leave its engine with the transfer, so they never count as decode
+// load there.
+func (p *prepared) trackBlocks() *bool {
+	if p.req.Prefill {
+		return &noBlocks
+	}
+	return nil
+}

@@ -160,7 +160,23 @@ func (c *call) giveUp(err error) {
 // attempt books req on the engine the router chooses, forwards the
 // request there and frees the booking.
 func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw []byte) (outcome, error) {
-	d, err := c.f.cfg.Router.BestWorker(c.ctx, req)
+	// The prefill runs once: a decode engine that fails leaves the KV on
+	// the prefill engine for the next one to pull, and a continuation's
+	// prompt is not the one prefilled, so its engine computes it.
+	if !c.pdTried && raw != nil && c.disaggregated() {
+		c.pdTried = true
+		c.pd = c.prefillRemotely(req)
+	}
+	if c.ctx.Err() != nil {
+		return unrouted, c.ctx.Err()
+	}
+	dreq := req
+	if c.pd != nil && raw != nil {
+		q := *req
+		q.Overrides = decodeOverrides(req.Overrides, c.f.cfg.Disagg.NoAssumeKVReuse)
+		dreq = &q
+	}
+	d, err := c.f.cfg.Router.BestWorker(c.ctx, dreq)
 	if err != nil {
 		return unrouted, err
 	}
@@ -177,7 +193,13 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 		return unanswered, errWorkerGone
 	}
 	c.worker = wk
-	body, err := engineBody(top, raw, c.members, wk, d.Worker.DPRank)
+	var body pieces
+	if c.pd != nil && raw != nil {
+		c.countTransfer(&d)
+		body, err = decodeBody(top, wk, d.Worker.DPRank, c.pd.params)
+	} else {
+		body, err = engineBody(top, raw, c.members, wk, d.Worker.DPRank)
+	}
 	if err != nil {
 		c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
 		return served, nil

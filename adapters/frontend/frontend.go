@@ -263,6 +263,9 @@ type Config struct {
 	// MaxBookings bounds the requests booked through /router/best_worker
 	// and not yet freed (429 beyond); 0 means DefaultMaxBookings.
 	MaxBookings int
+	// Disagg configures disaggregated prefill/decode serving, in force for
+	// the models that have prefill workers.
+	Disagg Disagg
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -273,6 +276,7 @@ type Frontend struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *frontendMetrics
+	dm      *disaggMetrics
 	created int64
 	idBase  string
 	nextID  atomic.Uint64
@@ -317,7 +321,8 @@ func New(cfg Config) (*Frontend, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := newFrontendMetrics()
-	for _, c := range append(m.collectors(), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
+	dm := newDisaggMetrics(latencyBuckets)
+	for _, c := range append(append(m.collectors(), dm.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}
@@ -329,7 +334,7 @@ func New(cfg Config) (*Frontend, error) {
 	_, _ = rand.Read(salt[:])
 	aborted, abort := context.WithCancel(context.Background())
 	return &Frontend{
-		cfg: cfg, log: cfg.Logger, m: m, created: time.Now().Unix(),
+		cfg: cfg, log: cfg.Logger, m: m, dm: dm, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),

@@ -28,8 +28,10 @@ func histogram(name, help string, buckets []float64, labels ...string) *promethe
 	}, labels)
 }
 
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
 func newFrontendMetrics() *frontendMetrics {
-	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	latency := latencyBuckets
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 … 131072
 	return &frontendMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{

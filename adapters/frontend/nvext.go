@@ -77,6 +77,8 @@ type nvext struct {
 	BackendInstanceID    *uint64         `json:"backend_instance_id"`
 	DecodeWorkerID       *uint64         `json:"decode_worker_id"`
 	DPRank               *uint32         `json:"dp_rank"`
+	PrefillWorkerID      *uint64         `json:"prefill_worker_id"`
+	PrefillDPRank        *uint32         `json:"prefill_dp_rank"`
 	TokenData            []uint32        `json:"token_data"`
 	ExtraFields          []string        `json:"extra_fields"`
 	AgentHints           *agentHints     `json:"agent_hints"`
@@ -127,6 +129,9 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 		req.Target = &w
 	case n.DPRank != nil:
 		return n, extras{}, badRequest("invalid_nvext", "nvext.dp_rank", "nvext.dp_rank needs nvext.backend_instance_id")
+	}
+	if n.PrefillDPRank != nil && n.PrefillWorkerID == nil {
+		return n, extras{}, badRequest("invalid_nvext", "nvext.prefill_dp_rank", "nvext.prefill_dp_rank needs nvext.prefill_worker_id")
 	}
 
 	if h := n.AgentHints; h != nil {
@@ -182,7 +187,11 @@ type responseNvext struct {
 	DPRank        *uint32 `json:"dp_rank,omitempty"`
 	OverlapBlocks *int    `json:"overlap_blocks,omitempty"`
 	PromptBlocks  *int    `json:"prompt_blocks,omitempty"`
-	Timing        *timing `json:"timing,omitempty"`
+	// The prefill worker of a disaggregated request.
+	PrefillWorkerID      *uint64 `json:"prefill_worker_id,omitempty"`
+	PrefillDPRank        *uint32 `json:"prefill_dp_rank,omitempty"`
+	PrefillOverlapBlocks *int    `json:"prefill_overlap_blocks,omitempty"`
+	Timing               *timing `json:"timing,omitempty"`
 }
 
 type timing struct {
@@ -197,16 +206,25 @@ type timing struct {
 	FrontendMS float64  `json:"frontend_ms"`
 	TTFTMS     float64  `json:"ttft_ms"`
 	TotalMS    *float64 `json:"total_ms,omitempty"`
+	// PrefillMS is a disaggregated request's remote prefill, routing
+	// included; DecodeTTFTMS the rest of its time to first token, from the
+	// decode request to its first token, which includes the KV transfer.
+	PrefillMS    *float64 `json:"prefill_ms,omitempty"`
+	DecodeTTFTMS *float64 `json:"decode_ttft_ms,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // build renders the response nvext; total < 0 leaves total_ms out.
-func (e extras) build(d *router.Decision, tokenize, frontend, ttft, total time.Duration) []byte {
+func (e extras) build(d *router.Decision, pd *prefillResult, tokenize, frontend, ttft, total time.Duration) []byte {
 	var out responseNvext
 	if e.workerID {
 		id, rank, ov, pb := d.Worker.ID, d.Worker.DPRank, d.OverlapBlocks, d.PromptBlocks
 		out.WorkerID, out.DPRank, out.OverlapBlocks, out.PromptBlocks = &id, &rank, &ov, &pb
+		if pd != nil {
+			pid, prank, pov := pd.decision.Worker.ID, pd.decision.Worker.DPRank, pd.decision.OverlapBlocks
+			out.PrefillWorkerID, out.PrefillDPRank, out.PrefillOverlapBlocks = &pid, &prank, &pov
+		}
 	}
 	if e.timing {
 		t := &timing{
@@ -217,6 +235,10 @@ func (e extras) build(d *router.Decision, tokenize, frontend, ttft, total time.D
 		if total >= 0 {
 			v := ms(total)
 			t.TotalMS = &v
+		}
+		if pd != nil {
+			p, dt := ms(pd.elapsed), ms(ttft-frontend-pd.elapsed)
+			t.PrefillMS, t.DecodeTTFTMS = &p, &dt
 		}
 		out.Timing = t
 	}

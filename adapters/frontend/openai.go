@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 )
 
@@ -48,6 +49,12 @@ type call struct {
 	body     []byte                     // and its bytes
 	members  []member                   // and its members, in order
 	rs       *relay                     // the client's stream, once opened
+
+	// Disaggregated serving: the prefill pin (nvext.prefill_worker_id),
+	// whether the prefill was tried, and what it left for the decode.
+	prefillTarget *kv.Worker
+	pdTried       bool
+	pd            *prefillResult
 }
 
 func (c *call) fail(e *httpError) {
@@ -127,6 +134,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	c.ex, c.id = ex, req.ID
+	if n.PrefillWorkerID != nil {
+		c.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}
+		if n.PrefillDPRank != nil {
+			c.prefillTarget.DPRank = *n.PrefillDPRank
+		}
+	}
 	t0 := time.Now()
 	req.Tokens, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
 	if herr != nil {
@@ -233,7 +246,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
-		ext := c.ex.build(&c.decision, c.tokenize, c.sent.Sub(c.start), elapsed, elapsed)
+		ext := c.ex.build(&c.decision, c.pd, c.tokenize, c.sent.Sub(c.start), elapsed, elapsed)
 		if b, ok := injectNvext(data, ext); ok {
 			data = b
 		}
@@ -396,7 +409,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 				if rs.first.IsZero() {
 					rs.first = now
 					if c.ex.any() && isObject(ev.data) {
-						ext := c.ex.build(&c.decision, c.tokenize, c.sent.Sub(c.start), now.Sub(c.start), -1)
+						ext := c.ex.build(&c.decision, c.pd, c.tokenize, c.sent.Sub(c.start), now.Sub(c.start), -1)
 						if b, ok := injectNvext(ev.data, ext); ok {
 							raw = dataEvent(b)
 						}

@@ -1,0 +1,274 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"maps"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/adapters/metrics"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+)
+
+// Disagg configures disaggregated serving. It applies to a model only while
+// the router has both prefill and decode-capable workers for it: with no
+// prefill worker the model is served aggregated, as before.
+//
+// A disaggregated request follows vLLM's P/D protocol (its NixlConnector
+// proxy, which the Mooncake and LMCache connectors share):
+//
+//  1. the prefill worker, chosen by the router among the prefill pool by
+//     cached prefix and prompt load, gets the client's request non-streamed,
+//     with max_tokens (and max_completion_tokens, when given) 1, without
+//     stream_options, and kv_transfer_params {"do_remote_decode": true,
+//     "do_remote_prefill": false, "remote_engine_id": null,
+//     "remote_block_ids": null, "remote_host": null, "remote_port": null};
+//  2. its answer's kv_transfer_params, unchanged, go with the client's own
+//     request to the decode worker the router then chooses, streamed or not
+//     as the client asked; the client gets the decode worker's answer.
+//
+// A prefill that fails (an error status, no answer within PrefillTimeout,
+// an unreachable engine, an answer without kv_transfer_params), or that no
+// prefill worker can take (none left, every one busy), is done by the
+// decode worker itself: the client never sees it.
+type Disagg struct {
+	// MinUncachedTokens is conditional disaggregation: a request whose
+	// prompt the decode worker it would go to lacks fewer than this many
+	// tokens of is prefilled there, sparing a transfer that would cost
+	// more than the prefill it moves. 0 always disaggregates.
+	MinUncachedTokens int
+	// NoAssumeKVReuse routes decode as Dynamo does: with no cache credit
+	// and every prompt block counted as new on the decode worker. By
+	// default the blocks a decode worker already holds count for it, as
+	// they need not cross the network.
+	NoAssumeKVReuse bool
+	// PrefillTimeout bounds the prefill request, routing included; 0 means
+	// DefaultPrefillTimeout.
+	PrefillTimeout time.Duration
+}
+
+// DefaultPrefillTimeout is Disagg.PrefillTimeout's default: a long prompt
+// behind a full queue still prefills within it, and a request whose prefill
+// engine hangs has not yet lost its client.
+const DefaultPrefillTimeout = 60 * time.Second
+
+// Why a request was not disaggregated: the causes the metrics count.
+const (
+	localShortUncached  = "short_uncached"
+	localPrefillBusy    = "prefill_busy"
+	localNoPrefill      = "no_prefill_worker"
+	localPrefillError   = "prefill_error"
+	localPrefillTimeout = "prefill_timeout"
+	localUnreachable    = "prefill_unreachable"
+	localNoParams       = "no_transfer_params"
+)
+
+// prefillResult is what a remote prefill left for the decode half.
+type prefillResult struct {
+	decision router.Decision
+	elapsed  time.Duration
+	params   json.RawMessage // the prefill answer's kv_transfer_params
+}
+
+type disaggMetrics struct {
+	decisions   *prometheus.CounterVec
+	prefillTime *prometheus.HistogramVec
+	transferred *prometheus.CounterVec
+}
+
+func newDisaggMetrics(latency []float64) *disaggMetrics {
+	return &disaggMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "prefill_decisions_total",
+			Help: "Requests of disaggregated models by where their prompt was prefilled: remote (a prefill worker) or local (the decode worker), with why.",
+		}, []string{"model", "prefill", "reason"}),
+		prefillTime: histogram("prefill_duration_seconds", "Time a prefill worker took to answer a disaggregated request's prefill, routing included.",
+			latency, "model"),
+		transferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "kv_transfer_blocks_total",
+			Help: "Prompt blocks of disaggregated requests by whether their decode worker already held them (cached) or had to pull them from the prefill worker (transferred), as the router's index saw it.",
+		}, []string{"model", "kind"}),
+	}
+}
+
+func (m *disaggMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.decisions, m.prefillTime, m.transferred}
+}
+
+// disaggregated reports whether req's model is served disaggregated now.
+func (c *call) disaggregated() bool {
+	p, d := c.f.cfg.Router.Pools(c.model)
+	return p > 0 && d > 0
+}
+
+// prefillRemotely runs the prefill half of a disaggregated request on a
+// prefill worker and returns what the decode half needs, or nil when the
+// decode worker should prefill itself (the reason is counted).
+func (c *call) prefillRemotely(req *router.Request) *prefillResult {
+	f := c.f
+	if min := f.cfg.Disagg.MinUncachedTokens; min > 0 {
+		q := *req
+		q.ID = ""
+		if d, err := f.cfg.Router.BestWorker(c.ctx, &q); err == nil {
+			if uncached := len(req.Tokens) - d.OverlapBlocks*f.cfg.Router.BlockSize(); uncached < min {
+				c.local(localShortUncached)
+				return nil
+			}
+		}
+	}
+	timeout := f.cfg.Disagg.PrefillTimeout
+	if timeout <= 0 {
+		timeout = DefaultPrefillTimeout
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	preq := router.Request{
+		ID: req.ID + "-prefill", Tokens: req.Tokens, LoRA: req.LoRA, Model: req.Model,
+		Priority: req.Priority, Overrides: req.Overrides, Target: c.prefillTarget,
+		OverrideBusy: req.OverrideBusy, Prefill: true,
+	}
+	d, err := f.cfg.Router.BestWorker(ctx, &preq)
+	switch {
+	case err == nil:
+	case errors.Is(err, sched.ErrAllBusy):
+		c.local(localPrefillBusy)
+		return nil
+	case errors.Is(err, router.ErrNoWorkers):
+		c.local(localNoPrefill)
+		return nil
+	case ctx.Err() != nil && c.ctx.Err() == nil:
+		c.local(localPrefillTimeout)
+		return nil
+	default:
+		c.local(localPrefillError)
+		return nil
+	}
+	defer f.cfg.Router.Free(preq.ID)
+	f.observeDecision(c.model, &d)
+	wk, ok := findWorker(f.cfg.Workers(), d.Worker.ID)
+	if !ok {
+		c.local(localUnreachable)
+		return nil
+	}
+	params, reason := c.postPrefill(ctx, wk, preq.ID)
+	if params == nil {
+		if reason == localPrefillError && ctx.Err() != nil && c.ctx.Err() == nil {
+			reason = localPrefillTimeout
+		}
+		c.local(reason)
+		return nil
+	}
+	elapsed := time.Since(start)
+	f.dm.prefillTime.WithLabelValues(c.model).Observe(elapsed.Seconds())
+	f.dm.decisions.WithLabelValues(c.model, "remote", "disaggregated").Inc()
+	return &prefillResult{decision: d, elapsed: elapsed, params: params}
+}
+
+func (c *call) local(reason string) {
+	c.f.dm.decisions.WithLabelValues(c.model, "local", reason).Inc()
+}
+
+// postPrefill sends the prefill request to wk and returns its answer's
+// kv_transfer_params, or nil and why not.
+func (c *call) postPrefill(ctx context.Context, wk Worker, id string) (json.RawMessage, string) {
+	body, err := prefillBody(c.top)
+	if err != nil {
+		return nil, localPrefillError
+	}
+	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(wk.BaseURL, "/")+c.ep.path, strings.NewReader(string(body)))
+	if err != nil {
+		return nil, localPrefillError
+	}
+	ereq.Header.Set("Content-Type", "application/json")
+	ereq.Header.Set("X-Request-Id", id)
+	if c.sent.IsZero() {
+		c.sent = time.Now()
+	}
+	resp, err := c.f.cfg.Client.Do(ereq)
+	if err != nil {
+		if connectFailure(err) {
+			if c.f.cfg.EngineRefused != nil {
+				c.f.cfg.EngineRefused(wk.ID)
+			}
+			c.f.log.Warn("prefill engine unreachable; prefilling on the decode engine", "worker", wk.Name, "request", id, "err", err)
+			return nil, localUnreachable
+		}
+		return nil, localPrefillError
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxEngineError))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		c.f.log.Warn("prefill failed; prefilling on the decode engine", "worker", wk.Name, "request", id, "status", resp.StatusCode, "err", err, "engine", engineMessage(data))
+		return nil, localPrefillError
+	}
+	var answer struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if json.Unmarshal(data, &answer) != nil || !isObject(answer.Params) {
+		c.f.log.Warn("prefill answer without kv_transfer_params; prefilling on the decode engine", "worker", wk.Name, "request", id)
+		return nil, localNoParams
+	}
+	return answer.Params, ""
+}
+
+// prefillRequestParams are the kv_transfer_params of vLLM's P/D proxy's
+// prefill request: "prefill, keep the KV for a remote decode".
+var prefillRequestParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// prefillBody is the client's request as the prefill worker gets it.
+func prefillBody(top map[string]json.RawMessage) ([]byte, error) {
+	out := maps.Clone(top)
+	delete(out, "nvext")
+	delete(out, "stream_options")
+	delete(out, "data_parallel_rank")
+	out["stream"] = json.RawMessage("false")
+	out["max_tokens"] = json.RawMessage("1")
+	if present(out["max_completion_tokens"]) {
+		out["max_completion_tokens"] = json.RawMessage("1")
+	}
+	out["kv_transfer_params"] = prefillRequestParams
+	return json.Marshal(out)
+}
+
+// decodeBody is the client's request as the decode worker gets it after a
+// remote prefill: its own members less nvext, the prefill's transfer
+// parameters, and the routed data-parallel rank.
+func decodeBody(top map[string]json.RawMessage, wk Worker, rank uint32, params json.RawMessage) (pieces, error) {
+	out := maps.Clone(top)
+	delete(out, "nvext")
+	if wk.DPSize > 1 {
+		out["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
+	}
+	out["kv_transfer_params"] = params
+	b, err := json.Marshal(out)
+	return pieces{b}, err
+}
+
+// decodeOverrides are the routing knobs of a decode after a remote
+// prefill: its prompt is computed already, so it adds no prefill load; with
+// NoAssumeKVReuse, cached blocks count for nothing either.
+func decodeOverrides(o sched.Overrides, noReuse bool) sched.Overrides {
+	off := false
+	o.TrackPrefillTokens = &off
+	if noReuse {
+		zero := 0.0
+		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
+	}
+	return o
+}
+
+// countTransfer records how much of the prompt the decode worker held.
+func (c *call) countTransfer(d *router.Decision) {
+	held := min(d.OverlapBlocks, d.PromptBlocks)
+	c.f.dm.transferred.WithLabelValues(c.model, "cached").Add(float64(held))
+	c.f.dm.transferred.WithLabelValues(c.model, "transferred").Add(float64(d.PromptBlocks - held))
+}

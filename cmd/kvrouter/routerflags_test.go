@@ -56,11 +56,11 @@ func TestRouterFlagsAndEnvironment(t *testing.T) {
 }
 
 func TestParseWorker(t *testing.T) {
-	w, err := parseWorker("url=http://h:8000,events=tcp://h:5557,replay=tcp://h:5558,dp=2,model=m,id=7,kv-blocks=100,max-batched-tokens=64")
-	if err != nil || w.URL != "http://h:8000" || w.DPSize != 2 || w.ID != 7 || w.KVBlocks != 100 || w.MaxBatchedTokens != 64 || w.Replay != "tcp://h:5558" {
+	w, err := parseWorker("url=http://h:8000,events=tcp://h:5557,replay=tcp://h:5558,dp=2,model=m,id=7,kv-blocks=100,max-batched-tokens=64,role=prefill")
+	if err != nil || w.URL != "http://h:8000" || w.DPSize != 2 || w.ID != 7 || w.KVBlocks != 100 || w.MaxBatchedTokens != 64 || w.Replay != "tcp://h:5558" || w.Role != "prefill" {
 		t.Fatalf("%+v %v", w, err)
 	}
-	for _, bad := range []string{"url", "dp=two", "colour=blue"} {
+	for _, bad := range []string{"url", "dp=two", "colour=blue", "role=prefil"} {
 		if _, err := parseWorker(bad); err == nil {
 			t.Fatalf("%q accepted", bad)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/serve"
 )
 
@@ -23,6 +24,7 @@ func newServeCmd() *cobra.Command {
 	var migrationLimit int
 	var (
 		rf         = newRouterFlags()
+		df         disaggFlags
 		lf         limitFlags
 		hard       hardeningFlags
 		pf         planeFlags
@@ -86,6 +88,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
+			disagg, err := df.config(rf.noAssumeReuse)
+			if err != nil {
+				return err
+			}
 			workers, err := loadWorkers(configPath, specs)
 			if err != nil {
 				return err
@@ -108,7 +114,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, HTTP: lf.httpLimits()})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg})
 			if err != nil {
 				return err
 			}
@@ -128,13 +134,14 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs := cmd.Flags()
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
+	df.register(fs)
 	lf.register(fs)
 	hard.register(fs)
 	pf.register(fs, true, 4222)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
-	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M (repeatable)")
+	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M,role=prefill|decode|both (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
 	registerDynamoAliases(fs)
@@ -221,6 +228,9 @@ func parseWorker(spec string) (serve.WorkerSpec, error) {
 			w.KVBlocks, err = strconv.Atoi(v)
 		case "max-batched-tokens":
 			w.MaxBatchedTokens, err = strconv.Atoi(v)
+		case "role":
+			w.Role = v
+			_, err = router.ParseRole(v)
 		default:
 			return w, fmt.Errorf("--worker %q: unknown key %q", spec, k)
 		}
@@ -233,9 +243,10 @@ func parseWorker(spec string) (serve.WorkerSpec, error) {
 
 func printWorkers(out io.Writer, workers []serve.WorkerSpec) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tMODEL\tDP\tHTTP\tKV EVENTS\tREPLAY")
+	fmt.Fprintln(tw, "ID\tNAME\tMODEL\tROLE\tDP\tHTTP\tKV EVENTS\tREPLAY")
 	for _, w := range workers {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", w.ID, w.Name, w.Model, max(w.DPSize, 1), w.URL, w.Events, w.Replay)
+		role, _ := router.ParseRole(w.Role)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", w.ID, w.Name, w.Model, role, max(w.DPSize, 1), w.URL, w.Events, w.Replay)
 	}
 	tw.Flush()
 }

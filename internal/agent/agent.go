@@ -89,9 +89,11 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 	if in.BlockSize <= 0 {
 		return nil, errors.New("agent: the engine's block size is required")
 	}
-	if in.Role == "" {
-		in.Role = "both"
+	role, err := router.ParseRole(in.Role)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
+	in.Role = role.String()
 	in.Incarnation = rand.Uint64()
 	pub, err := natsplane.NewPublisher(nc, natsplane.PublisherConfig{Names: cfg.Names, Worker: in.WorkerID, Loss: cfg.Loss, Logger: cfg.Logger})
 	if err != nil {

@@ -48,6 +48,9 @@ type WorkerSpec struct {
 	DPSize           int    `json:"dp_size"`
 	KVBlocks         int    `json:"kv_blocks"`
 	MaxBatchedTokens int    `json:"max_num_batched_tokens"`
+	// Role is prefill, decode or both (aggregated, the default): a model
+	// with prefill and decode-capable engines is served disaggregated.
+	Role string `json:"role,omitempty"`
 }
 
 // Config is the frontend's configuration.
@@ -81,6 +84,8 @@ type Config struct {
 	MigrationLimit int
 	// Access and TLS of the HTTP listener.
 	Access Access
+	// Disagg configures disaggregated prefill/decode serving.
+	Disagg frontend.Disagg
 }
 
 // Server is a running frontend.
@@ -132,6 +137,9 @@ func (w *WorkerSpec) validate() error {
 	if w.Name == "" {
 		w.Name = "worker-" + strconv.FormatUint(w.ID, 10)
 	}
+	if _, err := router.ParseRole(w.Role); err != nil {
+		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
+	}
 	_, err := enginesource.RankEndpoint(w.Events, w.DPSize-1)
 	return err
 }
@@ -180,7 +188,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
-		AfterBurst: newReclaimer(10 * time.Second).request,
+		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 	})
 	if err != nil {
 		return nil, err
@@ -381,7 +389,8 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 	w.transit.Lock()
 	defer w.transit.Unlock()
 	spec := w.spec
-	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens})
+	role, _ := router.ParseRole(spec.Role) // validated
+	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, Role: role})
 	var sources []*enginesource.Source
 	if spec.Events != "" {
 		for rank := range spec.DPSize {

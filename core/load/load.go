@@ -340,7 +340,7 @@ type request struct {
 	// so it stays valid, and Free follows parents from it: it needs neither
 	// the request's hashes nor a lookup.
 	end     *node
-	private int // prompt blocks booked without reuse
+	private int  // prompt blocks booked without reuse
 	blocks  bool // active blocks are tracked for this request
 	isl     int
 	osl     int

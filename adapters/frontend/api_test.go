@@ -337,7 +337,7 @@ func TestModelsHealthMetrics(t *testing.T) {
 		`kvrouter_frontend_output_sequence_tokens_sum{model="kvrouter-mock"} 2`,
 		`kvrouter_frontend_request_duration_seconds_count{model="kvrouter-mock"} 1`,
 		`kvrouter_frontend_inflight_requests{model="kvrouter-mock"} 0`,
-		`kvrouter_frontend_routing_overhead_seconds_count{phase="find_matches"} 1`,
+		`kvrouter_frontend_routing_overhead_seconds_count{phase="find_matches",pool="decode"} 1`,
 		`kvrouter_frontend_kv_hit_rate_count{model="kvrouter-mock"} 1`,
 		`kvrouter_router_decisions_total 1`,
 	} {

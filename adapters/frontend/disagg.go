@@ -153,7 +153,7 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 		return nil
 	}
 	defer f.cfg.Router.Free(preq.ID)
-	f.observeDecision(c.model, &d)
+	f.observeDecision(c.model, poolPrefill, &d, true)
 	wk, ok := findWorker(f.cfg.Workers(), d.Worker.ID)
 	if !ok {
 		c.local(localUnreachable)

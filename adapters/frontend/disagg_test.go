@@ -343,3 +343,22 @@ func TestDisaggConditionalPrefillsShortRemaindersLocally(t *testing.T) {
 			len(seen.prefill), e.decisions("local", localShortUncached), e.decisions("remote", "disaggregated"))
 	}
 }
+
+func TestRouterAPIPools(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	seen := &seenBodies{}
+	e.fakeRole(1, router.RolePrefill, fakeVLLMPrefill(seen, http.StatusOK))
+	e.fakeRole(2, router.RoleDecode, fakeVLLMDecode(seen))
+	for pool, want := range map[string]float64{"prefill": 1, "decode": 2} {
+		resp, body := e.post("/router/best_worker", map[string]any{"model": "m", "tokens": tokens(64, 1), "pool": pool})
+		var out map[string]any
+		_ = json.Unmarshal(body, &out)
+		if resp.StatusCode != http.StatusOK || out["worker_id"] != want {
+			t.Fatalf("pool %s: %d %s, want worker %v", pool, resp.StatusCode, body, want)
+		}
+	}
+	resp, body := e.post("/router/best_worker", map[string]any{"model": "m", "tokens": tokens(64, 1), "pool": "both"})
+	if code := openAIError(t, resp, body, http.StatusBadRequest); code != "invalid_pool" {
+		t.Fatalf("code %s", code)
+	}
+}

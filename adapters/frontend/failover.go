@@ -183,7 +183,7 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	// Booked: whatever happens from here, the load goes back.
 	defer c.f.cfg.Router.Free(req.ID)
 	c.decision = d
-	c.f.observeDecision(c.model, &d)
+	c.f.observeDecision(c.model, poolDecode, &d, c.pd == nil || raw == nil)
 	if d.Warning != "" {
 		c.f.log.Warn("routing", "warning", d.Warning, "request", req.ID)
 	}

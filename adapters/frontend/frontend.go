@@ -7,7 +7,7 @@
 //
 //	POST /v1/completions, POST /v1/chat/completions   OpenAI, streaming or not
 //	GET  /v1/models                                   the distinct models of the workers
-//	POST /router/best_worker                          {tokens|prompt|messages, model, request_id?, nvext?}
+//	POST /router/best_worker                          {tokens|prompt|messages, model, request_id?, pool?, nvext?}
 //	POST /router/potential_loads                      {tokens|prompt|messages, model}
 //	POST /router/mark_prefill_complete                {request_id}
 //	POST /router/free                                 {request_id}
@@ -91,11 +91,21 @@
 // event of code "shutting_down" and "data: [DONE]": it is over, not broken
 // off.
 //
+// # Disaggregated serving
+//
+// A model whose workers include prefill workers (router.RolePrefill) and
+// decode-capable ones is served disaggregated: each request is prefilled on a
+// prefill worker and decoded on a decode worker, over vLLM's
+// kv_transfer_params protocol; see Disagg. When the last prefill worker
+// leaves, the model is served aggregated again. /router/best_worker with
+// "pool": "prefill" routes among the prefill workers.
+//
 // # nvext
 //
 // The nvext object of a request (SPEC §7, Dynamo's names) is read as:
 //
 //	backend_instance_id (alias decode_worker_id, header x-worker-instance-id), dp_rank → Request.Target
+//	prefill_worker_id, prefill_dp_rank → the prefill worker of a disaggregated request
 //	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
 //	session_control {session_id, action, timeout (s)}          → Request.Session
 //	token_data                                                  → the prompt's token ids

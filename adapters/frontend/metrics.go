@@ -8,6 +8,12 @@ import (
 
 const subsystem = "frontend"
 
+// The pools a decision is made in, as metrics label them.
+const (
+	poolPrefill = "prefill"
+	poolDecode  = "decode"
+)
+
 type frontendMetrics struct {
 	requests     *prometheus.CounterVec
 	inflight     *prometheus.GaugeVec
@@ -48,8 +54,8 @@ func newFrontendMetrics() *frontendMetrics {
 		inputTokens:  histogram("input_sequence_tokens", "Prompt tokens of routed requests.", tokens, "model"),
 		outputTokens: histogram("output_sequence_tokens", "Generated tokens (the engine's usage when reported, else streamed chunks).", tokens, "model"),
 		hitRate:      histogram("kv_hit_rate", "Prompt blocks cached on the chosen worker over prompt blocks, per routed request.", prometheus.LinearBuckets(0, 0.1, 11), "model"),
-		routing: histogram("routing_overhead_seconds", "The router's own time per decision, by phase.",
-			[]float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1}, "phase"),
+		routing: histogram("routing_overhead_seconds", "The router's own time per decision, by phase and pool (prefill: the prefill half of a disaggregated request; decode: every other decision).",
+			[]float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1}, "phase", "pool"),
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "model_migration_total",
 			Help: "Requests moved to another engine: new_request when the engine failed before answering, ongoing_request when its stream broke and was continued elsewhere.",

@@ -157,13 +157,17 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.serve(&req)
 }
 
-func (f *Frontend) observeDecision(model string, d *router.Decision) {
-	f.m.routing.WithLabelValues("hash").Observe(d.Timings.Hash.Seconds())
-	f.m.routing.WithLabelValues("find_matches").Observe(d.Timings.FindMatches.Seconds())
-	f.m.routing.WithLabelValues("scheduling").Observe(d.Timings.Schedule.Seconds())
-	f.m.routing.WithLabelValues("queue").Observe(d.Queued.Seconds())
-	f.m.routing.WithLabelValues("total").Observe(d.Timings.Total.Seconds())
-	if d.PromptBlocks > 0 {
+// observeDecision records a routing decision of pool (poolPrefill, or
+// poolDecode for the decode-capable workers every other request goes to).
+// The hit rate is that of the engine that prefills: a decode after a remote
+// prefill counts its held blocks in kv_transfer_blocks_total instead.
+func (f *Frontend) observeDecision(model, pool string, d *router.Decision, prefills bool) {
+	f.m.routing.WithLabelValues("hash", pool).Observe(d.Timings.Hash.Seconds())
+	f.m.routing.WithLabelValues("find_matches", pool).Observe(d.Timings.FindMatches.Seconds())
+	f.m.routing.WithLabelValues("scheduling", pool).Observe(d.Timings.Schedule.Seconds())
+	f.m.routing.WithLabelValues("queue", pool).Observe(d.Queued.Seconds())
+	f.m.routing.WithLabelValues("total", pool).Observe(d.Timings.Total.Seconds())
+	if prefills && d.PromptBlocks > 0 {
 		f.m.hitRate.WithLabelValues(model).Observe(float64(d.OverlapBlocks) / float64(d.PromptBlocks))
 	}
 }

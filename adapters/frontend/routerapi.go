@@ -84,6 +84,24 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 	if n, _, herr = parseNvext(top["nvext"], r.Header, &req); herr != nil {
 		return
 	}
+	if present(top["pool"]) {
+		var pool string
+		_ = json.Unmarshal(top["pool"], &pool)
+		switch pool {
+		case poolPrefill:
+			req.Prefill = true
+			if n.PrefillWorkerID != nil {
+				req.Target = &kv.Worker{ID: *n.PrefillWorkerID}
+				if n.PrefillDPRank != nil {
+					req.Target.DPRank = *n.PrefillDPRank
+				}
+			}
+		case poolDecode:
+		default:
+			herr = badRequest("invalid_pool", "pool", "pool must be %q or %q, got %s", poolPrefill, poolDecode, top["pool"])
+			return
+		}
+	}
 	req.Tokens, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
 	return
 }
@@ -132,7 +150,11 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, routeError(err, req.Model))
 		return
 	}
-	f.observeDecision(req.Model, &d)
+	pool := poolDecode
+	if req.Prefill {
+		pool = poolPrefill
+	}
+	f.observeDecision(req.Model, pool, &d, true)
 	writeJSON(w, http.StatusOK, bestWorkerResponse{
 		WorkerID: d.Worker.ID, DPRank: d.Worker.DPRank, OverlapBlocks: d.OverlapBlocks, PromptBlocks: d.PromptBlocks,
 		RequestID: req.ID, Via: d.Via.String(), Warning: d.Warning,

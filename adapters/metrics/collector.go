@@ -41,6 +41,7 @@ type Collector struct {
 	reanchored, inferred                       desc
 	recovering, rankInferred                   desc
 	workerBlockSize, blockSizeMismatch         desc
+	workerRole                                 desc
 }
 
 // NewCollector returns a collector for r; register it with a
@@ -76,6 +77,7 @@ func NewCollector(r *router.Router) *Collector {
 		rankInferred:      newDesc("worker_kv_index_inferred_blocks", "Blocks of a recovering worker rank held on inference.", g, "worker_id", "dp_rank"),
 		workerBlockSize:   newDesc("worker_block_size", "Tokens per KV block of a worker, as its KV events carry it (or as announced, or the router's own until they do); its requests are matched with hashes of this size.", g, "worker_id"),
 		blockSizeMismatch: newDesc("worker_block_size_mismatch", "1 while a worker's KV block size is not the router's --kv-cache-block-size.", g, "worker_id"),
+		workerRole:        newDesc("worker_role", "1 for each worker, labelled with its role (prefill, decode or both): join the per-worker gauges on worker_id to see each pool's load.", g, "worker_id", "role"),
 	}
 }
 
@@ -84,7 +86,7 @@ func (c *Collector) all() []desc {
 		c.queuePending, c.queueTokens, c.events, c.eventsRejected, c.blocks, c.blocksSkipped,
 		c.indexPairs, c.indexEvicted, c.approxPairs, c.approxDropped, c.activeRequests,
 		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred,
-		c.workerBlockSize, c.blockSizeMismatch}
+		c.workerBlockSize, c.blockSizeMismatch, c.workerRole}
 }
 
 // Describe implements prometheus.Collector.
@@ -149,6 +151,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.blockSizeMismatch, mismatch, id)
 	}
 
+	for _, w := range c.r.Workers() {
+		emit(c.workerRole, 1, strconv.FormatUint(w.ID, 10), w.Role.String())
+	}
 	for _, l := range c.r.Loads() {
 		id, rank := strconv.FormatUint(l.Worker.ID, 10), strconv.FormatUint(uint64(l.Worker.DPRank), 10)
 		emit(c.workerDecode, l.ActiveDecodeBlocks, id, rank)

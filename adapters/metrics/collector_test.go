@@ -21,6 +21,7 @@ func TestCollectorExportsRouterCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.AddWorker(router.WorkerInfo{ID: 3, TotalKVBlocks: 100})
+	r.AddWorker(router.WorkerInfo{ID: 4, Role: router.RolePrefill})
 	for i := range 12 {
 		ev := kv.StoredEvent(kv.Worker{ID: 3}, 0, nil, kv.Block{EngineHash: uint64(i), LocalHash: uint64(i)})
 		_ = r.ApplyEvent(&ev)
@@ -46,8 +47,13 @@ kvrouter_kv_events_rejected_total{reason="unknown_worker"} 1
 # HELP kvrouter_worker_active_requests Booked requests on a worker rank.
 # TYPE kvrouter_worker_active_requests gauge
 kvrouter_worker_active_requests{dp_rank="0",worker_id="3"} 1
+kvrouter_worker_active_requests{dp_rank="0",worker_id="4"} 0
+# HELP kvrouter_worker_role 1 for each worker, labelled with its role (prefill, decode or both): join the per-worker gauges on worker_id to see each pool's load.
+# TYPE kvrouter_worker_role gauge
+kvrouter_worker_role{role="both",worker_id="3"} 1
+kvrouter_worker_role{role="prefill",worker_id="4"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_kv_events_rejected_total", "kvrouter_worker_active_requests"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_kv_events_rejected_total", "kvrouter_worker_active_requests", "kvrouter_worker_role"); err != nil {
 		t.Fatal(err)
 	}
 	evicted := testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,11 +36,21 @@ type Config struct {
 	// blocks as one KV event batch, consistent with the events published
 	// before the sequence number next.
 	KVEventsDump func(ctx context.Context, rank int) (next uint64, payload []byte, err error)
+	// Role is the engine's part in disaggregated prefill/decode serving
+	// (see Role); empty means RoleBoth.
+	Role Role
+	// EngineID names the engine in kv_transfer_params (vLLM's engine_id);
+	// empty picks a random one.
+	EngineID string
+	// KVTransfer models the link a decode engine pulls KV blocks over;
+	// zero fields take DefaultKVTransferConfig's.
+	KVTransfer KVTransferConfig
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
 func DefaultConfig() Config {
-	return Config{Model: "kvrouter-mock", Name: "engine-0", MaxModelLen: 131072, DefaultMaxTokens: 16, MaxBodyBytes: 16 << 20}
+	return Config{Model: "kvrouter-mock", Name: "engine-0", MaxModelLen: 131072, DefaultMaxTokens: 16, MaxBodyBytes: 16 << 20,
+		Role: RoleBoth, KVTransfer: DefaultKVTransferConfig()}
 }
 
 // Server is the HTTP face of one engine with one runner per
@@ -51,6 +62,10 @@ type Server struct {
 	created int64
 	reg     *prometheus.Registry
 	m       serverMetrics
+	// pullClient fetches KV blocks from prefill engines. Its timeout bounds
+	// a pull from an engine that accepted the connection and hung: the
+	// request then falls back to a local prefill.
+	pullClient *http.Client
 }
 
 // MustRegister adds collectors to the engine's /metrics.
@@ -58,7 +73,17 @@ func (s *Server) MustRegister(cs ...prometheus.Collector) { s.reg.MustRegister(c
 
 // New builds the server of an engine whose ranks are driven by ranks.
 func New(cfg Config, ranks []*Runner) *Server {
-	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry()}
+	if cfg.Role == "" {
+		cfg.Role = RoleBoth
+	}
+	if cfg.EngineID == "" {
+		cfg.EngineID = newEngineID()
+	}
+	def := DefaultKVTransferConfig()
+	cfg.KVTransfer.Bandwidth = cmp.Or(cfg.KVTransfer.Bandwidth, def.Bandwidth)
+	cfg.KVTransfer.BytesPerToken = cmp.Or(cfg.KVTransfer.BytesPerToken, def.BytesPerToken)
+	cfg.KVTransfer.Timeout = cmp.Or(cfg.KVTransfer.Timeout, def.Timeout)
+	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry(), pullClient: &http.Client{Timeout: 30 * time.Second}}
 	s.m = newServerMetrics(s)
 	return s
 }
@@ -73,6 +98,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /kv_events/dump", s.kvEventsDump)
+	mux.HandleFunc("POST /kv_transfer/pull", s.kvTransferPull)
+	mux.HandleFunc("GET /role", s.role)
 	return mux
 }
 
@@ -166,6 +193,10 @@ type commonParams struct {
 	StreamOptions       *streamOptions `json:"stream_options"`
 	N                   *int           `json:"n"`
 	DPRank              *int           `json:"data_parallel_rank"`
+	// KVTransferParams makes the request one half of a disaggregated
+	// prefill/decode pair. Kept raw: only a prefill or decode engine reads
+	// them, and one of RoleBoth ignores them as it always did.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 type completionRequest struct {
@@ -217,6 +248,7 @@ type job struct {
 	usage     bool
 	rank      *int
 	chat      bool
+	kv        *kvTransferParams
 }
 
 func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint32) (job, bool) {
@@ -251,7 +283,21 @@ func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint3
 		badRequest(w, "data_parallel_rank %d out of range [0, %d)", *p.DPRank, len(s.ranks))
 		return job{}, false
 	}
-	return job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank}, true
+	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank}
+	if s.cfg.Role != RoleBoth && len(p.KVTransferParams) > 0 && string(p.KVTransferParams) != "null" {
+		j.kv = new(kvTransferParams)
+		if err := json.Unmarshal(p.KVTransferParams, j.kv); err != nil {
+			badRequest(w, "%s", jsonerr.Describe(err, j.kv, "kv_transfer_params"))
+			return job{}, false
+		}
+	}
+	if s.consumes(j) {
+		if err := checkKVParams(j.kv); err != nil {
+			badRequest(w, "%v", err)
+			return job{}, false
+		}
+	}
+	return j, true
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -337,15 +383,14 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 
 // pickRank chooses the rank with the fewest requests unless the client
 // named one.
-func (s *Server) pickRank(j job) *Runner {
+func (s *Server) pickRank(j job) int {
 	if j.rank != nil {
-		return s.ranks[*j.rank]
+		return *j.rank
 	}
-	best := s.ranks[0]
-	bestLoad := best.Load()
-	for _, rr := range s.ranks[1:] {
+	best, bestLoad := 0, s.ranks[0].Load()
+	for i, rr := range s.ranks[1:] {
 		if l := rr.Load(); l < bestLoad {
-			best, bestLoad = rr, l
+			best, bestLoad = i+1, l
 		}
 	}
 	return best
@@ -361,13 +406,27 @@ type usage struct {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
-	runner := s.pickRank(j)
+	rank := s.pickRank(j)
+	runner := s.ranks[rank]
 	prefix := "cmpl-"
 	if j.chat {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	stream, err := runner.Submit(engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens})
+	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens}
+	var opts SubmitOptions
+	if s.produces(j) {
+		opts.HoldFor = s.cfg.KVTransfer.Timeout
+	}
+	if s.consumes(j) {
+		opts.Arrived = runner.Now()
+		loaded, err := s.pullKV(r.Context(), runner, j)
+		if err != nil {
+			return // the client went away during the transfer
+		}
+		req.KVLoadedBlocks = loaded
+	}
+	stream, err := runner.SubmitWith(req, opts)
 	if err != nil {
 		if errors.Is(err, engine.ErrPromptTooLong) {
 			badRequest(w, "%v", err)
@@ -429,6 +488,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 		out.finish(u)
 		return
 	}
+	if s.produces(j) {
+		kv, err := s.kvAnswer(r, rank, id, stream.HeldBlocks)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "InternalServerError", "kv_transfer_params: %v", err)
+			return
+		}
+		out.kv = kv
+	}
 	out.whole(text.String(), u)
 }
 
@@ -442,6 +509,7 @@ type responder struct {
 	started bool
 	head    []byte // the JSON of a chunk up to its choice
 	buf     []byte
+	kv      *kvTransferAnswer // a prefill's kv_transfer_params, top-level as in vLLM
 }
 
 func (o *responder) object(stream bool) string {
@@ -539,6 +607,9 @@ func (o *responder) whole(text string, u usage) {
 	}
 	env := o.envelope(false, []any{choice})
 	env["usage"] = u
+	if o.kv != nil {
+		env["kv_transfer_params"] = o.kv
+	}
 	o.w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(o.w).Encode(env)
 }

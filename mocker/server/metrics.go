@@ -11,6 +11,12 @@ import (
 type serverMetrics struct {
 	prompt, generation, success, aborted prometheus.Counter
 	ttft, e2e, tpot                      prometheus.Histogram
+
+	// A decode engine's KV pulls. vLLM names the bytes, the transfer time
+	// and the failures (its NixlConnector's metrics); the pulls and blocks
+	// are ours: a router's benchmark reads them as the transferred blocks.
+	pulls, blocksPulled, pullFailures prometheus.Counter
+	bytesTransferred, xferTime        prometheus.Histogram
 }
 
 func newServerMetrics(s *Server) serverMetrics {
@@ -49,6 +55,9 @@ func newServerMetrics(s *Server) serverMetrics {
 	counterFunc("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixHits) }))
 	counterFunc("vllm:num_preemptions_total", "Requests preempted for lack of KV blocks.", sum(func(r *Runner) float64 { return float64(r.Metrics().Preemptions) }))
 
+	gauge("kvrouter_mocker_kv_transfer_held_blocks", "KV blocks a prefill engine holds for decode engines to pull.", sum(func(r *Runner) float64 { return float64(r.Metrics().HeldBlocks) }))
+	counterFunc("vllm:nixl_num_kv_expired_reqs_total", "Requests whose held KV blocks no decode engine pulled within --kv-transfer-timeout.", sum(func(r *Runner) float64 { return float64(r.HoldsExpired()) }))
+
 	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 	return serverMetrics{
 		prompt:     counter("vllm:prompt_tokens_total", "Prompt tokens received."),
@@ -58,5 +67,12 @@ func newServerMetrics(s *Server) serverMetrics {
 		ttft:       histogram("vllm:time_to_first_token_seconds", "Time to first token (simulated seconds).", latency),
 		e2e:        histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (simulated seconds).", latency),
 		tpot:       histogram("vllm:time_per_output_token_seconds", "Time per output token after the first (simulated seconds).", []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}),
+
+		pulls:        counter("kvrouter_mocker_kv_transfer_pulls_total", "Requests whose prompt KV a decode engine pulled from a prefill engine (a pull of no block only releases the prefill's hold)."),
+		blocksPulled: counter("kvrouter_mocker_kv_transfer_blocks_pulled_total", "KV blocks pulled from prefill engines."),
+		pullFailures: counter("vllm:nixl_num_failed_transfers_total", "KV pulls that failed; the request was prefilled locally instead."),
+		bytesTransferred: histogram("vllm:nixl_bytes_transferred", "Bytes of one KV pull (_sum: bytes pulled in all).",
+			prometheus.ExponentialBuckets(1<<20, 4, 10)),
+		xferTime: histogram("vllm:nixl_xfer_time_seconds", "Simulated time of one KV pull.", latency),
 	}
 }

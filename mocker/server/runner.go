@@ -5,8 +5,11 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,16 +80,23 @@ type Publisher func(at time.Time, events []engine.BlockEvent)
 // Runner drives one engine (one data-parallel rank) in real or virtual
 // time and hands each request's outputs to its Stream.
 type Runner struct {
-	clock   Clock
-	speedup float64
-	publish Publisher
+	clock     Clock
+	speedup   float64
+	publish   Publisher
+	blockSize int
 
-	// mu guards eng and streams. The engine is stepped with mu held; the
-	// sleep that gives a step its duration happens without it, so requests
-	// can be added and aborted meanwhile.
+	// mu guards eng, streams and the holds. The engine is stepped with mu
+	// held; the sleep that gives a step its duration happens without it, so
+	// requests can be added and aborted meanwhile.
 	mu      sync.Mutex
 	eng     *engine.Engine
 	streams map[string]*Stream
+	// holds are the deadlines of the requests whose blocks the engine holds
+	// for a decode engine to pull (SubmitOptions.HoldFor); nextExpiry is
+	// the earliest, so that checking them before every step is cheap.
+	holds        map[string]time.Time
+	nextExpiry   time.Time
+	holdsExpired uint64
 
 	wake  chan struct{} // new work for an idle engine; capacity 1
 	snaps chan snapshot // Snapshot calls waiting for a point between steps
@@ -122,7 +132,7 @@ func NewRunner(eng *engine.Engine, clock Clock, speedup float64, publish Publish
 	if speedup <= 0 {
 		speedup = 1
 	}
-	return &Runner{clock: clock, speedup: speedup, publish: publish, eng: eng, streams: map[string]*Stream{}, wake: make(chan struct{}, 1), snaps: make(chan snapshot)}
+	return &Runner{clock: clock, speedup: speedup, publish: publish, blockSize: eng.Config().BlockSize, eng: eng, streams: map[string]*Stream{}, holds: map[string]time.Time{}, wake: make(chan struct{}, 1), snaps: make(chan snapshot)}
 }
 
 // Stream is one request's view of its outputs.
@@ -135,6 +145,12 @@ type Stream struct {
 	Submitted time.Time // runner clock
 	FirstAt   time.Time // runner clock, at the first output
 	DoneAt    time.Time
+	// HeldBlocks names the blocks the engine holds for a decode engine once
+	// the request finished (SubmitOptions.HoldFor), in prompt order; nil if
+	// it holds none. Read it after the last output.
+	HeldBlocks []int
+
+	holdFor time.Duration
 }
 
 // Next waits for outputs and returns those not seen yet; finished reports
@@ -161,13 +177,35 @@ var ErrStopped = errors.New("server: engine stopped")
 
 // Submit queues a request; its outputs arrive on the returned Stream.
 func (r *Runner) Submit(req engine.Request) (*Stream, error) {
-	s := &Stream{signal: make(chan struct{}, 1)}
+	return r.SubmitWith(req, SubmitOptions{})
+}
+
+// SubmitOptions are what a disaggregated request needs beyond Submit.
+type SubmitOptions struct {
+	// Arrived is when the request reached the engine, if before now: a
+	// decode engine's request arrives, waits for its KV transfer, and only
+	// then enters the engine, and its latencies count from its arrival, as
+	// vLLM's do. Zero means now.
+	Arrived time.Time
+	// HoldFor makes the engine hold the request's prompt blocks after it
+	// finishes (engine.Request.HoldBlocks) for at most this long on the
+	// runner's clock, until Pull takes them; 0 holds nothing.
+	HoldFor time.Duration
+}
+
+// SubmitWith is Submit with options.
+func (r *Runner) SubmitWith(req engine.Request, opts SubmitOptions) (*Stream, error) {
+	s := &Stream{signal: make(chan struct{}, 1), holdFor: opts.HoldFor}
+	req.HoldBlocks = opts.HoldFor > 0
 	r.mu.Lock()
 	if err := r.eng.Add(req); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
-	s.Submitted = r.clock.Now()
+	s.Submitted = opts.Arrived
+	if s.Submitted.IsZero() {
+		s.Submitted = r.clock.Now()
+	}
 	r.streams[req.ID] = s
 	r.mu.Unlock()
 	select {
@@ -195,11 +233,96 @@ func (r *Runner) Load() int {
 	return len(r.streams)
 }
 
-// Metrics reads the engine's metrics.
+// Metrics reads the engine's metrics, once the holds past their deadline
+// are released: the runner loop releases them only before a step, and an
+// idle engine does not step.
 func (r *Runner) Metrics() engine.Metrics {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.expireHolds()
 	return r.eng.Metrics()
+}
+
+// HoldsExpired counts the holds released because no decode engine pulled
+// them in time (vLLM's vllm:nixl_num_kv_expired_reqs).
+func (r *Runner) HoldsExpired() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expireHolds()
+	return r.holdsExpired
+}
+
+// ErrNoHold is returned by Pull for a request whose blocks are not held:
+// unknown, already pulled, or expired.
+var ErrNoHold = errors.New("server: no KV blocks held for this request")
+
+// Pull hands a held request's blocks over to a decode engine and ends the
+// hold: the blocks join the prefix cache. blockIDs, the blocks the decode
+// engine lacks, must be among the held ones; it may be empty when the decode
+// engine caches them all and only releases the hold. It returns how many
+// blocks it served.
+func (r *Runner) Pull(id string, blockIDs []int) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expireHolds()
+	if _, ok := r.holds[id]; !ok {
+		return 0, fmt.Errorf("%w: %q", ErrNoHold, id)
+	}
+	held := r.eng.HeldBlocks(id)
+	for _, b := range blockIDs {
+		if !slices.Contains(held, b) {
+			return 0, fmt.Errorf("%w: request %q holds blocks %v, not %d", ErrNoHold, id, held, b)
+		}
+	}
+	r.eng.Release(id)
+	delete(r.holds, id)
+	return len(blockIDs), nil
+}
+
+// expireHolds releases the holds whose deadline passed, the earliest first
+// so that the prefix cache's LRU order does not depend on map order. The
+// caller holds mu.
+func (r *Runner) expireHolds() {
+	if len(r.holds) == 0 {
+		return
+	}
+	now := r.clock.Now()
+	if now.Before(r.nextExpiry) {
+		return
+	}
+	var due []string
+	r.nextExpiry = time.Time{}
+	for id, until := range r.holds {
+		switch {
+		case !now.Before(until):
+			due = append(due, id)
+		case r.nextExpiry.IsZero() || until.Before(r.nextExpiry):
+			r.nextExpiry = until
+		}
+	}
+	slices.SortFunc(due, func(a, b string) int { return cmp.Or(r.holds[a].Compare(r.holds[b]), cmp.Compare(a, b)) })
+	for _, id := range due {
+		r.eng.Release(id)
+		delete(r.holds, id)
+		r.holdsExpired++
+	}
+}
+
+// CachedPrefixBlocks is how many leading full blocks of tokens the engine
+// caches now (see engine.Engine.CachedPrefixBlocks).
+func (r *Runner) CachedPrefixBlocks(tokens []uint32) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.eng.CachedPrefixBlocks(tokens)
+}
+
+// BlockSize is the engine's tokens per KV block.
+func (r *Runner) BlockSize() int { return r.blockSize }
+
+// Delay waits d of model time (divided by the speedup, like a step) on the
+// runner's clock: what a KV transfer takes.
+func (r *Runner) Delay(ctx context.Context, d time.Duration) error {
+	return r.clock.SleepUntil(ctx, r.clock.Now().Add(time.Duration(float64(d)/r.speedup)))
 }
 
 // CachedBlocks lists the engine's cached blocks (see
@@ -276,6 +399,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			next = time.Time{}
 			r.mu.Lock()
 		}
+		r.expireHolds()
 		now := r.clock.Now()
 		if next.IsZero() {
 			next = now
@@ -321,7 +445,9 @@ func (r *Runner) deliver(outs []engine.Output, at time.Time) {
 	for _, o := range outs {
 		s := r.streams[o.ID]
 		if s == nil {
-			continue // aborted meanwhile
+			// Aborted meanwhile: a hold nobody will learn of is released.
+			r.eng.Release(o.ID)
+			continue
 		}
 		s.mu.Lock()
 		if s.FirstAt.IsZero() {
@@ -332,6 +458,16 @@ func (r *Runner) deliver(outs []engine.Output, at time.Time) {
 			s.done = true
 			s.DoneAt = at
 			delete(r.streams, o.ID)
+			if s.holdFor > 0 {
+				s.HeldBlocks = r.eng.HeldBlocks(o.ID)
+				if s.HeldBlocks != nil {
+					until := at.Add(s.holdFor)
+					r.holds[o.ID] = until
+					if r.nextExpiry.IsZero() || until.Before(r.nextExpiry) {
+						r.nextExpiry = until
+					}
+				}
+			}
 		}
 		s.mu.Unlock()
 		select {

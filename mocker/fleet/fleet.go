@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,8 +34,16 @@ type Config struct {
 	DataParallelSize int     // --data-parallel-size
 	SpeedupRatio     float64 // --speedup-ratio
 	Engine           engine.Config
-	Server           server.Config // --model-name and limits
-	Host             string        // address to bind, 127.0.0.1 by default
+	// Server is every engine's HTTP face: --model-name, limits, and for
+	// disaggregated serving the default role (--role) and the KV transfer
+	// link (--kv-transfer-bandwidth, --kv-bytes-per-token,
+	// --kv-transfer-timeout).
+	Server server.Config
+	// Roles sets engine i's role to Roles[i], so that one fleet can hold
+	// both the prefill and the decode engines of a disaggregated pair;
+	// engines past its end take Server.Role.
+	Roles []server.Role
+	Host  string // address to bind, 127.0.0.1 by default
 	// Engine i serves HTTP on HTTPPort+i; rank r of engine i publishes KV
 	// events on KVEventsPort + i×dp + r and answers replay requests on
 	// KVEventsReplayPort + i×dp + r. Port 0 picks free ports instead.
@@ -85,6 +94,7 @@ type Engine struct {
 	Name    string
 	HTTPURL string
 	Ranks   []Rank
+	Role    server.Role // its part in disaggregated serving
 }
 
 // Fleet is a running set of engines. Close stops it.
@@ -118,6 +128,23 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
+	if len(cfg.Roles) > cfg.NumWorkers {
+		return nil, fmt.Errorf("fleet: %d roles for %d engines", len(cfg.Roles), cfg.NumWorkers)
+	}
+	roles := make([]server.Role, cfg.NumWorkers)
+	for i := range roles {
+		r := cfg.Server.Role
+		if i < len(cfg.Roles) {
+			r = cfg.Roles[i]
+		}
+		var err error
+		if roles[i], err = server.ParseRole(string(r)); err != nil {
+			return nil, fmt.Errorf("fleet: engine %d: %w", i, err)
+		}
+	}
+	if err := cfg.Server.KVTransfer.Validate(); err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{cancel: cancel}
 	defer func() {
@@ -127,7 +154,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	}()
 	dp := cfg.DataParallelSize
 	for i := range cfg.NumWorkers {
-		e := Engine{Name: "engine-" + strconv.Itoa(i)}
+		e := Engine{Name: "engine-" + strconv.Itoa(i), Role: roles[i]}
 		silent := new(atomic.Bool)
 		silent.Store(cfg.NoKVEvents)
 		f.silent = append(f.silent, silent)
@@ -166,6 +193,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		}
 		scfg := cfg.Server
 		scfg.Name = e.Name
+		scfg.Role = e.Role
 		scfg.KVEventsDump = f.dumper(i, cfg.Engine.BlockSize, cfg.Encoding)
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port(cfg.HTTPPort, i))))
 		if err != nil {
@@ -286,13 +314,22 @@ func (f *Fleet) PublishErr() error {
 }
 
 // PrintTable writes the engines as a table: name, HTTP URL, events and
-// replay endpoints.
+// replay endpoints, and the roles when some engine is not RoleBoth.
 func (f *Fleet) PrintTable(w io.Writer) {
+	disagg := slices.ContainsFunc(f.engines, func(e Engine) bool { return e.Role != server.RoleBoth })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENGINE\tRANK\tHTTP\tKV EVENTS\tREPLAY")
+	if disagg {
+		fmt.Fprintln(tw, "ENGINE\tROLE\tRANK\tHTTP\tKV EVENTS\tREPLAY")
+	} else {
+		fmt.Fprintln(tw, "ENGINE\tRANK\tHTTP\tKV EVENTS\tREPLAY")
+	}
 	for _, e := range f.engines {
 		for _, r := range e.Ranks {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", e.Name, r.Rank, e.HTTPURL, r.Events, r.Replay)
+			if disagg {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", e.Name, e.Role, r.Rank, e.HTTPURL, r.Events, r.Replay)
+			} else {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", e.Name, r.Rank, e.HTTPURL, r.Events, r.Replay)
+			}
 		}
 	}
 	tw.Flush()

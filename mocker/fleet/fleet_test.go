@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/mocker/engine"
+	"github.com/kvrouter/kvrouter/mocker/server"
 )
 
 func startFleet(t *testing.T, workers, dp int, enc vllmevents.Encoding) *Fleet {
@@ -309,5 +310,127 @@ func TestSilentEnginePublishesFromWhenItIsTurnedOn(t *testing.T) {
 	}
 	if _, next := f.Buffered(1, 0); next != 0 {
 		t.Fatalf("the other silent engine published %d batches", next)
+	}
+}
+
+// TestPrefillAndDecodeEnginesInOneFleet: a fleet started with roles serves
+// a disaggregated request across its engines, each rank of the prefill
+// named apart (vLLM's "_dp<rank>"), and the decode rank publishes the
+// pulled blocks as Stored.
+func TestPrefillAndDecodeEnginesInOneFleet(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NumWorkers, cfg.DataParallelSize, cfg.SpeedupRatio = 3, 2, 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	cfg.Engine.NumGPUBlocks = 1024
+	cfg.Roles = []server.Role{server.RolePrefill, server.RoleDecode} // engine 2: Server.Role, both
+	f, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	es := f.Engines()
+	if es[0].Role != server.RolePrefill || es[1].Role != server.RoleDecode || es[2].Role != server.RoleBoth {
+		t.Fatalf("roles %v %v %v", es[0].Role, es[1].Role, es[2].Role)
+	}
+	var table strings.Builder
+	f.PrintTable(&table)
+	if !strings.Contains(table.String(), "ROLE") || !strings.Contains(table.String(), "prefill") {
+		t.Fatalf("table:\n%s", table.String())
+	}
+	var role struct {
+		Role          string   `json:"role"`
+		RankEngineIDs []string `json:"rank_engine_ids"`
+	}
+	getJSON(t, es[0].HTTPURL+"/role", &role)
+	if role.Role != "prefill" || len(role.RankEngineIDs) != 2 || !strings.HasSuffix(role.RankEngineIDs[1], "_dp1") {
+		t.Fatalf("role %+v", role)
+	}
+
+	p := prompt(100, 3) // 6 full blocks
+	var pre struct {
+		KV map[string]any `json:"kv_transfer_params"`
+	}
+	postJSON(t, es[0].HTTPURL+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 1, "data_parallel_rank": 1,
+		"kv_transfer_params": map[string]any{"do_remote_decode": true}}, &pre)
+	if pre.KV["remote_engine_id"] != role.RankEngineIDs[1] || len(pre.KV["remote_block_ids"].([]any)) != 6 {
+		t.Fatalf("kv_transfer_params %v", pre.KV)
+	}
+	var dec struct {
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	postJSON(t, es[1].HTTPURL+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 3, "data_parallel_rank": 0, "kv_transfer_params": pre.KV}, &dec)
+	if dec.Usage.Details.Cached != 96 {
+		t.Fatalf("the decode computed what it should have pulled: cached %d", dec.Usage.Details.Cached)
+	}
+	stored := 0
+	for _, b := range replayAll(t, es[1].Ranks[0]) {
+		for _, ev := range b.Events {
+			if st, ok := ev.(*vllmevents.BlockStored); ok {
+				stored += len(st.BlockHashes)
+			}
+		}
+	}
+	if stored != 6 {
+		t.Fatalf("the decode stored %d blocks, want the 6 pulled", stored)
+	}
+	if m := es[0].Ranks[1].Runner.Metrics(); m.HeldBlocks != 0 || m.CachedBlocks != 6 {
+		t.Fatalf("prefill rank after the pull: %+v", m)
+	}
+}
+
+func TestFleetRefusesBadRoles(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		roles []server.Role
+		want  string
+	}{
+		{"unknown role", []server.Role{"encode"}, "role must be"},
+		{"more roles than engines", []server.Role{server.RolePrefill, server.RoleDecode}, "2 roles for 1 engines"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+			cfg.Roles = tc.roles
+			f, err := Start(context.Background(), cfg)
+			if err == nil {
+				f.Close()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Start: %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func postJSON(t *testing.T, url string, body, v any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d %s", url, resp.StatusCode, raw)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		t.Fatalf("%s: %v: %s", url, err, raw)
 	}
 }

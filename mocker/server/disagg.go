@@ -75,14 +75,14 @@ func DefaultKVTransferConfig() KVTransferConfig {
 	return KVTransferConfig{Bandwidth: 25e9, BytesPerToken: 131072, Timeout: 480 * time.Second}
 }
 
-// Validate refuses a link that cannot carry anything.
+// Validate refuses negative settings; zero ones take the defaults.
 func (c KVTransferConfig) Validate() error {
 	switch {
-	case !(c.Bandwidth > 0):
+	case !(c.Bandwidth >= 0):
 		return fmt.Errorf("KV transfer bandwidth must be positive, got %v bytes/s", c.Bandwidth)
-	case c.BytesPerToken <= 0:
+	case c.BytesPerToken < 0:
 		return fmt.Errorf("KV bytes per token must be positive, got %d", c.BytesPerToken)
-	case c.Timeout <= 0:
+	case c.Timeout < 0:
 		return fmt.Errorf("KV transfer timeout must be positive, got %v", c.Timeout)
 	}
 	return nil

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestMockerRoles(t *testing.T) {
+	ports := []string{"--http-port", "0", "--kv-events-port", "0", "--kv-events-replay-port", "0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in the error, or else in the table
+		err  bool
+	}{
+		{"one role for all", []string{"--role", "decode", "--num-workers", "2"}, "engine-1  decode", false},
+		{"one role per engine", []string{"--role", "prefill, decode", "--num-workers", "2"}, "engine-1  decode", false},
+		{"default", nil, "ENGINE    RANK", false},
+		{"unknown role", []string{"--role", "encode"}, "role must be prefill, decode or both", true},
+		{"roles and engines differ", []string{"--role", "prefill,decode,decode", "--num-workers", "2"}, "3 roles for 2 engines", true},
+		{"negative bandwidth", []string{"--role", "decode", "--kv-transfer-bandwidth", "-1"}, "bandwidth must be positive", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRootCmd()
+			var out bytes.Buffer
+			root.SetOut(&out)
+			root.SetErr(&out)
+			root.SetArgs(append(append([]string{"mocker"}, ports...), tc.args...))
+			// Already cancelled: the mocker starts, prints its table and stops.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			err := root.ExecuteContext(ctx)
+			switch {
+			case tc.err && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one with %q", err, tc.want)
+			case !tc.err && (err != nil || !strings.Contains(out.String(), tc.want)):
+				t.Fatalf("error %v, output:\n%s\nwant %q in it", err, out.String(), tc.want)
+			}
+		})
+	}
+}

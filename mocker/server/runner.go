@@ -320,7 +320,8 @@ func (r *Runner) CachedPrefixBlocks(tokens []uint32) int {
 func (r *Runner) BlockSize() int { return r.blockSize }
 
 // Delay waits d of model time (divided by the speedup, like a step) on the
-// runner's clock: what a KV transfer takes.
+// runner's clock: what a KV transfer takes. A VirtualClock moves on at
+// once, which keeps virtual time exact while nothing else runs meanwhile.
 func (r *Runner) Delay(ctx context.Context, d time.Duration) error {
 	return r.clock.SleepUntil(ctx, r.clock.Now().Add(time.Duration(float64(d)/r.speedup)))
 }

@@ -52,18 +52,18 @@ With --nats-url (or NATS_SERVER) every engine also joins a kvrouter NATS
 plane, as if a "kvrouter agent" ran next to it: routers started with
 "kvrouter serve --nats-url ..." discover the engines and follow their events.
 
-Disaggregated prefill/decode: --role prefill or decode makes an engine play
-its half of vLLM's NixlConnector protocol (kv_transfer_params in requests and
-responses); GET /role tells a client which it is. A prefill engine given
-"kv_transfer_params": {"do_remote_decode": true} answers the parameters a
-decode engine needs and holds the prompt's full blocks until a decode engine
-pulls them or --kv-transfer-timeout passes. A decode engine given those
-parameters pulls the blocks it does not cache from the prefill engine
-(POST /kv_transfer/pull on the prefill's HTTP port), waits blocks × block size
-× --kv-bytes-per-token ÷ --kv-transfer-bandwidth (÷ --speedup-ratio), and
-decodes without prefilling them; if the pull fails it prefills them itself.
-Requests without the parameters are served as by --role both, an engine
-without a KV connector, which ignores them.`,
+Disaggregated prefill/decode: engines speak vLLM's NixlConnector protocol
+(kv_transfer_params in requests and responses), --role saying which half
+they play (prefill, decode, or both as vLLM's kv_both); GET /role tells a
+client. An engine given "kv_transfer_params": {"do_remote_decode": true}
+answers the parameters a decode engine needs and holds the prompt's full
+blocks until a decode engine pulls them or --kv-transfer-timeout passes. An
+engine given those parameters pulls the blocks it does not cache from the
+prefill engine (POST /kv_transfer/pull on the prefill's HTTP port), waits
+blocks × block size × --kv-bytes-per-token ÷ --kv-transfer-bandwidth
+(÷ --speedup-ratio), and decodes without prefilling them; if the pull fails
+it prefills them itself. A request without the parameters is served whole,
+as before, whatever the role.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
@@ -151,7 +151,7 @@ without a KV connector, which ignores them.`,
 	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
 	registerZMQMaxMessageBytes(fl, &cfg.ZMQMaxMessageBytes)
-	fl.StringVar(&role, "role", role, "disaggregated serving: prefill (hold the prompt's KV for decode engines to pull), decode (pull it from the prefill engine kv_transfer_params name) or both (no KV connector: kv_transfer_params are ignored); one role for every engine, or a comma-separated one per engine")
+	fl.StringVar(&role, "role", role, "disaggregated serving: prefill (hold the prompt's KV for decode engines to pull), decode (pull it from the prefill engine kv_transfer_params name) or both (either, as vLLM's kv_both; without kv_transfer_params every role serves a request whole); one role for every engine, or a comma-separated one per engine")
 	fl.Float64Var(&cfg.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", cfg.Server.KVTransfer.Bandwidth, "bytes per second of the link decode engines pull KV over; the default is one 200 Gb/s RDMA NIC, NIXL's usual fabric")
 	fl.IntVar(&cfg.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", cfg.Server.KVTransfer.BytesPerToken, "KV bytes of one token over all layers, sizing a transfer; the default is Llama-3.1-8B in bf16: 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes")
 	fl.DurationVar(&cfg.Server.KVTransfer.Timeout, "kv-transfer-timeout", cfg.Server.KVTransfer.Timeout, "how long a prefill engine holds KV blocks no decode engine pulls before it frees them; the default is vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT")

@@ -26,21 +26,23 @@ import (
 // the time the transfer would take, and decodes without prefilling them.
 // The router owns every policy; an engine only plays its role.
 
-// Role is an engine's part in disaggregated serving.
+// Role is an engine's part in disaggregated serving, as vLLM's kv_role
+// (kv_producer, kv_consumer, kv_both). A request without kv_transfer_params
+// is served whole by every role, which is what lets a router prefill on the
+// decode engine when it chooses to, or fall back to it.
 type Role string
 
 const (
-	// RoleBoth is an engine without a KV connector, as vLLM started without
-	// --kv-transfer-config: it prefills and decodes every request itself and
-	// ignores kv_transfer_params. The zero Role means RoleBoth.
+	// RoleBoth plays either half: a router treats it as decode-capable and
+	// may send it a decode with a remote prefill, and it may prefill for
+	// another engine. The zero Role means RoleBoth.
 	RoleBoth Role = "both"
 	// RolePrefill holds the prompt blocks of requests asking for a remote
-	// decode and tells the router where they are. Other requests it serves
-	// like RoleBoth.
+	// decode and tells the router where they are; it ignores a remote
+	// prefill's parameters.
 	RolePrefill Role = "prefill"
 	// RoleDecode pulls the prompt blocks of requests naming a remote
-	// prefill. Other requests it serves like RoleBoth, which is what lets a
-	// router skip the prefill engine when it chooses to.
+	// prefill; it ignores a request for a remote decode.
 	RoleDecode Role = "decode"
 )
 
@@ -138,12 +140,12 @@ type pullAnswer struct {
 // answer's kv_transfer_params (vLLM returns them in whole responses only),
 // so a streamed request holds nothing that nobody could ever pull.
 func (s *Server) produces(j job) bool {
-	return s.cfg.Role == RolePrefill && j.kv != nil && j.kv.DoRemoteDecode && !j.stream
+	return s.cfg.Role != RoleDecode && j.kv != nil && j.kv.DoRemoteDecode && !j.stream
 }
 
 // consumes reports that j is the decode half of a disaggregated request.
 func (s *Server) consumes(j job) bool {
-	return s.cfg.Role == RoleDecode && j.kv != nil && j.kv.DoRemotePrefill
+	return s.cfg.Role != RolePrefill && j.kv != nil && j.kv.DoRemotePrefill
 }
 
 // checkKVParams refuses the parameters a decode engine could not pull with.

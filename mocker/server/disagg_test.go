@@ -400,32 +400,47 @@ func TestKVTransferTimeDelaysTheFirstToken(t *testing.T) {
 	}
 }
 
-// TestBothRoleIgnoresKVTransferParams: the default role is an engine with
-// no KV connector, as before roles existed.
-func TestBothRoleIgnoresKVTransferParams(t *testing.T) {
-	e := startPD(t, RoleBoth, DefaultKVTransferConfig(), 1)
-	resp, body := post(t, e.srv.URL+"/v1/completions", step1(ids(100, 8)))
-	if resp.StatusCode != 200 || bytes.Contains(body, []byte("kv_transfer_params")) || e.runner.Metrics().HeldBlocks != 0 {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	req := decodeReq(ids(100, 8), json.RawMessage(`{"do_remote_prefill": true, "remote_block_ids": "not a list"}`), false)
-	if u := complete(t, e.srv.URL, req); u.PromptTokensDetails.CachedTokens != 96 {
-		t.Fatalf("usage %+v", u)
-	}
-	if role, _ := roleOf(t, e.srv.URL); role != "both" {
-		t.Fatalf("role %q", role)
+// TestEachRolePlaysItsHalves: a "both" engine prefills for a remote decode
+// and decodes from a remote prefill (vLLM's kv_both); a prefill engine
+// ignores a remote prefill's params, a decode engine a remote decode's.
+func TestEachRolePlaysItsHalves(t *testing.T) {
+	for _, tc := range []struct {
+		role            Role
+		produce, pulled bool
+	}{
+		{RoleBoth, true, true},
+		{RolePrefill, true, false},
+		{RoleDecode, false, true},
+	} {
+		t.Run(string(tc.role), func(t *testing.T) {
+			src := startPD(t, RolePrefill, DefaultKVTransferConfig(), 1)
+			e := startPD(t, tc.role, DefaultKVTransferConfig(), 1)
+			resp, body := post(t, e.srv.URL+"/v1/completions", step1(ids(100, 8)))
+			if resp.StatusCode != 200 || bytes.Contains(body, []byte("kv_transfer_params")) != tc.produce || (e.runner.Metrics().HeldBlocks == 6) != tc.produce {
+				t.Fatalf("%s given do_remote_decode (want it to hold: %v): %d %s", tc.role, tc.produce, resp.StatusCode, body)
+			}
+			prompt := ids(200, 9)
+			kv, _ := prefill(t, src, prompt)
+			u := complete(t, e.srv.URL, decodeReq(prompt, kv, false))
+			if pulled := metric(t, e.srv.URL, "kvrouter_mocker_kv_transfer_blocks_pulled_total"); (pulled == 12) != tc.pulled || (u.PromptTokensDetails.CachedTokens == 192) != tc.pulled {
+				t.Fatalf("%s given do_remote_prefill (want a pull: %v): %v blocks pulled, usage %+v", tc.role, tc.pulled, pulled, u)
+			}
+			if role, _ := roleOf(t, e.srv.URL); role != string(tc.role) {
+				t.Fatalf("role %q", role)
+			}
+		})
 	}
 }
 
 func TestDecodeRefusesParamsItCannotPullWith(t *testing.T) {
 	d := startPD(t, RoleDecode, DefaultKVTransferConfig(), 1)
-	for _, kv := range []string{
-		`{"do_remote_prefill": true, "remote_block_ids": [1, 2]}`,
-		`{"do_remote_prefill": true, "remote_block_ids": ["a"]}`,
+	for _, tc := range []struct{ kv, want string }{
+		{`{"do_remote_prefill": true, "remote_block_ids": [1, 2]}`, "needs remote_engine_id, remote_request_id, remote_host, remote_port"},
+		{`{"do_remote_prefill": true, "remote_block_ids": ["a"]}`, "kv_transfer_params.remote_block_ids"},
 	} {
-		resp, body := post(t, d.srv.URL+"/v1/completions", decodeReq(ids(40, 1), json.RawMessage(kv), false))
-		if resp.StatusCode != 400 || !strings.Contains(string(body), "kv_transfer_params") {
-			t.Fatalf("%s: %d %s", kv, resp.StatusCode, body)
+		resp, body := post(t, d.srv.URL+"/v1/completions", decodeReq(ids(40, 1), json.RawMessage(tc.kv), false))
+		if resp.StatusCode != 400 || !strings.Contains(string(body), tc.want) {
+			t.Fatalf("%s: %d %s, want 400 with %q", tc.kv, resp.StatusCode, body, tc.want)
 		}
 	}
 	// A pull endpoint asked for nothing it holds.

@@ -194,9 +194,8 @@ type commonParams struct {
 	N                   *int           `json:"n"`
 	DPRank              *int           `json:"data_parallel_rank"`
 	// KVTransferParams makes the request one half of a disaggregated
-	// prefill/decode pair. Kept raw: only a prefill or decode engine reads
-	// them, and one of RoleBoth ignores them as it always did.
-	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	// prefill/decode pair.
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 type completionRequest struct {
@@ -283,14 +282,7 @@ func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint3
 		badRequest(w, "data_parallel_rank %d out of range [0, %d)", *p.DPRank, len(s.ranks))
 		return job{}, false
 	}
-	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank}
-	if s.cfg.Role != RoleBoth && len(p.KVTransferParams) > 0 && string(p.KVTransferParams) != "null" {
-		j.kv = new(kvTransferParams)
-		if err := json.Unmarshal(p.KVTransferParams, j.kv); err != nil {
-			badRequest(w, "%s", jsonerr.Describe(err, j.kv, "kv_transfer_params"))
-			return job{}, false
-		}
-	}
+	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams}
 	if s.consumes(j) {
 		if err := checkKVParams(j.kv); err != nil {
 			badRequest(w, "%v", err)

@@ -15,20 +15,47 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/mocker/server"
 )
+
+// pdFleet lays out a disaggregated fleet of prefill then decode engines
+// when --prefill-workers and --decode-workers ask for one.
+func pdFleet(cfg *fleet.Config, prefill, decode int, workersSet bool) error {
+	switch {
+	case prefill == 0 && decode == 0:
+		return nil
+	case prefill < 1 || decode < 1:
+		return fmt.Errorf("--prefill-workers %d and --decode-workers %d: a disaggregated fleet needs at least one of each", prefill, decode)
+	case workersSet:
+		return fmt.Errorf("--workers and --prefill-workers/--decode-workers both size the fleet: give one or the other")
+	}
+	cfg.NumWorkers = prefill + decode
+	cfg.Roles = make([]server.Role, 0, cfg.NumWorkers)
+	for i := range cfg.NumWorkers {
+		role := server.RoleDecode
+		if i < prefill {
+			role = server.RolePrefill
+		}
+		cfg.Roles = append(cfg.Roles, role)
+	}
+	return nil
+}
 
 func newUpCmd() *cobra.Command {
 	var migrationLimit int
 	var (
-		rf      = newRouterFlags()
-		lf      limitFlags
-		pf      planeFlags
-		hf      httpFlags
-		hard    hardeningFlags
-		mock    = fleet.DefaultConfig()
-		host    string
-		port    int
-		verbose bool
+		rf   = newRouterFlags()
+		lf   limitFlags
+		pf   planeFlags
+		hf   httpFlags
+		hard hardeningFlags
+		mock = fleet.DefaultConfig()
+		df   disaggFlags
+
+		prefillWorkers, decodeWorkers int
+		host                          string
+		port                          int
+		verbose                       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -64,6 +91,13 @@ flags.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
+			disagg, err := df.config(rf.noAssumeReuse)
+			if err != nil {
+				return err
+			}
+			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers")); err != nil {
+				return err
+			}
 			// The router and the engines it starts share one block size,
 			// given by either name.
 			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
@@ -102,7 +136,7 @@ flags.`,
 				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, HTTP: lf.httpLimits()})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg})
 			if err != nil {
 				return err
 			}
@@ -113,8 +147,12 @@ flags.`,
 				return stoppedDuringStart(ctx, fmt.Errorf("engines did not join routing: %w", err))
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "kvrouter up: %d simulated engine(s) × %d rank(s), model %q, speedup %g; router in %s mode\n\n",
-				mock.NumWorkers, mock.DataParallelSize, mock.Server.Model, mock.SpeedupRatio, rcfg.Mode)
+			layout := fmt.Sprintf("%d simulated engine(s)", mock.NumWorkers)
+			if prefillWorkers > 0 {
+				layout = fmt.Sprintf("%d prefill + %d decode simulated engines (disaggregated)", prefillWorkers, decodeWorkers)
+			}
+			fmt.Fprintf(out, "kvrouter up: %s × %d rank(s), model %q, speedup %g; router in %s mode\n\n",
+				layout, mock.DataParallelSize, mock.Server.Model, mock.SpeedupRatio, rcfg.Mode)
 			printWorkers(out, workers)
 			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
 			url := s.URL()
@@ -144,6 +182,11 @@ flags.`,
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
 	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")
+	fs.IntVar(&prefillWorkers, "prefill-workers", 0, "disaggregated fleet: this many prefill engines (with --decode-workers; replaces --workers)")
+	fs.IntVar(&decodeWorkers, "decode-workers", 0, "disaggregated fleet: this many decode engines (with --prefill-workers)")
+	fs.Float64Var(&mock.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", mock.Server.KVTransfer.Bandwidth, "disaggregated fleet: bytes per second of the link decode engines pull KV over")
+	fs.IntVar(&mock.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", mock.Server.KVTransfer.BytesPerToken, "disaggregated fleet: KV bytes of one token over all layers, sizing a transfer")
+	df.register(fs)
 	fs.IntVar(&mock.DataParallelSize, "data-parallel-size", mock.DataParallelSize, "data-parallel ranks per engine")
 	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
 	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")

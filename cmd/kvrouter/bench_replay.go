@@ -30,6 +30,7 @@ func newBenchReplayCmd() *cobra.Command {
 	var (
 		cfg         = replay.DefaultConfig()
 		rf          = newRouterFlags()
+		df          disaggFlags
 		syn         = workload.DefaultSyntheticConfig()
 		tracePath   string
 		synthetic   bool
@@ -60,7 +61,13 @@ Modes: kv (kvrouter), dynamo-kv (kv with Dynamo's cost: no cache
 affinity), llm-d-precise, sglang-cache-aware, gie-approx-prefix (the peers'
 policies), least-loaded, power-of-two, round-robin, random; "all" runs them
 all. Router flags (--router-temperature, ...) apply to every
-mode. --target URL replays against a running OpenAI-compatible endpoint
+mode. A mode may name its fleet layout and disaggregation options,
+MODE[@N|@PpDd][+uncached=N][+no-reuse], so that one replay compares them:
+kv@8 (8 aggregated engines), kv@4p4d (4 prefill and 4 decode engines,
+served disaggregated), round-robin@4p4d, kv@4p4d+uncached=512 (conditional
+disaggregation), kv@4p4d+no-reuse (decode routed as Dynamo does);
+--prefill-workers and --decode-workers give the layout of modes that name
+none. --target URL replays against a running OpenAI-compatible endpoint
 instead (e.g. vLLM or a router in front of it).
 
 Writes DIR/results.json, DIR/report.md, DIR/ttft_cdf.png,
@@ -76,7 +83,13 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 				return err
 			}
 			cfg.Router, cfg.Progress = rcfg, progress
-			if cfg.Modes, err = parseModes(modes); err != nil {
+			if cfg.Disagg, err = df.config(rf.noAssumeReuse); err != nil {
+				return err
+			}
+			if (cfg.Prefill > 0) != (cfg.Decode > 0) || cfg.Prefill < 0 || cfg.Decode < 0 {
+				return fmt.Errorf("--prefill-workers %d and --decode-workers %d: give both, or neither", cfg.Prefill, cfg.Decode)
+			}
+			if cfg.Modes, err = parseSetups(modes, cfg.Workers, cfg.Prefill, cfg.Decode); err != nil {
 				return err
 			}
 			reqs, name, err := loadWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
@@ -112,6 +125,9 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	rf.register(f)
 	registerWorkloadFlags(f, "replay", &tracePath, &synthetic, &modes)
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated engines per mode")
+	f.IntVar(&cfg.Prefill, "prefill-workers", 0, "disaggregated fleet: prefill engines of the modes that name no layout (with --decode-workers)")
+	f.IntVar(&cfg.Decode, "decode-workers", 0, "disaggregated fleet: decode engines of the modes that name no layout (with --prefill-workers)")
+	df.register(f)
 	f.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "engines' speedup ratio (wall time = model time / speedup)")
 	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
 	f.IntVar(&maxRequests, "max-requests", 0, "replay only the first N requests of the trace (0 = all)")
@@ -126,6 +142,28 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	registerSyntheticFlags(f, &syn)
 	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed = cfg.Seed }
 	return cmd
+}
+
+// parseSetups reads bench replay's --modes, whose modes may name a fleet
+// layout (replay.Setup).
+func parseSetups(s string, workers, prefill, decode int) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return parseModes(s)
+	}
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		if _, err := replay.ParseSetup(part, workers, prefill, decode); err != nil {
+			return nil, err
+		}
+		out = append(out, part)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--modes names no mode")
+	}
+	return out, nil
 }
 
 func parseModes(s string) ([]string, error) {

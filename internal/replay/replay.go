@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/frontend"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
 	"github.com/kvrouter/kvrouter/internal/serve"
@@ -62,6 +63,12 @@ type Config struct {
 	EngineMetricsInterval time.Duration
 	// Progress receives a progress bar; nil = silent.
 	Progress io.Writer
+	// Prefill and Decode lay out a disaggregated fleet for the modes that
+	// name no layout (--prefill-workers, --decode-workers); see Setup.
+	Prefill, Decode int
+	// Disagg is the frontend's disaggregation (--disagg-min-uncached-tokens,
+	// ...), which a Setup's options adjust.
+	Disagg frontend.Disagg
 }
 
 // DefaultKVBlocks is the engines' KV capacity in a replay: 131,072 blocks
@@ -175,12 +182,17 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 		return res, nil
 	}
 	for i, mode := range cfg.Modes {
-		recs, dur, names, pace, err := runMode(ctx, &cfg, mode, i+1, len(cfg.Modes), reqs)
+		recs, dur, names, pace, pd, err := runMode(ctx, &cfg, mode, i+1, len(cfg.Modes), reqs)
 		if err != nil {
 			return nil, fmt.Errorf("mode %s: %w", mode, err)
 		}
 		m := summarise(recs, dur, res.Config.CeilingHitRate, names)
 		m.EngineDrift, m.EngineLagResets = pace.Drift(), pace.LagResets
+		if pd != nil {
+			// Decode engines report pulled blocks as cached: the prefill
+			// engines' hits are the reuse that spared work.
+			m.Disagg, m.PrefixHitRate = pd, pd.PrefillHitRate
+		}
 		res.add(mode, m, recs)
 	}
 	return res, nil
@@ -245,16 +257,20 @@ func probeTarget(ctx context.Context, target, model string) (string, error) {
 // It also returns the engines' pacing: how far their steps ran behind the
 // timing model (a machine too busy for the speedup makes them slower than
 // the model, and every latency longer).
-func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, server.Timing, error) {
+func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []workload.Request) ([]Record, time.Duration, map[uint64]string, server.Timing, *DisaggResult, error) {
+	setup, err := ParseSetup(name, cfg.Workers, cfg.Prefill, cfg.Decode)
+	if err != nil {
+		return nil, 0, nil, server.Timing{}, nil, err
+	}
 	fcfg := cfg.Fleet
-	fcfg.NumWorkers, fcfg.SpeedupRatio = cfg.Workers, cfg.Speedup
+	fcfg.NumWorkers, fcfg.Roles, fcfg.SpeedupRatio = setup.Engines(), setup.roles(), cfg.Speedup
 	fcfg.Host, fcfg.HTTPPort, fcfg.KVEventsPort, fcfg.KVEventsReplayPort = "127.0.0.1", 0, 0, 0
 	if cfg.Model != "" {
 		fcfg.Server.Model = cfg.Model
 	}
 	engines, err := fleet.Start(ctx, fcfg)
 	if err != nil {
-		return nil, 0, nil, server.Timing{}, err
+		return nil, 0, nil, server.Timing{}, nil, err
 	}
 	defer engines.Close()
 	workers := serve.FleetWorkers(engines, fcfg)
@@ -262,11 +278,19 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	for _, w := range workers {
 		names[w.ID] = w.Name
 	}
-	rcfg, err := ModeConfig(cfg.Router, name, fcfg.Engine.BlockSize)
+	rcfg, err := ModeConfig(cfg.Router, setup.Mode, fcfg.Engine.BlockSize)
 	if err != nil {
-		return nil, 0, nil, server.Timing{}, err
+		return nil, 0, nil, server.Timing{}, nil, err
 	}
 	rcfg.Rand = newLockedRand(cfg.Seed)
+	disagg := cfg.Disagg
+	if setup.MinUncached >= 0 {
+		disagg.MinUncachedTokens = setup.MinUncached
+	}
+	if setup.NoReuse {
+		off := false
+		rcfg.Routing.AssumeKVReuse, disagg.NoAssumeKVReuse = &off, true
+	}
 	metricsEvery := max(time.Duration(float64(cfg.EngineMetricsInterval)/cfg.Speedup), 5*time.Millisecond)
 	s, err := serve.Start(ctx, serve.Config{
 		Router: rcfg, Workers: workers, Addr: "127.0.0.1:0",
@@ -274,16 +298,17 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 		// The replay compares routing: a request the router's overload
 		// guard refused would leave its slow tail out of a policy's
 		// figures, and an overloaded policy would look better for it.
-		HTTP: serve.HTTPLimits{MaxConcurrentRequests: -1, MaxConnections: -1},
+		HTTP:   serve.HTTPLimits{MaxConcurrentRequests: -1, MaxConnections: -1},
+		Disagg: disagg,
 	})
 	if err != nil {
-		return nil, 0, nil, server.Timing{}, err
+		return nil, 0, nil, server.Timing{}, nil, err
 	}
 	defer s.Close()
 	ready, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.WaitReady(ready); err != nil {
-		return nil, 0, nil, server.Timing{}, fmt.Errorf("engines did not join routing: %w", err)
+		return nil, 0, nil, server.Timing{}, nil, fmt.Errorf("engines did not join routing: %w", err)
 	}
 	run := *cfg
 	run.Model = fcfg.Server.Model
@@ -293,7 +318,11 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 			recs[i].Worker = names[id]
 		}
 	}
-	return recs, dur, names, engines.Timing(), err
+	if err != nil || !setup.Disaggregated() {
+		return recs, dur, names, engines.Timing(), nil, err
+	}
+	pd, err := disaggStats(ctx, setup, engines, "http://"+s.Addr(), len(recs))
+	return recs, dur, names, engines.Timing(), pd, err
 }
 
 // drive sends every request at its scaled arrival time and waits for all

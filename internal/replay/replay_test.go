@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"image/png"
@@ -260,4 +261,85 @@ func TestPooledCeiling(t *testing.T) {
 	if inf.Rate() != pooled.Rate() || inf.Rate() != CeilingHitRate(reqs, 16) {
 		t.Fatalf("with room for everything the pooled ceiling %.3f should be the infinite one %.3f", pooled.Rate(), inf.Rate())
 	}
+}
+
+func TestParseSetup(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Setup
+		err  bool
+	}{
+		{in: "kv", want: Setup{Mode: "kv", Workers: 8, MinUncached: -1}},
+		{in: "round-robin@4p4d", want: Setup{Mode: "round-robin", Workers: 8, Prefill: 4, Decode: 4, MinUncached: -1}},
+		{in: "kv@6", want: Setup{Mode: "kv", Workers: 6, MinUncached: -1}},
+		{in: "dynamo-kv@2p6d+uncached=512+no-reuse", want: Setup{Mode: "dynamo-kv", Workers: 8, Prefill: 2, Decode: 6, MinUncached: 512, NoReuse: true}},
+		{in: "kv@0p4d", err: true},
+		{in: "kv@4p", err: true},
+		{in: "kv+no-reuse", err: true}, // options need a disaggregated layout
+		{in: "kv@4p4d+uncached=-1", err: true},
+		{in: "kv@4p4d+colour=blue", err: true},
+		{in: "direct@4p4d", err: true},
+	} {
+		got, err := ParseSetup(tc.in, 8, 0, 0)
+		if (err != nil) != tc.err || !tc.err && got != tc.want {
+			t.Errorf("ParseSetup(%q) = %+v, %v; want %+v (error %v)", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+	if s, err := ParseSetup("kv", 8, 3, 5); err != nil || s.Prefill != 3 || s.Decode != 5 || s.Engines() != 8 {
+		t.Errorf("default layout not taken: %+v %v", s, err)
+	}
+	if s, err := ParseSetup("kv@8", 8, 3, 5); err != nil || s.Disaggregated() {
+		t.Errorf("an explicit aggregated layout kept the default P/D one: %+v %v", s, err)
+	}
+}
+
+func TestReplayDisaggregatedSetups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts fleets")
+	}
+	cfg := smallConfig()
+	cfg.Modes = []string{"kv@1p1d", "kv@1p1d+no-reuse", "kv@1p1d+uncached=100000"}
+	reqs := sharedPrefixWorkload(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range res.Order {
+		m := res.Modes[mode]
+		if m.Requests != len(reqs) || m.Errors != 0 || m.Disagg == nil {
+			t.Fatalf("%s: %d requests, %d errors (%s), disagg %+v", mode, m.Requests, m.Errors, m.FirstError, m.Disagg)
+		}
+		if m.PrefixHitRate != m.Disagg.PrefillHitRate {
+			t.Fatalf("%s: hit rate %v is not the prefill engines' %v", mode, m.PrefixHitRate, m.Disagg.PrefillHitRate)
+		}
+	}
+	pd, local := res.Modes["kv@1p1d"].Disagg, res.Modes["kv@1p1d+uncached=100000"].Disagg
+	if pd.Prefills["remote"] != len(reqs) || pd.TransferredBlocks == 0 || pd.TransferredBytes == 0 {
+		t.Fatalf("disaggregated: %+v", pd)
+	}
+	// One decode engine holds every earlier turn: it pulls only what is
+	// new, far less than the prompts' blocks.
+	if prompt := promptBlocks(reqs, cfg.Fleet.Engine.BlockSize); pd.TransferredBlocks >= prompt/2 {
+		t.Fatalf("pulled %d blocks of %d prompt blocks: the decode engine's cache was not reused", pd.TransferredBlocks, prompt)
+	}
+	if local.Prefills["short_uncached"] != len(reqs) || local.TransferredBlocks != 0 {
+		t.Fatalf("every prompt under the threshold should prefill on the decode engine: %+v", local)
+	}
+	var md bytes.Buffer
+	if err := Markdown(&md, res); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "| kv@1p1d+no-reuse | 1 + 1 |") {
+		t.Fatalf("report lacks the disaggregation table:\n%s", md.String())
+	}
+}
+
+func promptBlocks(reqs []workload.Request, bs int) int {
+	n := 0
+	for _, r := range reqs {
+		n += len(r.Tokens) / bs
+	}
+	return n
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -112,6 +113,7 @@ func Markdown(w io.Writer, res *Results) error {
 				name, 100*m.EngineDrift, m.EngineLagResets, c.Speedup)
 		}
 	}
+	disaggTable(bw, res)
 	if kv := res.Modes["kv"]; kv != nil && len(res.Order) > 1 {
 		fmt.Fprintf(bw, "\nkv against each other mode (negative = kv lower, better):\n\n")
 		fmt.Fprintln(bw, "| mode | TTFT mean | TTFT p90 | TTFT p99 | E2E mean |")
@@ -126,6 +128,40 @@ func Markdown(w io.Writer, res *Results) error {
 	}
 	fmt.Fprintf(bw, "\nPlots: ![TTFT CDF](ttft_cdf.png) ![in-flight requests per worker](worker_load.png) ![prefix-cache hit rate](hit_rate.png)\n")
 	return bw.Flush()
+}
+
+// disaggTable shows what the disaggregated setups moved between pools.
+func disaggTable(w io.Writer, res *Results) {
+	var rows []string
+	for _, name := range res.Order {
+		d := res.Modes[name].Disagg
+		if d == nil {
+			continue
+		}
+		local, reasons := 0, []string{}
+		for _, k := range slices.Sorted(maps.Keys(d.Prefills)) {
+			if k != "remote" && d.Prefills[k] > 0 {
+				local += d.Prefills[k]
+				reasons = append(reasons, fmt.Sprintf("%s %d", k, d.Prefills[k]))
+			}
+		}
+		why := strings.Join(reasons, ", ")
+		if why == "" {
+			why = "none"
+		}
+		rows = append(rows, fmt.Sprintf("| %s | %d + %d | %d | %d (%s) | %.1f | %.2f | %.3f |",
+			name, d.PrefillWorkers, d.DecodeWorkers, d.Prefills["remote"], local, why,
+			d.TransferredBlocksPerRequest, d.TransferredBytes/1e9, d.PrefillHitRate))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nDisaggregated setups (hit rate above: the prefill engines'; blocks and bytes: what decode engines pulled, as the engines counted them):\n\n")
+	fmt.Fprintln(w, "| setup | prefill + decode engines | remote prefills | local prefills (why) | blocks pulled per request | GB pulled | prefill hit rate |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Fprintln(w, r)
+	}
 }
 
 // DriftWarning is the engines' lag behind the timing model beyond which a

@@ -48,6 +48,9 @@ type ModeResult struct {
 	// latency of the run is longer than the model's.
 	EngineDrift     float64 `json:"engine_drift"`
 	EngineLagResets uint64  `json:"engine_lag_resets"` // times an engine fell more than 50 ms behind and skipped ahead
+	// Disagg is a disaggregated setup's traffic between its pools; its
+	// PrefixHitRate is then the prefill engines'.
+	Disagg *DisaggResult `json:"disagg,omitempty"`
 }
 
 // RunConfig is results.json's config: what was run, to rerun it.

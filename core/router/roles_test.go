@@ -125,3 +125,38 @@ func TestParseRole(t *testing.T) {
 		t.Error("a malformed role was accepted")
 	}
 }
+
+// A decode must not wait behind a prefill: the prefill engines may be full
+// of KV held for exactly the decodes behind it.
+func TestPoolsQueueApart(t *testing.T) {
+	one := 1.0
+	r, _ := newRouter(t, 0, func(c *Config) { c.QueueThreshold = &one })
+	r.AddWorker(WorkerInfo{ID: 1, Role: RolePrefill, TotalKVBlocks: 1024, MaxNumBatchedTokens: 64})
+	r.AddWorker(WorkerInfo{ID: 2, Role: RoleDecode, TotalKVBlocks: 1024, MaxNumBatchedTokens: 64})
+	r.AddWorker(WorkerInfo{ID: 3, Model: "other", TotalKVBlocks: 1024, MaxNumBatchedTokens: 64})
+	submit := func(id, model string, prefill bool, salt int) bool {
+		t.Helper()
+		_, queued, err := r.Submit(&Request{ID: id, Model: model, Tokens: tokens(salt, 0, salt, 8), Prefill: prefill}, func(Decision, error) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return queued
+	}
+	if submit("p1", "m", true, 1) {
+		t.Fatal("the first prefill waited")
+	}
+	if !submit("p2", "m", true, 2) {
+		t.Fatal("a prefill past the saturated prefill pool did not wait")
+	}
+	if submit("d1", "m", false, 3) {
+		t.Fatal("a decode waited behind a prefill for an idle decode pool")
+	}
+	// Likewise another model's requests do not wait for this one's engines.
+	if submit("d2", "m", false, 4) && submit("o1", "other", false, 5) {
+		t.Fatal("a request of another model waited behind this model's queue")
+	}
+	r.Free("p1")
+	if st := r.Stats(); st.QueuePending != 0 && st.QueuePending != 1 {
+		t.Fatalf("queue after the first prefill ended: %d", st.QueuePending)
+	}
+}

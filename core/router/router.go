@@ -191,11 +191,11 @@ type Router struct {
 	fleet   atomic.Pointer[fleet]
 	fleetMu sync.Mutex // serialises fleet writers
 
-	// mu serialises decisions that book load, and owns the queue: each
+	// mu serialises decisions that book load, and owns the queues: each
 	// booking sees the loads of the ones before it, which is what keeps a
 	// burst sharing one hot prefix from piling onto a single worker.
 	mu      sync.Mutex
-	queue   *sched.Queue
+	queues  *queues
 	waiters map[string]waiter
 	// onQueued, if set, is called with r.mu held once a request waits in
 	// the queue; tests synchronise on it.
@@ -308,8 +308,7 @@ func New(cfg Config) (*Router, error) {
 	if policy == "" {
 		policy = sched.FCFS
 	}
-	queue, err := sched.NewQueue(policy)
-	if err != nil {
+	if _, err := sched.NewQueue(policy); err != nil {
 		return nil, err
 	}
 	r := &Router{
@@ -324,7 +323,7 @@ func New(cfg Config) (*Router, error) {
 			Now:                cfg.Now,
 		}),
 		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
-		queue: queue, waiters: map[string]waiter{},
+		queues: newQueues(policy), waiters: map[string]waiter{},
 		recovery: newRecovery(cfg.RecoveryWindow, cfg.Now),
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
@@ -676,7 +675,7 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 		return res.d, res.err
 	case <-ctx.Done():
 		r.mu.Lock()
-		removed := r.queue.Remove(req.ID)
+		removed := r.queues.remove(req.ID)
 		delete(r.waiters, req.ID)
 		r.mu.Unlock()
 		if !removed {
@@ -726,12 +725,13 @@ func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Dec
 	if _, dup := r.waiters[req.ID]; dup {
 		return Decision{}, false, nil, ErrDuplicateID
 	}
-	if cands := r.candidates(p, sc); r.queue.Len() == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
+	key := queueKey{model: req.Model, prefill: req.Prefill}
+	if cands := r.candidates(p, sc); r.queues.len(key) == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
 		d, err := r.decide(p, sc, cands, true)
 		return d, false, nil, err
 	}
 	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
-	if err := r.queue.Push(sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
+	if err := r.queues.push(key, sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
 		return Decision{}, false, nil, err
 	}
 	if fn == nil {
@@ -924,13 +924,24 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 func (r *Router) drain() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.queue.Len() == 0 {
+	if r.queues.total() == 0 {
 		return
 	}
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
+	for _, k := range r.queues.keys() {
+		r.drainOne(k, sc)
+	}
+	r.queues.prune()
+}
+
+// drainOne dispatches one queue's requests until its head must wait. The
+// queues are apart because their heads wait for different workers: a
+// decode must not wait behind a prefill whose engines are full of the KV
+// that decode would release, nor one model behind another's engines.
+func (r *Router) drainOne(k queueKey, sc *scratch) {
 	for {
-		it, ok := r.queue.Peek()
+		it, ok := r.queues.peek(k)
 		if !ok {
 			return
 		}
@@ -942,7 +953,7 @@ func (r *Router) drain() {
 		if sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
 			return
 		}
-		r.queue.Pop()
+		r.queues.pop(k)
 		w := r.waiters[it.ID]
 		delete(r.waiters, it.ID)
 		d, err := r.decide(p, sc, cands, true)
@@ -1090,7 +1101,7 @@ func (r *Router) Stats() Stats {
 		Load:           r.tracker.Stats(),
 	}
 	r.mu.Lock()
-	st.QueuePending, st.QueuePendingTokens = r.queue.Len(), r.queue.PendingTokens()
+	st.QueuePending, st.QueuePendingTokens = r.queues.total(), r.queues.pendingTokens()
 	r.mu.Unlock()
 	if r.exact != nil {
 		st.Index = r.exact.Stats()

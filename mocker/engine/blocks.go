@@ -315,8 +315,12 @@ func (m *blockManager) blockTokens(idx int32) []uint32 {
 }
 
 // release returns every block s holds, tail first.
-func (m *blockManager) release(s *seqBlocks) {
-	for i := len(s.blocks) - 1; i >= 0; i-- {
+func (m *blockManager) release(s *seqBlocks) { m.releaseTail(s, 0) }
+
+// releaseTail returns the blocks s holds after its first keep full blocks,
+// tail first, and its partial or anonymous blocks.
+func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
+	for i := len(s.blocks) - 1; i >= keep; i-- {
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
 		b.ref--
@@ -326,7 +330,7 @@ func (m *blockManager) release(s *seqBlocks) {
 			m.lruPushBack(idx)
 		}
 	}
-	s.blocks = s.blocks[:0]
+	s.blocks = s.blocks[:keep]
 	if s.partial {
 		m.numPartial--
 		s.partial = false

@@ -60,6 +60,17 @@
 //
 // Step time is StepTime: a prefill part for the step's new prompt tokens
 // plus a decode part at the step's KV usage (see StepTime for why they add).
+//
+// # Disaggregated prefill and decode
+//
+// Two seams let a caller pair a prefill engine with a decode engine the way
+// vLLM's KV connectors do, while the transfer itself (its time, its
+// failures) stays the caller's business. On the prefill side,
+// Request.HoldBlocks keeps a finished request's full prompt blocks pinned
+// until Release, so the decode engine can still read them. On the decode
+// side, Request.KVLoadedBlocks admits a request whose leading prompt blocks
+// arrived from elsewhere, and CachedPrefixBlocks tells the caller which of
+// them it need not fetch at all.
 package engine
 
 import (
@@ -103,6 +114,26 @@ type Request struct {
 	// when their capacity allows (a copy of every prompt was a tenth of the
 	// simulator's time).
 	Owned bool
+	// HoldBlocks keeps the prompt's full blocks held after the request
+	// finishes, until Release: a prefill engine of a disaggregated pair must
+	// not evict what the decode engine has yet to pull (vLLM's connectors
+	// delay freeing those blocks). Held blocks are active: never evicted,
+	// counted in KV usage, and they go back to the prefix cache (no Removed
+	// event) when released. The rest of the request's blocks are released at
+	// finish as usual. A prompt shorter than one block, or an engine with
+	// prefix caching off (its blocks have no ids to pull), holds nothing; an
+	// aborted request holds nothing either.
+	HoldBlocks bool
+	// KVLoadedBlocks says the KV of the prompt's first KVLoadedBlocks full
+	// blocks is already present when the request is first scheduled: a
+	// decode engine pulled it from a prefill engine. Those blocks take slots
+	// (reusing cached copies) and new ones are Stored like any computed
+	// block, but they cost no prefill time. The last prompt token is always
+	// computed, as vLLM does after a KV load, so a prompt of whole blocks
+	// computes one token. Only the first scheduling uses it: a preempted
+	// request recomputes from its own cache like any other, since the
+	// pulled copy is gone. At most len(Tokens)/BlockSize.
+	KVLoadedBlocks int
 }
 
 // Output is one generated token.
@@ -113,7 +144,8 @@ type Output struct {
 	// Finished marks the last token (Index == MaxTokens-1).
 	Finished bool
 	// CachedTokens is set on the first output (Index 0) only: the prompt
-	// tokens found in the prefix cache when the request was first scheduled.
+	// tokens found in the prefix cache or loaded (KVLoadedBlocks) when the
+	// request was first scheduled, as vLLM's usage counts them.
 	CachedTokens int
 }
 
@@ -171,7 +203,8 @@ type Metrics struct {
 	Waiting int     // vllm:num_requests_waiting
 	KVUsage float64 // vllm:kv_cache_usage_perc: blocks held by requests / NumGPUBlocks
 
-	ActiveBlocks int // blocks held by requests (full and partial)
+	ActiveBlocks int // blocks held by requests (full and partial), HeldBlocks included
+	HeldBlocks   int // blocks of finished requests held until Release (Request.HoldBlocks)
 	CachedBlocks int // full blocks in the prefix cache (held or reusable)
 	FreeBlocks   int // blocks neither held nor cached
 	TotalBlocks  int // NumGPUBlocks
@@ -212,10 +245,13 @@ type seq struct {
 	maxTokens  int
 	promptHash uint64
 
+	loadedBlocks int // Request.KVLoadedBlocks, until the first scheduling
+
 	numComputed  int  // tokens whose KV is computed (from the start of the last (re)schedule)
 	generated    int  // outputs produced
-	cachedTokens int  // prefix-cache hit at first scheduling
+	cachedTokens int  // tokens cached or loaded at first scheduling
 	started      bool // scheduled at least once
+	hold         bool // Request.HoldBlocks
 	prefilled    bool // prefill (or recompute) complete: the next steps are decodes
 	state        seqState
 	chunk        int // tokens scheduled in the current step
@@ -230,9 +266,13 @@ type Engine struct {
 	waiting deque
 	running []*seq
 	byID    map[string]*seq
-	sched   []*seq   // scratch: requests scheduled in the current step
-	outputs []Output // the last step's Outputs, reused
-	m       Metrics
+	// held are finished requests whose prompt blocks wait for Release;
+	// heldBlocks counts their blocks.
+	held       map[string]*seq
+	heldBlocks int
+	sched      []*seq   // scratch: requests scheduled in the current step
+	outputs    []Output // the last step's Outputs, reused
+	m          Metrics
 }
 
 // New makes an engine.
@@ -254,6 +294,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg:  cfg,
 		bm:   newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed),
 		byID: make(map[string]*seq),
+		held: make(map[string]*seq),
 	}, nil
 }
 
@@ -269,8 +310,14 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has an empty prompt", ErrInvalid, r.ID)
 	case r.MaxTokens <= 0:
 		return fmt.Errorf("%w: request %q asks for %d tokens (must be > 0)", ErrInvalid, r.ID, r.MaxTokens)
+	case r.KVLoadedBlocks < 0 || r.KVLoadedBlocks > len(r.Tokens)/e.cfg.BlockSize:
+		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
+			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
 	if _, dup := e.byID[r.ID]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
+	}
+	if _, dup := e.held[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
 	}
 	bs := e.cfg.BlockSize
@@ -285,11 +332,13 @@ func (e *Engine) Add(r Request) error {
 		copy(toks, r.Tokens)
 	}
 	s := &seq{
-		seqBlocks: seqBlocks{tokens: toks},
-		id:        r.ID,
-		numPrompt: len(r.Tokens),
-		maxTokens: r.MaxTokens,
-		state:     stWaiting,
+		seqBlocks:    seqBlocks{tokens: toks},
+		id:           r.ID,
+		numPrompt:    len(r.Tokens),
+		maxTokens:    r.MaxTokens,
+		loadedBlocks: r.KVLoadedBlocks,
+		hold:         r.HoldBlocks,
+		state:        stWaiting,
 	}
 	e.byID[r.ID] = s
 	e.waiting.pushBack(s)
@@ -337,6 +386,43 @@ func (e *Engine) Abort(id string) bool {
 	return true
 }
 
+// Release returns the blocks a finished request holds (Request.HoldBlocks)
+// to the prefix cache, where they stay reusable until evicted. It reports
+// whether the request held any.
+func (e *Engine) Release(id string) bool {
+	s, ok := e.held[id]
+	if !ok {
+		return false
+	}
+	e.heldBlocks -= len(s.blocks)
+	e.bm.release(&s.seqBlocks)
+	delete(e.held, id)
+	return true
+}
+
+// HeldBlocks names the blocks a finished request holds, in prompt order, or
+// nil if it holds none. The ids are slot numbers, like vLLM's block ids:
+// stable while held, reused after Release.
+func (e *Engine) HeldBlocks(id string) []int {
+	s, ok := e.held[id]
+	if !ok {
+		return nil
+	}
+	out := make([]int, len(s.blocks))
+	for i, idx := range s.blocks {
+		out[i] = int(idx)
+	}
+	return out
+}
+
+// CachedPrefixBlocks is how many leading full blocks of tokens the engine
+// caches now (held or reusable): what a decode engine already has and need
+// not pull. It changes nothing, and is 0 with prefix caching off.
+func (e *Engine) CachedPrefixBlocks(tokens []uint32) int {
+	s := seqBlocks{tokens: tokens}
+	return e.bm.countPrefix(&s, len(tokens)/e.cfg.BlockSize)
+}
+
 // Idle reports that no request is waiting or running.
 func (e *Engine) Idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
 
@@ -352,6 +438,7 @@ func (e *Engine) Metrics() Metrics {
 	m.Waiting = e.waiting.len()
 	m.KVUsage = e.KVUsage()
 	m.ActiveBlocks = e.bm.used()
+	m.HeldBlocks = e.heldBlocks
 	m.CachedBlocks = e.bm.numActive + e.bm.numInactive
 	m.FreeBlocks = e.bm.free()
 	m.TotalBlocks = e.cfg.NumGPUBlocks
@@ -419,6 +506,9 @@ func (e *Engine) Step() StepResult {
 			// tokens can come from the cache.
 			hits := e.bm.countPrefix(&s.seqBlocks, (s.numTokens()-1)/bs)
 			s.numComputed = hits * bs
+			if !s.started && s.loadedBlocks > 0 {
+				s.numComputed = max(s.numComputed, min(s.loadedBlocks*bs, s.numTokens()-1))
+			}
 			n := min(s.numTokens()-s.numComputed, budget)
 			if !e.bm.allocate(&s.seqBlocks, s.numComputed+n) {
 				s.numComputed = 0
@@ -427,7 +517,8 @@ func (e *Engine) Step() StepResult {
 			e.waiting.popFront()
 			if !s.started {
 				s.started = true
-				s.cachedTokens = hits * bs
+				s.loadedBlocks = 0
+				s.cachedTokens = s.numComputed
 				if e.cfg.EnablePrefixCaching {
 					e.m.PrefixQueries += uint64(s.numPrompt)
 					e.m.PrefixHits += uint64(hits * bs)
@@ -486,7 +577,7 @@ func (e *Engine) Step() StepResult {
 		e.m.GenerationTokens++
 		s.generated++
 		if out.Finished {
-			e.bm.release(&s.seqBlocks)
+			e.finish(s)
 			s.state = stDone
 			delete(e.byID, s.id)
 			e.m.RequestsFinished++
@@ -508,6 +599,22 @@ func (e *Engine) Step() StepResult {
 	clear(sched)
 	e.outputs = res.Outputs
 	return res
+}
+
+// finish releases a finished request's blocks, but keeps its full prompt
+// blocks held when it asked to (Request.HoldBlocks).
+func (e *Engine) finish(s *seq) {
+	keep := 0
+	if s.hold && e.cfg.EnablePrefixCaching {
+		keep = min(len(s.blocks), s.numPrompt/e.cfg.BlockSize)
+	}
+	if keep == 0 {
+		e.bm.release(&s.seqBlocks)
+		return
+	}
+	e.bm.releaseTail(&s.seqBlocks, keep)
+	e.held[s.id] = s
+	e.heldBlocks += keep
 }
 
 // preempt releases a running request's blocks and puts it back at the front

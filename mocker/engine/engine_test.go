@@ -129,6 +129,17 @@ func checkEngine(t *testing.T, e *Engine) {
 	if len(e.byID) != len(e.running)+e.waiting.len() {
 		t.Fatalf("%d live ids, %d running + %d waiting", len(e.byID), len(e.running), e.waiting.len())
 	}
+	held := 0
+	for id, s := range e.held {
+		if e.byID[id] != nil || s.state != stDone || s.partial || s.anon != 0 || len(s.blocks) == 0 || len(s.blocks) > s.numPrompt/bs {
+			t.Fatalf("held request %s: live %v, state %d, %d full blocks of a %d-token prompt, partial %v", id, e.byID[id] != nil, s.state, len(s.blocks), s.numPrompt, s.partial)
+		}
+		held += len(s.blocks)
+		holders = append(holders, &s.seqBlocks)
+	}
+	if held != e.heldBlocks {
+		t.Fatalf("held requests hold %d blocks, the engine counts %d", held, e.heldBlocks)
+	}
 	checkManager(t, e.bm, holders)
 }
 

@@ -204,6 +204,8 @@ func registerSimDisaggFlags(f *pflag.FlagSet, d *sim.Disagg) {
 	f.IntVar(&d.DecodeWorkers, "decode-workers", 0, "disaggregated fleet: decode engines (with --prefill-workers)")
 	f.IntVar(&d.MinUncachedTokens, "disagg-min-uncached-tokens", defaultDisaggMinUncachedTokens,
 		"conditional disaggregation: prefill on the decode engine itself when it lacks fewer than this many of the prompt's tokens; 0 = always on a prefill engine")
+	f.DurationVar(&d.PrefillTimeout, "disagg-prefill-timeout", sim.DefaultPrefillTimeout,
+		"a prefill that has not answered this long after its request's arrival (model time) is given up and the decode engine prefills")
 	f.IntVar(&d.KVBytesPerToken, "kv-bytes-per-token", d.KVBytesPerToken, "KV of one token over all layers, in bytes (the default is Llama-3.1-8B in bf16)")
 	f.Float64Var(&d.KVTransferBandwidth, "kv-transfer-bandwidth", d.KVTransferBandwidth, "bandwidth of the link KV blocks cross between engines, bytes per second (model time)")
 }

@@ -23,7 +23,8 @@ import (
 //  2. otherwise its prefill is booked among the prefill engines ("<id>-
 //     prefill", Request.Prefill) and sent with max_tokens 1, its full
 //     prompt blocks held; no prefill engine free (sched.ErrAllBusy), none
-//     at all (router.ErrNoWorkers) or an engine refusing it → local prefill;
+//     at all (router.ErrNoWorkers), an engine refusing it or no token
+//     within PrefillTimeout of the arrival → local prefill;
 //  3. at the prefill's token its booking is freed and the decode is booked
 //     among the decode engines without prefill load (and, with
 //     NoAssumeKVReuse, without cache credit: Dynamo's decode routing);
@@ -59,6 +60,24 @@ type Disagg struct {
 	// model time (--kv-bytes-per-token, --kv-transfer-bandwidth).
 	KVBytesPerToken     int
 	KVTransferBandwidth float64
+	// PrefillTimeout gives up a prefill that has not answered this long
+	// after the request's arrival, routing included, and the decode
+	// engine prefills (--disagg-prefill-timeout; serve's default
+	// DefaultPrefillTimeout when 0). Serve also takes a prefill out of the
+	// router's admission queue then; the sim cannot (router.Submit has no
+	// cancel), so a prefill dispatched past its deadline is given up at
+	// once instead.
+	PrefillTimeout time.Duration
+}
+
+// DefaultPrefillTimeout is serve's --disagg-prefill-timeout default.
+const DefaultPrefillTimeout = 60 * time.Second
+
+func (d Disagg) prefillTimeout() int64 {
+	if d.PrefillTimeout > 0 {
+		return int64(d.PrefillTimeout)
+	}
+	return int64(DefaultPrefillTimeout)
 }
 
 // Enabled reports a disaggregated fleet.
@@ -74,6 +93,8 @@ func (d Disagg) validate() error {
 		return fmt.Errorf("sim: KV bytes per token must be positive, got %d", d.KVBytesPerToken)
 	case !(d.KVTransferBandwidth > 0):
 		return fmt.Errorf("sim: KV transfer bandwidth must be positive, got %v bytes/s", d.KVTransferBandwidth)
+	case d.PrefillTimeout < 0:
+		return fmt.Errorf("sim: negative prefill timeout %v", d.PrefillTimeout)
 	}
 	return nil
 }
@@ -113,12 +134,13 @@ func decodeOverrides(noReuse bool) sched.Overrides {
 // How a request's prompt was prefilled on a disaggregated fleet; the local
 // reasons are serve's (kvrouter_frontend_prefill_decisions_total).
 const (
-	howUnknown       uint8 = iota // not yet decided
-	howRemote                     // on a prefill engine, KV pulled by the decode engine
-	howShortUncached              // locally: too little of it uncached to be worth a transfer
-	howPrefillBusy                // locally: every prefill engine busy
-	howNoPrefill                  // locally: no prefill engine
-	howPrefillError               // locally: the prefill engine refused it
+	howUnknown        uint8 = iota // not yet decided
+	howRemote                      // on a prefill engine, KV pulled by the decode engine
+	howShortUncached               // locally: too little of it uncached to be worth a transfer
+	howPrefillBusy                 // locally: every prefill engine busy
+	howNoPrefill                   // locally: no prefill engine
+	howPrefillError                // locally: the prefill engine refused it
+	howPrefillTimeout              // locally: the prefill took too long
 )
 
 // pdState is a request's disaggregated life, model ns.
@@ -145,7 +167,9 @@ func (s *sim) arriveDisagg(i int, req *workload.Request) {
 		}
 	}
 	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i) + prefillSuffix, Tokens: req.Tokens, Prefill: true}, s.onDispatch(i, dispPrefill))
-	if !queued {
+	if queued {
+		s.queuedBy[dispPrefill]++
+	} else {
 		s.prefillRouted(i, d, err)
 	}
 }
@@ -177,6 +201,12 @@ func (s *sim) startPrefill(i int, d router.Decision) {
 	e := s.engineOf(d.Worker)
 	req := s.held[i]
 	id := strconv.Itoa(i)
+	deadline := s.reqs[i].arrival + s.cfg.Disagg.prefillTimeout()
+	if s.now >= deadline {
+		s.r.Free(id + prefillSuffix)
+		s.local(i, howPrefillTimeout)
+		return
+	}
 	// The prompt may be handed over (Owned) although the loop reads it
 	// again for the decode: a request of max_tokens 1 finishes with its
 	// first token, so the engine never appends to it.
@@ -188,12 +218,35 @@ func (s *sim) startPrefill(i int, d router.Decision) {
 	pd := &s.pd[i]
 	pd.pe, pd.how = int32(e), howRemote
 	s.wake(e)
+	s.schedule(deadline, evPrefillTimeout, i)
+}
+
+// prefillTimedOut gives up a prefill that has not answered by its
+// deadline: the prefill engine drops it and the decode engine prefills.
+func (s *sim) prefillTimedOut(i int) error {
+	pd := &s.pd[i]
+	if pd.how != howRemote || pd.pfirst != 0 {
+		return nil // answered in time
+	}
+	id := strconv.Itoa(i)
+	// Abort fails on a prefill whose token its engine's current step
+	// computed: prefilled releases its hold when the step ends.
+	s.engines[pd.pe].eng.Abort(id)
+	s.r.Free(id + prefillSuffix)
+	s.local(i, howPrefillTimeout)
+	return s.flushDispatched()
 }
 
 // prefilled is the prefill engine's token: the prefill booking ends and the
 // decode is routed.
 func (s *sim) prefilled(i int, cached int) error {
 	pd := &s.pd[i]
+	if pd.how == howPrefillTimeout {
+		// Its step began before the deadline and ended after: nobody
+		// waits for these blocks any more.
+		s.releaseHold(int(pd.pe), strconv.Itoa(i))
+		return nil
+	}
 	if pd.how != howRemote || pd.pfirst != 0 {
 		return fmt.Errorf("sim: request %d prefilled twice", i)
 	}
@@ -202,7 +255,9 @@ func (s *sim) prefilled(i int, cached int) error {
 	s.r.Free(id + prefillSuffix)
 	req := s.held[i]
 	d, queued, err := s.r.Submit(&router.Request{ID: id, Tokens: req.Tokens, OSL: req.OSL, Overrides: s.decodeOverrides}, s.onDispatch(i, dispDecode))
-	if !queued {
+	if queued {
+		s.queuedBy[dispDecode]++
+	} else {
 		s.decodeRouted(i, d, err)
 	}
 	return nil
@@ -231,7 +286,7 @@ func (s *sim) transferred(i int) error {
 	req := s.held[i]
 	delete(s.held, i)
 	id := strconv.Itoa(i)
-	s.engines[pd.pe].eng.Release(id)
+	s.releaseHold(int(pd.pe), id)
 	full := len(req.Tokens) / s.cfg.Engine.BlockSize
 	if err := s.engines[pd.de].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, KVLoadedBlocks: full, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id)
@@ -245,9 +300,18 @@ func (s *sim) transferred(i int) error {
 // abandon fails a request whose prefill is done but whose decode cannot
 // be: the prefill engine's hold ends with it.
 func (s *sim) abandon(i int, err error) {
-	s.engines[s.pd[i].pe].eng.Release(strconv.Itoa(i))
+	s.releaseHold(int(s.pd[i].pe), strconv.Itoa(i))
 	delete(s.held, i)
 	s.fail(i, err)
+}
+
+// releaseHold ends a prefill engine's hold on a request's blocks, and wakes
+// the engine if it waits for room.
+func (s *sim) releaseHold(e int, id string) {
+	eng := s.engines[e].eng
+	if eng.Release(id) && !eng.Idle() {
+		s.wake(e)
+	}
 }
 
 // DisaggStats is Point.Disagg: where prompts were prefilled and what
@@ -277,11 +341,12 @@ type LocalPrefills struct {
 	PrefillBusy     int `json:"prefill_busy"`
 	NoPrefillWorker int `json:"no_prefill_worker"`
 	PrefillError    int `json:"prefill_error"`
+	PrefillTimeout  int `json:"prefill_timeout"`
 }
 
 // Total is every local prefill.
 func (l LocalPrefills) Total() int {
-	return l.ShortUncached + l.PrefillBusy + l.NoPrefillWorker + l.PrefillError
+	return l.ShortUncached + l.PrefillBusy + l.NoPrefillWorker + l.PrefillError + l.PrefillTimeout
 }
 
 func (s *sim) disaggStats() *DisaggStats {
@@ -311,6 +376,8 @@ func (s *sim) disaggStats() *DisaggStats {
 			st.LocalPrefills.NoPrefillWorker++
 		case howPrefillError:
 			st.LocalPrefills.PrefillError++
+		case howPrefillTimeout:
+			st.LocalPrefills.PrefillTimeout++
 		}
 		local = append(local, ttft)
 	}

@@ -147,7 +147,7 @@ func disaggTable(w io.Writer, c *DisaggConfig, m *ModeResult) {
 	}
 	fmt.Fprintf(w, "\nDisaggregation (%s; decode routing %s; KV %d B/token over %.3g GB/s). Transfers are per remote prefill; "+
 		"prefill TTFT is arrival to the prefill engine's token, TTFT arrival to the decode engine's first.\n\n", cond, decode, c.KVBytesPerToken, c.KVTransferBandwidth/1e9)
-	fmt.Fprintln(w, "| arrival speedup | remote | local: short / busy / none / error | pulled blocks | pulled MB | cached on decode | transfer mean / p90 | prefill TTFT mean / p90 | remote TTFT mean / p90 | local TTFT mean / p90 |")
+	fmt.Fprintln(w, "| arrival speedup | remote | local: short / busy / none / error / timeout | pulled blocks | pulled MB | cached on decode | transfer mean / p90 | prefill TTFT mean / p90 | remote TTFT mean / p90 | local TTFT mean / p90 |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, p := range loadCurve(m) {
 		d := p.Disagg
@@ -155,8 +155,8 @@ func disaggTable(w io.Writer, c *DisaggConfig, m *ModeResult) {
 			continue
 		}
 		l := d.LocalPrefills
-		fmt.Fprintf(w, "| %.3g | %d | %d / %d / %d / %d | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n",
-			p.ArrivalSpeedup, d.RemotePrefills, l.ShortUncached, l.PrefillBusy, l.NoPrefillWorker, l.PrefillError,
+		fmt.Fprintf(w, "| %.3g | %d | %d / %d / %d / %d / %d | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n",
+			p.ArrivalSpeedup, d.RemotePrefills, l.ShortUncached, l.PrefillBusy, l.NoPrefillWorker, l.PrefillError, l.PrefillTimeout,
 			d.TransferredBlocks, d.TransferredBytes/1e6, d.CachedOnDecodeBlocks, d.TransferMS.Mean, d.TransferMS.P90,
 			d.PrefillTTFT.Mean, d.PrefillTTFT.P90, d.RemoteTTFT.Mean, d.RemoteTTFT.P90, d.LocalTTFT.Mean, d.LocalTTFT.P90)
 	}

@@ -250,7 +250,8 @@ const (
 	evStepDone
 	evKV
 	evPoll
-	evTransfer // a disaggregated request's KV has reached its decode engine
+	evTransfer       // a disaggregated request's KV has reached its decode engine
+	evPrefillTimeout // a disaggregated request's prefill is due
 )
 
 type event struct {
@@ -357,6 +358,7 @@ type sim struct {
 	// dispatched collects the queue's decisions while the router's lock
 	// is held; the loop acts on them after the call that made them.
 	dispatched []dispatch
+	queuedBy   [3]int // bookings the router's queue held, by dispatch kind
 	pollLoad   bool
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
@@ -536,6 +538,8 @@ func (s *sim) run() error {
 			s.poll()
 		case evTransfer:
 			err = s.transferred(int(ev.n))
+		case evPrefillTimeout:
+			err = s.prefillTimedOut(int(ev.n))
 		}
 		if err != nil {
 			return err
@@ -573,6 +577,7 @@ func (s *sim) submit(i int, req *workload.Request) {
 		s.fail(i, err)
 	case queued:
 		s.held[i] = *req
+		s.queuedBy[dispAggregated]++
 	default:
 		s.start(i, d.Worker, req)
 	}
@@ -707,6 +712,13 @@ func (s *sim) stepDone(e int) error {
 		return nil
 	}
 	if res.Duration == 0 {
+		if se.prefill && res.Preempted == 0 && se.eng.Metrics().HeldBlocks > 0 {
+			// Nothing fits beside the blocks held for decode engines: the
+			// engine waits for a pull to release some (releaseHold wakes
+			// it), as the mocker's runner spins until one does.
+			se.stepped, se.zero = false, 0
+			return nil
+		}
 		if se.zero++; se.zero > maxZeroSteps {
 			return fmt.Errorf("sim: engine %v makes no progress", se.w)
 		}

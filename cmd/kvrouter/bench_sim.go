@@ -64,6 +64,9 @@ arrival speedup 1 is the reference figure of docs/benchmarks.md.`,
 				return err
 			}
 			cfg.Router, cfg.Engine.BlockSize = rcfg, rcfg.BlockSize
+			if err := disaggConfig(cmd.Flags(), &cfg, rf.noAssumeReuse); err != nil {
+				return err
+			}
 			syn.Seed = cfg.Seed
 			return runBench(cmd, quiet, asJSON, func(_ context.Context, progress io.Writer) (simBenchResult, error) {
 				w, name, err := simWorkload(tracePath, synthetic, syn, maxRequests, false, progress)
@@ -113,6 +116,7 @@ arrival speedup 1 is the reference figure of docs/benchmarks.md.`,
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "simulated engines")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the router's tie-breaks and of the synthetic workload")
 	registerEngineFlags(f, &cfg.Engine)
+	registerSimDisaggFlags(f, &cfg.Disagg)
 	registerSyntheticFlags(f, &syn)
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

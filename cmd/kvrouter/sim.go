@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/internal/sim"
 	"github.com/kvrouter/kvrouter/internal/workload"
@@ -60,6 +61,14 @@ run in parallel. The report adds the prefill bound: the rate that would
 saturate the fleet with the prompt tokens one infinite cache misses, which
 no policy's goodput can reach.
 
+--prefill-workers P --decode-workers D simulate a disaggregated fleet
+instead: P prefill and D decode engines, served as kvrouter serve serves
+them (conditional disaggregation with --disagg-min-uncached-tokens, Dynamo's
+decode routing with --no-router-assume-kv-reuse); a decode engine pulls the
+prompt blocks it lacks in --kv-bytes-per-token × tokens ÷
+--kv-transfer-bandwidth of model time. The report adds where prompts were
+prefilled, the blocks and bytes pulled, and prefill against total TTFT.
+
 KV events reach the router --kv-event-delay after the step that made them;
 the peers' policies read engine load every --engine-metrics-interval.
 Router flags are serve's. The same inputs and --seed give the same
@@ -90,6 +99,9 @@ size's).`,
 			cfg.Sim.Workers = workers[0]
 			if len(workers) > 1 {
 				cfg.WorkerCounts = workers
+			}
+			if err := disaggConfig(cmd.Flags(), &cfg.Sim, rf.noAssumeReuse); err != nil {
+				return err
 			}
 			if out == "" && !asJSON {
 				return fmt.Errorf("--out DIR (or --json) is required")
@@ -168,6 +180,7 @@ size's).`,
 	f.BoolVar(&asJSON, "json", false, "print results.json to stdout")
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	registerEngineFlags(f, &cfg.Sim.Engine)
+	registerSimDisaggFlags(f, &cfg.Sim.Disagg)
 	registerSyntheticFlags(f, &syn)
 	f.StringVar(&kind, "workload", "", "workload kind: trace (--trace), synthetic or agentic")
 	f.IntVar(&agentic.Requests, "agentic-requests", agentic.Requests, "agentic: requests (all turns of all sessions)")
@@ -182,6 +195,37 @@ size's).`,
 	f.DurationVar(&agentic.ThinkTime, "tool-time", agentic.ThinkTime, "agentic: mean time from a turn's answer to the session's next call (the tool's run; not sped up)")
 	cmd.PreRun = func(cmd *cobra.Command, _ []string) { syn.Seed, agentic.Seed = cfg.Sim.Seed, cfg.Sim.Seed }
 	return cmd
+}
+
+// registerSimDisaggFlags binds a simulated disaggregated fleet: serve's
+// --disagg-min-uncached-tokens and the mocker's KV transfer flags.
+func registerSimDisaggFlags(f *pflag.FlagSet, d *sim.Disagg) {
+	f.IntVar(&d.PrefillWorkers, "prefill-workers", 0, "disaggregated fleet: prefill engines (with --decode-workers, in place of --workers)")
+	f.IntVar(&d.DecodeWorkers, "decode-workers", 0, "disaggregated fleet: decode engines (with --prefill-workers)")
+	f.IntVar(&d.MinUncachedTokens, "disagg-min-uncached-tokens", defaultDisaggMinUncachedTokens,
+		"conditional disaggregation: prefill on the decode engine itself when it lacks fewer than this many of the prompt's tokens; 0 = always on a prefill engine")
+	f.DurationVar(&d.PrefillTimeout, "disagg-prefill-timeout", sim.DefaultPrefillTimeout,
+		"a prefill that has not answered this long after its request's arrival (model time) is given up and the decode engine prefills")
+	f.IntVar(&d.KVBytesPerToken, "kv-bytes-per-token", d.KVBytesPerToken, "KV of one token over all layers, in bytes (the default is Llama-3.1-8B in bf16)")
+	f.Float64Var(&d.KVTransferBandwidth, "kv-transfer-bandwidth", d.KVTransferBandwidth, "bandwidth of the link KV blocks cross between engines, bytes per second (model time)")
+}
+
+// disaggConfig checks the disaggregated fleet's flags; noAssumeReuse is
+// --no-router-assume-kv-reuse, which also routes decode as Dynamo does.
+func disaggConfig(f *pflag.FlagSet, c *sim.Config, noAssumeReuse bool) error {
+	d := &c.Disagg
+	d.NoAssumeKVReuse = noAssumeReuse
+	if !d.Enabled() {
+		return nil
+	}
+	if d.PrefillWorkers < 1 || d.DecodeWorkers < 1 {
+		return fmt.Errorf("--prefill-workers %d --decode-workers %d: a disaggregated fleet needs both", d.PrefillWorkers, d.DecodeWorkers)
+	}
+	if f.Changed("workers") {
+		return fmt.Errorf("give --workers (aggregated) or --prefill-workers and --decode-workers, not both")
+	}
+	c.Workers = d.PrefillWorkers + d.DecodeWorkers
+	return nil
 }
 
 // simWorkload is the trace, its prompts built as they are sent, or the

@@ -89,3 +89,70 @@ func TestBenchSimReportsSpeed(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// The disaggregated fleet's flags reach results.json: config.disagg with
+// serve's and the mocker's names, and each point's disagg figures.
+func TestSimCommandDisaggregated(t *testing.T) {
+	run := func(args ...string) ([]byte, error) {
+		var stdout, stderr bytes.Buffer
+		cmd := newRootCmd()
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs(append([]string{"sim", "--synthetic", "--synthetic-requests", "120", "--modes", "kv",
+			"--arrival-speedup", "1", "--bisect-steps", "0", "--quiet", "--json"}, args...))
+		err := cmd.Execute()
+		return stdout.Bytes(), err
+	}
+	out, err := run("--prefill-workers", "1", "--decode-workers", "2", "--disagg-min-uncached-tokens", "64",
+		"--no-router-assume-kv-reuse", "--kv-bytes-per-token", "1000", "--kv-transfer-bandwidth", "1e9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Config struct {
+			Workers int `json:"workers"`
+			Disagg  *struct {
+				PrefillWorkers    int     `json:"prefill_workers"`
+				DecodeWorkers     int     `json:"decode_workers"`
+				MinUncachedTokens int     `json:"disagg_min_uncached_tokens"`
+				NoAssumeKVReuse   bool    `json:"no_router_assume_kv_reuse"`
+				KVBytesPerToken   int     `json:"kv_bytes_per_token"`
+				Bandwidth         float64 `json:"kv_transfer_bandwidth"`
+			} `json:"disagg"`
+		} `json:"config"`
+		Modes map[string]struct {
+			Points []struct {
+				Disagg *struct {
+					Remote       int                    `json:"remote_prefills"`
+					Transferred  float64                `json:"transferred_blocks_per_request"`
+					Bytes        float64                `json:"transferred_bytes_per_request"`
+					PrefillTTFT  struct{ P90 *float64 } `json:"prefill_ttft_ms"`
+					LocalPrefill struct {
+						Short *int `json:"short_uncached"`
+					} `json:"local_prefills"`
+				} `json:"disagg"`
+			} `json:"points"`
+		} `json:"modes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	d := res.Config.Disagg
+	if d == nil || res.Config.Workers != 3 || d.PrefillWorkers != 1 || d.DecodeWorkers != 2 || d.MinUncachedTokens != 64 ||
+		!d.NoAssumeKVReuse || d.KVBytesPerToken != 1000 || d.Bandwidth != 1e9 {
+		t.Fatalf("config: %s", out)
+	}
+	p := res.Modes["kv"].Points[0].Disagg
+	if p == nil || p.Remote == 0 || p.Transferred <= 0 || p.Bytes != p.Transferred*16*1000 || p.PrefillTTFT.P90 == nil || p.LocalPrefill.Short == nil {
+		t.Fatalf("point: %s", out)
+	}
+	for _, bad := range [][]string{
+		{"--prefill-workers", "2"},
+		{"--prefill-workers", "2", "--decode-workers", "2", "--workers", "4"},
+		{"--prefill-workers", "2", "--decode-workers", "2", "--kv-transfer-bandwidth", "0"},
+	} {
+		if _, err := run(bad...); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}

@@ -57,6 +57,9 @@ func Markdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(bw, "```sh\n%s\n```\n\n", c.Command)
 	}
 	engines := fmt.Sprintf("%d simulated engines", c.Workers)
+	if d := c.Disagg; d != nil {
+		engines = fmt.Sprintf("%d simulated engines (%d prefill, %d decode)", c.Workers, d.PrefillWorkers, d.DecodeWorkers)
+	}
 	if c.DPSize > 1 {
 		engines += fmt.Sprintf(" of %d data-parallel ranks", c.DPSize)
 	}
@@ -124,9 +127,39 @@ func Markdown(w io.Writer, res *Results) error {
 				p.ArrivalSpeedup, p.ArrivalRPS, p.Errors, p.TTFT.Mean, p.TTFT.P50, p.TTFT.P90, p.TTFT.P99, p.ITL.P50, p.ITL.P90,
 				p.E2E.Mean, p.E2E.P90, p.HitRate, 100*of, p.Queued, p.Preemptions, yes(p.MeetsSLO))
 		}
+		if c.Disagg != nil {
+			disaggTable(bw, c.Disagg, res.Modes[name])
+		}
 	}
 	fmt.Fprintf(bw, "\nRows include the bisection's runs. Plots: ![goodput](goodput.png) ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
 	return bw.Flush()
+}
+
+// disaggTable is a mode's disaggregation figures per load.
+func disaggTable(w io.Writer, c *DisaggConfig, m *ModeResult) {
+	cond := "always remote"
+	if c.MinUncachedTokens > 0 {
+		cond = fmt.Sprintf("local below %d uncached tokens", c.MinUncachedTokens)
+	}
+	decode := "transfer-aware"
+	if c.NoAssumeKVReuse {
+		decode = "Dynamo's (no reuse, no credit)"
+	}
+	fmt.Fprintf(w, "\nDisaggregation (%s; decode routing %s; KV %d B/token over %.3g GB/s). Transfers are per remote prefill; "+
+		"prefill TTFT is arrival to the prefill engine's token, TTFT arrival to the decode engine's first.\n\n", cond, decode, c.KVBytesPerToken, c.KVTransferBandwidth/1e9)
+	fmt.Fprintln(w, "| arrival speedup | remote | local: short / busy / none / error / timeout | pulled blocks | pulled MB | cached on decode | transfer mean / p90 | prefill TTFT mean / p90 | remote TTFT mean / p90 | local TTFT mean / p90 |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, p := range loadCurve(m) {
+		d := p.Disagg
+		if d == nil {
+			continue
+		}
+		l := d.LocalPrefills
+		fmt.Fprintf(w, "| %.3g | %d | %d / %d / %d / %d / %d | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n",
+			p.ArrivalSpeedup, d.RemotePrefills, l.ShortUncached, l.PrefillBusy, l.NoPrefillWorker, l.PrefillError, l.PrefillTimeout,
+			d.TransferredBlocks, d.TransferredBytes/1e6, d.CachedOnDecodeBlocks, d.TransferMS.Mean, d.TransferMS.P90,
+			d.PrefillTTFT.Mean, d.PrefillTTFT.P90, d.RemoteTTFT.Mean, d.RemoteTTFT.P90, d.LocalTTFT.Mean, d.LocalTTFT.P90)
+	}
 }
 
 func writePlots(dir string, res *Results) error {

@@ -77,6 +77,9 @@ type Config struct {
 	// EngineMetricsInterval is the model-time period at which the modes
 	// scoring by engine-reported load read the engines' metrics.
 	EngineMetricsInterval time.Duration
+	// Disagg splits the fleet into prefill and decode engines; with both
+	// of its pools empty the fleet is Workers aggregated engines.
+	Disagg Disagg
 }
 
 // DefaultConfig is bench replay's fleet: 8 engines with replay's KV
@@ -86,6 +89,7 @@ func DefaultConfig() Config {
 	return Config{
 		Workers: rc.Workers, Engine: rc.Fleet.Engine, Router: rc.Router, Seed: rc.Seed,
 		KVEventDelay: DefaultKVEventDelay, EngineMetricsInterval: rc.EngineMetricsInterval,
+		Disagg: Disagg{KVBytesPerToken: DefaultKVBytesPerToken, KVTransferBandwidth: DefaultKVTransferBandwidth},
 	}
 }
 
@@ -219,6 +223,11 @@ type Point struct {
 	// ModelS is the model time from the first arrival to the last token.
 	ModelS   float64 `json:"model_s"`
 	MeetsSLO bool    `json:"meets_slo"`
+	// Disagg is where prompts were prefilled and what crossed the network,
+	// on a disaggregated fleet only. There, HitRate counts the prefill
+	// engine's cache for a request prefilled remotely: the work its cache
+	// saved; the decode engine counts pulled blocks as cached.
+	Disagg *DisaggStats `json:"disagg,omitempty"`
 }
 
 // Run simulates w in mode at arrivalSpeedup.
@@ -241,6 +250,8 @@ const (
 	evStepDone
 	evKV
 	evPoll
+	evTransfer       // a disaggregated request's KV has reached its decode engine
+	evPrefillTimeout // a disaggregated request's prefill is due
 )
 
 type event struct {
@@ -298,6 +309,7 @@ func (q *eventQueue) pop() event {
 type simEngine struct {
 	eng     *engine.Engine
 	w       kv.Worker
+	prefill bool                  // a prefill engine of a disaggregated fleet
 	stepped bool                  // a step is scheduled or under way
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
@@ -336,11 +348,17 @@ type sim struct {
 	dp      int
 	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
 	reqs    []reqState
-	// held are the requests in the router's queue.
+	// held are the prompts the loop keeps: requests in the router's queue
+	// and disaggregated requests until their decode engine has them.
 	held map[int]workload.Request
+	// pd is each request's disaggregated life; nil on an aggregated fleet.
+	pd []pdState
+	// decodeOverrides route a decode after a remote prefill.
+	decodeOverrides sched.Overrides
 	// dispatched collects the queue's decisions while the router's lock
 	// is held; the loop acts on them after the call that made them.
 	dispatched []dispatch
+	queuedBy   [3]int // bookings the router's queue held, by dispatch kind
 	pollLoad   bool
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
@@ -363,10 +381,18 @@ type sim struct {
 }
 
 type dispatch struct {
-	id  int
-	d   router.Decision
-	err error
+	id   int
+	kind uint8 // which booking: dispAggregated, dispPrefill or dispDecode
+	d    router.Decision
+	err  error
 }
+
+// What a dispatched booking was for.
+const (
+	dispAggregated uint8 = iota // prefill and decode on one engine
+	dispPrefill                 // a disaggregated request's prefill
+	dispDecode                  // its decode, after the prefill
+)
 
 // maxZeroSteps bounds an engine's steps in a row that take no time (every
 // running request preempted): beyond, the engine cannot progress and the
@@ -374,9 +400,16 @@ type dispatch struct {
 const maxZeroSteps = 1000
 
 func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
+	workers := cfg.Workers
+	if cfg.Disagg.Enabled() {
+		if err := cfg.Disagg.validate(); err != nil {
+			return nil, err
+		}
+		workers = cfg.Disagg.PrefillWorkers + cfg.Disagg.DecodeWorkers
+	}
 	switch {
-	case cfg.Workers < 1:
-		return nil, fmt.Errorf("sim: need at least one worker, got %d", cfg.Workers)
+	case workers < 1:
+		return nil, fmt.Errorf("sim: need at least one worker, got %d", workers)
 	case scale <= 0:
 		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
 	case cfg.KVEventDelay < 0:
@@ -399,7 +432,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
 	_, s.ownsPrompts = w.(*Trace)
 	s.dp = max(cfg.DPSize, 1)
-	s.engines = make([]simEngine, cfg.Workers*s.dp)
+	s.engines = make([]simEngine, workers*s.dp)
 	for i := range s.engines {
 		ecfg := cfg.Engine
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
@@ -408,10 +441,14 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 			return nil, err
 		}
 		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
-		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}}
+		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}, prefill: cfg.Disagg.role(i/s.dp) == router.RolePrefill}
 	}
-	for id := range cfg.Workers {
-		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens})
+	for id := range workers {
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
+	}
+	if cfg.Disagg.Enabled() {
+		s.pd = make([]pdState, w.Len())
+		s.decodeOverrides = decodeOverrides(cfg.Disagg.NoAssumeKVReuse)
 	}
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
@@ -499,6 +536,10 @@ func (s *sim) run() error {
 			s.deliverKV(int(ev.n))
 		case evPoll:
 			s.poll()
+		case evTransfer:
+			err = s.transferred(int(ev.n))
+		case evPrefillTimeout:
+			err = s.prefillTimedOut(int(ev.n))
 		}
 		if err != nil {
 			return err
@@ -520,29 +561,53 @@ func (s *sim) arrive(i int) error {
 	rs := &s.reqs[i]
 	rs.arrival = s.now
 	rs.prompt = int32(len(req.Tokens))
-	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL}, func(d router.Decision, err error) {
-		s.dispatched = append(s.dispatched, dispatch{id: i, d: d, err: err})
-	})
-	switch {
-	case err != nil:
-		s.fail(i, err)
-	case queued:
-		s.held[i] = req
-	default:
-		s.start(i, d.Worker, &req)
+	if s.pd != nil {
+		s.arriveDisagg(i, &req)
+	} else {
+		s.submit(i, &req)
 	}
 	return s.flushDispatched()
 }
 
+// submit routes a request to be prefilled and decoded on one engine.
+func (s *sim) submit(i int, req *workload.Request) {
+	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL}, s.onDispatch(i, dispAggregated))
+	switch {
+	case err != nil:
+		s.fail(i, err)
+	case queued:
+		s.held[i] = *req
+		s.queuedBy[dispAggregated]++
+	default:
+		s.start(i, d.Worker, req)
+	}
+}
+
+// onDispatch records the decision on a booking the router's queue holds;
+// the loop acts on it after the router call that made it.
+func (s *sim) onDispatch(i int, kind uint8) func(router.Decision, error) {
+	return func(d router.Decision, err error) {
+		s.dispatched = append(s.dispatched, dispatch{id: i, kind: kind, d: d, err: err})
+	}
+}
+
+// engineOf is the index in engines of a routed rank.
+func (s *sim) engineOf(w kv.Worker) int { return (int(w.ID)-1)*s.dp + int(w.DPRank) }
+
 // start hands a routed request to its engine.
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
-	e := (int(w.ID)-1)*s.dp + int(w.DPRank)
+	e := s.engineOf(w)
 	id := strconv.Itoa(i)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id)
 		s.fail(i, err)
 		return
 	}
+	s.wake(e)
+}
+
+// wake has an idle engine step.
+func (s *sim) wake(e int) {
 	if !s.engines[e].stepped {
 		s.engines[e].stepped = true
 		// Not now: requests arriving at this same instant join the step.
@@ -571,6 +636,14 @@ func (s *sim) flushDispatched() error {
 		batch := s.dispatched
 		s.dispatched = nil
 		for _, d := range batch {
+			switch d.kind {
+			case dispPrefill:
+				s.prefillRouted(d.id, d.d, d.err)
+				continue
+			case dispDecode:
+				s.decodeRouted(d.id, d.d, d.err)
+				continue
+			}
 			req := s.held[d.id]
 			delete(s.held, d.id)
 			if d.err != nil {
@@ -606,6 +679,12 @@ func (s *sim) stepDone(e int) error {
 		if err != nil {
 			return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
 		}
+		if se.prefill {
+			if err := s.prefilled(i, o.CachedTokens); err != nil {
+				return err
+			}
+			continue
+		}
 		rs := &s.reqs[i]
 		if rs.finished {
 			return fmt.Errorf("sim: request %d produced a token after its last", i)
@@ -633,6 +712,13 @@ func (s *sim) stepDone(e int) error {
 		return nil
 	}
 	if res.Duration == 0 {
+		if se.prefill && res.Preempted == 0 && se.eng.Metrics().HeldBlocks > 0 {
+			// Nothing fits beside the blocks held for decode engines: the
+			// engine waits for a pull to release some (releaseHold wakes
+			// it), as the mocker's runner spins until one does.
+			se.stepped, se.zero = false, 0
+			return nil
+		}
 		if se.zero++; se.zero > maxZeroSteps {
 			return fmt.Errorf("sim: engine %v makes no progress", se.w)
 		}
@@ -730,7 +816,11 @@ func (s *sim) point() Point {
 		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
 		e2e = append(e2e, float64(rs.done-rs.arrival)/1e6)
 		prompt += int64(rs.prompt)
-		cached += int64(rs.cached)
+		if s.pd != nil && s.pd[i].how == howRemote {
+			cached += int64(s.pd[i].pcached)
+		} else {
+			cached += int64(rs.cached)
+		}
 		end = max(end, rs.done)
 	}
 	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
@@ -747,6 +837,9 @@ func (s *sim) point() Point {
 	p.Queued = s.r.Stats().Queued
 	for i := range s.engines {
 		p.Preemptions += s.engines[i].eng.Metrics().Preemptions
+	}
+	if s.pd != nil {
+		p.Disagg = s.disaggStats()
 	}
 	return p
 }

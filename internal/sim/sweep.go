@@ -93,6 +93,19 @@ type RunConfig struct {
 	// size (PrefillBoundRPS, the function): a bound on every goodput.
 	PrefillBoundRPS float64 `json:"prefill_bound_rps"`
 	Command         string  `json:"command,omitempty"`
+	// Disagg is the disaggregated fleet, when it was one (Workers is then
+	// its prefill and decode engines together).
+	Disagg *DisaggConfig `json:"disagg,omitempty"`
+}
+
+// DisaggConfig is results.json's config.disagg.
+type DisaggConfig struct {
+	PrefillWorkers      int     `json:"prefill_workers"`
+	DecodeWorkers       int     `json:"decode_workers"`
+	MinUncachedTokens   int     `json:"disagg_min_uncached_tokens"`
+	NoAssumeKVReuse     bool    `json:"no_router_assume_kv_reuse"`
+	KVBytesPerToken     int     `json:"kv_bytes_per_token"`
+	KVTransferBandwidth float64 `json:"kv_transfer_bandwidth"`
 }
 
 // Results is results.json. Everything but WallS is a function of the
@@ -127,6 +140,16 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		par = runtime.GOMAXPROCS(0)
 	}
 	fleets := slices.Clone(cfg.WorkerCounts)
+	if d := cfg.Sim.Disagg; d.Enabled() {
+		if len(fleets) > 1 {
+			return nil, fmt.Errorf("sim: a sweep over fleet sizes is for aggregated fleets, not %d prefill + %d decode engines", d.PrefillWorkers, d.DecodeWorkers)
+		}
+		if err := d.validate(); err != nil {
+			return nil, err
+		}
+		// The sim counts them; Workers is what the report says.
+		cfg.Sim.Workers, fleets = d.PrefillWorkers+d.DecodeWorkers, nil
+	}
 	if len(fleets) == 0 {
 		fleets = []int{cfg.Sim.Workers}
 	}
@@ -185,6 +208,10 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	}
 	if len(fleets) > 1 {
 		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets
+	}
+	if d := cfg.Sim.Disagg; d.Enabled() {
+		res.Config.Disagg = &DisaggConfig{PrefillWorkers: d.PrefillWorkers, DecodeWorkers: d.DecodeWorkers, MinUncachedTokens: d.MinUncachedTokens,
+			NoAssumeKVReuse: d.NoAssumeKVReuse, KVBytesPerToken: d.KVBytesPerToken, KVTransferBandwidth: d.KVTransferBandwidth}
 	}
 	res.WallS = time.Since(start).Seconds()
 	return res, nil

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 )
 
@@ -361,4 +363,43 @@ func TestRouterAPIPools(t *testing.T) {
 	if code := openAIError(t, resp, body, http.StatusBadRequest); code != "invalid_pool" {
 		t.Fatalf("code %s", code)
 	}
+}
+
+func TestDisaggSessionPinsTheDecodeWorker(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	seen := &seenBodies{}
+	e.fakeRole(1, router.RolePrefill, fakeVLLMPrefill(seen, http.StatusOK))
+	e.fakeRole(2, router.RoleDecode, fakeVLLMDecode(seen))
+	e.fakeRole(3, router.RoleDecode, fakeVLLMDecode(seen))
+	var first float64
+	for i, action := range []string{"open", "", "", "close"} {
+		sc := map[string]any{"session_id": "s1"}
+		if action != "" {
+			sc["action"] = action
+		}
+		resp, body := e.post("/v1/completions", map[string]any{"model": "m", "prompt": tokens(64, 10+i), "max_tokens": 5,
+			"nvext": map[string]any{"session_control": sc, "extra_fields": []string{"worker_id"}}})
+		var out struct {
+			Nvext map[string]float64 `json:"nvext"`
+		}
+		if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		if out.Nvext["prefill_worker_id"] != 1 {
+			t.Fatalf("turn %d not prefilled remotely: %s", i, body)
+		}
+		if i == 0 {
+			// Load the pinned worker heavily: left to the policy, the next
+			// turns would go to the other one.
+			first = out.Nvext["worker_id"]
+			w := kv.Worker{ID: uint64(first)}
+			if _, err := e.router.BestWorker(context.Background(), &router.Request{ID: "ballast", Tokens: tokens(4000, 99), Target: &w}); err != nil {
+				t.Fatal(err)
+			}
+			defer e.router.Free("ballast")
+		} else if out.Nvext["worker_id"] != first {
+			t.Fatalf("turn %d decoded on %v, the session is pinned to %v", i, out.Nvext["worker_id"], first)
+		}
+	}
+	e.idle.wait(t)
 }

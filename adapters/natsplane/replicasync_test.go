@@ -218,3 +218,26 @@ func TestReplicaSyncIgnoresItsOwnMessages(t *testing.T) {
 		t.Fatalf("published %d after Close", st.Published)
 	}
 }
+
+// A prefill booking counts no active blocks on its prefill worker, on
+// every replica.
+func TestReplicaSyncCarriesPrefillBookings(t *testing.T) {
+	srv := rsServer(t)
+	a, b := rsStart(t, srv, "router-a"), rsStart(t, srv, "router-b")
+	for _, rep := range []rsReplica{a, b} {
+		rep.r.AddWorker(router.WorkerInfo{ID: 4, Role: router.RolePrefill})
+	}
+	d, err := a.r.BestWorker(context.Background(), &router.Request{ID: "p", Tokens: rsPrompt(1, 8), Prefill: true})
+	if err != nil || d.Worker.ID != 4 {
+		t.Fatalf("prefill booked on %v, %v", d.Worker, err)
+	}
+	rsWait(t, "the booking to reach the other replica", func() bool { return b.sync.Stats().Applied == 1 }, a.nc)
+	if la, lb := a.r.Loads(), b.r.Loads(); !slices.Equal(la, lb) {
+		t.Fatalf("loads differ:\nA %+v\nB %+v", la, lb)
+	}
+	for _, l := range b.r.Loads() {
+		if l.Worker.ID == 4 && (l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 8*16) {
+			t.Fatalf("prefill worker's load on the other replica: %+v", l)
+		}
+	}
+}

@@ -121,9 +121,10 @@ type DisaggResult struct {
 	TransferredBlocks           int     `json:"transferred_blocks"`
 	TransferredBytes            float64 `json:"transferred_bytes"`
 	TransferredBlocksPerRequest float64 `json:"transferred_blocks_per_request"`
-	// PrefillHitRate is the prefill engines' prefix-cache hits over their
-	// lookups: the reuse that spared prefill work. (Engines' per-request
-	// cached tokens count pulled blocks as cached on the decode engine.)
+	// PrefillHitRate is the prefix-cache hits that spared prefill work
+	// over the prompts' lookups: on the prefill engines, and on the decode
+	// engines for the prompts they prefilled themselves. (Engines'
+	// per-request cached tokens count pulled blocks as cached.)
 	PrefillHitRate float64 `json:"prefill_hit_rate"`
 }
 
@@ -137,11 +138,12 @@ func disaggStats(ctx context.Context, s Setup, engines *fleet.Fleet, frontend st
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: %w", e.Name, err)
 		}
-		switch e.Role {
-		case server.RolePrefill:
-			hits += total(fams["vllm:prefix_cache_hits"])
-			queries += total(fams["vllm:prefix_cache_queries"])
-		case server.RoleDecode:
+		// Prefill work spared: the prefill engines' hits, and the decode
+		// engines' hits on the prompts they prefilled themselves (a
+		// pulled prompt's hits spared a transfer instead).
+		hits += total(fams["vllm:prefix_cache_hits"]) - total(fams["kvrouter_mocker_prefix_cache_loaded_hits"])
+		queries += total(fams["vllm:prefix_cache_queries"]) - total(fams["kvrouter_mocker_prefix_cache_loaded_queries"])
+		if e.Role == server.RoleDecode {
 			d.TransferredBlocks += int(total(fams["kvrouter_mocker_kv_transfer_blocks_pulled_total"]))
 			d.TransferredBytes += total(fams["vllm:nixl_bytes_transferred"])
 		}

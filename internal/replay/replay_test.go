@@ -312,7 +312,7 @@ func TestReplayDisaggregatedSetups(t *testing.T) {
 			t.Fatalf("%s: %d requests, %d errors (%s), disagg %+v", mode, m.Requests, m.Errors, m.FirstError, m.Disagg)
 		}
 		if m.PrefixHitRate != m.Disagg.PrefillHitRate {
-			t.Fatalf("%s: hit rate %v is not the prefill engines' %v", mode, m.PrefixHitRate, m.Disagg.PrefillHitRate)
+			t.Fatalf("%s: hit rate %v is not the prefill-side one %v", mode, m.PrefixHitRate, m.Disagg.PrefillHitRate)
 		}
 	}
 	pd, local := res.Modes["kv@1p1d"].Disagg, res.Modes["kv@1p1d+uncached=100000"].Disagg

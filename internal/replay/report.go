@@ -156,7 +156,7 @@ func disaggTable(w io.Writer, res *Results) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nDisaggregated setups (hit rate above: the prefill engines'; blocks and bytes: what decode engines pulled, as the engines counted them):\n\n")
+	fmt.Fprintf(w, "\nDisaggregated setups (hit rate above: the hits that spared prefill work, on the prefill engines and on the decode engines' own prefills; blocks and bytes: what decode engines pulled, as the engines counted them):\n\n")
 	fmt.Fprintln(w, "| setup | prefill + decode engines | remote prefills | local prefills (why) | blocks pulled per request | GB pulled | prefill hit rate |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
 	for _, r := range rows {

@@ -49,7 +49,7 @@ type ModeResult struct {
 	EngineDrift     float64 `json:"engine_drift"`
 	EngineLagResets uint64  `json:"engine_lag_resets"` // times an engine fell more than 50 ms behind and skipped ahead
 	// Disagg is a disaggregated setup's traffic between its pools; its
-	// PrefixHitRate is then the prefill engines'.
+	// PrefixHitRate is then DisaggResult.PrefillHitRate.
 	Disagg *DisaggResult `json:"disagg,omitempty"`
 }
 

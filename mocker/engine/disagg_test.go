@@ -152,7 +152,7 @@ func TestKVLoadedRequestSkipsPrefill(t *testing.T) {
 				mustAdd(t, e, "warm", slices.Concat(prompt[:tc.cachedBefore], seqTokens(70000, 5)), 1)
 				drain(t, e, idx)
 			}
-			hitsBefore := e.Metrics().PrefixHits
+			hitsBefore, before := e.Metrics().PrefixHits, e.Metrics()
 			if got := e.CachedPrefixBlocks(prompt); got != tc.cachedBefore/16 {
 				t.Fatalf("CachedPrefixBlocks %d, want %d", got, tc.cachedBefore/16)
 			}
@@ -183,6 +183,13 @@ func TestKVLoadedRequestSkipsPrefill(t *testing.T) {
 			}
 			if hits := e.Metrics().PrefixHits - hitsBefore; hits != uint64(tc.cachedBefore/16*16) {
 				t.Fatalf("prefix hits %d, want the local %d only", hits, tc.cachedBefore/16*16)
+			}
+			m, wantQ, wantH := e.Metrics(), uint64(0), uint64(0)
+			if tc.loaded > 0 {
+				wantQ, wantH = uint64(tc.prompt), uint64(tc.cachedBefore/16*16)
+			}
+			if m.LoadedQueries-before.LoadedQueries != wantQ || m.LoadedHits-before.LoadedHits != wantH {
+				t.Fatalf("loaded lookups %d, hits %d; want %d, %d", m.LoadedQueries-before.LoadedQueries, m.LoadedHits-before.LoadedHits, wantQ, wantH)
 			}
 			drain(t, e, idx)
 		})

@@ -211,7 +211,11 @@ type Metrics struct {
 
 	PrefixQueries uint64 // vllm:prefix_cache_queries (tokens)
 	PrefixHits    uint64 // vllm:prefix_cache_hits (tokens)
-	Preemptions   uint64 // vllm:num_preemptions
+	// LoadedQueries and LoadedHits are the part of PrefixQueries and
+	// PrefixHits due to requests whose KV was loaded (Request.KVLoadedBlocks):
+	// their hits spared a transfer, not a prefill.
+	LoadedQueries, LoadedHits uint64
+	Preemptions               uint64 // vllm:num_preemptions
 
 	PromptTokens     uint64 // vllm:prompt_tokens: prompt tokens of requests that produced their first token
 	GenerationTokens uint64 // vllm:generation_tokens: tokens generated
@@ -517,12 +521,16 @@ func (e *Engine) Step() StepResult {
 			e.waiting.popFront()
 			if !s.started {
 				s.started = true
-				s.loadedBlocks = 0
 				s.cachedTokens = s.numComputed
 				if e.cfg.EnablePrefixCaching {
 					e.m.PrefixQueries += uint64(s.numPrompt)
 					e.m.PrefixHits += uint64(hits * bs)
+					if s.loadedBlocks > 0 {
+						e.m.LoadedQueries += uint64(s.numPrompt)
+						e.m.LoadedHits += uint64(hits * bs)
+					}
 				}
+				s.loadedBlocks = 0
 			}
 			s.state = stRunning
 			e.running = append(e.running, s)

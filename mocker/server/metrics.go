@@ -53,6 +53,8 @@ func newServerMetrics(s *Server) serverMetrics {
 	})
 	counterFunc("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixQueries) }))
 	counterFunc("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixHits) }))
+	counterFunc("kvrouter_mocker_prefix_cache_loaded_queries", "The part of vllm:prefix_cache_queries due to requests whose KV a decode engine pulled.", sum(func(r *Runner) float64 { return float64(r.Metrics().LoadedQueries) }))
+	counterFunc("kvrouter_mocker_prefix_cache_loaded_hits", "The part of vllm:prefix_cache_hits due to requests whose KV a decode engine pulled: they spared a transfer, not a prefill.", sum(func(r *Runner) float64 { return float64(r.Metrics().LoadedHits) }))
 	counterFunc("vllm:num_preemptions_total", "Requests preempted for lack of KV blocks.", sum(func(r *Runner) float64 { return float64(r.Metrics().Preemptions) }))
 
 	gauge("kvrouter_mocker_kv_transfer_held_blocks", "KV blocks a prefill engine holds for decode engines to pull.", sum(func(r *Runner) float64 { return float64(r.Metrics().HeldBlocks) }))

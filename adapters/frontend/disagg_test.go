@@ -181,8 +181,8 @@ func TestDisaggSpeaksVLLMsProtocol(t *testing.T) {
 					t.Fatalf("no prefill/decode timing split: %v", ext)
 				}
 			}
-			if ext["worker_id"] != float64(2) || ext["prefill_worker_id"] != float64(1) {
-				t.Fatalf("nvext = %v: want worker_id 2, prefill_worker_id 1", ext)
+			if ext["worker_id"] != float64(2) || ext["prefill_worker_id"] != float64(1) || ext["transfer_blocks"] != float64(4) {
+				t.Fatalf("nvext = %v: want worker_id 2, prefill_worker_id 1, the 4 prompt blocks transferred", ext)
 			}
 			if got := e.decisions("remote", "disaggregated"); got != 1 {
 				t.Fatalf("remote prefills counted: %v", got)

@@ -191,6 +191,9 @@ type responseNvext struct {
 	PrefillWorkerID      *uint64 `json:"prefill_worker_id,omitempty"`
 	PrefillDPRank        *uint32 `json:"prefill_dp_rank,omitempty"`
 	PrefillOverlapBlocks *int    `json:"prefill_overlap_blocks,omitempty"`
+	// TransferBlocks are the prompt blocks the decode worker lacked, as the
+	// router's index saw them: what it had to pull.
+	TransferBlocks *int `json:"transfer_blocks,omitempty"`
 	Timing               *timing `json:"timing,omitempty"`
 }
 
@@ -224,6 +227,8 @@ func (e extras) build(d *router.Decision, pd *prefillResult, tokenize, frontend,
 		if pd != nil {
 			pid, prank, pov := pd.decision.Worker.ID, pd.decision.Worker.DPRank, pd.decision.OverlapBlocks
 			out.PrefillWorkerID, out.PrefillDPRank, out.PrefillOverlapBlocks = &pid, &prank, &pov
+			moved := max(0, d.PromptBlocks-d.OverlapBlocks)
+			out.TransferBlocks = &moved
 		}
 	}
 	if e.timing {

@@ -877,6 +877,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		Busy: sc.busy, Now: r.now(),
 		Tokens: p.req.Tokens, Commit: book,
 	}
+	if p.req.Prefill {
+		sreq.Pool = sched.PoolPrefill
+	}
 	choice, err := r.scheduler.Select(&sreq, cands, r.rng)
 	if err != nil {
 		if errors.Is(err, sched.ErrAllBusy) {

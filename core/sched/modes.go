@@ -86,13 +86,19 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 }
 
 // roundRobin cycles over the candidates in the order the caller lists
-// them; a stable order (e.g. sorted by worker) gives a strict cycle. The
-// counter is shared by all goroutines so that concurrent requests still
-// spread.
-type roundRobin struct{ next atomic.Uint64 }
+// them; a stable order (e.g. sorted by worker) gives a strict cycle. Each
+// pool has its own cycle, advanced by bookings only: a query, or a
+// booking in the other pool, would otherwise skip workers of the cycle.
+// The counters are shared by all goroutines so that concurrent requests
+// still spread.
+type roundRobin struct{ next [PoolPrefill + 1]atomic.Uint64 }
 
-func (r *roundRobin) pick(_ *Request, cands []Candidate, _ Rand) (int, error) {
-	return int((r.next.Add(1) - 1) % uint64(len(cands))), nil
+func (r *roundRobin) pick(req *Request, cands []Candidate, _ Rand) (int, error) {
+	next := &r.next[min(max(req.Pool, 0), PoolPrefill)]
+	if !req.Commit {
+		return int(next.Load() % uint64(len(cands))), nil
+	}
+	return int((next.Add(1) - 1) % uint64(len(cands))), nil
 }
 
 type randomPolicy struct{}

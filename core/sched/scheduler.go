@@ -45,7 +45,15 @@ type Request struct {
 	// their own decisions record it. A query-only decision leaves them as
 	// they were.
 	Commit bool
+	// Pool tells apart the candidate sets of one fleet that stateful
+	// policies keep apart (round-robin cycles each on its own): 0 for the
+	// decode-capable workers, PoolPrefill for a disaggregated request's
+	// prefill workers.
+	Pool int
 }
+
+// PoolPrefill is Request.Pool of a disaggregated request's prefill half.
+const PoolPrefill = 1
 
 // Via tells how a Choice was made, for metrics and logs.
 type Via uint8

@@ -193,14 +193,29 @@ func TestParseMode(t *testing.T) {
 func TestRoundRobin(t *testing.T) {
 	s := mustNew(t, ModeRoundRobin, nil)
 	cands := withCosts(1, 1, 1)
-	req := &Request{BlockSize: 16}
-	for i := range 10 {
+	book := &Request{BlockSize: 16, Commit: true}
+	query := &Request{BlockSize: 16}
+	prefill := &Request{BlockSize: 16, Commit: true, Pool: PoolPrefill}
+	pick := func(req *Request) int {
+		t.Helper()
 		c, err := s.Select(req, cands, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Index != i%3 {
-			t.Fatalf("pick %d went to %d, want %d", i, c.Index, i%3)
+		return c.Index
+	}
+	for i := range 10 {
+		// Queries and the other pool's bookings do not move the cycle.
+		if q := pick(query); q != i%3 {
+			t.Fatalf("query before pick %d answered %d, want %d", i, q, i%3)
+		}
+		if i%2 == 0 {
+			if p := pick(prefill); p != (i/2)%3 {
+				t.Fatalf("prefill pick %d went to %d, want %d", i/2, p, (i/2)%3)
+			}
+		}
+		if got := pick(book); got != i%3 {
+			t.Fatalf("pick %d went to %d, want %d", i, got, i%3)
 		}
 	}
 }

@@ -193,8 +193,8 @@ type responseNvext struct {
 	PrefillOverlapBlocks *int    `json:"prefill_overlap_blocks,omitempty"`
 	// TransferBlocks are the prompt blocks the decode worker lacked, as the
 	// router's index saw them: what it had to pull.
-	TransferBlocks *int `json:"transfer_blocks,omitempty"`
-	Timing               *timing `json:"timing,omitempty"`
+	TransferBlocks *int    `json:"transfer_blocks,omitempty"`
+	Timing         *timing `json:"timing,omitempty"`
 }
 
 type timing struct {

@@ -91,7 +91,9 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 // booking in the other pool, would otherwise skip workers of the cycle.
 // The counters are shared by all goroutines so that concurrent requests
 // still spread.
-type roundRobin struct{ next [PoolPrefill + 1]atomic.Uint64 }
+type roundRobin struct {
+	next [PoolPrefill + 1]atomic.Uint64
+}
 
 func (r *roundRobin) pick(req *Request, cands []Candidate, _ Rand) (int, error) {
 	next := &r.next[min(max(req.Pool, 0), PoolPrefill)]

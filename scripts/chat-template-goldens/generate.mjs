@@ -48,13 +48,15 @@ function specialTokens(cfg) {
   return st;
 }
 
-// The same normalisation as adapters/chattemplate: text parts are joined with
-// "\n" into one string, and tool-call arguments that are a JSON object string
+// The same normalisation as adapters/chattemplate: null or missing content is
+// "", text parts are joined with "\n" into one string, and tool-call arguments that are a JSON object string
 // become an object, as vLLM hands them to the template.
 function normalise(messages) {
   return messages.map((m) => {
     const c = { ...m };
-    if (Array.isArray(c.content)) {
+    if (c.content === null || c.content === undefined) {
+      c.content = "";
+    } else if (Array.isArray(c.content)) {
       c.content = c.content.filter((p) => p.type === "text").map((p) => p.text).join("\n");
     }
     if (Array.isArray(c.tool_calls)) {

@@ -3,6 +3,7 @@ module github.com/kvrouter/kvrouter
 go 1.26.8
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2

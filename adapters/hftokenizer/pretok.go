@@ -28,8 +28,8 @@ const (
 	// DeepSeek V3 splits three times: digits, then kana and common CJK
 	// ideographs, then words and punctuation. Its last pattern holds a literal
 	// CR and LF, not the escapes.
-	patternDigits3  = `\p{N}{1,3}`
-	patternDeepSeek = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+	patternDigits3       = `\p{N}{1,3}`
+	patternDeepSeek      = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
 	patternDeepSeekWords = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 )
 

@@ -20,15 +20,16 @@ already caches the most of their prompt, balanced against each engine's load.`,
 // command is built by a newXxxCmd function in its own file (xxx.go).
 func addCommands(root *cobra.Command) {
 	root.AddCommand(
-		newVersionCmd(), // version.go
-		newBenchCmd(),   // bench.go
-		newUpCmd(),      // up.go: simulated engines and the frontend on one machine
-		newServeCmd(),   // serve.go: the OpenAI frontend in front of real engines
-		newAgentCmd(),   // agent.go: puts one engine on the NATS plane
-		newDoctorCmd(),  // doctor.go: checks engines as serve will use them
-		newDemoCmd(),    // demo.go: trace replay through the router over in-process caches
-		newSimCmd(),     // sim.go: the router and engine cores in virtual time
-		newMockerCmd(),  // mocker.go: simulated vLLM engines
+		newVersionCmd(),  // version.go
+		newBenchCmd(),    // bench.go
+		newUpCmd(),       // up.go: simulated engines and the frontend on one machine
+		newServeCmd(),    // serve.go: the OpenAI frontend in front of real engines
+		newAgentCmd(),    // agent.go: puts one engine on the NATS plane
+		newDoctorCmd(),   // doctor.go: checks engines as serve will use them
+		newDemoCmd(),     // demo.go: trace replay through the router over in-process caches
+		newSimCmd(),      // sim.go: the router and engine cores in virtual time
+		newMockerCmd(),   // mocker.go: simulated vLLM engines
+		newTokenizeCmd(), // tokenize.go: token ids of a text, tokenized in process
 	)
 }
 

@@ -40,6 +40,19 @@
 // add_generation_prompt, continue_final_message, add_special_tokens) are
 // passed on to /tokenize. A batch of several prompts is routed by its first.
 //
+// A model given an in-process tokenizer (Config.Tokenizer: its
+// tokenizer.json and the chat template of its tokenizer_config.json) is
+// tokenized by the frontend itself, as vLLM would: completions with special
+// tokens unless add_special_tokens is false, chat messages rendered with
+// add_generation_prompt (default true), tools and chat_template_kwargs,
+// then encoded without special tokens unless add_special_tokens is true. A
+// request naming its own chat_template, asking continue_final_message or
+// passing documents goes to the engine's /tokenize, as does every prompt of
+// a model without a tokenizer. /v1/models says which ("tokenizer":
+// "in-process" or "engine"), and kvrouter_frontend_tokenize_total{model,
+// where} counts each. A prompt the tokenizer or the template refuses
+// (invalid UTF-8, a role the template rejects) is a 400.
+//
 // # Forwarding
 //
 // The body goes to the chosen engine (BaseURL + the same path) byte for
@@ -199,6 +212,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvrouter/kvrouter/adapters/metrics"
+	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/core/router"
 )
 
@@ -276,6 +290,10 @@ type Config struct {
 	// Disagg configures disaggregated prefill/decode serving, in force for
 	// the models that have prefill workers.
 	Disagg Disagg
+	// Tokenizer, optional, returns the in-process tokenizer of a model, or
+	// nil: that model's text and chat prompts are then tokenized by an
+	// engine's /tokenize.
+	Tokenizer func(model string) *modeltok.Model
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.

@@ -26,6 +26,7 @@ type frontendMetrics struct {
 	routing      *prometheus.HistogramVec
 	migrations   *prometheus.CounterVec
 	rejected     prometheus.Counter
+	tokenized    *prometheus.CounterVec
 }
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
@@ -60,6 +61,10 @@ func newFrontendMetrics() *frontendMetrics {
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "model_migration_total",
 			Help: "Requests moved to another engine: new_request when the engine failed before answering, ongoing_request when its stream broke and was continued elsewhere.",
 		}, []string{"model", "migration_type"}),
+		tokenized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "tokenize_total",
+			Help: "Text and chat prompts tokenized, by where: in_process (the model's own tokenizer) or engine (its /tokenize).",
+		}, []string{"model", "where"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "rejected_requests_total",
 			Help: "Requests answered 503 because the router was serving its maximum of concurrent requests.",
@@ -68,5 +73,5 @@ func newFrontendMetrics() *frontendMetrics {
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected, m.tokenized}
 }

@@ -250,10 +250,16 @@ func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
+		// Tokenizer says who tokenizes the model's text and chat prompts.
+		Tokenizer string `json:"tokenizer"`
 	}
 	data := make([]model, len(names))
 	for i, n := range names {
-		data[i] = model{ID: n, Object: "model", Created: f.created, OwnedBy: "kvrouter"}
+		where := "engine"
+		if f.cfg.Tokenizer != nil && f.cfg.Tokenizer(n) != nil {
+			where = "in-process"
+		}
+		data[i] = model{ID: n, Object: "model", Created: f.created, OwnedBy: "kvrouter", Tokenizer: where}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

@@ -10,6 +10,8 @@ import (
 	"math"
 	"net/http"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/adapters/chattemplate"
 )
 
 // promptKind says where a request's prompt is.
@@ -122,11 +124,16 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 	if kind == kindAny && present(top["tokens"]) {
 		return tokenIDs(top["tokens"], "tokens")
 	}
+	chat := kind == kindChat || (kind == kindAny && present(top["messages"]))
+	if ids, herr, done := f.tokenizeInProcess(top, chat, model); done {
+		return ids, herr
+	}
+	f.m.tokenized.WithLabelValues(model, "engine").Inc()
 	var modelJSON []byte
 	if model != "" {
 		modelJSON = top["model"]
 	}
-	if kind == kindChat || (kind == kindAny && present(top["messages"])) {
+	if chat {
 		kvs := [][]byte{[]byte("model"), modelJSON, []byte("messages"), top["messages"]}
 		if !present(top["add_generation_prompt"]) {
 			kvs = append(kvs, []byte("add_generation_prompt"), []byte("true"))
@@ -147,6 +154,75 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 		special = top["add_special_tokens"]
 	}
 	return f.tokenize(ctx, serving, objectOf([]byte("model"), modelJSON, []byte("prompt"), text, []byte("add_special_tokens"), special))
+}
+
+// tokenizeInProcess tokenizes the prompt with the model's own tokenizer
+// when it has one and the request needs nothing only an engine does; done
+// is false when the engine's /tokenize must answer.
+func (f *Frontend) tokenizeInProcess(top map[string]json.RawMessage, chat bool, model string) (ids []uint32, herr *httpError, done bool) {
+	if f.cfg.Tokenizer == nil {
+		return nil, nil, false
+	}
+	m := f.cfg.Tokenizer(model)
+	if m == nil {
+		return nil, nil, false
+	}
+	flag := func(key string, def bool) (bool, *httpError) {
+		if !present(top[key]) {
+			return def, nil
+		}
+		var v bool
+		if json.Unmarshal(top[key], &v) != nil {
+			return false, badRequest("invalid_"+key, key, "%s must be a boolean", key)
+		}
+		return v, nil
+	}
+	if chat {
+		if !m.HasChatTemplate() || present(top["chat_template"]) || present(top["continue_final_message"]) || present(top["documents"]) {
+			return nil, nil, false
+		}
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(top["messages"], &msgs); err != nil {
+			return nil, badRequest("invalid_messages", "messages", "messages must be a list of messages"), true
+		}
+		opts := chattemplate.Options{Tools: top["tools"]}
+		if opts.AddGenerationPrompt, herr = flag("add_generation_prompt", true); herr != nil {
+			return nil, herr, true
+		}
+		if present(top["chat_template_kwargs"]) {
+			if err := json.Unmarshal(top["chat_template_kwargs"], &opts.Kwargs); err != nil {
+				return nil, badRequest("invalid_chat_template_kwargs", "chat_template_kwargs", "chat_template_kwargs must be an object"), true
+			}
+		}
+		special, herr := flag("add_special_tokens", false)
+		if herr != nil {
+			return nil, herr, true
+		}
+		ids, _, err := m.EncodeChat(msgs, opts, special)
+		if err != nil {
+			return nil, badRequest("invalid_messages", "messages", "the chat template of %s: %v", model, err), true
+		}
+		f.m.tokenized.WithLabelValues(model, "in_process").Inc()
+		return ids, nil, true
+	}
+	ids, text, herr := completionPrompt(top["prompt"])
+	if herr != nil || text == nil {
+		return ids, herr, true
+	}
+	var s string
+	if err := json.Unmarshal(text, &s); err != nil {
+		return nil, badRequest("invalid_prompt", "prompt", "prompt is not a valid JSON string"), true
+	}
+	special, herr := flag("add_special_tokens", true)
+	if herr != nil {
+		return nil, herr, true
+	}
+	ids, err := m.EncodeText(s, special)
+	if err != nil {
+		return nil, badRequest("invalid_prompt", "prompt", "tokenizing the prompt: %v", err), true
+	}
+	f.m.tokenized.WithLabelValues(model, "in_process").Inc()
+	return ids, nil, true
 }
 
 // tokenize asks the engines serving the model, one after the other from a

@@ -25,6 +25,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
 		df         disaggFlags
+		tf         tokenizerFlags
 		lf         limitFlags
 		hard       hardeningFlags
 		pf         planeFlags
@@ -96,6 +97,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
+			tokenizers, err := tf.load(workers)
+			if err != nil {
+				return err
+			}
 			shutdownTimeout, err := hf.timeout()
 			if err != nil {
 				return err
@@ -114,7 +119,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
 			if err != nil {
 				return err
 			}
@@ -135,13 +140,14 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	df.register(fs)
+	tf.register(fs)
 	lf.register(fs)
 	hard.register(fs)
 	pf.register(fs, true, 4222)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
-	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M,role=prefill|decode|both (repeatable)")
+	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M,role=prefill|decode|both,tokenizer=PATH (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
 	registerDynamoAliases(fs)
@@ -231,6 +237,8 @@ func parseWorker(spec string) (serve.WorkerSpec, error) {
 		case "role":
 			w.Role = v
 			_, err = router.ParseRole(v)
+		case "tokenizer":
+			w.Tokenizer = v
 		default:
 			return w, fmt.Errorf("--worker %q: unknown key %q", spec, k)
 		}

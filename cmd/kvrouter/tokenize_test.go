@@ -1,9 +1,16 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/adapters/chattemplate"
+	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/internal/serve"
 )
 
 func TestTokenizeCommand(t *testing.T) {
@@ -22,5 +29,61 @@ func TestTokenizeCommand(t *testing.T) {
 	}
 	if _, err := runCmd(t, "tokenize", "--tokenizer", t.TempDir(), "--text", "x"); err == nil {
 		t.Error("a directory without tokenizer.json is accepted")
+	}
+}
+
+func TestTokenizeMessages(t *testing.T) {
+	dir := filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "llama3_1")
+	msgs := `[{"role":"system","content":"Be brief."},{"role":"user","content":"What is KV caching?"}]`
+	file := filepath.Join(t.TempDir(), "messages.json")
+	if err := os.WriteFile(file, []byte(msgs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCmd(t, "tokenize", "--tokenizer", dir, "--messages", file, "--add-generation-prompt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Text string   `json:"text"`
+		IDs  []uint32 `json:"ids"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	m, err := modeltok.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []json.RawMessage
+	_ = json.Unmarshal([]byte(msgs), &raw)
+	wantIDs, wantText, err := m.EncodeChat(raw, chattemplate.Options{AddGenerationPrompt: true}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Text != wantText || !slices.Equal(got.IDs, wantIDs) || !strings.HasSuffix(got.Text, "<|start_header_id|>assistant<|end_header_id|>\n\n") {
+		t.Fatalf("got %q %v\nwant %q %v", got.Text, got.IDs, wantText, wantIDs)
+	}
+	if got.IDs[0] != 128000 || got.IDs[1] == 128000 {
+		t.Fatalf("the template writes BOS once: %v", got.IDs[:3])
+	}
+	if _, err := runCmd(t, "tokenize", "--tokenizer", dir); err == nil {
+		t.Error("neither --text nor --messages was accepted")
+	}
+}
+
+func TestTokenizerFlags(t *testing.T) {
+	dir := filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "llama3_1")
+	f := tokenizerFlags{specs: []string{dir, "qwen=" + filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "qwen3")}}
+	got, err := f.load([]serve.WorkerSpec{{Model: "ds", Tokenizer: filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "deepseek_v3")}})
+	if err != nil || got[""] == nil || got["qwen"] == nil || got["ds"] == nil || got[""] == got["qwen"] {
+		t.Fatalf("%v %v", got, err)
+	}
+	bad := tokenizerFlags{specs: []string{"m=/nonexistent/tokenizer.json"}}
+	if _, err := bad.load(nil); err == nil || !strings.Contains(err.Error(), "/nonexistent/tokenizer.json") {
+		t.Fatalf("a missing tokenizer: %v (want an error naming the file)", err)
+	}
+	twice := tokenizerFlags{specs: []string{"m=" + dir}}
+	if _, err := twice.load([]serve.WorkerSpec{{Model: "m", Tokenizer: "/elsewhere"}}); err == nil {
+		t.Fatal("two tokenizers for one model accepted")
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/frontend"
+	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -51,6 +52,9 @@ type WorkerSpec struct {
 	// Role is prefill, decode or both (aggregated, the default): a model
 	// with prefill and decode-capable engines is served disaggregated.
 	Role string `json:"role,omitempty"`
+	// Tokenizer is the model's Hugging Face tokenizer (directory or
+	// tokenizer.json), for tokenizing its prompts in process.
+	Tokenizer string `json:"tokenizer,omitempty"`
 }
 
 // Config is the frontend's configuration.
@@ -86,6 +90,10 @@ type Config struct {
 	Access Access
 	// Disagg configures disaggregated prefill/decode serving.
 	Disagg frontend.Disagg
+	// Tokenizers are the in-process tokenizers by model; the one under ""
+	// serves every model without its own. A model without one is
+	// tokenized by its engines' /tokenize.
+	Tokenizers map[string]*modeltok.Model
 }
 
 // Server is a running frontend.
@@ -189,6 +197,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
+		Tokenizer: tokenizerOf(cfg.Tokenizers),
 	})
 	if err != nil {
 		return nil, err
@@ -246,6 +255,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}()
 	}
 	return s, nil
+}
+
+// tokenizerOf looks a model's tokenizer up, falling back on the one for
+// every model.
+func tokenizerOf(byModel map[string]*modeltok.Model) func(string) *modeltok.Model {
+	if len(byModel) == 0 {
+		return nil
+	}
+	return func(model string) *modeltok.Model {
+		if m, ok := byModel[model]; ok {
+			return m
+		}
+		return byModel[""]
+	}
 }
 
 // Addr is the address the frontend listens on.

@@ -1,0 +1,105 @@
+// Package modeltok puts a model's tokenizer and chat template together:
+// what the frontend needs to turn a request's text or messages into the
+// token ids its engines will compute, without asking an engine.
+package modeltok
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kvrouter/kvrouter/adapters/chattemplate"
+	"github.com/kvrouter/kvrouter/adapters/hftokenizer"
+)
+
+// ErrNoChatTemplate: the model's tokenizer_config.json has no chat
+// template, so its chat prompts are rendered by an engine.
+var ErrNoChatTemplate = errors.New("modeltok: the tokenizer has no chat template")
+
+// Model tokenizes one model's prompts. Safe for concurrent use.
+type Model struct {
+	Path string
+	tok  *hftokenizer.Tokenizer
+	chat *chattemplate.Template // nil without a chat template
+}
+
+// Load reads a Hugging Face tokenizer from path, a model directory or its
+// tokenizer.json (.gz copies are read too), and the chat template of the
+// tokenizer_config.json beside it, if it has one.
+func Load(path string) (*Model, error) {
+	tok, err := hftokenizer.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer %s: %w", path, err)
+	}
+	m := &Model{Path: path, tok: tok}
+	dir := path
+	if st, err := os.Stat(path); err != nil || !st.IsDir() {
+		dir = filepath.Dir(path)
+	}
+	cfg, err := readMaybeGz(filepath.Join(dir, "tokenizer_config.json"))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return m, nil
+	case err != nil:
+		return nil, fmt.Errorf("tokenizer %s: %w", path, err)
+	}
+	var probe struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+	}
+	if err := json.Unmarshal(cfg, &probe); err != nil {
+		return nil, fmt.Errorf("tokenizer %s: tokenizer_config.json: %w", path, err)
+	}
+	if len(probe.ChatTemplate) == 0 || string(probe.ChatTemplate) == "null" {
+		return m, nil
+	}
+	if m.chat, err = chattemplate.Parse(cfg); err != nil {
+		return nil, fmt.Errorf("tokenizer %s: chat template: %w", path, err)
+	}
+	return m, nil
+}
+
+// HasChatTemplate reports whether EncodeChat can render messages.
+func (m *Model) HasChatTemplate() bool { return m.chat != nil }
+
+// EncodeText is a completion prompt's ids; engines add special tokens
+// (BOS) to completions unless the request says otherwise.
+func (m *Model) EncodeText(text string, addSpecialTokens bool) ([]uint32, error) {
+	return m.tok.Encode(text, addSpecialTokens)
+}
+
+// EncodeChat renders messages with the chat template and encodes the
+// text. Engines add no special tokens to a chat prompt by default: the
+// template writes them.
+func (m *Model) EncodeChat(messages []json.RawMessage, opts chattemplate.Options, addSpecialTokens bool) ([]uint32, string, error) {
+	if m.chat == nil {
+		return nil, "", ErrNoChatTemplate
+	}
+	text, err := m.chat.Render(messages, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	ids, err := m.tok.Encode(text, addSpecialTokens)
+	return ids, text, err
+}
+
+func readMaybeGz(name string) ([]byte, error) {
+	data, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		name += ".gz"
+		data, err = os.ReadFile(name)
+	}
+	if err != nil || !strings.HasSuffix(name, ".gz") {
+		return data, err
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return io.ReadAll(zr)
+}

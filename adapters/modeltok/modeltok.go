@@ -88,6 +88,16 @@ func (m *Model) EncodeChat(messages []json.RawMessage, opts chattemplate.Options
 	return ids, text, err
 }
 
+// RenderChat renders messages with the chat template, for timing it apart
+// from the encode.
+func (m *Model) RenderChat(messages []json.RawMessage, opts chattemplate.Options) error {
+	if m.chat == nil {
+		return ErrNoChatTemplate
+	}
+	_, err := m.chat.Render(messages, opts)
+	return err
+}
+
 func readMaybeGz(name string) ([]byte, error) {
 	data, err := os.ReadFile(name)
 	if errors.Is(err, os.ErrNotExist) {

@@ -47,5 +47,6 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchChaosCmd(),     // bench_chaos.go
 		newBenchSimCmd(),       // bench_sim.go
 		newBenchCalibrateCmd(), // bench_calibrate.go
+		newBenchTokenizeCmd(),  // bench_tokenize.go
 	)
 }

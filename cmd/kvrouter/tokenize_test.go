@@ -87,3 +87,20 @@ func TestTokenizerFlags(t *testing.T) {
 		t.Fatal("two tokenizers for one model accepted")
 	}
 }
+
+func TestBenchTokenize(t *testing.T) {
+	dir := filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "llama3_1")
+	out, err := runCmd(t, "bench", "tokenize", "--tokenizer", "llama="+dir, "--paragraphs", "3", "--iterations", "3", "--messages", "4", "--json", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []struct {
+		Tokenizer    string          `json:"tokenizer"`
+		Tokens       int             `json:"tokens"`
+		TokensPerS   float64         `json:"tokens_per_s"`
+		ChatRenderUS json.RawMessage `json:"chat_render_us"`
+	}
+	if err := json.Unmarshal([]byte(out), &rs); err != nil || len(rs) != 1 || rs[0].Tokenizer != "llama" || rs[0].Tokens < 100 || rs[0].TokensPerS <= 0 || len(rs[0].ChatRenderUS) == 0 {
+		t.Fatalf("%v: %s", err, out)
+	}
+}

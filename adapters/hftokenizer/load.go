@@ -163,6 +163,7 @@ func New(tokenizerJSON, configJSONData []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.loadAddedTokens(f.AddedTokens)
+	t.loadPieces(f.Model.Vocab, f.AddedTokens)
 	var err error
 	if t.normalize, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err

@@ -2,7 +2,8 @@
 // tokenizer.json does, so the frontend can tokenize prompts in process
 // instead of asking an engine's /tokenize. It covers byte-level BPE
 // tokenizers (Llama 3, Qwen, DeepSeek V3, gpt-oss); Load rejects what it
-// cannot reproduce exactly rather than approximating it.
+// cannot reproduce exactly rather than approximating it. Decode turns ids
+// back into text, for the simulated engine's generated tokens.
 package hftokenizer
 
 import (
@@ -21,7 +22,7 @@ import (
 // as decoders do would silently change the prompt the engine sees.
 var ErrInvalidUTF8 = errors.New("hftokenizer: text is not valid UTF-8")
 
-// Tokenizer encodes text; it is safe for concurrent use.
+// Tokenizer encodes text and decodes ids; it is safe for concurrent use.
 type Tokenizer struct {
 	vocab        map[string]uint32 // raw bytes -> id
 	byteIDs      [256]uint32
@@ -37,6 +38,9 @@ type Tokenizer struct {
 
 	hasTemplate    bool
 	prefix, suffix []uint32 // added around the text when special tokens are
+
+	pieces []string    // id -> the bytes it decodes to
+	kinds  []pieceKind // id -> what pieces[id] is
 
 	cache wordCache
 }

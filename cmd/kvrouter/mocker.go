@@ -48,6 +48,15 @@ each step with a model of an H100 (prefill: quadratic in new tokens; decode:
 in KV usage), divided by --speedup-ratio. Generated tokens are deterministic;
 their text comes from the mocker's own tokenizer (see mocker/tokenizer).
 
+With --tokenizer the engines tokenize with a model's Hugging Face tokenizer
+instead, as vLLM serving that model does: completion prompts with its special
+tokens (add_special_tokens, default true), chat requests through the chat
+template of the tokenizer_config.json beside tokenizer.json
+(add_generation_prompt, tools and chat_template_kwargs honoured) without
+them, and /tokenize alike, so the KV blocks hash the ids a router tokenizing
+with the same files computes. Generated tokens are then ordinary tokens of
+that vocabulary, each valid UTF-8 on its own.
+
 With --nats-url (or NATS_SERVER) every engine also joins a kvrouter NATS
 plane, as if a "kvrouter agent" ran next to it: routers started with
 "kvrouter serve --nats-url ..." discover the engines and follow their events.
@@ -142,6 +151,7 @@ as before, whatever the role.`,
 	fl.IntVar(&cfg.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
 	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
+	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer (directory holding tokenizer.json and tokenizer_config.json, or the tokenizer.json file; .gz accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer")
 	fl.IntVar(&cfg.Server.MaxModelLen, "max-model-len", cfg.Server.MaxModelLen, "longest prompt + completion accepted, in tokens")
 	fl.StringVar(&cfg.Host, "host", cfg.Host, "address to bind")
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")

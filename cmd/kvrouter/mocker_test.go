@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
 func TestMockerRoles(t *testing.T) {
 	ports := []string{"--http-port", "0", "--kv-events-port", "0", "--kv-events-replay-port", "0"}
+	broken := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(broken, []byte(`{"model": {"type": "Unigram"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -20,6 +26,9 @@ func TestMockerRoles(t *testing.T) {
 		{"default", nil, "ENGINE    RANK", false},
 		{"unknown role", []string{"--role", "encode"}, "role must be prefill, decode or both", true},
 		{"roles and engines differ", []string{"--role", "prefill,decode,decode", "--num-workers", "2"}, "3 roles for 2 engines", true},
+		{"real tokenizer", []string{"--tokenizer", "../../adapters/hftokenizer/testdata/qwen3"}, "ENGINE    RANK", false},
+		{"tokenizer missing", []string{"--tokenizer", "/nonexistent/tokenizer.json"}, "/nonexistent/tokenizer.json", true},
+		{"tokenizer that does not load", []string{"--tokenizer", broken}, broken, true},
 		{"negative bandwidth", []string{"--role", "decode", "--kv-transfer-bandwidth", "-1"}, "bandwidth must be positive", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

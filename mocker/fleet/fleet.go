@@ -39,6 +39,11 @@ type Config struct {
 	// link (--kv-transfer-bandwidth, --kv-bytes-per-token,
 	// --kv-transfer-timeout).
 	Server server.Config
+	// Tokenizer is the path of a Hugging Face tokenizer (a directory
+	// holding tokenizer.json, or that file) every engine tokenizes with
+	// (--tokenizer); Start loads it once into Server.Tokenizer. Empty keeps
+	// Server.Tokenizer, by default the mocker's own tokenizer.
+	Tokenizer string
 	// Roles sets engine i's role to Roles[i], so that one fleet can hold
 	// both the prefill and the decode engines of a disaggregated pair;
 	// engines past its end take Server.Role.
@@ -144,6 +149,13 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	}
 	if err := cfg.Server.KVTransfer.Validate(); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	if cfg.Tokenizer != "" {
+		tok, err := server.LoadTokenizer(cfg.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		cfg.Server.Tokenizer = tok
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{cancel: cancel}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/hftokenizer"
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -432,5 +433,52 @@ func postJSON(t *testing.T, url string, body, v any) {
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		t.Fatalf("%s: %v: %s", url, err, raw)
+	}
+}
+
+// TestTokenizerStoresTheRealIDs starts a fleet with Config.Tokenizer: the
+// KV events of a text prompt carry the ids the tokenizer computes.
+func TestTokenizerStoresTheRealIDs(t *testing.T) {
+	const dir = "../../adapters/hftokenizer/testdata/llama3_1"
+	cfg := DefaultConfig()
+	cfg.SpeedupRatio, cfg.Tokenizer = 100, dir
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	tok, err := hftokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Repeat("Blocks hash the ids the router computes. ", 10)
+	want, _ := tok.Encode(text, true)
+	b, _ := json.Marshal(map[string]any{"prompt": text, "max_tokens": 1})
+	resp, err := http.Post(f.Engines()[0].HTTPURL+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	// The response comes after the step that stored the prompt's blocks.
+	var stored []uint32
+	for _, batch := range replayAll(t, f.Engines()[0].Ranks[0]) {
+		for _, ev := range batch.Events {
+			if st, ok := ev.(*vllmevents.BlockStored); ok {
+				stored = append(stored, st.TokenIDs...)
+			}
+		}
+	}
+	full := len(want) / cfg.Engine.BlockSize * cfg.Engine.BlockSize
+	if len(stored) < full || !slices.Equal(stored[:full], want[:full]) {
+		t.Fatalf("stored blocks hold %v, want the prompt's full blocks %v", stored, want[:full])
+	}
+	cfg.Tokenizer = "/nonexistent/tokenizer.json"
+	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), cfg.Tokenizer) {
+		t.Fatalf("a missing tokenizer: error %v, want one naming it", err)
 	}
 }

@@ -45,6 +45,10 @@ type Config struct {
 	// KVTransfer models the link a decode engine pulls KV blocks over;
 	// zero fields take DefaultKVTransferConfig's.
 	KVTransfer KVTransferConfig
+	// Tokenizer, when set, tokenizes prompts and spells generated tokens
+	// with a model's real tokenizer and chat template instead of the
+	// mocker's own (mocker/tokenizer).
+	Tokenizer *Tokenizer
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
@@ -57,6 +61,7 @@ func DefaultConfig() Config {
 // data-parallel rank.
 type Server struct {
 	cfg     Config
+	codec   codec
 	ranks   []*Runner
 	nextID  atomic.Uint64
 	created int64
@@ -83,7 +88,11 @@ func New(cfg Config, ranks []*Runner) *Server {
 	cfg.KVTransfer.Bandwidth = cmp.Or(cfg.KVTransfer.Bandwidth, def.Bandwidth)
 	cfg.KVTransfer.BytesPerToken = cmp.Or(cfg.KVTransfer.BytesPerToken, def.BytesPerToken)
 	cfg.KVTransfer.Timeout = cmp.Or(cfg.KVTransfer.Timeout, def.Timeout)
-	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry(), pullClient: &http.Client{Timeout: 30 * time.Second}}
+	var c codec = fakeCodec{}
+	if cfg.Tokenizer != nil {
+		c = cfg.Tokenizer
+	}
+	s := &Server{cfg: cfg, codec: c, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry(), pullClient: &http.Client{Timeout: 30 * time.Second}}
 	s.m = newServerMetrics(s)
 	return s
 }
@@ -200,39 +209,41 @@ type commonParams struct {
 
 type completionRequest struct {
 	commonParams
-	Prompt json.RawMessage `json:"prompt"`
+	Prompt           json.RawMessage `json:"prompt"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"`
 }
 
 // promptTokens reads an OpenAI prompt: a string, a list of token ids, or a
 // one-element list of either.
-func promptTokens(raw json.RawMessage) ([]uint32, error) {
+func (s *Server) promptTokens(raw json.RawMessage, addSpecialTokens *bool) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errors.New("prompt is required")
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		return tokenizer.Encode(text), nil
+		return s.codec.encodeText(text, addSpecialTokens)
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
-		return checkIDs(ids)
+		return s.checkIDs(ids)
 	}
 	var texts []string
 	if json.Unmarshal(raw, &texts) == nil && len(texts) == 1 {
-		return tokenizer.Encode(texts[0]), nil
+		return s.codec.encodeText(texts[0], addSpecialTokens)
 	}
 	var lists [][]int64
 	if json.Unmarshal(raw, &lists) == nil && len(lists) == 1 {
-		return checkIDs(lists[0])
+		return s.checkIDs(lists[0])
 	}
 	return nil, errors.New("prompt must be a string, a list of token ids, or a list holding one of them (batched prompts are not supported)")
 }
 
-func checkIDs(ids []int64) ([]uint32, error) {
+func (s *Server) checkIDs(ids []int64) ([]uint32, error) {
+	n := int64(s.codec.vocabSize())
 	out := make([]uint32, len(ids))
 	for i, id := range ids {
-		if id < 0 || id >= tokenizer.VocabSize {
-			return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary [0, %d)", id, i, tokenizer.VocabSize)
+		if id < 0 || id >= n {
+			return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary [0, %d)", id, i, n)
 		}
 		out[i] = uint32(id)
 	}
@@ -300,7 +311,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.checkModel(w, req.Model) {
 		return
 	}
-	prompt, err := promptTokens(req.Prompt)
+	prompt, err := s.promptTokens(req.Prompt, req.AddSpecialTokens)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
@@ -315,17 +326,43 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-type chatRequest struct {
-	commonParams
-	Messages []chatMessage `json:"messages"`
+// chatParams are the fields of vLLM's chat requests (completions and
+// /tokenize) that shape the prompt.
+type chatParams struct {
+	Messages            []json.RawMessage `json:"messages"`
+	AddGenerationPrompt *bool             `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool             `json:"add_special_tokens"`
+	Tools               json.RawMessage   `json:"tools"`
+	ChatTemplateKwargs  map[string]any    `json:"chat_template_kwargs"`
 }
 
-func messagesText(msgs []chatMessage) ([]tokenizer.Message, error) {
-	if len(msgs) == 0 {
+// chatTokens tokenizes a chat prompt; add_generation_prompt defaults to
+// true, as in vLLM.
+func (s *Server) chatTokens(p *chatParams) ([]uint32, error) {
+	return s.codec.encodeChat(chatInput{
+		messages:            p.Messages,
+		addGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt,
+		addSpecialTokens:    p.AddSpecialTokens,
+		tools:               p.Tools,
+		kwargs:              p.ChatTemplateKwargs,
+	})
+}
+
+type chatRequest struct {
+	commonParams
+	chatParams
+}
+
+func messagesText(raw []json.RawMessage) ([]tokenizer.Message, error) {
+	if len(raw) == 0 {
 		return nil, errors.New("messages must not be empty")
 	}
-	out := make([]tokenizer.Message, len(msgs))
-	for i, m := range msgs {
+	out := make([]tokenizer.Message, len(raw))
+	for i, r := range raw {
+		var m chatMessage
+		if err := json.Unmarshal(r, &m); err != nil {
+			return nil, errors.New(jsonerr.Describe(err, &m, fmt.Sprintf("messages[%d]", i)))
+		}
 		if m.Role == "" {
 			return nil, fmt.Errorf("messages[%d].role is required", i)
 		}
@@ -362,12 +399,12 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !s.checkModel(w, req.Model) {
 		return
 	}
-	msgs, err := messagesText(req.Messages)
+	prompt, err := s.chatTokens(&req.chatParams)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
-	if j, ok := s.validate(w, &req.commonParams, tokenizer.ApplyChatTemplate(msgs, true)); ok {
+	if j, ok := s.validate(w, &req.commonParams, prompt); ok {
 		j.chat = true
 		s.serve(w, r, j)
 	}
@@ -449,7 +486,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 				u.PromptTokensDetails.CachedTokens = o.CachedTokens
 			}
 			u.CompletionTokens++
-			word := tokenizer.Word(o.Token)
+			word := s.codec.word(o.Token)
 			if j.stream {
 				if err := out.chunk(word, o.Finished); err != nil {
 					runner.Abort(id)
@@ -559,7 +596,7 @@ func (o *responder) chunk(text string, last bool) error {
 	default:
 		b = append(b, `"text":`...)
 	}
-	b = strconv.AppendQuote(b, text) // token words are printable ASCII: Go and JSON quote them alike
+	b = appendJSONString(b, text)
 	if o.j.chat {
 		b = append(b, '}')
 	}
@@ -618,10 +655,9 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 }
 
 type tokenizeRequest struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []chatMessage   `json:"messages"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	Model  string          `json:"model"`
+	Prompt json.RawMessage `json:"prompt"`
+	chatParams
 }
 
 // tokenize answers as vLLM's /tokenize: a prompt, or chat messages with
@@ -632,20 +668,15 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var ids []uint32
-	switch {
-	case req.Messages != nil:
-		msgs, err := messagesText(req.Messages)
-		if err != nil {
-			badRequest(w, "%v", err)
-			return
-		}
-		ids = tokenizer.ApplyChatTemplate(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
-	default:
-		var err error
-		if ids, err = promptTokens(req.Prompt); err != nil {
-			badRequest(w, "%v", err)
-			return
-		}
+	var err error
+	if req.Messages != nil {
+		ids, err = s.chatTokens(&req.chatParams)
+	} else {
+		ids, err = s.promptTokens(req.Prompt, req.AddSpecialTokens)
+	}
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})

@@ -29,6 +29,13 @@ func start(t *testing.T, blocks int, speedup float64) (*httptest.Server, *Runner
 
 func startClocked(t *testing.T, blocks int, speedup float64, clock Clock) (*httptest.Server, *Runner) {
 	t.Helper()
+	cfg := DefaultConfig()
+	cfg.MaxModelLen = 1 << 20
+	return startConfig(t, blocks, speedup, clock, cfg)
+}
+
+func startConfig(t *testing.T, blocks int, speedup float64, clock Clock, cfg Config) (*httptest.Server, *Runner) {
+	t.Helper()
 	ecfg := engine.DefaultConfig()
 	ecfg.NumGPUBlocks = blocks
 	eng, err := engine.New(ecfg)
@@ -39,8 +46,6 @@ func startClocked(t *testing.T, blocks int, speedup float64, clock Clock) (*http
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = runner.Run(ctx); close(done) }()
-	cfg := DefaultConfig()
-	cfg.MaxModelLen = 1 << 20
 	srv := httptest.NewServer(New(cfg, []*Runner{runner}).Handler())
 	t.Cleanup(func() {
 		srv.Close()

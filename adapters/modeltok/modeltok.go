@@ -64,6 +64,9 @@ func Load(path string) (*Model, error) {
 	return m, nil
 }
 
+// Tokenizer is the model's tokenizer itself, for its vocabulary.
+func (m *Model) Tokenizer() *hftokenizer.Tokenizer { return m.tok }
+
 // HasChatTemplate reports whether EncodeChat can render messages.
 func (m *Model) HasChatTemplate() bool { return m.chat != nil }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 	"github.com/kvrouter/kvrouter/mocker/server"
@@ -98,6 +99,16 @@ flags.`,
 			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers")); err != nil {
 				return err
 			}
+			// Engines and router tokenize with the same files, so the router
+			// hashes the ids the engines cache.
+			var tokenizers map[string]*modeltok.Model
+			if mock.Tokenizer != "" {
+				m, err := modeltok.Load(mock.Tokenizer)
+				if err != nil {
+					return err
+				}
+				tokenizers = map[string]*modeltok.Model{"": m}
+			}
 			// The router and the engines it starts share one block size,
 			// given by either name.
 			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
@@ -136,7 +147,7 @@ flags.`,
 				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
 			if err != nil {
 				return err
 			}
@@ -194,6 +205,7 @@ flags.`,
 	fs.IntVar(&mock.Engine.MaxNumSeqs, "max-num-seqs", mock.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fs.StringVar(&mock.Server.Model, "model-name", mock.Server.Model, "model the engines serve")
+	fs.StringVar(&mock.Tokenizer, "tokenizer", "", "a Hugging Face tokenizer (model directory or tokenizer.json) for the engines and the router alike: prompts are tokenized in process with a real vocabulary and chat template")
 	fs.BoolVar(&verbose, "verbose", false, "log engines joining and leaving")
 	registerZMQMaxMessageBytes(fs, &mock.ZMQMaxMessageBytes)
 	registerDynamoAliases(fs)

@@ -75,3 +75,53 @@ func TestUpRefusesHalfADisaggregatedFleet(t *testing.T) {
 		}
 	}
 }
+
+// up --tokenizer gives the engines and the router one real tokenizer: the
+// router tokenizes in process, and the blocks it hashes are those the
+// engine caches, so a repeated conversation finds its prefix.
+func TestUpWithARealTokenizer(t *testing.T) {
+	t.Setenv("NATS_SERVER", "")
+	out, stop := startCmd(t, "up", "--http-port", "0", "--workers", "2", "--speedup-ratio", "50",
+		"--tokenizer", "../../adapters/hftokenizer/testdata/llama3_1")
+	serving := regexp.MustCompile(`requests to (http://\S+) `)
+	testwait.Until(t, 20*time.Second, "up to serve", func() bool { return serving.MatchString(out.String()) })
+	url := serving.FindStringSubmatch(out.String())[1]
+	body, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "max_tokens": 2,
+		"messages": []map[string]string{{"role": "user", "content": strings.Repeat("Explain prefix caching in one line. ", 12)}},
+		"nvext":    map[string]any{"extra_fields": []string{"worker_id"}}})
+	var overlap int
+	testwait.Until(t, 10*time.Second, "the repeated conversation to find its cached prefix", func() bool {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var answer struct {
+			Nvext struct {
+				OverlapBlocks int `json:"overlap_blocks"`
+			} `json:"nvext"`
+		}
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&answer) != nil {
+			return false
+		}
+		overlap = answer.Nvext.OverlapBlocks
+		return overlap > 0
+	})
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []struct {
+			Tokenizer string `json:"tokenizer"`
+		} `json:"data"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&models)
+	resp.Body.Close()
+	if len(models.Data) != 1 || models.Data[0].Tokenizer != "in-process" {
+		t.Fatalf("/v1/models: %+v", models)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,19 +1,14 @@
 package server
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/adapters/chattemplate"
-	"github.com/kvrouter/kvrouter/adapters/hftokenizer"
+	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/mocker/tokenizer"
 )
 
@@ -62,10 +57,10 @@ func (fakeCodec) word(id uint32) string { return tokenizer.Word(id) }
 
 // Tokenizer is a model's Hugging Face tokenizer and chat template, so that
 // the engine caches the token ids a router tokenizing with the same files
-// computes. It is safe for concurrent use; one can serve many engines.
+// (adapters/modeltok, the same code) computes. It is safe for concurrent
+// use; one can serve many engines.
 type Tokenizer struct {
-	tok      *hftokenizer.Tokenizer
-	template *chattemplate.Template // nil: tokenizer_config.json has no chat_template
+	m *modeltok.Model
 	// gen are the ids generated tokens are drawn from: not special, and
 	// valid UTF-8 on their own, so each streamed token is text by itself.
 	gen []uint32
@@ -75,34 +70,12 @@ type Tokenizer struct {
 // tokenizer.json or that file itself (see hftokenizer.Load), and the chat
 // template of the tokenizer_config.json beside it, if it has one.
 func LoadTokenizer(path string) (*Tokenizer, error) {
-	tok, err := hftokenizer.Load(path)
+	m, err := modeltok.Load(path)
 	if err != nil {
-		return nil, fmt.Errorf("tokenizer %s: %w", path, err)
+		return nil, err
 	}
-	t := &Tokenizer{tok: tok}
-	dir := path
-	if st, err := os.Stat(path); err != nil || !st.IsDir() {
-		dir = filepath.Dir(path)
-	}
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	cfg, err := readMaybeGz(cfgPath)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("tokenizer config %s: %w", cfgPath, err)
-	default:
-		var probe struct {
-			ChatTemplate json.RawMessage `json:"chat_template"`
-		}
-		if err := json.Unmarshal(cfg, &probe); err != nil {
-			return nil, fmt.Errorf("tokenizer config %s: %w", cfgPath, err)
-		}
-		if len(probe.ChatTemplate) > 0 && string(probe.ChatTemplate) != "null" {
-			if t.template, err = chattemplate.Parse(cfg); err != nil {
-				return nil, fmt.Errorf("tokenizer config %s: %w", cfgPath, err)
-			}
-		}
-	}
+	t := &Tokenizer{m: m}
+	tok := m.Tokenizer()
 	for id := range uint32(tok.VocabSize()) {
 		if piece, special, ok := tok.Piece(id); ok && !special && piece != "" && utf8.ValidString(piece) {
 			t.gen = append(t.gen, id)
@@ -114,57 +87,37 @@ func LoadTokenizer(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-// readMaybeGz reads name, or name.gz gunzipped if only that exists, as
-// hftokenizer.Load reads its files.
-func readMaybeGz(name string) ([]byte, error) {
-	data, err := os.ReadFile(name)
-	if !errors.Is(err, os.ErrNotExist) {
-		return data, err
-	}
-	if data, err = os.ReadFile(name + ".gz"); err != nil {
-		return nil, err
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		return nil, err
-	}
-	return io.ReadAll(zr)
-}
-
 // HasChatTemplate tells whether chat requests can be served.
-func (t *Tokenizer) HasChatTemplate() bool { return t.template != nil }
+func (t *Tokenizer) HasChatTemplate() bool { return t.m.HasChatTemplate() }
 
 // encodeText adds special tokens unless told not to, as vLLM's completions
 // and /tokenize of a prompt do.
 func (t *Tokenizer) encodeText(text string, addSpecialTokens *bool) ([]uint32, error) {
-	return t.tok.Encode(text, addSpecialTokens == nil || *addSpecialTokens)
+	return t.m.EncodeText(text, addSpecialTokens == nil || *addSpecialTokens)
 }
 
 // encodeChat renders the chat template and tokenizes the result without
 // special tokens unless told otherwise, as vLLM does: the template writes
 // the BOS itself.
 func (t *Tokenizer) encodeChat(c chatInput) ([]uint32, error) {
-	if t.template == nil {
+	if !t.m.HasChatTemplate() {
 		return nil, errors.New("the tokenizer has no chat template (tokenizer_config.json's chat_template), so chat requests cannot be served")
 	}
 	if len(c.messages) == 0 {
 		return nil, errors.New("messages must not be empty")
 	}
-	text, err := t.template.Render(c.messages, chattemplate.Options{
+	ids, _, err := t.m.EncodeChat(c.messages, chattemplate.Options{
 		AddGenerationPrompt: c.addGenerationPrompt, Tools: c.tools, Kwargs: c.kwargs,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return t.tok.Encode(text, c.addSpecialTokens != nil && *c.addSpecialTokens)
+	}, c.addSpecialTokens != nil && *c.addSpecialTokens)
+	return ids, err
 }
 
-func (t *Tokenizer) vocabSize() int { return t.tok.VocabSize() }
+func (t *Tokenizer) vocabSize() int { return t.m.Tokenizer().VocabSize() }
 
 // word maps an id of the engine's generator, deterministic but of no
 // vocabulary, onto an ordinary token of this one.
 func (t *Tokenizer) word(id uint32) string {
-	piece, _, _ := t.tok.Piece(t.gen[int(id)%len(t.gen)])
+	piece, _, _ := t.m.Tokenizer().Piece(t.gen[int(id)%len(t.gen)])
 	return piece
 }
 

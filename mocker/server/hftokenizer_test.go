@@ -3,7 +3,10 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -230,4 +233,20 @@ func TestRealTokenizerTemplateErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readMaybeGz reads name, or name.gz gunzipped, as the test data holds it.
+func readMaybeGz(name string) ([]byte, error) {
+	data, err := os.ReadFile(name)
+	if !errors.Is(err, os.ErrNotExist) {
+		return data, err
+	}
+	if data, err = os.ReadFile(name + ".gz"); err != nil {
+		return nil, err
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(zr)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/internal/workload"
 )
 
 func newBenchTokenizeCmd() *cobra.Command {
@@ -35,7 +36,7 @@ MB/s and tokens/s, and microseconds per render.`,
 			if len(specs) == 0 {
 				return fmt.Errorf("give at least one --tokenizer")
 			}
-			text := bench.TokenizeText(paragraphs)
+			text := workload.ProseAndCode(paragraphs)
 			run := func(_ context.Context, progress io.Writer) ([]bench.TokenizeResult, error) {
 				// One core: the figure is a per-core throughput.
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -267,9 +268,13 @@ func (t *Tokenizer) loadAddedTokens(tokens []addedTokenJSON) {
 	// Longest first, so the first prefix match at a position is the longest,
 	// as Hugging Face's leftmost-longest matcher picks.
 	sort.SliceStable(t.added, func(i, j int) bool { return len(t.added[i].content) > len(t.added[j].content) })
+	t.addedByContent = make(map[string][]int32, len(t.added))
 	for i, a := range t.added {
 		c := a.content[0]
-		t.addedByFirst[c] = append(t.addedByFirst[c], int32(i))
+		if !slices.Contains(t.addedLens[c], len(a.content)) {
+			t.addedLens[c] = append(t.addedLens[c], len(a.content)) // longest first, as added is
+		}
+		t.addedByContent[a.content] = append(t.addedByContent[a.content], int32(i))
 	}
 }
 

@@ -29,8 +29,12 @@ type Tokenizer struct {
 	merges       map[uint64]uint64 // left id<<32|right id -> rank<<32|merged id
 	ignoreMerges bool
 
-	added        []addedToken // longest first
-	addedByFirst [256][]int32 // first byte of content -> indices into added
+	added []addedToken // longest first
+	// addedLens are the lengths of the added tokens by their first byte,
+	// longest first, and addedByContent finds them: a match is a few map
+	// lookups where there are hundreds of tokens sharing "<|".
+	addedLens      [256][]int
+	addedByContent map[string][]int32
 
 	normalize      func(string) string
 	splits         []matcher
@@ -64,8 +68,14 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 	if addSpecialTokens {
 		ids = append(ids, t.prefix...)
 	}
-	start := 0
-	for i := 0; i < len(text); {
+	return t.encodeFrom(text, 0, ids, addSpecialTokens, nil), nil
+}
+
+// encodeFrom encodes text[start:] after ids, the encoding of text[:start]
+// up to a cut (start 0, or right after an added token). With cuts, it
+// records every cut it passes.
+func (t *Tokenizer) encodeFrom(text string, start int, ids []uint32, addSpecialTokens bool, cuts *[]Cut) []uint32 {
+	for i := start; i < len(text); {
 		a, ok := t.addedAt(text, i)
 		if !ok {
 			i++
@@ -82,25 +92,30 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 			i = len(text) - len(strings.TrimLeftFunc(text[i:], unicode.IsSpace))
 		}
 		start = i
+		if cuts != nil {
+			*cuts = append(*cuts, Cut{Text: start, IDs: len(ids)})
+		}
 	}
 	ids = t.encodeSection(text[start:], ids)
 	if addSpecialTokens {
 		ids = append(ids, t.suffix...)
 	}
-	return ids, nil
+	return ids
 }
 
 // addedAt returns the longest added token that starts at byte i of text.
 func (t *Tokenizer) addedAt(text string, i int) (*addedToken, bool) {
-	for _, k := range t.addedByFirst[text[i]] {
-		a := &t.added[k]
-		if !strings.HasPrefix(text[i:], a.content) {
+	for _, n := range t.addedLens[text[i]] {
+		if i+n > len(text) {
 			continue
 		}
-		if a.singleWord && !isWordBoundary(text, i, i+len(a.content)) {
-			continue
+		for _, k := range t.addedByContent[text[i:i+n]] {
+			a := &t.added[k]
+			if a.singleWord && !isWordBoundary(text, i, i+n) {
+				continue
+			}
+			return a, true
 		}
-		return a, true
 	}
 	return nil, false
 }

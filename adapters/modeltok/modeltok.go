@@ -24,9 +24,10 @@ var ErrNoChatTemplate = errors.New("modeltok: the tokenizer has no chat template
 
 // Model tokenizes one model's prompts. Safe for concurrent use.
 type Model struct {
-	Path string
-	tok  *hftokenizer.Tokenizer
-	chat *chattemplate.Template // nil without a chat template
+	Path  string
+	tok   *hftokenizer.Tokenizer
+	chat  *chattemplate.Template // nil without a chat template
+	cache *prefixCache
 }
 
 // Load reads a Hugging Face tokenizer from path, a model directory or its
@@ -37,7 +38,7 @@ func Load(path string) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer %s: %w", path, err)
 	}
-	m := &Model{Path: path, tok: tok}
+	m := &Model{Path: path, tok: tok, cache: newPrefixCache()}
 	dir := path
 	if st, err := os.Stat(path); err != nil || !st.IsDir() {
 		dir = filepath.Dir(path)
@@ -73,7 +74,7 @@ func (m *Model) HasChatTemplate() bool { return m.chat != nil }
 // EncodeText is a completion prompt's ids; engines add special tokens
 // (BOS) to completions unless the request says otherwise.
 func (m *Model) EncodeText(text string, addSpecialTokens bool) ([]uint32, error) {
-	return m.tok.Encode(text, addSpecialTokens)
+	return m.cache.encode(m.tok, text, addSpecialTokens)
 }
 
 // EncodeChat renders messages with the chat template and encodes the
@@ -87,7 +88,7 @@ func (m *Model) EncodeChat(messages []json.RawMessage, opts chattemplate.Options
 	if err != nil {
 		return nil, "", err
 	}
-	ids, err := m.tok.Encode(text, addSpecialTokens)
+	ids, err := m.cache.encode(m.tok, text, addSpecialTokens)
 	return ids, text, err
 }
 

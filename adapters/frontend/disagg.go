@@ -253,19 +253,6 @@ func decodeBody(top map[string]json.RawMessage, wk Worker, rank uint32, params j
 	return pieces{b}, err
 }
 
-// decodeOverrides are the routing knobs of a decode after a remote
-// prefill: its prompt is computed already, so it adds no prefill load; with
-// NoAssumeKVReuse, cached blocks count for nothing either.
-func decodeOverrides(o sched.Overrides, noReuse bool) sched.Overrides {
-	off := false
-	o.TrackPrefillTokens = &off
-	if noReuse {
-		zero := 0.0
-		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
-	}
-	return o
-}
-
 // countTransfer records how much of the prompt the decode worker held.
 func (c *call) countTransfer(d *router.Decision) {
 	held := min(d.OverlapBlocks, d.PromptBlocks)

@@ -173,7 +173,7 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	dreq := req
 	if c.pd != nil && raw != nil {
 		q := *req
-		q.Overrides = decodeOverrides(req.Overrides, c.f.cfg.Disagg.NoAssumeKVReuse)
+		q.Overrides = router.RemoteDecodeOverrides(req.Overrides, c.f.cfg.Disagg.NoAssumeKVReuse)
 		dreq = &q
 	}
 	d, err := c.f.cfg.Router.BestWorker(c.ctx, dreq)

@@ -1,6 +1,10 @@
 package router
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvrouter/kvrouter/core/sched"
+)
 
 // Role is a worker's part in disaggregated serving.
 type Role uint8
@@ -69,4 +73,18 @@ func (p *prepared) trackBlocks() *bool {
 		return &noBlocks
 	}
 	return nil
+}
+
+// RemoteDecodeOverrides are the routing knobs of a decode whose prompt a
+// prefill worker computed, over the request's own o: it adds no prefill
+// load; with noReuse (Dynamo's decode routing, --no-router-assume-kv-reuse)
+// the blocks the decode worker holds count for nothing either.
+func RemoteDecodeOverrides(o sched.Overrides, noReuse bool) sched.Overrides {
+	off := false
+	o.TrackPrefillTokens = &off
+	if noReuse {
+		zero := 0.0
+		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
+	}
+	return o
 }

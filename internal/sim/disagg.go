@@ -118,19 +118,6 @@ func (d Disagg) TransferTime(blocks, blockSize int) time.Duration {
 	return time.Duration(bytes / d.KVTransferBandwidth * float64(time.Second))
 }
 
-// decodeOverrides are the frontend's routing knobs of a decode after a
-// remote prefill: its prompt is computed, so it adds no prefill load; with
-// noReuse, cached blocks count for nothing either.
-func decodeOverrides(noReuse bool) sched.Overrides {
-	off := false
-	o := sched.Overrides{TrackPrefillTokens: &off}
-	if noReuse {
-		zero := 0.0
-		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
-	}
-	return o
-}
-
 // How a request's prompt was prefilled on a disaggregated fleet; the local
 // reasons are serve's (kvrouter_frontend_prefill_decisions_total).
 const (

@@ -448,7 +448,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	}
 	if cfg.Disagg.Enabled() {
 		s.pd = make([]pdState, w.Len())
-		s.decodeOverrides = decodeOverrides(cfg.Disagg.NoAssumeKVReuse)
+		s.decodeOverrides = router.RemoteDecodeOverrides(sched.Overrides{}, cfg.Disagg.NoAssumeKVReuse)
 	}
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()

@@ -16,7 +16,6 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
-	"github.com/kvrouter/kvrouter/mocker/server"
 )
 
 // pdFleet lays out a disaggregated fleet of prefill then decode engines
@@ -30,15 +29,7 @@ func pdFleet(cfg *fleet.Config, prefill, decode int, workersSet bool) error {
 	case workersSet:
 		return fmt.Errorf("--workers and --prefill-workers/--decode-workers both size the fleet: give one or the other")
 	}
-	cfg.NumWorkers = prefill + decode
-	cfg.Roles = make([]server.Role, 0, cfg.NumWorkers)
-	for i := range cfg.NumWorkers {
-		role := server.RoleDecode
-		if i < prefill {
-			role = server.RolePrefill
-		}
-		cfg.Roles = append(cfg.Roles, role)
-	}
+	cfg.NumWorkers, cfg.Roles = prefill+decode, fleet.DisaggregatedRoles(prefill, decode)
 	return nil
 }
 

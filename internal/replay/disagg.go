@@ -97,15 +97,7 @@ func (s Setup) roles() []server.Role {
 	if !s.Disaggregated() {
 		return nil
 	}
-	roles := make([]server.Role, 0, s.Engines())
-	for i := range s.Engines() {
-		if i < s.Prefill {
-			roles = append(roles, server.RolePrefill)
-		} else {
-			roles = append(roles, server.RoleDecode)
-		}
-	}
-	return roles
+	return fleet.DisaggregatedRoles(s.Prefill, s.Decode)
 }
 
 // DisaggResult is what a disaggregated run moved between its pools.

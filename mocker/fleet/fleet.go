@@ -94,6 +94,19 @@ type Rank struct {
 	Runner         *server.Runner
 }
 
+// DisaggregatedRoles lays out a fleet of prefill engines, then decode
+// engines, for Config.Roles.
+func DisaggregatedRoles(prefill, decode int) []server.Role {
+	roles := make([]server.Role, 0, prefill+decode)
+	for range prefill {
+		roles = append(roles, server.RolePrefill)
+	}
+	for range decode {
+		roles = append(roles, server.RoleDecode)
+	}
+	return roles
+}
+
 // Engine is one simulated vLLM server.
 type Engine struct {
 	Name    string

@@ -109,20 +109,20 @@ func Load(path string) (*Tokenizer, error) {
 	} else {
 		dir, tokPath = filepath.Dir(path), path
 	}
-	tokData, err := readMaybeGz(tokPath)
+	tokData, err := ReadFile(tokPath)
 	if err != nil {
 		return nil, err
 	}
-	cfgData, err := readMaybeGz(filepath.Join(dir, "tokenizer_config.json"))
+	cfgData, err := ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	return New(tokData, cfgData)
 }
 
-// readMaybeGz reads name, or name.gz if only that exists, and gunzips data
-// whose name ends in .gz.
-func readMaybeGz(name string) ([]byte, error) {
+// ReadFile reads name, or name.gz if only that exists, and gunzips data
+// whose name ends in .gz: how a model's files are read, compressed or not.
+func ReadFile(name string) ([]byte, error) {
 	name = strings.TrimSuffix(name, ".gz")
 	data, err := os.ReadFile(name)
 	if errors.Is(err, os.ErrNotExist) {

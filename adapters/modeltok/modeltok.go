@@ -4,15 +4,11 @@
 package modeltok
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/kvrouter/kvrouter/adapters/chattemplate"
 	"github.com/kvrouter/kvrouter/adapters/hftokenizer"
@@ -43,7 +39,7 @@ func Load(path string) (*Model, error) {
 	if st, err := os.Stat(path); err != nil || !st.IsDir() {
 		dir = filepath.Dir(path)
 	}
-	cfg, err := readMaybeGz(filepath.Join(dir, "tokenizer_config.json"))
+	cfg, err := hftokenizer.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return m, nil
@@ -100,20 +96,4 @@ func (m *Model) RenderChat(messages []json.RawMessage, opts chattemplate.Options
 	}
 	_, err := m.chat.Render(messages, opts)
 	return err
-}
-
-func readMaybeGz(name string) ([]byte, error) {
-	data, err := os.ReadFile(name)
-	if errors.Is(err, os.ErrNotExist) {
-		name += ".gz"
-		data, err = os.ReadFile(name)
-	}
-	if err != nil || !strings.HasSuffix(name, ".gz") {
-		return data, err
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return io.ReadAll(zr)
 }

@@ -3,10 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -113,7 +110,7 @@ func TestRealTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := readMaybeGz(filepath.Join(llamaDir, "tokenizer_config.json"))
+	cfg, err := hftokenizer.ReadFile(filepath.Join(llamaDir, "tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,20 +230,4 @@ func TestRealTokenizerTemplateErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-// readMaybeGz reads name, or name.gz gunzipped, as the test data holds it.
-func readMaybeGz(name string) ([]byte, error) {
-	data, err := os.ReadFile(name)
-	if !errors.Is(err, os.ErrNotExist) {
-		return data, err
-	}
-	if data, err = os.ReadFile(name + ".gz"); err != nil {
-		return nil, err
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		return nil, err
-	}
-	return io.ReadAll(zr)
 }

@@ -114,15 +114,9 @@ func (c *call) disaggregated() bool {
 // decode worker should prefill itself (the reason is counted).
 func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	f := c.f
-	if min := f.cfg.Disagg.MinUncachedTokens; min > 0 {
-		q := *req
-		q.ID = ""
-		if d, err := f.cfg.Router.BestWorker(c.ctx, &q); err == nil {
-			if uncached := len(req.Tokens) - d.OverlapBlocks*f.cfg.Router.BlockSize(); uncached < min {
-				c.local(localShortUncached)
-				return nil
-			}
-		}
+	if f.cfg.Router.ShortUncached(c.ctx, *req, f.cfg.Disagg.MinUncachedTokens) {
+		c.local(localShortUncached)
+		return nil
 	}
 	timeout := f.cfg.Disagg.PrefillTimeout
 	if timeout <= 0 {

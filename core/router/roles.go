@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -87,4 +88,17 @@ func RemoteDecodeOverrides(o sched.Overrides, noReuse bool) sched.Overrides {
 		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
 	}
 	return o
+}
+
+// ShortUncached is conditional disaggregation: whether the decode worker
+// req would go to lacks fewer than minUncached of its prompt's tokens, so
+// that computing them there costs less than a prefill elsewhere and a
+// transfer. It only asks: nothing is booked.
+func (r *Router) ShortUncached(ctx context.Context, req Request, minUncached int) bool {
+	if minUncached <= 0 {
+		return false
+	}
+	req.ID, req.Prefill = "", false
+	d, err := r.BestWorker(ctx, &req)
+	return err == nil && len(req.Tokens)-d.OverlapBlocks*r.cfg.BlockSize < minUncached
 }

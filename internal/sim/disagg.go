@@ -146,12 +146,9 @@ const prefillSuffix = "-prefill"
 // arriveDisagg starts a request on a disaggregated fleet.
 func (s *sim) arriveDisagg(i int, req *workload.Request) {
 	s.held[i] = *req
-	if min := s.cfg.Disagg.MinUncachedTokens; min > 0 {
-		q := router.Request{Tokens: req.Tokens, OSL: req.OSL}
-		if d, err := s.r.BestWorker(context.Background(), &q); err == nil && len(req.Tokens)-d.OverlapBlocks*s.cfg.Engine.BlockSize < min {
-			s.local(i, howShortUncached)
-			return
-		}
+	if s.r.ShortUncached(context.Background(), router.Request{Tokens: req.Tokens, OSL: req.OSL}, s.cfg.Disagg.MinUncachedTokens) {
+		s.local(i, howShortUncached)
+		return
 	}
 	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i) + prefillSuffix, Tokens: req.Tokens, Prefill: true}, s.onDispatch(i, dispPrefill))
 	if queued {

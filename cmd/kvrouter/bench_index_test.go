@@ -68,6 +68,23 @@ func TestBenchIndexCommand(t *testing.T) {
 		t.Errorf("Dynamo knobs: %v", rep)
 	}
 
+	out, err = runCmd(t, "bench", "index", "--trace", path, "--workers", "2", "--group-size", "2", "--max-requests", "6",
+		"--duration", "0", "--pregenerate", "--json", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = nil
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if rep["pregenerated"] != true || rep["requests"].(float64) != 6 || rep["overlap_mismatches"].(float64) != 0 {
+		t.Errorf("pregenerated run: %v", rep)
+	}
+	out, err = runCmd(t, "bench", "index", "--trace", path, "--max-requests", "3", "--duration", "0", "--pregenerate", "--quiet")
+	if err != nil || !strings.Contains(out, "timed, after") {
+		t.Errorf("pregenerated table output: %v\n%s", err, out)
+	}
+
 	out, err = runCmd(t, "bench", "index", "--trace", path, "--max-requests", "10", "--quiet")
 	if err != nil || !strings.Contains(out, "block ops/s") || !strings.Contains(out, "Dynamo block ops/s") {
 		t.Errorf("table output: %v\n%s", err, out)

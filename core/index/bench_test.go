@@ -132,3 +132,63 @@ func BenchmarkApproxInsert(b *testing.B) {
 		a.Insert(kv.Worker{ID: uint64(i % 16)}, p[0], p[1])
 	}
 }
+
+// BenchmarkApplyChurn measures the write path on an index far larger than
+// the CPU's caches, where each block costs memory latency rather than
+// instructions: 256 workers at 8,192 blocks each (2 M pairs), every
+// operation storing a 64-block chain below the shared system prompt on one
+// worker and evicting that worker's oldest 64 blocks, as a full engine does.
+func BenchmarkApplyChurn(b *testing.B) {
+	const (
+		workers  = 256
+		capacity = 8192
+		chain    = 64
+		sys      = 8
+	)
+	ix := New(Config{})
+	rng := rand.New(rand.NewPCG(5, 6))
+	type fifo struct {
+		hashes []uint64
+		next   uint64
+	}
+	fifos := make([]fifo, workers)
+	blocks := make([]kv.Block, chain)
+	store := func(w int) {
+		f := &fifos[w]
+		wk := kv.Worker{ID: uint64(w)}
+		for i := range blocks {
+			f.next++
+			blocks[i] = kv.Block{EngineHash: uint64(w)<<40 | f.next, LocalHash: rng.Uint64()}
+			f.hashes = append(f.hashes, blocks[i].EngineHash)
+		}
+		ev := kv.StoredEvent(wk, 0, kv.Ptr(uint64(w)<<40|sys), blocks...)
+		if err := ix.Apply(&ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for w := range workers {
+		sysBlocks := make([]kv.Block, sys)
+		for i := range sysBlocks {
+			sysBlocks[i] = kv.Block{EngineHash: uint64(w)<<40 | uint64(i+1), LocalHash: uint64(i) + 1}
+		}
+		fifos[w].next = sys
+		ev := kv.StoredEvent(kv.Worker{ID: uint64(w)}, 0, nil, sysBlocks...)
+		_ = ix.Apply(&ev)
+		for len(fifos[w].hashes) < capacity-sys-chain {
+			store(w)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		w := int(rng.Uint64() % workers)
+		store(w)
+		f := &fifos[w]
+		rm := kv.RemovedEvent(kv.Worker{ID: uint64(w)}, 0, f.hashes[:chain]...)
+		if err := ix.Apply(&rm); err != nil {
+			b.Fatal(err)
+		}
+		f.hashes = f.hashes[chain:]
+	}
+	b.ReportMetric(float64(b.N*2*chain)/b.Elapsed().Seconds(), "blockops/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*2*chain), "ns/blockop")
+}

@@ -46,6 +46,8 @@ func (m *partMap) part(k uint64) *u64map { return &m.parts[(k*0xd6e8feb86659fd93
 
 func (m *partMap) Get(k uint64) (uint32, bool) { return m.part(k).Get(k) }
 
+func (m *partMap) warm(k uint64) uint32 { return m.part(k).warm(k) }
+
 // Put inserts or replaces. A part's first table is sized between 16 and
 // 24 slots according to its index: parts receive keys at the same rate, so
 // with equal first sizes they would all grow at once, bunching their resize

@@ -57,6 +57,11 @@ type tree struct {
 	// locate, when set, is asked where a stored event's unknown parent
 	// sits (see Config.Locate).
 	locate Locator
+
+	// Scratch of the warm passes (see warmStore).
+	seqs      []uint64
+	warmNodes []uint32
+	sink      uint32
 }
 
 const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
@@ -264,10 +269,19 @@ func (t *tree) releaseSet(s uint32) {
 
 // child returns the node for local below parent, creating it if needed.
 func (t *tree) child(parent uint32, local uint64) uint32 {
-	seq := local
-	if parent != rootParent {
-		seq = blockhash.Chain(t.nodes.at(parent).seq(), local)
+	return t.childAt(parent, local, t.seqBelow(parent, local))
+}
+
+// seqBelow is the sequence hash of the block local below node parent.
+func (t *tree) seqBelow(parent uint32, local uint64) uint64 {
+	if parent == rootParent {
+		return local
 	}
+	return blockhash.Chain(t.nodes.at(parent).seq(), local)
+}
+
+// childAt is child for a caller that already knows the sequence hash.
+func (t *tree) childAt(parent uint32, local, seq uint64) uint32 {
 	if n, ok := t.bySeq.Get(seq); ok {
 		return n
 	}
@@ -465,8 +479,9 @@ func inferredID(seq uint64) uint64 { return blockhash.Chain(seq, 0x1f3e2d) }
 
 // storeBlocks hangs blocks below cur for slot s and returns the last one.
 func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
-	for _, b := range blocks {
-		n := t.child(cur, b.LocalHash)
+	seqs := t.warmStore(s, cur, blocks)
+	for i, b := range blocks {
+		n := t.childAt(cur, b.LocalHash, seqs[i])
 		ws := &t.workers[s]
 		if old, ok := ws.blocks.Get(b.EngineHash); ok {
 			t.stats.DuplicateBlocks++
@@ -503,6 +518,7 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 		return
 	}
 	ws := &t.workers[s]
+	t.warmRemove(ws, rm.EngineHashes)
 	for _, h := range rm.EngineHashes {
 		n, ok := ws.blocks.Get(h)
 		if !ok {
@@ -865,4 +881,69 @@ func (d *dumper) bridgeHash(n uint32) uint64 {
 		}
 		h = blockhash.Chain(h, 1)
 	}
+}
+
+// Warming. On an index larger than the CPU's caches a block costs a few
+// cache misses (its node in bySeq, its engine id in the worker's table,
+// the node itself), each a full memory latency, and a loop that does one
+// block after the other waits for them one at a time. The warm passes
+// below issue a chunk's loads first, in loops whose iterations do not
+// depend on each other, so the CPU keeps many misses in flight; the loop
+// that then does the work finds its lines in cache. They change nothing
+// but t.sink, which only keeps the loads from being optimised away.
+
+// warmStore warms what storing blocks below cur for slot s will touch and
+// returns the blocks' sequence hashes (valid until the next call).
+func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
+	ws := &t.workers[s]
+	seqs := t.seqs[:0]
+	var sink uint32
+	seq, parent := uint64(0), cur
+	for i, b := range blocks {
+		if i == 0 {
+			seq = t.seqBelow(parent, b.LocalHash)
+		} else {
+			seq = blockhash.Chain(seq, b.LocalHash)
+		}
+		seqs = append(seqs, seq)
+		sink += t.bySeq.warm(seq) + ws.blocks.warm(b.EngineHash)
+	}
+	// New nodes come off the free list: warm the ones the chunk may take.
+	for i := len(t.free) - 1; i >= 0 && i >= len(t.free)-len(blocks); i-- {
+		sink += t.nodes.at(t.free[i]).h
+	}
+	for _, seq := range seqs {
+		if n, ok := t.bySeq.Get(seq); ok {
+			sink += t.nodes.at(n).h
+		}
+	}
+	t.seqs = seqs
+	t.sink += sink
+	return seqs
+}
+
+// warmRemove warms what removing the engine ids hashes of ws will touch:
+// the ids' entries, their nodes, and for nodes the removal may free, their
+// entries in bySeq and their parents.
+func (t *tree) warmRemove(ws *workerState, hashes []uint64) {
+	var sink uint32
+	for _, h := range hashes {
+		sink += ws.blocks.warm(h)
+	}
+	nodes := t.warmNodes[:0]
+	for _, h := range hashes {
+		if n, ok := ws.blocks.Get(h); ok {
+			nodes = append(nodes, n)
+			sink += t.nodes.at(n).h
+		}
+	}
+	for _, n := range nodes {
+		// A node held by ws alone goes with this removal or, for a parent
+		// removed before its children, later in the same chunk.
+		if nd := t.nodes.at(n); nd.h&setFlag == 0 {
+			sink += t.bySeq.warm(nd.seq()) + t.nodes.at(nd.parent).children
+		}
+	}
+	t.warmNodes = nodes
+	t.sink += sink
 }

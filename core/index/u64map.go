@@ -60,6 +60,19 @@ func (m *u64map) Get(k uint64) (uint32, bool) {
 	}
 }
 
+// warm loads the slot a lookup of k starts at and returns part of it, so
+// that a caller can start the memory loads of a batch of lookups before
+// doing any of them (see tree.warmStore). The result only exists to keep
+// the load from being optimised away. (Loading the next two cache lines
+// too, which a miss at the table's highest load also reads, measured no
+// faster.)
+func (m *u64map) warm(k uint64) uint32 {
+	if len(m.slots) == 0 {
+		return 0
+	}
+	return m.slots[m.home(k)][0]
+}
+
 func (m *u64map) next(i int) int {
 	if i++; i == len(m.slots) {
 		return 0

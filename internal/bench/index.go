@@ -54,6 +54,13 @@ type IndexConfig struct {
 	// (default trace.DefaultCacheEntries).
 	HashCacheEntries int
 
+	// Pregenerate records every request's lookup and the engines' events
+	// first, with routing decided on the engines' own caches, and then
+	// times only their replay against the index, as Dynamo's indexer
+	// benchmarks do: the simulated engines and the prompt hashing stay out
+	// of the measured time. Needs MaxRequests.
+	Pregenerate bool
+
 	// Progress, if set, receives one line per second: requests done and
 	// throughput so far.
 	Progress io.Writer
@@ -112,8 +119,12 @@ type IndexReport struct {
 	Seed           uint64  `json:"seed"`
 	DurationS      float64 `json:"duration_s"`
 
-	TraceLengthFactor int `json:"trace_length_factor"`
-	TraceDuplication  int `json:"trace_duplication_factor"`
+	TraceLengthFactor int  `json:"trace_length_factor"`
+	TraceDuplication  int  `json:"trace_duplication_factor"`
+	Pregenerated      bool `json:"pregenerated"`
+	// PregenerateS is the wall time spent recording the run before it was
+	// timed (Pregenerate only).
+	PregenerateS float64 `json:"pregenerate_s,omitempty"`
 }
 
 func (c *IndexConfig) defaults() error {
@@ -149,6 +160,9 @@ func (c *IndexConfig) defaults() error {
 	}
 	if c.Duration <= 0 && c.MaxRequests <= 0 {
 		return errors.New("bench: set a duration or a request count")
+	}
+	if c.Pregenerate && c.MaxRequests <= 0 {
+		return errors.New("bench: a pregenerated run needs a request count")
 	}
 	return nil
 }
@@ -270,6 +284,11 @@ type replayer struct {
 	parent     uint64
 	ev         kv.Event
 
+	// log, when set, receives the run's operations instead of the index
+	// (recording a pregenerated run) and is then played (see play).
+	log       *opLog
+	recording bool
+
 	fm, apply                           histogram
 	findMatches, events                 uint64
 	lookedUp, stored, removed, hits     uint64
@@ -319,6 +338,30 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 		reps[t] = rp
 	}
 
+	var pregenerate time.Duration
+	if cfg.Pregenerate {
+		t0 := time.Now()
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "recording %d requests\n", cfg.MaxRequests)
+		}
+		var wg sync.WaitGroup
+		for _, rp := range reps {
+			rp.log, rp.recording = &opLog{}, true
+			wg.Go(rp.run)
+		}
+		wg.Wait()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for t, rp := range reps {
+			cache, log := rp.cache, rp.log
+			*rp = replayer{r: r, ix: r.ix, cache: cache, cnt: &cnts[t], log: log}
+			cnts[t] = counters{}
+		}
+		r.stop.Store(false)
+		pregenerate = time.Since(t0)
+	}
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if cfg.Duration > 0 {
@@ -338,7 +381,11 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 	}
 	var wg sync.WaitGroup
 	for _, rp := range reps {
-		wg.Go(rp.run)
+		if rp.log != nil {
+			wg.Go(rp.play)
+		} else {
+			wg.Go(rp.run)
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -349,6 +396,7 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 		Workers: cfg.Workers, Groups: len(r.groups), GroupSize: cfg.GroupSize, CapacityBlocks: cfg.CapacityBlocks,
 		BlockSize: cfg.BlockSize, Threads: threads, Shards: cfg.Shards, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
 		DurationS: elapsed.Seconds(), TraceLengthFactor: cfg.TraceLengthFactor, TraceDuplication: cfg.TraceDuplication,
+		Pregenerated: cfg.Pregenerate, PregenerateS: pregenerate.Seconds(),
 	}
 	var fm, ap histogram
 	var cacheHits, cacheMisses uint64
@@ -472,23 +520,31 @@ func (rp *replayer) serve(g *group, req *trace.Request, cp int) {
 		return
 	}
 
-	t0 := time.Now()
-	ov := rp.ix.FindMatches(&rp.m, seq)
-	rp.fm.record(uint64(time.Since(t0)))
-	rp.findMatches++
-	rp.lookedUp += uint64(n)
-
 	clear(rp.overlap)
-	for _, o := range ov {
-		if k := o.Worker.ID - g.first; k < uint64(len(g.engines)) {
-			rp.overlap[k] = o.Blocks
-		} else {
-			rp.crossGroup++
+	if rp.recording {
+		for k, eng := range g.engines {
+			rp.overlap[k] = uint32(eng.cachedPrefix(seq))
+		}
+	} else {
+		t0 := time.Now()
+		ov := rp.ix.FindMatches(&rp.m, seq)
+		rp.fm.record(uint64(time.Since(t0)))
+		rp.findMatches++
+		rp.lookedUp += uint64(n)
+		for _, o := range ov {
+			if k := o.Worker.ID - g.first; k < uint64(len(g.engines)) {
+				rp.overlap[k] = o.Blocks
+			} else {
+				rp.crossGroup++
+			}
 		}
 	}
 	best := g.choose(rp.overlap)
 	eng := g.engines[best]
 	rp.hits += uint64(rp.overlap[best])
+	if rp.recording {
+		rp.log.recordFind(seq, kv.Worker{ID: g.first + uint64(best)}, int(rp.overlap[best]))
+	}
 
 	hit, parent, hasParent := eng.serve(seq, rp.local, &rp.sc)
 	if uint32(hit) != rp.overlap[best] {
@@ -522,6 +578,10 @@ func (rp *replayer) serve(g *group, req *trace.Request, cp int) {
 }
 
 func (rp *replayer) applyEvent() {
+	if rp.recording {
+		rp.log.recordEvent(&rp.ev)
+		return
+	}
 	t0 := time.Now()
 	err := rp.ix.Apply(&rp.ev)
 	rp.apply.record(uint64(time.Since(t0)))

@@ -321,3 +321,58 @@ func TestIndexBenchDynamoCount(t *testing.T) {
 		})
 	}
 }
+
+// A pregenerated run plays the same operations as a live one: with one
+// goroutine, the same seed and the same requests, it looks up, stores and
+// removes the same blocks, and the index answers each lookup with the
+// overlap the engine's own cache had when the run was recorded.
+func TestIndexBenchPregenerated(t *testing.T) {
+	tr := synthTrace(t, 300)
+	cfg := IndexConfig{Workers: 12, GroupSize: 4, CapacityBlocks: 300, MaxRequests: 1500, Threads: 1, Seed: 3}
+	live, err := IndexBench(context.Background(), tr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pregenerate = true
+	pre, err := IndexBench(context.Background(), tr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pre.Pregenerated || live.Pregenerated {
+		t.Errorf("pregenerated flags: live %v, pregenerated %v", live.Pregenerated, pre.Pregenerated)
+	}
+	key := func(r *IndexReport) [7]uint64 {
+		return [7]uint64{r.Requests, r.FindMatches, r.Events, r.BlocksLookedUp, r.BlocksStored, r.BlocksRemoved, uint64(r.HitRate * 1e9)}
+	}
+	if key(live) != key(pre) {
+		t.Errorf("live %v, pregenerated %v", key(live), key(pre))
+	}
+	if pre.OverlapMismatches != 0 || pre.ApplyErrors != 0 || pre.IndexedPairs != live.IndexedPairs {
+		t.Errorf("pregenerated: %d mismatches, %d apply errors, %d pairs (live %d)",
+			pre.OverlapMismatches, pre.ApplyErrors, pre.IndexedPairs, live.IndexedPairs)
+	}
+	if pre.DynamoBlockOps != pre.BlocksLookedUp+pre.BlocksStored {
+		t.Errorf("Dynamo count %d, want looked up %d + stored %d", pre.DynamoBlockOps, pre.BlocksLookedUp, pre.BlocksStored)
+	}
+}
+
+// The check a pregenerated run makes is live: a lookup answered from an
+// index that lost blocks is counted as a mismatch.
+func TestIndexBenchPregeneratedCountsMismatches(t *testing.T) {
+	tr := synthTrace(t, 300)
+	rep, err := IndexBench(context.Background(), tr, IndexConfig{Workers: 4, GroupSize: 4, CapacityBlocks: 2000,
+		MaxRequests: 600, Threads: 1, Pregenerate: true, MaxPairs: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OverlapMismatches == 0 {
+		t.Error("an index capped below the engines' caches matched every lookup")
+	}
+}
+
+func TestIndexBenchPregenerateNeedsRequests(t *testing.T) {
+	_, err := IndexBench(context.Background(), synthTrace(t, 10), IndexConfig{Duration: time.Second, Pregenerate: true})
+	if err == nil {
+		t.Error("a pregenerated run without a request count started")
+	}
+}

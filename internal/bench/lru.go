@@ -227,3 +227,13 @@ func mix64(z uint64) uint64 {
 	z = (z ^ z>>27) * 0x94d049bb133111eb
 	return z ^ z>>31
 }
+
+// cachedPrefix is how many leading keys the cache holds, changing nothing:
+// the overlap an exact index reports for this engine.
+func (c *engineCache) cachedPrefix(keys []uint64) int {
+	n := 0
+	for n < len(keys) && c.lookup(keys[n]) != 0 {
+		n++
+	}
+	return n
+}

@@ -927,9 +927,6 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 // entries in bySeq and their parents.
 func (t *tree) warmRemove(ws *workerState, hashes []uint64) {
 	var sink uint32
-	for _, h := range hashes {
-		sink += ws.blocks.warm(h)
-	}
 	nodes := t.warmNodes[:0]
 	for _, h := range hashes {
 		if n, ok := ws.blocks.Get(h); ok {

@@ -121,7 +121,7 @@ func (t *tree) check() error {
 	children := map[uint32]uint32{}
 	for i := uint32(1); int(i) < t.nodes.len(); i++ {
 		nd := t.nodes.at(i)
-		if n, ok := t.bySeq.Get(nd.seq()); !ok || n != uint32(i) {
+		if n, ok := t.bySeq.get(nd.seq(), &t.nodes); !ok || n != uint32(i) {
 			continue // free slot
 		}
 		var one [1]uint32
@@ -154,8 +154,8 @@ func (t *tree) check() error {
 			return fmt.Errorf("node %d: garbage left behind", i)
 		}
 	}
-	if t.bySeq.Len()+len(t.free) != t.nodes.len()-1 {
-		return fmt.Errorf("%d live + %d free != %d nodes", t.bySeq.Len(), len(t.free), t.nodes.len()-1)
+	if t.bySeq.len()+len(t.free) != t.nodes.len()-1 {
+		return fmt.Errorf("%d live + %d free != %d nodes", t.bySeq.len(), len(t.free), t.nodes.len()-1)
 	}
 	for n, c := range children {
 		if t.nodes.at(n).children != c {
@@ -226,7 +226,7 @@ func (ix *Index) held() map[kv.Worker]map[uint64]bool {
 		t := ix.shards[i].t
 		for n := uint32(1); int(n) < t.nodes.len(); n++ {
 			nd := t.nodes.at(n)
-			if cur, ok := t.bySeq.Get(nd.seq()); !ok || cur != uint32(n) {
+			if cur, ok := t.bySeq.get(nd.seq(), &t.nodes); !ok || cur != uint32(n) {
 				continue
 			}
 			var one [1]uint32
@@ -310,7 +310,7 @@ func queries(rng *rand.Rand, ix *Index) [][]uint64 {
 	for i := range ix.shards {
 		t := ix.shards[i].t
 		for n := uint32(1); int(n) < t.nodes.len(); n++ {
-			if cur, ok := t.bySeq.Get(t.nodes.at(n).seq()); !ok || cur != uint32(n) {
+			if cur, ok := t.bySeq.get(t.nodes.at(n).seq(), &t.nodes); !ok || cur != uint32(n) {
 				continue
 			}
 			var path []uint64

@@ -26,7 +26,7 @@ type tree struct {
 	nodes paged[node]
 	free  []uint32
 	// bySeq maps a path's sequence hash to its node.
-	bySeq partMap
+	bySeq nodeMap
 	// stamps holds each node's last-use tick, only under a memory cap
 	// (lru). Readers write it atomically so that eviction can pick the
 	// least recently matched leaves.
@@ -282,7 +282,7 @@ func (t *tree) seqBelow(parent uint32, local uint64) uint64 {
 
 // childAt is child for a caller that already knows the sequence hash.
 func (t *tree) childAt(parent uint32, local, seq uint64) uint32 {
-	if n, ok := t.bySeq.Get(seq); ok {
+	if n, ok := t.bySeq.get(seq, &t.nodes); ok {
 		return n
 	}
 	var n uint32
@@ -299,7 +299,7 @@ func (t *tree) childAt(parent uint32, local, seq uint64) uint32 {
 	if t.lru {
 		*t.stamps.at(n) = t.tick.Load()
 	}
-	t.bySeq.Put(seq, n)
+	t.bySeq.put(seq, n)
 	if parent != rootParent {
 		t.nodes.at(parent).children++
 	}
@@ -315,7 +315,7 @@ func (t *tree) collect(n uint32) {
 			return
 		}
 		parent := nd.parent
-		t.bySeq.Delete(nd.seq())
+		t.bySeq.remove(nd.seq(), n)
 		*nd = node{h: noHolder}
 		t.free = append(t.free, n)
 		if parent != rootParent {
@@ -328,7 +328,7 @@ func (t *tree) collect(n uint32) {
 // collectIfLive is collect for callers that may name a node twice (or
 // one an earlier collect already freed).
 func (t *tree) collectIfLive(n uint32) {
-	if cur, ok := t.bySeq.Get(t.nodes.at(n).seq()); ok && cur == n {
+	if cur, ok := t.bySeq.get(t.nodes.at(n).seq(), &t.nodes); ok && cur == n {
 		t.collect(n)
 	}
 }
@@ -604,7 +604,7 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return out
 	}
-	n0, ok := t.bySeq.Get(seq[0])
+	n0, ok := t.bySeq.get(seq[0], &t.nodes)
 	if !ok {
 		return out
 	}
@@ -625,7 +625,7 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	activeFP := t.fp(nd)
 	depth := 1
 	for ; depth < len(seq); depth++ {
-		n, ok := t.bySeq.Get(seq[depth])
+		n, ok := t.bySeq.get(seq[depth], &t.nodes)
 		if !ok {
 			break
 		}
@@ -913,7 +913,7 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 		sink += t.nodes.at(t.free[i]).h
 	}
 	for _, seq := range seqs {
-		if n, ok := t.bySeq.Get(seq); ok {
+		if n, ok := t.bySeq.get(seq, &t.nodes); ok {
 			sink += t.nodes.at(n).h
 		}
 	}

@@ -3,10 +3,10 @@ package index
 import "math/bits"
 
 // u64map maps uint64 keys to uint32 values with linear probing in one
-// array of packed 12-byte slots. It exists because the index holds two such
-// entries per cached block and Go's map spends about 26 bytes on each; this
-// one spends about 17 and answers a lookup with a single cache-line probe in
-// the common case. Deletion shifts the following run back, so there are no
+// array of packed 12-byte slots. It exists because the index holds such an
+// entry per cached block and worker (the engine's id of the block) and Go's
+// map spends about 26 bytes on each; this one spends about 17 and answers a
+// lookup with a single cache-line probe in the common case. Deletion shifts the following run back, so there are no
 // tombstones.
 //
 // Sizes are not powers of two: a slot is chosen by multiply-shift range

@@ -1,0 +1,163 @@
+package index
+
+import "math"
+
+// nodeMap finds a tree node by the sequence hash of its path. A slot is one
+// uint64: the hash's upper 32 bits (its tag) above the node's id, so an
+// entry costs 8 bytes instead of the 12 a (hash, id) pair would, and the
+// hash itself lives only in the node. A lookup confirms a tag match against
+// the node, which every caller reads next anyway; two hashes of a part
+// share a tag about once in four billion probes. Slots are placed by the
+// tag alone, so growing a table never reads a node.
+//
+// The map is split into parts by hash so that a resize rehashes a 1024th
+// of it: the pause a writer imposes on readers stays short (a table of
+// fifteen million entries resized whole would stall them for a second).
+// Hashes must be well mixed (sequence hashes are XXH3 outputs).
+//
+// Not safe for concurrent writers; concurrent readers are fine.
+type nodeMap struct{ parts [1 << partBits]nodeTable }
+
+const (
+	partBits  = 10
+	partShift = 64 - partBits
+)
+
+// nodeTable is one part: linear probing, no tombstones (deletion shifts the
+// following run back). Node ids are never 0 (node 0 is the root sentinel),
+// so 0 marks an empty slot. Sizes are not powers of two: a slot is chosen
+// by multiply-shift range reduction, so the table grows by half and its
+// load stays between 0.53 and 0.8.
+type nodeTable struct {
+	slots []uint64
+	n     int
+}
+
+func tagOf(seq uint64) uint32 { return uint32(seq >> 32) }
+
+// partOf uses a multiplier, so that a part's hashes still spread over the
+// whole range of tags.
+func (m *nodeMap) partOf(seq uint64) *nodeTable {
+	return &m.parts[(seq*0xd6e8feb86659fd93)>>partShift]
+}
+
+func (t *nodeTable) home(tag uint32) int { return int(uint64(tag) * uint64(len(t.slots)) >> 32) }
+
+func (t *nodeTable) next(i int) int {
+	if i++; i == len(t.slots) {
+		return 0
+	}
+	return i
+}
+
+// get returns the node whose sequence hash is seq.
+func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
+	t := m.partOf(seq)
+	if t.n == 0 {
+		return 0, false
+	}
+	tag := tagOf(seq)
+	for i := t.home(tag); ; i = t.next(i) {
+		s := t.slots[i]
+		if s == 0 {
+			return 0, false
+		}
+		if uint32(s>>32) == tag {
+			if id := uint32(s); nodes.at(id).seq() == seq {
+				return id, true
+			}
+		}
+	}
+}
+
+// warm loads the slot a lookup of seq starts at (see tree.warmStore).
+func (m *nodeMap) warm(seq uint64) uint32 {
+	t := m.partOf(seq)
+	if len(t.slots) == 0 {
+		return 0
+	}
+	return uint32(t.slots[t.home(tagOf(seq))])
+}
+
+// put adds node id under seq, which must not be in the map. A part's
+// first table is sized between 16 and 24 slots according to its index:
+// parts receive hashes at the same rate, so with equal first sizes they
+// would all grow at once, bunching their resize pauses.
+func (m *nodeMap) put(seq uint64, id uint32) {
+	i := (seq * 0xd6e8feb86659fd93) >> partShift
+	t := &m.parts[i]
+	switch {
+	case t.slots == nil:
+		t.resize(int(16 * math.Pow(1.5, float64(i)/float64(len(m.parts)))))
+	case (t.n+1)*5 > len(t.slots)*4:
+		t.resize(len(t.slots) * 3 / 2)
+	}
+	tag := tagOf(seq)
+	j := t.home(tag)
+	for t.slots[j] != 0 {
+		j = t.next(j)
+	}
+	t.slots[j] = uint64(tag)<<32 | uint64(id)
+	t.n++
+}
+
+// remove deletes node id, whose sequence hash is seq.
+func (m *nodeMap) remove(seq uint64, id uint32) {
+	t := m.partOf(seq)
+	if t.n == 0 {
+		return
+	}
+	want := uint64(tagOf(seq))<<32 | uint64(id)
+	i := t.home(tagOf(seq))
+	for t.slots[i] != want {
+		if t.slots[i] == 0 {
+			return
+		}
+		i = t.next(i)
+	}
+	// Shift back every later entry of the run that may move into the hole.
+	for j := t.next(i); ; j = t.next(j) {
+		s := t.slots[j]
+		if s == 0 {
+			break
+		}
+		h := t.home(uint32(s >> 32))
+		// s may fill hole i unless its home lies cyclically in (i, j].
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			t.slots[i] = s
+			i = j
+		}
+	}
+	t.slots[i] = 0
+	t.n--
+	if len(t.slots) > 64 && t.n*8 < len(t.slots) {
+		t.resize(len(t.slots) / 3)
+	}
+}
+
+func (t *nodeTable) resize(size int) {
+	old := t.slots
+	t.slots = make([]uint64, size)
+	// Entries are unique and the new table has room: each goes to the
+	// first free slot from its home. Walking the old table in order visits
+	// homes in nearly increasing order, so the writes are close to
+	// sequential.
+	for _, s := range old {
+		if s == 0 {
+			continue
+		}
+		j := t.home(uint32(s >> 32))
+		for t.slots[j] != 0 {
+			j = t.next(j)
+		}
+		t.slots[j] = s
+	}
+}
+
+func (m *nodeMap) len() int {
+	n := 0
+	for i := range m.parts {
+		n += m.parts[i].n
+	}
+	return n
+}

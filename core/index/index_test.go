@@ -165,6 +165,9 @@ func (t *tree) check() error {
 	if pairs != t.pairs {
 		return fmt.Errorf("pairs %d, counted %d", t.pairs, pairs)
 	}
+	if err := t.checkClosure(); err != nil {
+		return err
+	}
 	for s := range t.workers {
 		ws := &t.workers[s]
 		if !ws.live {
@@ -198,6 +201,53 @@ func (t *tree) check() error {
 			}
 			if below[n] != c {
 				return fmt.Errorf("slot %d: inferred node %d counts %d children, holds %d", s, n, c, below[n])
+			}
+		}
+	}
+	return nil
+}
+
+// checkClosure checks the prefix-closure bookkeeping against the tree:
+// every worker not marked holey holds the parent of each block it holds,
+// the holey count is right, and every kids count is at least the number
+// of the node's children its holder holds (the counts may only err
+// upwards).
+func (t *tree) checkClosure() error {
+	holey := 0
+	for s := range t.workers {
+		if ws := &t.workers[s]; ws.live && ws.holey {
+			holey++
+		}
+	}
+	if holey != t.holey {
+		return fmt.Errorf("holey count %d, counted %d", t.holey, holey)
+	}
+	heldKids := map[[2]uint32]uint32{} // (node, slot) → children of node the slot holds
+	var one [1]uint32
+	for i := uint32(1); int(i) < t.nodes.len(); i++ {
+		nd := t.nodes.at(i)
+		if n, ok := t.bySeq.get(nd.seq(), &t.nodes); !ok || n != i {
+			continue
+		}
+		for _, s := range t.workerSet(nd, &one) {
+			if nd.parent == rootParent {
+				continue
+			}
+			if t.holds(t.nodes.at(nd.parent), s) {
+				heldKids[[2]uint32{nd.parent, s}]++
+			} else if !t.workers[s].holey {
+				return fmt.Errorf("slot %d holds node %d without its parent and is not marked holey", s, i)
+			}
+		}
+	}
+	for i := uint32(1); int(i) < t.nodes.len(); i++ {
+		nd := t.nodes.at(i)
+		if n, ok := t.bySeq.get(nd.seq(), &t.nodes); !ok || n != i {
+			continue
+		}
+		for j, s := range t.workerSet(nd, &one) {
+			if got, want := t.heldKids(nd, j), heldKids[[2]uint32{i, s}]; got < want {
+				return fmt.Errorf("node %d: slot %d holds %d of its children, counted %d", i, s, want, got)
 			}
 		}
 	}

@@ -48,6 +48,9 @@ type tree struct {
 	freeSlots []uint32
 
 	pairs uint64
+	// holey counts the workers marked holey (see Prefix closure); find
+	// jumps only while it is 0.
+	holey int
 	// tick is the logical clock of last use: bumped by every FindMatches
 	// call, read atomically by concurrent readers.
 	tick atomic.Uint32
@@ -106,9 +109,12 @@ func (t *tree) nw(n *node) int {
 // of their fingerprints: along a path the holder set rarely changes (a
 // system prompt is held by the whole fleet level after level), and equal
 // fingerprints let find skip such a level in O(1) instead of O(holders).
+// kids[i] bounds from above how many of the node's children slots[i]
+// holds (see Prefix closure).
 type holderSet struct {
 	fp    uint64
 	slots []uint32
+	kids  []uint32
 }
 
 // slotFP fingerprints one worker slot (splitmix64's finaliser), so that
@@ -134,6 +140,9 @@ func (t *tree) fp(n *node) uint64 {
 type workerState struct {
 	id   kv.Worker
 	live bool
+	// holey: the worker may hold a block without its parent (see Prefix
+	// closure).
+	holey bool
 	// blocks maps the engine's opaque block id to the node it named.
 	blocks u64map
 	// extraRefs counts, per node, engine ids beyond the first that name the
@@ -200,7 +209,78 @@ func (t *tree) holds(n *node, s uint32) bool {
 	return slices.Contains(t.workerSet(n, &one), s)
 }
 
+// Prefix closure. A worker whose held blocks always include their
+// parents holds, with any block, the whole path above it; find relies on
+// that to probe a match every jumpSpan blocks instead of at every one
+// (see find). Engines evict leaves first (vLLM frees a request's blocks
+// tail first, SGLang evicts radix-tree leaves), so a worker breaks closure
+// only when an event is lost or an engine evicts otherwise. The tree
+// tracks the workers that may have broken it: a worker is marked holey
+// when it comes to hold a block without its parent, or drops a block
+// while holding one of its children. The second needs the number of a
+// node's children its holder holds: for a node of one holder, its
+// children count (exact while no worker is holey, an upper bound
+// otherwise); for a node of several, the holder set's kids. The counts
+// only err upwards, so a hole is never missed; a worker is unmarked when
+// it holds nothing.
+
+// holderIndex is s's position among n's holders, or -1.
+func (t *tree) holderIndex(n *node, s uint32) int {
+	switch {
+	case n.h == noHolder:
+		return -1
+	case n.h&setFlag != 0:
+		return slices.Index(t.sets[n.h&^setFlag].slots, s)
+	case n.h == s:
+		return 0
+	}
+	return -1
+}
+
+// heldKids bounds from above how many of n's children its holder at
+// position i holds.
+func (t *tree) heldKids(n *node, i int) uint32 {
+	if n.h&setFlag != 0 {
+		return t.sets[n.h&^setFlag].kids[i]
+	}
+	return n.children
+}
+
+// newHolderKids is the kids count of s joining n's holders: a worker that
+// holds no orphan holds no child of a node it did not hold.
+func (t *tree) newHolderKids(n *node, s uint32) uint32 {
+	if t.workers[s].holey {
+		return n.children
+	}
+	return 0
+}
+
+func (t *tree) markHoley(s uint32) {
+	if ws := &t.workers[s]; !ws.holey {
+		ws.holey = true
+		t.holey++
+	}
+}
+
+// countKid records that s, which holds or held n, came to hold (delta 1)
+// or let go of (delta -1) a child of n.
+func (t *tree) countKid(n *node, s uint32, delta int) {
+	i := t.holderIndex(n, s)
+	switch {
+	case i < 0:
+		if delta > 0 {
+			t.markHoley(s) // s holds a block without its parent
+		}
+	case n.h&setFlag != 0:
+		k := &t.sets[n.h&^setFlag].kids[i]
+		*k = uint32(int(*k) + delta)
+	}
+}
+
 func (t *tree) addHolder(n *node, s uint32) {
+	if n.parent != rootParent {
+		t.countKid(t.nodes.at(n.parent), s, 1)
+	}
 	switch {
 	case n.h == noHolder:
 		n.h = s
@@ -208,35 +288,37 @@ func (t *tree) addHolder(n *node, s uint32) {
 		set := t.newSet()
 		hs := &t.sets[set]
 		hs.slots = append(hs.slots, n.h, s)
+		hs.kids = append(hs.kids, n.children, t.newHolderKids(n, s))
 		hs.fp = slotFP(n.h) ^ slotFP(s)
 		n.h = set | setFlag
 	default:
 		hs := &t.sets[n.h&^setFlag]
 		hs.slots = append(hs.slots, s)
+		hs.kids = append(hs.kids, t.newHolderKids(n, s))
 		hs.fp ^= slotFP(s)
 	}
 	t.pairs++
 }
 
 func (t *tree) dropHolder(n *node, s uint32) {
-	switch {
-	case n.h == noHolder:
+	i := t.holderIndex(n, s)
+	if i < 0 {
 		return
-	case n.h&setFlag == 0:
-		if n.h != s {
-			return
-		}
+	}
+	if t.heldKids(n, i) > 0 {
+		t.markHoley(s)
+	}
+	if n.parent != rootParent {
+		t.countKid(t.nodes.at(n.parent), s, -1)
+	}
+	if n.h&setFlag == 0 {
 		n.h = noHolder
-	default:
+	} else {
 		set := n.h &^ setFlag
 		hs := &t.sets[set]
-		i := slices.Index(hs.slots, s)
-		if i < 0 {
-			return
-		}
 		last := len(hs.slots) - 1
-		hs.slots[i] = hs.slots[last]
-		hs.slots = hs.slots[:last]
+		hs.slots[i], hs.kids[i] = hs.slots[last], hs.kids[last]
+		hs.slots, hs.kids = hs.slots[:last], hs.kids[:last]
 		hs.fp ^= slotFP(s)
 		if last == 1 {
 			n.h = hs.slots[0]
@@ -252,16 +334,16 @@ func (t *tree) newSet() uint32 {
 		t.freeSets = t.freeSets[:n-1]
 		return s
 	}
-	t.sets = append(t.sets, holderSet{slots: make([]uint32, 0, 4)})
+	t.sets = append(t.sets, holderSet{slots: make([]uint32, 0, 4), kids: make([]uint32, 0, 4)})
 	return uint32(len(t.sets) - 1)
 }
 
 func (t *tree) releaseSet(s uint32) {
 	hs := &t.sets[s]
 	if cap(hs.slots) > 64 {
-		hs.slots = make([]uint32, 0, 4)
+		hs.slots, hs.kids = make([]uint32, 0, 4), make([]uint32, 0, 4)
 	} else {
-		hs.slots = hs.slots[:0]
+		hs.slots, hs.kids = hs.slots[:0], hs.kids[:0]
 	}
 	hs.fp = 0
 	t.freeSets = append(t.freeSets, s)
@@ -544,6 +626,9 @@ func (t *tree) clearSlot(s uint32) {
 		return true
 	})
 	delete(t.slotOf, ws.id)
+	if ws.holey {
+		t.holey--
+	}
 	*ws = workerState{}
 	t.freeSlots = append(t.freeSlots, s)
 }
@@ -623,51 +708,77 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 		sc.mark[s] = cur
 	}
 	activeFP := t.fp(nd)
+	// While every worker is prefix-closed, a level held by exactly the
+	// matching workers says they hold every level above it too: probe
+	// jumpSpan levels ahead, and walk level by level only where the set
+	// changes. Under a memory cap every matched node's stamp must be
+	// touched, so the walk stays level by level.
+	jump := t.holey == 0 && !t.lru
 	depth := 1
-	for ; depth < len(seq); depth++ {
-		n, ok := t.bySeq.get(seq[depth], &t.nodes)
-		if !ok {
-			break
+walk:
+	for depth < len(seq) {
+		end := len(seq)
+		if jump {
+			if p := depth + jumpSpan - 1; p < len(seq) {
+				if n, ok := t.bySeq.get(seq[p], &t.nodes); ok {
+					if nd := t.nodes.at(n); t.nw(nd) == len(sc.active) && t.fp(nd) == activeFP {
+						depth = p + 1
+						continue
+					}
+				}
+				end = p + 1
+			}
 		}
-		nd := t.nodes.at(n)
-		if t.nw(nd) == len(sc.active) && t.fp(nd) == activeFP {
+		for ; depth < end; depth++ {
+			n, ok := t.bySeq.get(seq[depth], &t.nodes)
+			if !ok {
+				break walk
+			}
+			nd := t.nodes.at(n)
+			if t.nw(nd) == len(sc.active) && t.fp(nd) == activeFP {
+				t.touch(n, tick)
+				continue
+			}
+			sc.epoch++
+			next := sc.epoch
+			kept := 0
+			for _, s := range t.workerSet(nd, &one) {
+				if sc.mark[s] == cur {
+					sc.mark[s] = next
+					kept++
+				}
+			}
+			if kept == 0 {
+				break walk
+			}
 			t.touch(n, tick)
-			continue
-		}
-		sc.epoch++
-		next := sc.epoch
-		kept := 0
-		for _, s := range t.workerSet(nd, &one) {
-			if sc.mark[s] == cur {
-				sc.mark[s] = next
-				kept++
+			cur = next
+			if kept == len(sc.active) {
+				continue
 			}
-		}
-		if kept == 0 {
-			break
-		}
-		t.touch(n, tick)
-		cur = next
-		if kept == len(sc.active) {
-			continue
-		}
-		j := 0
-		for _, s := range sc.active {
-			if sc.mark[s] == cur {
-				sc.active[j] = s
-				j++
-			} else {
-				activeFP ^= slotFP(s)
-				out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
+			j := 0
+			for _, s := range sc.active {
+				if sc.mark[s] == cur {
+					sc.active[j] = s
+					j++
+				} else {
+					activeFP ^= slotFP(s)
+					out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
+				}
 			}
+			sc.active = sc.active[:j]
 		}
-		sc.active = sc.active[:j]
 	}
 	for _, s := range sc.active {
 		out = append(out, Overlap{Worker: t.workers[s].id, Blocks: uint32(depth)})
 	}
 	return out
 }
+
+// jumpSpan is how far find probes ahead while every worker is
+// prefix-closed: a match of 512 blocks costs 64 probes, and one that ends
+// costs at most jumpSpan more.
+const jumpSpan = 8
 
 func (t *tree) touch(n uint32, tick uint32) {
 	if !t.lru {

@@ -25,6 +25,7 @@ package load
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -382,6 +383,14 @@ type Tracker struct {
 	cand    []int32
 	run     []uint64
 	walkGen uint32
+	// resolved caches the slots of the workers list of the last call, as
+	// long as no slot came or went (slotsGen): callers pass the same fleet
+	// call after call, and comparing it costs less than a map lookup per
+	// worker.
+	resolvedFor []kv.Worker
+	resolved    []int32
+	resolvedGen uint64
+	slotsGen    uint64
 }
 
 // New returns a Tracker configured by cfg (see Config for the defaults of
@@ -561,6 +570,7 @@ func (t *Tracker) RemoveWorker(w kv.Worker) int {
 	} else {
 		t.slotOf[w.ID] = ranks
 	}
+	t.slotsGen++
 	t.nWorkers--
 	t.slots[si] = slot{}
 	t.freeSlots = append(t.freeSlots, si)
@@ -604,9 +614,17 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 	gen := uint64(t.walkGen) << 32
 	dst = dst[:0]
 	t.cand = t.cand[:0]
-	for _, w := range workers {
+	if t.resolvedGen != t.slotsGen || !slices.Equal(workers, t.resolvedFor) {
+		t.resolvedFor = append(t.resolvedFor[:0], workers...)
+		t.resolved = t.resolved[:0]
+		for _, w := range workers {
+			t.resolved = append(t.resolved, t.lookup(w))
+		}
+		t.resolvedGen = t.slotsGen
+	}
+	for i, w := range workers {
 		p := Potential{Worker: w}
-		si := t.lookup(w)
+		si := t.resolved[i]
 		if si >= 0 {
 			p.WorkerLoad = t.load(&t.slots[si])
 			t.run[si] = gen
@@ -722,6 +740,7 @@ func (t *Tracker) slotFor(w kv.Worker) int32 {
 	}
 	t.slots[si] = slot{requests: make(map[string]*request)}
 	t.slotOf[w.ID] = append(t.slotOf[w.ID], rankSlot{rank: w.DPRank, slot: si})
+	t.slotsGen++
 	t.nWorkers++
 	return si
 }

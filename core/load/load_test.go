@@ -1035,3 +1035,27 @@ func TestFreedLongPromptLeavesNoBuffer(t *testing.T) {
 	wantLoad(t, tr, w1, WorkerLoad{ActiveDecodeBlocks: 512, ActivePrefillTokens: 8192, ActiveRequests: 1})
 	runtime.KeepAlive(tr)
 }
+
+// PotentialLoads remembers which slot each worker of the list it was last
+// given has; a worker removed, and its slot taken by another, must not
+// lend that other worker's load to the same list asked again.
+func TestPotentialLoadsFollowsSlotChanges(t *testing.T) {
+	tr := New(DefaultConfig())
+	workers := []kv.Worker{w1, w2}
+	q := Query{Blocks: seqOf(0, 4), ISL: 64}
+	mustAdd(t, tr, Request{ID: "a", Worker: w1, Blocks: seqOf(0, 4), ISL: 64})
+	if p := tr.PotentialLoads(q, workers, nil, nil); p[0].ActiveRequests != 1 || p[1].ActiveRequests != 0 {
+		t.Fatalf("before: %+v", p)
+	}
+	tr.RemoveWorker(w1)
+	other := kv.Worker{ID: 9}
+	mustAdd(t, tr, Request{ID: "b", Worker: other, Blocks: seqOf(100, 3), ISL: 48})
+	mustAdd(t, tr, Request{ID: "c", Worker: other, Blocks: seqOf(200, 3), ISL: 48})
+	if p := tr.PotentialLoads(q, workers, nil, nil); p[0].ActiveRequests != 0 || p[1].ActiveRequests != 0 {
+		t.Fatalf("after w1 left and worker 9 took its slot: %+v", p)
+	}
+	mustAdd(t, tr, Request{ID: "d", Worker: w2, Blocks: seqOf(0, 4), ISL: 64})
+	if p := tr.PotentialLoads(q, workers, nil, nil); p[1].ActiveRequests != 1 || p[1].PotentialDecodeBlocks != 4 {
+		t.Fatalf("after w2 booked: %+v", p)
+	}
+}

@@ -231,7 +231,9 @@ type Router struct {
 type fleet struct {
 	infos map[uint64]WorkerInfo
 	ranks []kv.Worker // every routable rank, in a stable order
-	pos   map[kv.Worker]int
+	// first is the index in ranks of each engine's rank 0; its other ranks
+	// follow it.
+	first idTable
 	rinfo []WorkerInfo // info of ranks[i]
 	// learned are the block sizes the engines' events carry.
 	learned map[uint64]int
@@ -240,6 +242,15 @@ type fleet struct {
 	// every engine agrees with the router, which keeps that path as it was.
 	odd   map[uint64]int
 	sizes []int
+}
+
+// position is rank w's index in ranks.
+func (f *fleet) position(w kv.Worker) (int, bool) {
+	i, ok := f.first.get(w.ID)
+	if !ok || int(w.DPRank) >= f.rinfo[i].DPSize {
+		return 0, false
+	}
+	return int(i) + int(w.DPRank), true
 }
 
 // blockSize is the block size engine id's blocks are hashed with.
@@ -453,7 +464,7 @@ func (r *Router) dropRank(w kv.Worker) {
 }
 
 func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int) *fleet {
-	f := &fleet{infos: infos, pos: map[kv.Worker]int{}, learned: learned, odd: map[uint64]int{}}
+	f := &fleet{infos: infos, first: newIDTable(len(infos)), learned: learned, odd: map[uint64]int{}}
 	ids := make([]uint64, 0, len(infos))
 	for id := range infos {
 		ids = append(ids, id)
@@ -474,9 +485,11 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 			// busy threshold compares them with.
 			in.TotalKVBlocks = in.TotalKVBlocks * size / r.cfg.BlockSize
 		}
+		if in.DPSize > 0 {
+			f.first.put(id, int32(len(f.ranks)))
+		}
 		for rank := 0; rank < in.DPSize; rank++ {
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}
-			f.pos[w] = len(f.ranks)
 			f.ranks = append(f.ranks, w)
 			f.rinfo = append(f.rinfo, in)
 		}
@@ -828,7 +841,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
 	clear(sc.overlaps)
 	for _, o := range p.overlaps {
-		if i, ok := f.pos[o.Worker]; ok && int(o.Blocks) > sc.overlaps[i] {
+		if i, ok := f.position(o.Worker); ok && int(o.Blocks) > sc.overlaps[i] {
 			sc.overlaps[i] = int(o.Blocks)
 		}
 	}

@@ -111,6 +111,27 @@ func TestRequestGoesToWorkerHoldingItsPrefix(t *testing.T) {
 	}
 }
 
+// Each data-parallel rank is matched on its own blocks: the rank holding
+// the prefix wins, not its engine's rank 0 nor a neighbour's rank.
+func TestRequestGoesToTheRankHoldingItsPrefix(t *testing.T) {
+	r, _ := newRouter(t, 0, nil)
+	r.AddWorker(WorkerInfo{ID: 3, DPSize: 3})
+	r.AddWorker(WorkerInfo{ID: 4, DPSize: 2})
+	for _, tc := range []struct {
+		holder kv.Worker
+		salt   int
+	}{{kv.Worker{ID: 3, DPRank: 2}, 11}, {kv.Worker{ID: 4, DPRank: 1}, 12}, {kv.Worker{ID: 3}, 13}} {
+		store(t, r, tc.holder, tokens(tc.salt, 30, tc.salt, 30))
+		d, err := r.BestWorker(ctx(), &Request{Tokens: tokens(tc.salt, 30, 99, 32)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker != tc.holder || d.OverlapBlocks != 30 {
+			t.Fatalf("decision %+v, want rank %v with 30 blocks cached", d, tc.holder)
+		}
+	}
+}
+
 func TestHotPrefixBurstSpreads(t *testing.T) {
 	// Dynamo issue #737: one cached prefix must not attract the whole
 	// burst; each booking raises the holder's cost until others win.

@@ -23,29 +23,32 @@ type engineCache struct {
 	ent   []entry
 	free  []int32
 	table []uint64 // see slotOf
-	mask  uint64
 	size  int
 
-	rng     uint64 // engine id stream
+	seed    uint64 // engine id stream: see engineID
+	issued  uint32 // engine ids drawn so far
 	eventID uint64
 }
 
+// entry is 20 bytes (4-byte fields only): at 10,000 engines of 16,384
+// blocks the caches are most of the harness's memory.
 type entry struct {
-	key, engine uint64
-	prev, next  int32
+	keyLo, keyHi uint32
+	// id is the entry's place in the engine id stream (see engineID).
+	id         uint32
+	prev, next int32
 }
 
+func (e *entry) key() uint64 { return uint64(e.keyLo) | uint64(e.keyHi)<<32 }
+
 func newEngineCache(capacity int, seed uint64) *engineCache {
-	n := 1
-	for n < 2*capacity {
-		n <<= 1
-	}
 	c := &engineCache{
-		cap:   capacity,
-		ent:   make([]entry, 1, capacity+1),
-		table: make([]uint64, n),
-		mask:  uint64(n - 1),
-		rng:   seed,
+		cap: capacity,
+		ent: make([]entry, 1, capacity+1),
+		// At most two thirds full: a lookup that misses (one per request,
+		// and one per new block) then probes about five slots.
+		table: make([]uint64, capacity*3/2+1),
+		seed:  seed,
 	}
 	// Fault the memory in now, outside the timed replay: fresh pages from
 	// the OS are zero but untouched, and the first write to each would
@@ -55,12 +58,17 @@ func newEngineCache(capacity int, seed uint64) *engineCache {
 	return c
 }
 
-// nextEngineID draws a fresh opaque engine block id.
-func (c *engineCache) nextEngineID() uint64 {
+// engineID is the k-th id of the engine's stream, an opaque 64-bit value as
+// vLLM's block hashes are; entries keep k, not the id.
+func (c *engineCache) engineID(k uint32) uint64 { return mix64(c.seed + uint64(k)*golden) }
+
+// nextEngineID draws the next id of the stream (never 0, which events
+// cannot carry).
+func (c *engineCache) nextEngineID() uint32 {
 	for {
-		c.rng += golden
-		if id := mix64(c.rng); id != 0 {
-			return id
+		c.issued++
+		if c.engineID(c.issued) != 0 {
+			return c.issued
 		}
 	}
 }
@@ -71,17 +79,26 @@ func (c *engineCache) nextEngineID() uint64 {
 
 func slotOf(key uint64, e int32) uint64 { return key&^0xffffffff | uint64(uint32(e)) }
 
-func (c *engineCache) home(slot uint64) uint64 { return (slot >> 32) & c.mask }
+// home places a slot by its key's high 32 bits (multiply-shift range
+// reduction, so the table's size need not be a power of two).
+func (c *engineCache) home(slot uint64) int { return int((slot >> 32) * uint64(len(c.table)) >> 32) }
+
+func (c *engineCache) next(i int) int {
+	if i++; i == len(c.table) {
+		return 0
+	}
+	return i
+}
 
 func (c *engineCache) lookup(key uint64) int32 {
 	hi := key &^ 0xffffffff
-	for i := (key >> 32) & c.mask; ; i = (i + 1) & c.mask {
+	for i := c.home(key); ; i = c.next(i) {
 		s := c.table[i]
 		if s == 0 {
 			return 0
 		}
 		if s&^0xffffffff == hi {
-			if e := int32(uint32(s)); c.ent[e].key == key {
+			if e := int32(uint32(s)); c.ent[e].key() == key {
 				return e
 			}
 		}
@@ -92,9 +109,9 @@ func (c *engineCache) lookup(key uint64) int32 {
 // already present.
 func (c *engineCache) insertKey(key uint64, e int32) bool {
 	hi := key &^ 0xffffffff
-	i := (key >> 32) & c.mask
-	for ; c.table[i] != 0; i = (i + 1) & c.mask {
-		if s := c.table[i]; s&^0xffffffff == hi && c.ent[int32(uint32(s))].key == key {
+	i := c.home(key)
+	for ; c.table[i] != 0; i = c.next(i) {
+		if s := c.table[i]; s&^0xffffffff == hi && c.ent[int32(uint32(s))].key() == key {
 			return false
 		}
 	}
@@ -106,15 +123,15 @@ func (c *engineCache) insertKey(key uint64, e int32) bool {
 // following run back so that the table needs no tombstones.
 func (c *engineCache) deleteKey(key uint64, e int32) {
 	want := slotOf(key, e)
-	i := (key >> 32) & c.mask
+	i := c.home(key)
 	for c.table[i] != want {
-		i = (i + 1) & c.mask
+		i = c.next(i)
 	}
 	for {
 		c.table[i] = 0
 		j := i
 		for {
-			j = (j + 1) & c.mask
+			j = c.next(j)
 			s := c.table[j]
 			if s == 0 {
 				return
@@ -191,8 +208,8 @@ func (c *engineCache) serve(keys, local []uint64, sc *serveScratch) (hit int, pa
 	for need := c.size + (n - hit) - c.cap; need > 0; need-- {
 		e := c.ent[0].prev
 		en := &c.ent[e]
-		sc.removed = append(sc.removed, en.engine)
-		c.deleteKey(en.key, e)
+		sc.removed = append(sc.removed, c.engineID(en.id))
+		c.deleteKey(en.key(), e)
 		c.unlink(e)
 		*en = entry{}
 		c.free = append(c.free, e)
@@ -202,7 +219,7 @@ func (c *engineCache) serve(keys, local []uint64, sc *serveScratch) (hit int, pa
 	prev := int32(0)
 	if hit > 0 {
 		prev = sc.pos[hit-1]
-		parent, hasParent = c.ent[prev].engine, true
+		parent, hasParent = c.engineID(c.ent[prev].id), true
 	}
 	for i := hit; i < n; i++ {
 		e := c.alloc()
@@ -210,11 +227,11 @@ func (c *engineCache) serve(keys, local []uint64, sc *serveScratch) (hit int, pa
 			// Impossible while the cache is prefix-closed (see above).
 			panic("bench: engine cache holds a block whose parent it dropped")
 		}
-		id := c.nextEngineID()
-		c.ent[e].key, c.ent[e].engine = keys[i], id
+		k := c.nextEngineID()
+		c.ent[e].keyLo, c.ent[e].keyHi, c.ent[e].id = uint32(keys[i]), uint32(keys[i]>>32), k
 		c.linkAfter(prev, e)
 		c.size++
-		sc.blocks = append(sc.blocks, kv.Block{EngineHash: id, LocalHash: local[i]})
+		sc.blocks = append(sc.blocks, kv.Block{EngineHash: c.engineID(k), LocalHash: local[i]})
 		prev = e
 	}
 	return hit, parent, hasParent

@@ -226,6 +226,7 @@ type Router struct {
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
+	tap          atomic.Pointer[tapHolder] // see SetDecisionTap
 }
 
 type fleet struct {
@@ -933,6 +934,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	r.stats.overlapBlocks.Add(uint64(c.OverlapBlocks))
 	r.stats.promptBlocks.Add(uint64(len(p.seq)))
 	d.Timings.Schedule = time.Since(t0)
+	r.tapDecision(p, sc, cands, &d)
 	return d, nil
 }
 

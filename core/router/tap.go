@@ -90,3 +90,6 @@ func (r *Router) IndexedBlocks(w kv.Worker) int {
 	}
 	return r.exact.Blocks(w)
 }
+
+// Mode is the routing mode in force.
+func (r *Router) Mode() sched.Mode { return r.cfg.Mode }

@@ -43,12 +43,8 @@ type EngineStatus struct {
 	Warnings []string
 }
 
-// Errors of Config.SetDrained: an id no engine has (404), an engine the
-// registry cannot hold out of routing (409).
-var (
-	ErrUnknownEngine = errors.New("no such engine")
-	ErrNotDrainable  = errors.New("this engine cannot be drained")
-)
+// ErrUnknownEngine is Config.SetDrained's answer for an id no engine has.
+var ErrUnknownEngine = errors.New("no such engine")
 
 // Defaults of the dashboard's feed.
 const (
@@ -477,10 +473,6 @@ func (f *Frontend) drainWorker(w http.ResponseWriter, r *http.Request) {
 	if err := f.cfg.SetDrained(*req.WorkerID, *req.Drained); err != nil {
 		if errors.Is(err, ErrUnknownEngine) {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_worker", "worker_id", "no engine has worker_id %d", *req.WorkerID)
-			return
-		}
-		if errors.Is(err, ErrNotDrainable) {
-			writeError(w, http.StatusConflict, "invalid_request_error", "not_drainable", "worker_id", "%v", err)
 			return
 		}
 		writeError(w, http.StatusInternalServerError, "server_error", "drain_failed", "", "%v", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/frontend"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -140,6 +141,8 @@ type supervised struct {
 	// probe's wait short.
 	drained bool
 	wake    chan struct{}
+	// instance is a discovered engine's announcement, to re-admit it by.
+	instance natsplane.Instance
 }
 
 func (w *WorkerSpec) validate() error {

@@ -55,8 +55,7 @@ func (s *Server) setDrained(id uint64, drained bool) error {
 		return frontend.ErrUnknownEngine
 	}
 	if w.discovered {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: engine %d was found by discovery and leaves with its lease", frontend.ErrNotDrainable, id)
+		return s.setDiscoveredDrained(w, drained)
 	}
 	w.drained = drained
 	s.notifyLocked()
@@ -68,6 +67,30 @@ func (s *Server) setDrained(id uint64, drained bool) error {
 	select {
 	case w.wake <- struct{}{}:
 	default:
+	}
+	return nil
+}
+
+// setDrained for an engine found by discovery: its lease, not a probe,
+// says whether it is alive, so draining takes it out of the router only,
+// and re-admitting adds it back as its announcement described it. Called
+// with s.mu held; releases it.
+func (s *Server) setDiscoveredDrained(w *supervised, drained bool) error {
+	was := w.drained
+	w.drained = drained
+	if drained {
+		w.up = false
+	}
+	s.notifyLocked()
+	in := w.instance
+	s.mu.Unlock()
+	switch {
+	case drained && !was:
+		s.router.RemoveWorker(w.spec.ID)
+		s.plane.sub.WorkerRemoved(w.spec.ID)
+		s.log.Warn("engine left routing", "worker", w.spec.Name, "why", "drained by an operator")
+	case !drained && was:
+		s.discovered(in)
 	}
 	return nil
 }

@@ -35,9 +35,6 @@ type EngineStatus struct {
 	// State is "up" (in routing), "down" (not answering its health probe)
 	// or "drained" (taken out by an operator).
 	State string
-	// KVEvents counts the KV events received from the engine's ranks so
-	// far; the dashboard shows its rate.
-	KVEvents uint64
 	// Warnings say what is wrong with the engine's event stream, e.g.
 	// replay gaps that could not be closed.
 	Warnings []string
@@ -218,8 +215,10 @@ func (u *ui) sample(now time.Time, st router.Stats, engines []EngineStatus) ([]u
 			}
 			rates := map[uint64]float64{}
 			for _, e := range engines {
-				if prev, ok := u.lastEvents[e.ID]; ok && e.KVEvents >= prev {
-					rates[e.ID] = round2(float64(e.KVEvents-prev) / dt)
+				if prev, ok := u.lastEvents[e.ID]; ok {
+					if n := u.f.cfg.Router.WorkerEvents(e.ID); n >= prev {
+						rates[e.ID] = round2(float64(n-prev) / dt)
+					}
 				}
 			}
 			u.eventRates = rates
@@ -227,7 +226,7 @@ func (u *ui) sample(now time.Time, st router.Stats, engines []EngineStatus) ([]u
 		u.last, u.lastAt = cur, now
 		clear(u.lastEvents)
 		for _, e := range engines {
-			u.lastEvents[e.ID] = e.KVEvents
+			u.lastEvents[e.ID] = u.f.cfg.Router.WorkerEvents(e.ID)
 		}
 	}
 	return slices.Clone(u.points), u.eventRates

@@ -241,6 +241,9 @@ type fleet struct {
 	// every engine agrees with the router, which keeps that path as it was.
 	odd   map[uint64]int
 	sizes []int
+	// events counts each engine's KV events accepted, for a rate on the
+	// dashboard; an engine keeps its counter across fleet rebuilds.
+	events map[uint64]*atomic.Uint64
 }
 
 // blockSize is the block size engine id's blocks are hashed with.
@@ -454,13 +457,19 @@ func (r *Router) dropRank(w kv.Worker) {
 }
 
 func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int) *fleet {
-	f := &fleet{infos: infos, pos: map[kv.Worker]int{}, learned: learned, odd: map[uint64]int{}}
+	f := &fleet{infos: infos, pos: map[kv.Worker]int{}, learned: learned, odd: map[uint64]int{}, events: make(map[uint64]*atomic.Uint64, len(infos))}
+	old := r.fleet.Load()
 	ids := make([]uint64, 0, len(infos))
 	for id := range infos {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
+		if old != nil && old.events[id] != nil {
+			f.events[id] = old.events[id]
+		} else {
+			f.events[id] = new(atomic.Uint64)
+		}
 		in := infos[id]
 		size := in.BlockSize
 		if l, ok := learned[id]; ok {
@@ -509,7 +518,8 @@ func cmpU64(a, b uint64) int {
 // ApplyEvent feeds one KV event to the index. Events of unknown workers or
 // ranks are counted and refused; the index counts its own rejections.
 func (r *Router) ApplyEvent(ev *kv.Event) error {
-	info, ok := r.fleet.Load().infos[ev.Worker.ID]
+	f := r.fleet.Load()
+	info, ok := f.infos[ev.Worker.ID]
 	switch {
 	case !ok:
 		r.stats.unknownWorker.Add(1)
@@ -518,6 +528,7 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 		r.stats.badRank.Add(1)
 		return fmt.Errorf("%w: rank %d of %d", ErrDPRankRange, ev.Worker.DPRank, info.DPSize)
 	}
+	f.events[ev.Worker.ID].Add(1)
 	if ev.Kind != kv.KindCleared {
 		// Routers and their event sources synthesise clears when they
 		// rebuild a rank (a dump, a lost history): no proof of the

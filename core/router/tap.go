@@ -93,3 +93,12 @@ func (r *Router) IndexedBlocks(w kv.Worker) int {
 
 // Mode is the routing mode in force.
 func (r *Router) Mode() sched.Mode { return r.cfg.Mode }
+
+// WorkerEvents is how many KV events of engine id the router has accepted
+// since it joined (0 for an unknown engine).
+func (r *Router) WorkerEvents(id uint64) uint64 {
+	if c := r.fleet.Load().events[id]; c != nil {
+		return c.Load()
+	}
+	return 0
+}

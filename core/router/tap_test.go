@@ -30,6 +30,11 @@ func (t *recTap) Record(d DecisionRecord) {
 func TestDecisionTapExplainsTheChoiceAndHonoursWant(t *testing.T) {
 	r, _ := newRouter(t, 4, nil)
 	store(t, r, w(2), tokens(7, 40, 7, 40))
+	r.AddWorker(WorkerInfo{ID: 9, TotalKVBlocks: 16})
+	if r.WorkerEvents(2) != 1 || r.WorkerEvents(1) != 0 || r.WorkerEvents(42) != 0 {
+		t.Fatalf("events counted %d, %d, %d: want 1 for the engine that sent one, and kept across fleet changes", r.WorkerEvents(2), r.WorkerEvents(1), r.WorkerEvents(42))
+	}
+	r.RemoveWorker(9)
 	tap := &recTap{budget: 1}
 	r.SetDecisionTap(tap)
 	if _, err := route(r, "a", tokens(7, 40, 99, 50)); err != nil {

@@ -22,7 +22,6 @@ func (s *Server) engineStatuses() []frontend.EngineStatus {
 		}
 		for rank, src := range w.sources {
 			ss := src.Stats()
-			st.KVEvents += ss.Events
 			if lost := ss.Gaps - min(ss.Recovered, ss.Gaps); lost > 0 {
 				st.Warnings = append(st.Warnings, fmt.Sprintf("dp rank %d: %d replay gaps not recovered (its blocks were dropped and rebuilt)", rank, lost))
 			}

@@ -23,8 +23,8 @@
 // Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
 // Bearer <key>", compared in constant time). Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
-// /router/best_worker (with request_id), mark_prefill_complete, free, and
-// pprof. It also passes /v1/*, where it lets backend_instance_id pin a
+// /router/best_worker (with request_id), mark_prefill_complete, free,
+// drain, and pprof. It also passes /v1/*, where it lets backend_instance_id pin a
 // request to a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
 // Bookings through the router API are bounded: Config.MaxBookings at once

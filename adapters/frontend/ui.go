@@ -260,7 +260,6 @@ type (
 		AllBusy   uint64   `json:"all_busy"`
 		Active    int      `json:"active_requests"`
 		HitRate   *float64 `json:"hit_rate"` // since start
-		Inflight  int64    `json:"http_inflight"`
 	}
 	uiQueue struct {
 		Requests int `json:"pending_requests"`
@@ -350,7 +349,7 @@ func (f *Frontend) uiState(w http.ResponseWriter, r *http.Request) {
 	out := uiState{
 		Now: now.UnixMilli(), Mode: string(rt.Mode()), BlockSize: rt.BlockSize(),
 		AdminRequired: f.admin.set, Controls: f.cfg.SetDrained != nil,
-		Totals:     uiTotals{Decisions: st.Decisions, AllBusy: st.AllBusy, Active: st.Load.Active, Inflight: f.inflight.Load()},
+		Totals:     uiTotals{Decisions: st.Decisions, AllBusy: st.AllBusy, Active: st.Load.Active},
 		Queue:      uiQueue{Requests: st.QueuePending, Tokens: st.QueuePendingTokens},
 		Thresholds: rt.Thresholds().List(), Decisions: decisions, Next: next, Series: points,
 		DecisionsPerS: f.ui.perSecond,

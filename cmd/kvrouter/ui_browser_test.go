@@ -61,7 +61,7 @@ func TestUIInBrowser(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; trafficCtx.Err() == nil; i++ {
-				prompt := strings.Repeat(fmt.Sprintf("conversation %d says hello to the router. ", c), 12) + strings.Repeat("turn "+strconv.Itoa(i)+" ", i%5+1)
+				prompt := strings.Repeat(fmt.Sprintf("conversation %d says hello to the router. ", c), 12) + strings.Repeat("turn "+strconv.Itoa(i)+" ", 8*(i%3+1))
 				body, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": prompt, "max_tokens": 8})
 				req, _ := http.NewRequestWithContext(trafficCtx, http.MethodPost, base+"/v1/completions", strings.NewReader(string(body)))
 				req.Header.Set("Content-Type", "application/json")
@@ -177,6 +177,8 @@ func TestUIInBrowser(t *testing.T) {
 	poll("chart the hit rate", `document.querySelectorAll("#c-hit polyline").length`, func(v json.RawMessage) bool { return string(v) == "1" })
 
 	if path := os.Getenv("KVROUTER_UI_SCREENSHOT"); path != "" {
+		poll("chart twenty seconds", `(document.querySelector("#c-ttft polyline") || {getAttribute: () => ""}).getAttribute("points").split(" ").length`,
+			func(v json.RawMessage) bool { n, _ := strconv.Atoi(string(v)); return n >= 20 })
 		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatal(err)

@@ -246,8 +246,8 @@ type Config struct {
 	// and is served on /metrics; nil makes a new one.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
-	// MaxConcurrentRequests, when > 0, is how many requests (besides
-	// /health and /metrics) are served at once; more are answered 503 with
+	// MaxConcurrentRequests, when > 0, is how many requests (besides the
+	// probes, /metrics and /ui) are served at once; more are answered 503 with
 	// Retry-After.
 	MaxConcurrentRequests int
 	// MaxInflightBodyBytes, when > 0, bounds the request bodies (by their

@@ -175,3 +175,12 @@ func TestDrainEndpoint(t *testing.T) {
 		t.Fatal("drain without a registry must say so")
 	}
 }
+
+// The dashboard answers under overload: that is when it is looked at.
+func TestUIIsNotRefusedForOverload(t *testing.T) {
+	for _, p := range []string{"/ui", "/ui/api/state"} {
+		if !probePath(p) {
+			t.Errorf("%s would be refused when the router serves its maximum of requests", p)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/router"
 )
 
 func getState(t *testing.T, e *env, since uint64) uiState {
@@ -182,5 +184,23 @@ func TestUIIsNotRefusedForOverload(t *testing.T) {
 		if !probePath(p) {
 			t.Errorf("%s would be refused when the router serves its maximum of requests", p)
 		}
+	}
+}
+
+func TestUIWarnsOfAMismatchedBlockSize(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.mu.Lock()
+	e.workers = append(e.workers, Worker{ID: 5, Name: "odd", BaseURL: "http://127.0.0.1:1", Model: mockModel, DPSize: 2})
+	e.mu.Unlock()
+	e.router.AddWorker(router.WorkerInfo{ID: 5, Model: mockModel, DPSize: 2, TotalKVBlocks: 100, BlockSize: 2 * e.router.BlockSize()})
+	st := getState(t, e, 0)
+	if len(st.Engines) != 1 || len(st.Engines[0].Ranks) != 2 || st.Engines[0].BlockSize != 2*e.router.BlockSize() {
+		t.Fatalf("engines %+v", st.Engines)
+	}
+	if w := st.Engines[0].Warnings; len(w) != 1 || !strings.Contains(w[0], "block size mismatch") {
+		t.Fatalf("warnings %q, want the block size mismatch", w)
+	}
+	if r := st.Engines[0].Ranks[1]; r.DPRank != 1 || r.CapacityBlocks != 100 || r.KVEvents == "unknown" {
+		t.Fatalf("rank 1: %+v", r)
 	}
 }

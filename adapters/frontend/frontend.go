@@ -13,6 +13,8 @@
 //	POST /router/free                                 {request_id}
 //	GET  /router/dump_events                          the index as a JSON list of KV events
 //	GET  /busy_threshold, POST /busy_threshold        SPEC §6
+//	POST /router/drain                                {worker_id, drained}: take an engine out of routing or back
+//	GET  /ui, GET /ui/api/state                       the live dashboard and its feed (docs/dashboard.md)
 //	GET  /live, GET /ready, GET /health, GET /metrics
 //	GET  /debug/pprof/...                             Go's profiler, with an admin token only
 //
@@ -21,8 +23,8 @@
 // Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
 // Bearer <key>", compared in constant time). Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
-// /router/best_worker (with request_id), mark_prefill_complete, free, and
-// pprof. It also passes /v1/*, where it lets backend_instance_id pin a
+// /router/best_worker (with request_id), mark_prefill_complete, free,
+// drain, and pprof. It also passes /v1/*, where it lets backend_instance_id pin a
 // request to a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
 // Bookings through the router API are bounded: Config.MaxBookings at once
@@ -244,8 +246,8 @@ type Config struct {
 	// and is served on /metrics; nil makes a new one.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
-	// MaxConcurrentRequests, when > 0, is how many requests (besides
-	// /health and /metrics) are served at once; more are answered 503 with
+	// MaxConcurrentRequests, when > 0, is how many requests (besides the
+	// probes, /metrics and /ui) are served at once; more are answered 503 with
 	// Retry-After.
 	MaxConcurrentRequests int
 	// MaxInflightBodyBytes, when > 0, bounds the request bodies (by their
@@ -294,6 +296,16 @@ type Config struct {
 	// nil: that model's text and chat prompts are then tokenized by an
 	// engine's /tokenize.
 	Tokenizer func(model string) *modeltok.Model
+	// Engines, optional, lists every configured engine with its state for
+	// the dashboard (/ui); nil shows the engines of Workers.
+	Engines func() []EngineStatus
+	// SetDrained, optional, takes an engine out of routing (true) until
+	// it is re-admitted (false), for POST /router/drain; it returns
+	// ErrUnknownEngine for an id no engine has. nil answers 501.
+	SetDrained func(id uint64, drained bool) error
+	// UIDecisionsPerSecond bounds the decisions the dashboard is sent;
+	// 0 means DefaultUIDecisionsPerSecond.
+	UIDecisionsPerSecond int
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -322,6 +334,8 @@ type Frontend struct {
 	inflight    atomic.Int64
 	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
+
+	ui *ui // the dashboard's feed
 }
 
 // New checks cfg and registers the metrics.
@@ -361,13 +375,15 @@ func New(cfg Config) (*Frontend, error) {
 	var salt [6]byte
 	_, _ = rand.Read(salt[:])
 	aborted, abort := context.WithCancel(context.Background())
-	return &Frontend{
+	f := &Frontend{
 		cfg: cfg, log: cfg.Logger, m: m, dm: dm, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),
 		aborted:  aborted, abort: abort,
-	}, nil
+	}
+	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
+	return f, nil
 }
 
 // Handler routes every endpoint. A known path asked with another method is
@@ -388,6 +404,9 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/router/dump_events", f.dumpEvents},
 		{"GET", "/busy_threshold", f.listThresholds},
 		{"POST", "/busy_threshold", f.adminOnly(f.postThreshold)},
+		{"POST", "/router/drain", f.adminOnly(f.drainWorker)},
+		{"GET", "/ui", f.servePage},
+		{"GET", "/ui/api/state", f.uiState},
 		{"GET", "/health", f.health},
 		{"GET", "/live", f.live},
 		{"GET", "/ready", f.ready},

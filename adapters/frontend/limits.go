@@ -10,8 +10,9 @@ import (
 // limit admits at most Config.MaxConcurrentRequests requests at once, and
 // request bodies up to Config.MaxInflightBodyBytes in all, and answers the
 // others 503 with Retry-After at once, rather than letting
-// every request slow down together; /health and /metrics are always
-// answered, so that probes see an overloaded router as alive. It also
+// every request slow down together; the probes, /metrics and the
+// dashboard are always answered, so that an overloaded router is seen
+// alive, and seen. It also
 // bounds how long writing a non-streamed response may take.
 func (f *Frontend) limit(next http.Handler) http.Handler {
 	maxInflight := int64(f.cfg.MaxConcurrentRequests)
@@ -125,10 +126,11 @@ func (d *deadlineWriter) Write(b []byte) (int, error) {
 func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
 
 // probePath tells the paths that must answer under any load: a probe
-// refused for overload would pull a working router out of service.
+// refused for overload would pull a working router out of service, and
+// an overloaded router is when an operator most needs its dashboard.
 func probePath(path string) bool {
 	switch path {
-	case "/health", "/live", "/ready", "/metrics":
+	case "/health", "/live", "/ready", "/metrics", "/ui", "/ui/api/state":
 		return true
 	}
 	return false

@@ -267,6 +267,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 func (c *call) observeEnd(ttft time.Duration, out int) {
 	m := c.f.m
 	m.ttft.WithLabelValues(c.model).Observe(ttft.Seconds())
+	c.f.ui.observeTTFT(ttft)
 	m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
 	m.inputTokens.WithLabelValues(c.model).Observe(float64(c.isl))
 	if out >= 0 {

@@ -43,7 +43,11 @@ prompt, or the same text as a chat user message, of about --isl (and
 each on a fresh frontend: one tokenizing in process, one without a
 tokenizer, asking an engine's /tokenize for every prompt. Each run's
 kvrouter_frontend_tokenize_total must show only its own path, or the
-command fails.`,
+command fails.
+
+--ui-page keeps a simulated dashboard open through the routed phases (a
+client polling /ui/api/state every second, as the /ui page does), so that
+a run with it against one without shows what feeding the page costs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			progress := io.Discard
@@ -115,6 +119,9 @@ command fails.`,
 			fmt.Fprintf(w, "\nTTFT through the router minus direct: %+.2f ms at p50, %+.2f ms at p99\n", res.AddedP50ms, res.AddedP99ms)
 			fmt.Fprintf(w, "time the frontend held a request before the engine got it: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
 				res.Routed.FrontendP50ms, res.Routed.FrontendP99ms, res.ShortRouted.FrontendP50ms, res.ShortRouted.FrontendP99ms)
+			if cfg.UIPage {
+				fmt.Fprintf(w, "dashboard open during the routed phases: %d polls, %d decisions sent\n", res.UIPolls, res.UIDecisions)
+			}
 			if e := res.RoutedEngine; e != nil {
 				fmt.Fprintf(w, "%s prompts of %d tokens (short: %d); engine /tokenize minus in-process: TTFT %+.2f ms at p50, %+.2f ms at p99; frontend %+.3f ms at p50, %+.3f ms at p99\n",
 					cfg.Prompt, res.PromptTokens, res.ShortPromptTokens, e.TTFTp50ms-res.Routed.TTFTp50ms, e.TTFTp99ms-res.Routed.TTFTp99ms, e.FrontendP50ms-res.Routed.FrontendP50ms, e.FrontendP99ms-res.Routed.FrontendP99ms)
@@ -141,6 +148,7 @@ command fails.`,
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the streamed routed phase to this file (pprof label part: frontend, engines or clients)")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile to this file at the end of the streamed routed phase")
 	f.StringVar(&mutexProfile, "mutexprofile", "", "write a mutex contention profile of the streamed routed phase to this file")
+	f.BoolVar(&cfg.UIPage, "ui-page", false, "keep a simulated /ui dashboard open during the routed phases (polling /ui/api/state every second), to measure what feeding it costs")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	return cmd

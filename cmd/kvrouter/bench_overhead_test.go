@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -32,5 +33,20 @@ func TestBenchOverheadTextPrompts(t *testing.T) {
 	}
 	if _, err := runCmd(t, "bench", "overhead", "--prompt", "text", "--quiet"); err == nil || !strings.Contains(err.Error(), "need a tokenizer") {
 		t.Fatalf("text prompts without a tokenizer: %v", err)
+	}
+}
+
+// --ui-page keeps a dashboard polling through the routed phases: it must
+// have polled and been sent decisions, or the figure it labels is not
+// what it says.
+func TestBenchOverheadWithDashboardOpen(t *testing.T) {
+	out, err := runCmd(t, "bench", "overhead", "--ui-page", "--workers", "2", "--concurrency", "2",
+		"--isl", "64", "--osl", "2", "--short-isl", "32", "--short-concurrency", "2", "--warmup", "50ms", "--duration", "1200ms", "--quiet")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`dashboard open during the routed phases: (\d+) polls, (\d+) decisions sent`).FindStringSubmatch(out)
+	if m == nil || m[1] == "0" || m[2] == "0" {
+		t.Fatalf("the dashboard did not poll or saw no decision:\n%s", out)
 	}
 }

@@ -28,7 +28,7 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.http.ReadTimeout, "http-read-timeout", serve.DefaultReadTimeout, "time to read a whole request, body included; 0 = none")
 	fs.DurationVar(&f.http.IdleTimeout, "http-idle-timeout", serve.DefaultIdleTimeout, "keep-alive connections idle this long are closed; 0 = none")
 	fs.DurationVar(&f.http.WriteTimeout, "http-write-timeout", serve.DefaultWriteTimeout, "time to write a non-streamed response, from its first byte (streams are not bounded); 0 = none")
-	fs.IntVar(&f.http.MaxConcurrentRequests, "http-max-concurrent-requests", serve.DefaultMaxConcurrentRequests, "requests served at once, /health and /metrics aside; more are answered 503 with Retry-After; 0 = no limit")
+	fs.IntVar(&f.http.MaxConcurrentRequests, "http-max-concurrent-requests", serve.DefaultMaxConcurrentRequests, "requests served at once, probes, /metrics and /ui aside; more are answered 503 with Retry-After; 0 = no limit")
 	fs.IntVar(&f.http.MaxConnections, "http-max-connections", serve.DefaultMaxConnections, "client connections open at once; more are answered 503 with Retry-After; 0 = no limit")
 	fs.IntVar(&f.maxSessions, "router-max-sessions", sched.DefaultMaxSessions, "live session pins (nvext.session_control) at once; a new session beyond is answered 429")
 	fs.Float64Var(&f.maxSessionTimeout, "router-max-session-timeout-secs", sched.DefaultMaxSessionTimeout.Seconds(), "longest session_control.timeout a request may ask for")

@@ -127,9 +127,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				printWorkers(cmd.OutOrStdout(), workers)
 			}
 			if plane != nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, natsURL, pf.namespace)
+				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, s.URL(), natsURL, pf.namespace)
 			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode)
+				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode, s.URL())
 			}
 			<-signalled.Done()
 			stop() // a second signal ends the process at once

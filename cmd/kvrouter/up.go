@@ -158,6 +158,7 @@ flags.`,
 			printWorkers(out, workers)
 			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
 			url := s.URL()
+			fmt.Fprintf(out, "\nDashboard: %s/ui\n", url)
 			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
 			auth := ""
 			if hf.access.APIKey != "" {

@@ -226,6 +226,7 @@ type Router struct {
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
+	tap          atomic.Pointer[tapHolder] // see SetDecisionTap
 }
 
 type fleet struct {
@@ -242,6 +243,9 @@ type fleet struct {
 	// every engine agrees with the router, which keeps that path as it was.
 	odd   map[uint64]int
 	sizes []int
+	// events counts each engine's KV events accepted, for a rate on the
+	// dashboard; an engine keeps its counter across fleet rebuilds.
+	events map[uint64]*atomic.Uint64
 }
 
 // position is rank w's index in ranks.
@@ -464,13 +468,19 @@ func (r *Router) dropRank(w kv.Worker) {
 }
 
 func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int) *fleet {
-	f := &fleet{infos: infos, first: newIDTable(len(infos)), learned: learned, odd: map[uint64]int{}}
+	f := &fleet{infos: infos, first: newIDTable(len(infos)), learned: learned, odd: map[uint64]int{}, events: make(map[uint64]*atomic.Uint64, len(infos))}
+	old := r.fleet.Load()
 	ids := make([]uint64, 0, len(infos))
 	for id := range infos {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
+		if old != nil && old.events[id] != nil {
+			f.events[id] = old.events[id]
+		} else {
+			f.events[id] = new(atomic.Uint64)
+		}
 		in := infos[id]
 		size := in.BlockSize
 		if l, ok := learned[id]; ok {
@@ -521,7 +531,8 @@ func cmpU64(a, b uint64) int {
 // ApplyEvent feeds one KV event to the index. Events of unknown workers or
 // ranks are counted and refused; the index counts its own rejections.
 func (r *Router) ApplyEvent(ev *kv.Event) error {
-	info, ok := r.fleet.Load().infos[ev.Worker.ID]
+	f := r.fleet.Load()
+	info, ok := f.infos[ev.Worker.ID]
 	switch {
 	case !ok:
 		r.stats.unknownWorker.Add(1)
@@ -530,6 +541,7 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 		r.stats.badRank.Add(1)
 		return fmt.Errorf("%w: rank %d of %d", ErrDPRankRange, ev.Worker.DPRank, info.DPSize)
 	}
+	f.events[ev.Worker.ID].Add(1)
 	if ev.Kind != kv.KindCleared {
 		// Routers and their event sources synthesise clears when they
 		// rebuild a rank (a dump, a lost history): no proof of the
@@ -946,6 +958,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	r.stats.overlapBlocks.Add(uint64(c.OverlapBlocks))
 	r.stats.promptBlocks.Add(uint64(len(p.seq)))
 	d.Timings.Schedule = time.Since(t0)
+	r.tapDecision(p, sc, cands, &d)
 	return d, nil
 }
 

@@ -254,3 +254,35 @@ func DynamoDefaults() Overrides {
 	zero, one := 0.0, 1.0
 	return Overrides{CacheAffinity: &zero, PrefillLoadScale: &one}
 }
+
+// CostTerms is Cost split into the parts a person reads to see why a
+// worker won: Total = Prefill − CacheCredit + Decode, all in blocks.
+type CostTerms struct {
+	// Prefill is the scaled prompt work the request would wait for there,
+	// its cached prefix already taken off.
+	Prefill float64
+	// CacheCredit is the scaled cache affinity: what keeping the prefix
+	// where it is earns beyond the prefill it saves.
+	CacheCredit float64
+	// Decode is the worker's decode blocks with this request added.
+	Decode float64
+	Total  float64
+}
+
+// Terms is Cost with its terms apart; Terms(...).Total == Cost(...).
+func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
+	bs := float64(blockSize)
+	credited := p.OverlapCredit * float64(c.OverlapBlocks)
+	prefill := max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
+	affinity := 0.0
+	if p.OverlapCredit > 0 {
+		saved := credited
+		if fleet.muchBusier(c) {
+			saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens) / bs
+		}
+		affinity = p.CacheAffinity * max(saved, 0)
+	}
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: c.PotentialDecodeBlocks}
+	t.Total = p.PrefillLoadScale*(prefill-affinity) + c.PotentialDecodeBlocks
+	return t
+}

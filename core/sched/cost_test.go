@@ -314,3 +314,26 @@ func TestLoadAware(t *testing.T) {
 		t.Error("defaults do not use the index")
 	}
 }
+
+func TestTermsAddUpToCost(t *testing.T) {
+	p := DefaultParams()
+	cands := []Candidate{
+		{OverlapBlocks: 3, ActivePrefillTokens: 100, PotentialDecodeBlocks: 12, ActiveRequests: 1},
+		{OverlapBlocks: 0, ActivePrefillTokens: 0, PotentialDecodeBlocks: 4, ActiveRequests: 0},
+		{OverlapBlocks: 8, ActivePrefillTokens: 900, PotentialDecodeBlocks: 40, ActiveRequests: 9},
+	}
+	l := LightestOf(cands)
+	for i := range cands {
+		got := p.Terms(&cands[i], 160, 16, l)
+		want := p.Cost(&cands[i], 160, 16, l)
+		if math.Abs(got.Total-want) > 1e-9 {
+			t.Fatalf("candidate %d: Terms total %v, Cost %v", i, got.Total, want)
+		}
+		if sum := got.Prefill - got.CacheCredit + got.Decode; math.Abs(sum-want) > 1e-9 {
+			t.Fatalf("candidate %d: terms add up to %v, Cost is %v", i, sum, want)
+		}
+	}
+	if got := p.Terms(&cands[0], 160, 16, l); got.CacheCredit <= 0 || got.Decode != 12 {
+		t.Fatalf("a cached prefix earns no credit or decode is off: %+v", got)
+	}
+}

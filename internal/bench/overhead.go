@@ -50,6 +50,10 @@ type OverheadConfig struct {
 	// Goroutines carry the pprof label "part" (frontend, engines, clients)
 	// so that a profile tells the frontend's own CPU from the load's.
 	ProfileRouted func() (stop func()) `json:"-"`
+	// UIPage keeps a simulated dashboard open during the routed phases: a
+	// client polling /ui/api/state once a second as the page does, so
+	// that the router records decisions for it all along.
+	UIPage bool
 }
 
 // What OverheadConfig.Prompt can be.
@@ -106,7 +110,11 @@ type OverheadResult struct {
 	// ("in_process", "engine") by where the frontend tokenized, warm-ups
 	// included: the proof that each run took the path it is named after.
 	Tokenized map[string]map[string]int `json:"tokenized,omitempty"`
-	Config    OverheadConfig
+	// UIPolls counts the simulated dashboard's polls (UIPage), and
+	// UIDecisions the decisions they were sent.
+	UIPolls     int `json:"ui_polls,omitempty"`
+	UIDecisions int `json:"ui_decisions,omitempty"`
+	Config      OverheadConfig
 }
 
 // RunOverhead measures what the frontend adds. All phases run in this
@@ -183,7 +191,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 	}
 	// routed runs both loads through a fresh frontend and checks, from its
 	// metrics, that it tokenized where it should have.
-	routed := func(where string, tokenizers map[string]*modeltok.Model, streamed, shortP *Phase) error {
+	routed := func(where string, tokenizers map[string]*modeltok.Model, streamed, shortP *Phase) (err error) {
 		rcfg := router.DefaultConfig()
 		rcfg.QueueThreshold = nil // measure the path, not admission control
 		specs := slices.Clone(workers)
@@ -193,7 +201,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 			specs[i].Tokenizer = ""
 		}
 		var s *serve.Server
-		err := labelled(ctx, "frontend", func(ctx context.Context) (err error) {
+		err = labelled(ctx, "frontend", func(ctx context.Context) (err error) {
 			s, err = serve.Start(ctx, serve.Config{Router: rcfg, Workers: specs, Addr: "127.0.0.1:0", Tokenizers: tokenizers})
 			return err
 		})
@@ -211,6 +219,17 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 			label += map[string]string{"in_process": ", tokenized in process", "engine": ", tokenized by the engines' /tokenize"}[where]
 		}
 		target := []string{s.URL()}
+		if cfg.UIPage {
+			pageCtx, closePage := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- pollDashboard(pageCtx, s.URL(), &res.UIPolls, &res.UIDecisions) }()
+			defer func() {
+				closePage()
+				if perr := <-done; perr != nil && err == nil {
+					err = perr
+				}
+			}()
+		}
 		stopProfile := func() {}
 		if cfg.ProfileRouted != nil && where == "in_process" {
 			stopProfile = cfg.ProfileRouted()
@@ -399,4 +418,46 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		return p, fmt.Errorf("no request succeeded: %w", w.FirstErr)
 	}
 	return p, nil
+}
+
+// pollDashboard does what an open /ui page does, once a second until ctx
+// ends: fetch the state with the decisions since the last poll. A poll
+// that fails or answers anything but 200 ends the run with an error.
+func pollDashboard(ctx context.Context, base string, polls, decisions *int) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var next uint64
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/ui/api/state?since=%d", base, next), nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("dashboard poll: %w", err)
+		}
+		var st struct {
+			Next      uint64            `json:"next"`
+			Decisions []json.RawMessage `json:"decisions"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("dashboard poll: status %d, %v", resp.StatusCode, err)
+		}
+		*polls++
+		*decisions += len(st.Decisions)
+		next = st.Next
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }

@@ -106,6 +106,11 @@ func (s *Server) discovered(in natsplane.Instance) {
 		s.mu.Unlock()
 		s.log.Warn("discovered engine has the id of a configured one; skipped", "id", in.WorkerID, "worker", in.Name)
 		return
+	} else if w != nil && w.drained {
+		// Held out by an operator: remembered for re-admission only.
+		w.spec, w.instance = spec, in
+		s.mu.Unlock()
+		return
 	}
 	s.mu.Unlock()
 	s.toks.engineLater(in.Model, in.Tokenizer)
@@ -114,7 +119,7 @@ func (s *Server) discovered(in natsplane.Instance) {
 	s.warnBlockSize(in.WorkerID, spec.Name, s.router.WorkerBlockSize(in.WorkerID), "announces")
 	s.plane.sub.WorkerAdded(in)
 	s.mu.Lock()
-	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true}
+	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true, instance: in}
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize, "via", "discovery")

@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/frontend"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -135,6 +136,13 @@ type supervised struct {
 	sources []*enginesource.Source
 	// discovered engines come and go with their discovery lease.
 	discovered bool
+	// drained keeps the engine out of routing, healthy or not, until an
+	// operator re-admits it (guarded by Server.mu); wake then cuts the
+	// probe's wait short.
+	drained bool
+	wake    chan struct{}
+	// instance is a discovered engine's announcement, to re-admit it by.
+	instance natsplane.Instance
 }
 
 func (w *WorkerSpec) validate() error {
@@ -191,7 +199,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	r.SetBlockSizeObserver(s.blockSizeLearned)
 	s.toks = newTokenizers(cfg.Tokenizers, cfg.TokenizerCacheLookup, log)
 	for _, w := range cfg.Workers {
-		s.workers[w.ID] = &supervised{spec: w}
+		s.workers[w.ID] = &supervised{spec: w, wake: make(chan struct{}, 1)}
 		s.toks.engine(w.Model, w.Tokenizer)
 	}
 	reg := prometheus.NewRegistry()
@@ -205,6 +213,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 		Tokenizer: s.toks.of,
+		Engines:   s.engineStatuses, SetDrained: s.setDrained,
 	})
 	if err != nil {
 		return nil, err
@@ -349,9 +358,10 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	for {
 		healthy := probe(ctx, client, w.spec.URL)
 		s.mu.Lock()
-		up := w.up
+		up, drained := w.up, w.drained
 		s.mu.Unlock()
 		switch {
+		case drained:
 		case healthy && !up:
 			failures = 0
 			if err := s.join(ctx, w); err != nil {
@@ -369,6 +379,7 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 			s.leave(w, "shutting down")
 			return
 		case <-time.After(s.cfg.HealthInterval):
+		case <-w.wake:
 		}
 	}
 }
@@ -404,6 +415,12 @@ func (s *Server) engineRefused(id uint64) {
 func (s *Server) join(ctx context.Context, w *supervised) error {
 	w.transit.Lock()
 	defer w.transit.Unlock()
+	s.mu.Lock()
+	drained := w.drained
+	s.mu.Unlock()
+	if drained { // drained while its probe was on the way
+		return nil
+	}
 	spec := w.spec
 	role, _ := router.ParseRole(spec.Role) // validated
 	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, Role: role})

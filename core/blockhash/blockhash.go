@@ -65,6 +65,9 @@ func (h Hasher) Blocks(n int) int { return n / h.blockSize }
 
 // LocalHash hashes exactly one block of tokens.
 func (h Hasher) LocalHash(block []uint32) uint64 {
+	if len(block) == 16 {
+		return hash16Tokens((*[16]uint32)(block), h.seed)
+	}
 	if nativeLE {
 		return xxh3.HashSeed(tokenBytes(block), h.seed)
 	}
@@ -83,6 +86,12 @@ func (h Hasher) LocalHash(block []uint32) uint64 {
 // dst and returns it.
 func (h Hasher) AppendLocalHashes(dst []uint64, tokens []uint32) []uint64 {
 	bs := h.blockSize
+	if bs == 16 {
+		for start := 0; start+16 <= len(tokens); start += 16 {
+			dst = append(dst, hash16Tokens((*[16]uint32)(tokens[start:start+16]), h.seed))
+		}
+		return dst
+	}
 	if nativeLE {
 		for start := 0; start+bs <= len(tokens); start += bs {
 			dst = append(dst, xxh3.HashSeed(tokenBytes(tokens[start:start+bs]), h.seed))
@@ -106,6 +115,30 @@ func (h Hasher) AppendLocalHashes(dst []uint64, tokens []uint32) []uint64 {
 	return dst
 }
 
+// AppendHashes appends the local and the sequence hash of every full block
+// of tokens to local and seq: AppendLocalHashes then
+// AppendSequenceHashes, in one pass where the default block size allows
+// it, so that hashing a block overlaps the wait on the previous link of
+// the chain.
+func (h Hasher) AppendHashes(local, seq []uint64, tokens []uint32) ([]uint64, []uint64) {
+	if h.blockSize != 16 {
+		n := len(local)
+		local = h.AppendLocalHashes(local, tokens)
+		return local, AppendSequenceHashes(seq, local[n:])
+	}
+	prev := uint64(0)
+	for start := 0; start+16 <= len(tokens); start += 16 {
+		l := hash16Tokens((*[16]uint32)(tokens[start:start+16]), h.seed)
+		if start > 0 {
+			prev = chain16(prev, l)
+		} else {
+			prev = l
+		}
+		local, seq = append(local, l), append(seq, prev)
+	}
+	return local, seq
+}
+
 // LocalHashes returns the local hash of every full block of tokens.
 func (h Hasher) LocalHashes(tokens []uint32) []uint64 {
 	return h.AppendLocalHashes(make([]uint64, 0, len(tokens)/h.blockSize), tokens)
@@ -115,8 +148,8 @@ func (h Hasher) LocalHashes(tokens []uint32) []uint64 {
 // pair every routing decision needs; computing them together hashes each
 // request once.
 func (h Hasher) Hashes(tokens []uint32) (local, seq []uint64) {
-	local = h.LocalHashes(tokens)
-	return local, SequenceHashes(local)
+	n := len(tokens) / h.blockSize
+	return h.AppendHashes(make([]uint64, 0, n), make([]uint64, 0, n), tokens)
 }
 
 func putTokens(b []byte, tokens []uint32) {
@@ -127,12 +160,7 @@ func putTokens(b []byte, tokens []uint32) {
 
 // Chain returns the sequence hash of a block whose parent has sequence hash
 // parent and whose own local hash is local.
-func Chain(parent, local uint64) uint64 {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], local)
-	return xxh3.HashSeed(b[:], Seed)
-}
+func Chain(parent, local uint64) uint64 { return chain16(parent, local) }
 
 // AppendSequenceHashes appends the chained sequence hashes of local to dst.
 func AppendSequenceHashes(dst []uint64, local []uint64) []uint64 {

@@ -2,6 +2,8 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -138,5 +140,104 @@ func BenchmarkChain(b *testing.B) {
 	x := uint64(1)
 	for b.Loop() {
 		x = Chain(x, 7)
+	}
+}
+
+// The inlined XXH3 paths agree with the library on random input, seeds of
+// LoRA adapters included.
+func TestSmallXXH3MatchesLibrary(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 100000 {
+		var block [16]uint32
+		for j := range block {
+			block[j] = rng.Uint32()
+		}
+		seed := Seed
+		if i%2 == 1 {
+			seed = rng.Uint64()
+		}
+		b := make([]byte, 64)
+		putTokens(b, block[:])
+		if got, want := hash16Tokens(&block, seed), xxh3.HashSeed(b, seed); got != want {
+			t.Fatalf("block %v seed %d: %#x, library %#x", block, seed, got, want)
+		}
+		parent, local := rng.Uint64(), rng.Uint64()
+		var c [16]byte
+		binary.LittleEndian.PutUint64(c[:8], parent)
+		binary.LittleEndian.PutUint64(c[8:], local)
+		if got, want := Chain(parent, local), xxh3.HashSeed(c[:], Seed); got != want {
+			t.Fatalf("Chain(%#x, %#x) = %#x, library %#x", parent, local, got, want)
+		}
+	}
+}
+
+func FuzzSmallXXH3(f *testing.F) {
+	f.Add(uint64(0), uint64(0), uint64(Seed), []byte{})
+	f.Fuzz(func(t *testing.T, parent, local, seed uint64, raw []byte) {
+		var block [16]uint32
+		for j := range block {
+			if 4*j+4 <= len(raw) {
+				block[j] = binary.LittleEndian.Uint32(raw[4*j:])
+			}
+		}
+		b := make([]byte, 64)
+		putTokens(b, block[:])
+		if got, want := hash16Tokens(&block, seed), xxh3.HashSeed(b, seed); got != want {
+			t.Fatalf("block %v seed %d: %#x, library %#x", block, seed, got, want)
+		}
+		var c [16]byte
+		binary.LittleEndian.PutUint64(c[:8], parent)
+		binary.LittleEndian.PutUint64(c[8:], local)
+		if got, want := Chain(parent, local), xxh3.HashSeed(c[:], Seed); got != want {
+			t.Fatalf("Chain(%#x, %#x) = %#x, library %#x", parent, local, got, want)
+		}
+	})
+}
+
+// AppendHashes is AppendLocalHashes then AppendSequenceHashes, at every
+// block size, appending to what the slices hold.
+func TestAppendHashesMatchesTwoPasses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, bs := range []int{1, 7, 16, 32} {
+		h := New(bs, "adapter")
+		for n := range 70 {
+			tokens := make([]uint32, n)
+			for i := range tokens {
+				tokens[i] = rng.Uint32()
+			}
+			wantLocal := h.AppendLocalHashes([]uint64{9}, tokens)
+			wantSeq := AppendSequenceHashes([]uint64{8}, wantLocal[1:])
+			local, seq := h.AppendHashes([]uint64{9}, []uint64{8}, tokens)
+			if !slices.Equal(local, wantLocal) || !slices.Equal(seq, wantSeq) {
+				t.Fatalf("block size %d, %d tokens: %v %v, want %v %v", bs, n, local, seq, wantLocal, wantSeq)
+			}
+		}
+	}
+}
+
+func BenchmarkAppendHashes8192(b *testing.B) {
+	tokens := make([]uint32, 8192)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	h := New(16, "")
+	var local, seq []uint64
+	b.SetBytes(8192 * 4)
+	for b.Loop() {
+		local, seq = h.AppendHashes(local[:0], seq[:0], tokens)
+	}
+}
+
+func BenchmarkTwoPassHashes8192(b *testing.B) {
+	tokens := make([]uint32, 8192)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	h := New(16, "")
+	var local, seq []uint64
+	b.SetBytes(8192 * 4)
+	for b.Loop() {
+		local = h.AppendLocalHashes(local[:0], tokens)
+		seq = AppendSequenceHashes(seq[:0], local)
 	}
 }

@@ -129,8 +129,7 @@ func (p *prepared) hashesFor(size int) *altHashes {
 	}
 	a := &p.alt[len(p.alt)-1]
 	a.size = size
-	a.local = blockhash.New(size, p.req.LoRA).AppendLocalHashes(a.local[:0], p.req.Tokens)
-	a.seq = blockhash.AppendSequenceHashes(a.seq[:0], a.local)
+	a.local, a.seq = blockhash.New(size, p.req.LoRA).AppendHashes(a.local[:0], a.seq[:0], p.req.Tokens)
 	return a
 }
 

@@ -786,8 +786,7 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	}
 	t0 := time.Now()
 	p := preparedPool.Get().(*prepared)
-	local := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendLocalHashes(p.local[:0], req.Tokens)
-	seq := blockhash.AppendSequenceHashes(p.seq[:0], local)
+	local, seq := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
 	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: time.Since(t0), arrival: r.now()}
 	return p, nil
 }

@@ -310,8 +310,7 @@ func (l *lru) touch(k uint64) {
 
 // Add looks a prompt up and caches it.
 func (c *Ceiling) Add(toks []uint32) {
-	c.local = c.h.AppendLocalHashes(c.local[:0], toks)
-	c.seq = blockhash.AppendSequenceHashes(c.seq[:0], c.local)
+	c.local, c.seq = c.h.AppendHashes(c.local[:0], c.seq[:0], toks)
 	hit := 0
 	for hit < len(c.seq) && c.cached(c.seq[hit]) {
 		hit++

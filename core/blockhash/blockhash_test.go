@@ -140,6 +140,22 @@ func BenchmarkChain(b *testing.B) {
 	}
 }
 
+// checkSmallXXH3 compares the inlined XXH3 paths with the library.
+func checkSmallXXH3(t *testing.T, block *[16]uint32, seed, parent, local uint64) {
+	t.Helper()
+	b := make([]byte, 64)
+	putTokens(b, block[:])
+	if got, want := hash16Tokens(block, seed), xxh3.HashSeed(b, seed); got != want {
+		t.Fatalf("block %v seed %d: %#x, library %#x", block, seed, got, want)
+	}
+	var c [16]byte
+	binary.LittleEndian.PutUint64(c[:8], parent)
+	binary.LittleEndian.PutUint64(c[8:], local)
+	if got, want := Chain(parent, local), xxh3.HashSeed(c[:], Seed); got != want {
+		t.Fatalf("Chain(%#x, %#x) = %#x, library %#x", parent, local, got, want)
+	}
+}
+
 // The inlined XXH3 paths agree with the library on random input, seeds of
 // LoRA adapters included.
 func TestSmallXXH3MatchesLibrary(t *testing.T) {
@@ -153,18 +169,7 @@ func TestSmallXXH3MatchesLibrary(t *testing.T) {
 		if i%2 == 1 {
 			seed = rng.Uint64()
 		}
-		b := make([]byte, 64)
-		putTokens(b, block[:])
-		if got, want := hash16Tokens(&block, seed), xxh3.HashSeed(b, seed); got != want {
-			t.Fatalf("block %v seed %d: %#x, library %#x", block, seed, got, want)
-		}
-		parent, local := rng.Uint64(), rng.Uint64()
-		var c [16]byte
-		binary.LittleEndian.PutUint64(c[:8], parent)
-		binary.LittleEndian.PutUint64(c[8:], local)
-		if got, want := Chain(parent, local), xxh3.HashSeed(c[:], Seed); got != want {
-			t.Fatalf("Chain(%#x, %#x) = %#x, library %#x", parent, local, got, want)
-		}
+		checkSmallXXH3(t, &block, seed, rng.Uint64(), rng.Uint64())
 	}
 }
 
@@ -177,17 +182,7 @@ func FuzzSmallXXH3(f *testing.F) {
 				block[j] = binary.LittleEndian.Uint32(raw[4*j:])
 			}
 		}
-		b := make([]byte, 64)
-		putTokens(b, block[:])
-		if got, want := hash16Tokens(&block, seed), xxh3.HashSeed(b, seed); got != want {
-			t.Fatalf("block %v seed %d: %#x, library %#x", block, seed, got, want)
-		}
-		var c [16]byte
-		binary.LittleEndian.PutUint64(c[:8], parent)
-		binary.LittleEndian.PutUint64(c[8:], local)
-		if got, want := Chain(parent, local), xxh3.HashSeed(c[:], Seed); got != want {
-			t.Fatalf("Chain(%#x, %#x) = %#x, library %#x", parent, local, got, want)
-		}
+		checkSmallXXH3(t, &block, seed, parent, local)
 	})
 }
 

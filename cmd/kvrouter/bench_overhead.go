@@ -119,6 +119,8 @@ a run with it against one without shows what feeding the page costs.`,
 			fmt.Fprintf(w, "\nTTFT through the router minus direct: %+.2f ms at p50, %+.2f ms at p99\n", res.AddedP50ms, res.AddedP99ms)
 			fmt.Fprintf(w, "time the frontend held a request before the engine got it: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
 				res.Routed.FrontendP50ms, res.Routed.FrontendP99ms, res.ShortRouted.FrontendP50ms, res.ShortRouted.FrontendP99ms)
+			fmt.Fprintf(w, "of it, waiting in the admission queue for an engine with room: p50 %.3f ms, p99 %.3f ms (streamed); the frontend's own time: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
+				res.Routed.QueueP50ms, res.Routed.QueueP99ms, res.Routed.FrontendOwnP50ms, res.Routed.FrontendOwnP99ms, res.ShortRouted.FrontendOwnP50ms, res.ShortRouted.FrontendOwnP99ms)
 			if cfg.UIPage {
 				fmt.Fprintf(w, "dashboard open during the routed phases: %d polls, %d decisions sent\n", res.UIPolls, res.UIDecisions)
 			}

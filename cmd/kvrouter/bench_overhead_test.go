@@ -3,6 +3,7 @@ package main
 import (
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -48,5 +49,19 @@ func TestBenchOverheadWithDashboardOpen(t *testing.T) {
 	m := regexp.MustCompile(`dashboard open during the routed phases: (\d+) polls, (\d+) decisions sent`).FindStringSubmatch(out)
 	if m == nil || m[1] == "0" || m[2] == "0" {
 		t.Fatalf("the dashboard did not poll or saw no decision:\n%s", out)
+	}
+	// The frontend's own time leaves the admission queue out, so it is
+	// never above the time the frontend held a request.
+	held := regexp.MustCompile(`held a request before the engine got it: p50 ([\d.]+) ms, p99 ([\d.]+) ms`).FindStringSubmatch(out)
+	own := regexp.MustCompile(`the frontend's own time: p50 ([\d.]+) ms, p99 ([\d.]+) ms`).FindStringSubmatch(out)
+	if held == nil || own == nil {
+		t.Fatalf("no frontend times:\n%s", out)
+	}
+	for i := 1; i <= 2; i++ {
+		h, _ := strconv.ParseFloat(held[i], 64)
+		o, _ := strconv.ParseFloat(own[i], 64)
+		if o > h || h <= 0 {
+			t.Errorf("frontend held %v ms, own time %v ms", h, o)
+		}
 	}
 }

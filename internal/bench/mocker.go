@@ -184,7 +184,9 @@ type sent struct {
 	tokens int
 	// frontendMS is what a kvrouter frontend reported holding the request
 	// before the engine got it (nvext timing); -1 when not asked or absent.
-	frontendMS float64
+	// queueMS is the part of it the request waited in the router's
+	// admission queue for an engine with room.
+	frontendMS, queueMS float64
 }
 
 // send posts one completion; with timing it asks a kvrouter frontend for
@@ -226,6 +228,7 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		NVExt struct {
 			Timing *struct {
 				FrontendMS float64 `json:"frontend_ms"`
+				QueueMS    float64 `json:"queue_ms"`
 			} `json:"timing"`
 		} `json:"nvext"`
 	}
@@ -233,7 +236,7 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		b, err := io.ReadAll(resp.Body)
 		res.ttft, res.tokens = time.Since(t0), maxTokens
 		if timing && json.Unmarshal(b, &nv) == nil && nv.NVExt.Timing != nil {
-			res.frontendMS = nv.NVExt.Timing.FrontendMS
+			res.frontendMS, res.queueMS = nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS
 		}
 		return res, err
 	}
@@ -246,7 +249,7 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		if res.tokens == 0 {
 			res.ttft = time.Since(t0)
 			if timing && json.Unmarshal([]byte(line[len("data: "):]), &nv) == nil && nv.NVExt.Timing != nil {
-				res.frontendMS = nv.NVExt.Timing.FrontendMS
+				res.frontendMS, res.queueMS = nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS
 			}
 		}
 		res.tokens++

@@ -83,6 +83,14 @@ type Phase struct {
 	// request before the engine got it (routed phases only).
 	FrontendP50ms float64 `json:"frontend_p50_ms,omitempty"`
 	FrontendP99ms float64 `json:"frontend_p99_ms,omitempty"`
+	// FrontendOwn* leave out the time a request waited in the router's
+	// admission queue (Queue*) for an engine with room, which it would
+	// otherwise have waited in that engine's own queue: the frontend's own
+	// cost, parsing, tokenizing and routing.
+	FrontendOwnP50ms float64 `json:"frontend_own_p50_ms,omitempty"`
+	FrontendOwnP99ms float64 `json:"frontend_own_p99_ms,omitempty"`
+	QueueP50ms       float64 `json:"queue_p50_ms,omitempty"`
+	QueueP99ms       float64 `json:"queue_p99_ms,omitempty"`
 	DurationSec   float64 `json:"duration_s"`
 }
 
@@ -386,7 +394,7 @@ func tokenizeCounts(ctx context.Context, base string) (map[string]int, error) {
 func loadPhase(ctx context.Context, targets []string, model string, mk func(rng *rand.Rand, client, i int) prompt, osl, conc int, stream, timing bool, warmup, duration time.Duration, seed uint64) (Phase, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	defer client.CloseIdleConnections()
-	type sample struct{ ttft, e2e, held float64 }
+	type sample struct{ ttft, e2e, held, queued float64 }
 	rngs := make([]*rand.Rand, conc)
 	for c := range rngs {
 		rngs[c] = rand.New(rand.NewPCG(seed, uint64(c)+7))
@@ -398,13 +406,14 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		p := mk(rngs[c], c, i)
 		t0 := time.Now()
 		res, err := send(ctx, client, targets[(c+i)%len(targets)], model, p, osl, stream, timing)
-		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res.frontendMS}, err
+		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res.frontendMS, res.queueMS}, err
 	})
-	var ttfts, e2es, held []float64
+	var ttfts, e2es, held, own, queued []float64
 	for _, s := range w.Samples {
 		ttfts, e2es = append(ttfts, s.ttft), append(e2es, s.e2e)
 		if s.held >= 0 {
-			held = append(held, s.held)
+			held, queued = append(held, s.held), append(queued, s.queued)
+			own = append(own, max(0, s.held-s.queued))
 		}
 	}
 	elapsed := w.Elapsed
@@ -413,6 +422,8 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		TTFTmeanMs: Mean(ttfts), TTFTp50ms: Percentile(ttfts, 50), TTFTp99ms: Percentile(ttfts, 99),
 		E2Ep50ms: Percentile(e2es, 50), E2Ep99ms: Percentile(e2es, 99), DurationSec: elapsed.Seconds(),
 		FrontendP50ms: Percentile(held, 50), FrontendP99ms: Percentile(held, 99),
+		FrontendOwnP50ms: Percentile(own, 50), FrontendOwnP99ms: Percentile(own, 99),
+		QueueP50ms: Percentile(queued, 50), QueueP99ms: Percentile(queued, 99),
 	}
 	if p.Requests == 0 && w.FirstErr != nil {
 		return p, fmt.Errorf("no request succeeded: %w", w.FirstErr)

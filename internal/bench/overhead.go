@@ -91,7 +91,7 @@ type Phase struct {
 	FrontendOwnP99ms float64 `json:"frontend_own_p99_ms,omitempty"`
 	QueueP50ms       float64 `json:"queue_p50_ms,omitempty"`
 	QueueP99ms       float64 `json:"queue_p99_ms,omitempty"`
-	DurationSec   float64 `json:"duration_s"`
+	DurationSec      float64 `json:"duration_s"`
 }
 
 // OverheadResult compares the same load sent straight to the engines and

@@ -432,6 +432,20 @@ func readTokens(r *reader) ([]uint32, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Plain unsigned ids, nearly every token: read inline.
+		if b := r.b[r.off:]; c <= 0x7f {
+			out[i], r.off = uint32(c), r.off+1
+			continue
+		} else if c == msgpcode.Uint8 && len(b) >= 2 {
+			out[i], r.off = uint32(b[1]), r.off+2
+			continue
+		} else if c == msgpcode.Uint16 && len(b) >= 3 {
+			out[i], r.off = uint32(binary.BigEndian.Uint16(b[1:])), r.off+3
+			continue
+		} else if c == msgpcode.Uint32 && len(b) >= 5 {
+			out[i], r.off = binary.BigEndian.Uint32(b[1:]), r.off+5
+			continue
+		}
 		if isArray(c) {
 			m, err := r.readArrayLen()
 			if err != nil {

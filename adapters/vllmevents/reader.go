@@ -284,9 +284,15 @@ func (r *reader) skip() ([]byte, error) {
 			return nil, errShort
 		}
 		pending--
-		c, err := r.peek()
-		if err != nil {
-			return nil, err
+		c := r.b[r.off] // in range: pending ≤ left above
+		// Scalars of a fixed size first: token ids and block hashes, most
+		// of an event's elements, take one table load.
+		if n := fixedSize[c]; n > 0 {
+			if int(n) > r.left() {
+				return nil, errShort
+			}
+			r.off += int(n)
+			continue
 		}
 		switch {
 		case msgpcode.IsFixedNum(c), c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
@@ -339,3 +345,24 @@ func (r *reader) skip() ([]byte, error) {
 	}
 	return r.b[start:r.off:r.off], nil
 }
+
+// fixedSize is the encoded size of every msgpack value whose size its first
+// byte fixes (ints, floats, nil, booleans, fixext), and 0 for the others.
+var fixedSize = func() (t [256]uint8) {
+	for c := 0x00; c <= 0x7f; c++ {
+		t[c] = 1 // positive fixint
+	}
+	for c := 0xe0; c <= 0xff; c++ {
+		t[c] = 1 // negative fixint
+	}
+	for c, n := range map[byte]uint8{
+		msgpcode.Nil: 1, msgpcode.False: 1, msgpcode.True: 1,
+		msgpcode.Uint8: 2, msgpcode.Int8: 2, msgpcode.Uint16: 3, msgpcode.Int16: 3,
+		msgpcode.Uint32: 5, msgpcode.Int32: 5, msgpcode.Float: 5,
+		msgpcode.Uint64: 9, msgpcode.Int64: 9, msgpcode.Double: 9,
+		msgpcode.FixExt1: 3, msgpcode.FixExt2: 4, msgpcode.FixExt4: 6, msgpcode.FixExt8: 10, msgpcode.FixExt16: 18,
+	} {
+		t[c] = n
+	}
+	return t
+}()

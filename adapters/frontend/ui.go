@@ -358,6 +358,11 @@ func (f *Frontend) uiState(w http.ResponseWriter, r *http.Request) {
 		v := round2(float64(st.OverlapBlocks) / float64(st.PromptBlocks))
 		out.Totals.HitRate = &v
 	}
+	// Lists are [] when empty, never null: the page (and any client)
+	// iterates them without a check, and a page's first poll, which starts
+	// the feed, finds no decision and no point yet.
+	out.Thresholds, out.Engines = nonNil(out.Thresholds), nonNil(out.Engines)
+	out.Decisions, out.Series = nonNil(out.Decisions), nonNil(out.Series)
 	if f.cfg.Dependencies != nil {
 		out.Dependencies = f.cfg.Dependencies()
 	}
@@ -477,4 +482,11 @@ func (f *Frontend) drainWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"worker_id": *req.WorkerID, "drained": *req.Drained})
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

@@ -45,6 +45,26 @@ func TestUIPageIsSelfContained(t *testing.T) {
 	}
 }
 
+// A page's first poll, on a router that has decided nothing and with no
+// page open before, gets empty lists, not nulls: a browser page iterating
+// a null throws before it shows anything.
+func TestUIFirstPollHasNoNullLists(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	resp, body := e.get("/ui/api/state")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("state: %d %s", resp.StatusCode, body)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"engines", "decisions", "series", "thresholds"} {
+		if v := strings.TrimSpace(string(raw[k])); !strings.HasPrefix(v, "[") {
+			t.Errorf("%s is %s, want a list", k, v)
+		}
+	}
+}
+
 func TestUIStateRecordsDecisionsOnlyWhileWatched(t *testing.T) {
 	e := newEnv(t, envOpts{engines: 2})
 	complete := func(salt int) {

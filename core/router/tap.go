@@ -31,8 +31,10 @@ type DecisionRecord struct {
 	ISL           int
 	Prefill       bool // the prefill half of a disaggregated request
 	// Top are the cheapest candidates by the kv cost model, cheapest
-	// first, at most TopCandidates; in other modes it is the cost the kv
-	// mode would have seen, which still tells how loaded each one was.
+	// first, at most TopCandidates, the chosen worker always among them
+	// (last, when it was not among the cheapest); in other modes it is the
+	// cost the kv mode would have seen, which still tells how loaded each
+	// one was.
 	Top []CandidateCost
 }
 
@@ -73,7 +75,22 @@ func (r *Router) tapDecision(p *prepared, sc *scratch, cands []sched.Candidate, 
 		c := &cands[i]
 		top = append(top, CandidateCost{Worker: c.Worker, OverlapBlocks: c.OverlapBlocks, Busy: sc.busy.Busy(c), CostTerms: p.params.Terms(c, isl, r.cfg.BlockSize, lightest)})
 	}
-	slices.SortStableFunc(top, func(a, b CandidateCost) int { return cmp.Compare(a.Total, b.Total) })
+	// Cheapest first; among equals the chosen worker first, and the chosen
+	// worker always shown (it may not be among the cheapest: a tie broken
+	// by chance, a session's pin, a peer mode's own choice), or the list
+	// would not say where the request went against what.
+	chosen := func(c CandidateCost) int {
+		if c.Worker == d.Worker {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(top, func(a, b CandidateCost) int {
+		return cmp.Or(cmp.Compare(a.Total, b.Total), cmp.Compare(chosen(a), chosen(b)))
+	})
+	if i := slices.IndexFunc(top, func(c CandidateCost) bool { return c.Worker == d.Worker }); i >= TopCandidates {
+		top[TopCandidates-1] = top[i]
+	}
 	h.t.Record(DecisionRecord{
 		Time: r.now(), ID: p.req.ID, Model: p.req.Model, Worker: d.Worker, Via: d.Via,
 		OverlapBlocks: d.OverlapBlocks, PromptBlocks: d.PromptBlocks, ISL: isl, Prefill: p.req.Prefill,

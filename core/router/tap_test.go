@@ -71,3 +71,28 @@ func TestDecisionTapExplainsTheChoiceAndHonoursWant(t *testing.T) {
 		t.Fatal("a removed tap still records")
 	}
 }
+
+// Among workers of equal cost the chosen one is listed, whichever wins the
+// tie: a person reading the decision sees where it went.
+func TestDecisionTapShowsTheChosenWorker(t *testing.T) {
+	r, _ := newRouter(t, 6, nil)
+	tap := &recTap{budget: 100}
+	r.SetDecisionTap(tap)
+	for i := range 30 {
+		if _, err := route(r, "", tokens(i, 0, i, 3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(tap.got) != 30 {
+		t.Fatalf("recorded %d decisions", len(tap.got))
+	}
+	for _, d := range tap.got {
+		shown := false
+		for _, c := range d.Top {
+			shown = shown || c.Worker == d.Worker
+		}
+		if !shown || len(d.Top) != TopCandidates {
+			t.Fatalf("decision to %v lists %+v", d.Worker, d.Top)
+		}
+	}
+}

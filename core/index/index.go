@@ -232,12 +232,13 @@ func (ix *Index) Reserve(w kv.Worker, blocks int) {
 	defer sh.mu.Unlock()
 	if blocks <= 0 {
 		delete(sh.t.reserved, w)
-		return
+	} else {
+		sh.t.reserved[w] = blocks
+		if s, ok := sh.t.slotOf[w]; ok {
+			sh.t.workers[s].blocks.reserve(blocks)
+		}
 	}
-	sh.t.reserved[w] = blocks
-	if s, ok := sh.t.slotOf[w]; ok {
-		sh.t.workers[s].blocks.reserve(blocks)
-	}
+	sh.t.reserveNodes()
 }
 
 // RemoveWorker drops every block of every rank of engine id.

@@ -126,3 +126,32 @@ func BenchmarkNodeMapGet(b *testing.B) {
 		i += 7919
 	}
 }
+
+// A reservation sizes each part the first time it grows and keeps it from
+// shrinking below that while removals empty it; lookups stay exact.
+func TestNodeMapReserve(t *testing.T) {
+	h := newNodeMapHarness()
+	h.m.reserve(100 * len(h.m.parts))
+	floor := h.m.floor
+	if floor != 150 {
+		t.Fatalf("floor %d, want 150 slots a part for 100 nodes", floor)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	var live []uint64
+	for range 20000 {
+		seq := rng.Uint64()
+		h.put(t, seq)
+		live = append(live, seq)
+	}
+	h.check(t, live)
+	for _, seq := range live {
+		h.m.remove(seq, h.ref[seq])
+		delete(h.ref, seq)
+	}
+	h.check(t, live)
+	for i := range h.m.parts {
+		if n := len(h.m.parts[i].slots); n != 0 && n < floor {
+			t.Fatalf("part %d shrank to %d slots, below the reserved %d", i, n, floor)
+		}
+	}
+}

@@ -645,6 +645,16 @@ func (t *tree) clearWorker(w kv.Worker) {
 	}
 }
 
+// reserveNodes sizes the sequence-hash table for the capacity the
+// shard's workers announced (see nodeMap.reserve).
+func (t *tree) reserveNodes() {
+	total := 0
+	for _, n := range t.reserved {
+		total += n
+	}
+	t.bySeq.reserve(total)
+}
+
 // removeWorkerID drops every rank of engine id.
 func (t *tree) removeWorkerID(id uint64) {
 	for w := range t.reserved {
@@ -652,6 +662,7 @@ func (t *tree) removeWorkerID(id uint64) {
 			delete(t.reserved, w)
 		}
 	}
+	t.reserveNodes()
 	for s := range t.workers {
 		if ws := &t.workers[s]; ws.live && ws.id.ID == id {
 			t.clearSlot(uint32(s))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/index"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/sched"
 )
@@ -35,15 +36,20 @@ func tokens(prefix, shared, salt, n int) []uint32 {
 // store feeds the router the event a worker emits after caching toks.
 func store(t testing.TB, r *Router, w kv.Worker, toks []uint32) {
 	t.Helper()
+	ev := storedEvent(w, toks)
+	if err := r.ApplyEvent(&ev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storedEvent is the event of w storing toks from the root.
+func storedEvent(w kv.Worker, toks []uint32) kv.Event {
 	local := blockhash.New(bs, "").LocalHashes(toks)
 	blocks := make([]kv.Block, len(local))
 	for i, l := range local {
 		blocks[i] = kv.Block{EngineHash: l ^ 0x5eed ^ w.ID<<40, LocalHash: l}
 	}
-	ev := kv.StoredEvent(w, 0, nil, blocks...)
-	if err := r.ApplyEvent(&ev); err != nil {
-		t.Fatal(err)
-	}
+	return kv.StoredEvent(w, 0, nil, blocks...)
 }
 
 type clock struct {
@@ -506,7 +512,16 @@ func TestConcurrentRoutingEventsAndFrees(t *testing.T) {
 					return
 				}
 				if i%3 == 0 {
-					store(t, r, d.Worker, tokens(i%6, 16, g*1000+i, 24))
+					// Stores and clears of one worker race here, which no
+					// single event source does: the index applies a long
+					// store in chunks, and a clear landing between two
+					// refuses the rest as hanging from a block the worker
+					// no longer holds. Any other error is a failure.
+					ev := storedEvent(d.Worker, tokens(i%6, 16, g*1000+i, 24))
+					if err := r.ApplyEvent(&ev); err != nil && !errors.Is(err, index.ErrUnknownParent) {
+						t.Error(err)
+						return
+					}
 				}
 				r.MarkPrefillCompleted(id)
 				r.Free(id)

@@ -85,17 +85,7 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // differences come and go by themselves, and moving a conversation for
 // them costs its later turns their cache.
 func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
-	bs := float64(blockSize)
-	credited := p.OverlapCredit * float64(c.OverlapBlocks)
-	cost := max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
-	if p.OverlapCredit > 0 {
-		saved := credited
-		if fleet.muchBusier(c) {
-			saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens) / bs
-		}
-		cost -= p.CacheAffinity * max(saved, 0)
-	}
-	return p.PrefillLoadScale*cost + c.PotentialDecodeBlocks
+	return p.Terms(c, isl, blockSize, fleet).Total
 }
 
 // A worker running more than ImbalanceRatio × the fewest requests of any
@@ -269,7 +259,7 @@ type CostTerms struct {
 	Total  float64
 }
 
-// Terms is Cost with its terms apart; Terms(...).Total == Cost(...).
+// Terms is Cost with its terms apart: Cost is Terms(...).Total.
 func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
 	bs := float64(blockSize)
 	credited := p.OverlapCredit * float64(c.OverlapBlocks)

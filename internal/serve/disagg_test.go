@@ -275,7 +275,7 @@ func TestDisaggregationFollowsDiscovery(t *testing.T) {
 	if a, err := pdComplete(s, prompt(0, 4, 128), true, nil); err != nil || a.prefill != 0 || a.worker != 2 {
 		t.Fatalf("after the prefill worker left discovery: %+v %v", a, err)
 	}
-	if !loadsAreZero(s) {
-		t.Fatalf("load left: %+v", s.Router().Loads())
-	}
+	// The client reads the stream's last bytes before the handler returns
+	// and releases the booking, so the release is awaited, not assumed.
+	testwait.Until(t, 5*time.Second, "loads back to zero", func() bool { return loadsAreZero(s) })
 }

@@ -254,17 +254,8 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, ba
 	}
 	// A mode that met the SLO at every tested load is not bisected.
 	bar.skip(max(cfg.BisectSteps, 0) - bisected)
-	mr.GoodputArrivalSpeedup = g.Speedup
 	mr.GoodputBound = g.Bound
-	// The run at the goodput's load says what rate it offered: for
-	// closed-loop sessions that is not the speedup times the workload's
-	// own rate.
-	for _, p := range append(slices.Clone(mr.Points), mr.Probes...) {
-		if p.ArrivalSpeedup == g.Speedup {
-			mr.GoodputRPS = p.ArrivalRPS
-			break
-		}
-	}
+	mr.GoodputRPS, mr.GoodputArrivalSpeedup = carriedRate(append(slices.Clone(mr.Points), mr.Probes...), g.Speedup)
 	return mr, nil
 }
 
@@ -316,6 +307,26 @@ func (c *SweepConfig) meets(p *Point) bool {
 		return false
 	}
 	return c.SLOITLP90 <= 0 || p.ITL.P90 <= ms(c.SLOITLP90)
+}
+
+// carriedRate is the goodput in requests per second: the highest rate
+// offered by a run that met the SLO at or below the knee (the speedup
+// Goodput found), and that run's speedup. With open-loop arrivals the rate
+// grows with the speedup and this is the run at the knee. Closed-loop
+// sessions offer what the fleet lets them: past the point where latency
+// grows faster than sessions start, a higher speedup offers fewer requests
+// a second, so the run at the knee can offer less than one below it that
+// the fleet served within the SLO.
+func carriedRate(runs []Point, knee float64) (rps, speedup float64) {
+	for _, p := range runs {
+		if p.MeetsSLO && p.ArrivalSpeedup <= knee && p.ArrivalRPS > rps {
+			rps, speedup = p.ArrivalRPS, p.ArrivalSpeedup
+		}
+	}
+	if speedup == 0 {
+		speedup = knee
+	}
+	return rps, speedup
 }
 
 // GoodputResult is where the SLO stops being met, in arrival speedup.

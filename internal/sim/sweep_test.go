@@ -63,6 +63,33 @@ func TestGoodputBisection(t *testing.T) {
 	}
 }
 
+// The goodput is the most a run within the SLO carried, which for
+// closed-loop sessions can be a run below the knee.
+func TestCarriedRate(t *testing.T) {
+	run := func(speedup, rps float64, meets bool) Point {
+		return Point{ArrivalSpeedup: speedup, ArrivalRPS: rps, MeetsSLO: meets}
+	}
+	cases := []struct {
+		name    string
+		runs    []Point
+		knee    float64
+		rps, at float64
+	}{
+		{"open loop: the knee's run", []Point{run(1, 10, true), run(2, 20, true), run(4, 40, false), run(3, 30, true)}, 3, 30, 3},
+		{"closed loop: a run below the knee offered more", []Point{run(1, 100, true), run(2, 190, true), run(4, 150, false), run(3, 180, true)}, 3, 190, 2},
+		{"a run past the knee never counts", []Point{run(1, 100, true), run(2, 150, false), run(4, 300, true)}, 1, 100, 1},
+		{"a run that missed never counts", []Point{run(1, 100, true), run(2, 250, false), run(1.5, 120, true)}, 1.5, 120, 1.5},
+		{"nothing met", []Point{run(1, 100, false), run(0.5, 50, false)}, 0, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if rps, at := carriedRate(tc.runs, tc.knee); rps != tc.rps || at != tc.at {
+				t.Fatalf("carried %v req/s at ×%v, want %v at ×%v", rps, at, tc.rps, tc.at)
+			}
+		})
+	}
+}
+
 func sweepJSON(t *testing.T, w Workload) []byte {
 	t.Helper()
 	res, err := Sweep(SweepConfig{

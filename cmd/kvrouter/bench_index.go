@@ -36,7 +36,9 @@ each an LRU cache of --capacity-blocks blocks, are split into groups of
 request the harness hashes the prompt, asks the index for matches (timed),
 routes to the group engine with the most overlap (ties: least loaded, then
 rotating), and applies the engine's resulting Removed and Stored events to the
-index (timed).
+index (timed), as an engine announces them: one event per scheduler step, so
+none carries more than --max-num-batched-tokens tokens' blocks (512 blocks of
+16 tokens by default).
 
 ops/s counts find_matches calls plus events applied; block ops/s counts blocks
 looked up plus blocks stored plus blocks removed; Dynamo block ops/s leaves
@@ -100,6 +102,7 @@ prompt hashing run inside the measured time.`,
 	f.IntVar(&cfg.TraceLengthFactor, "trace-length-factor", 1, "replace every hash id by this many consecutive ids: longer chains, same prefix tree")
 	f.IntVar(&cfg.TraceDuplication, "trace-duplication-factor", 1, "disjoint copies of the trace each group replays, interleaved request by request")
 	f.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block (must divide 512)")
+	f.IntVar(&cfg.StepTokens, "max-num-batched-tokens", 8192, "engines' token budget per step: each KV event carries at most this many tokens' blocks")
 	f.IntVar(&cfg.Threads, "threads", 0, "replay goroutines (0: GOMAXPROCS)")
 	f.IntVar(&cfg.Shards, "router-event-threads", index.DefaultShards, "index write parallelism (shards)")
 	f.Uint64Var(&cfg.MaxPairs, "max-pairs", 0, "index memory cap in (block, worker) pairs (0: none)")

@@ -30,6 +30,10 @@ type IndexConfig struct {
 	Shards         int    // index write parallelism, --router-event-threads (default 4)
 	MaxPairs       uint64 // index memory cap in (block, worker) pairs; 0 = none
 	Seed           uint64 // engine ids and tie-breaking
+	// StepTokens is the engines' token budget per scheduler step
+	// (--max-num-batched-tokens, default 8192): each KV event carries the
+	// blocks of at most this many tokens, as an engine's events do.
+	StepTokens int
 
 	// TraceLengthFactor stretches every request's chain of hash ids by this
 	// factor (trace.Stretch; default 1), TraceDuplication replays that many
@@ -113,6 +117,7 @@ type IndexReport struct {
 	GroupSize      int     `json:"group_size"`
 	CapacityBlocks int     `json:"capacity_blocks"`
 	BlockSize      int     `json:"block_size"`
+	StepTokens     int     `json:"max_num_batched_tokens"`
 	Threads        int     `json:"threads"`
 	Shards         int     `json:"shards"`
 	MaxPairs       uint64  `json:"max_pairs"`
@@ -142,6 +147,12 @@ func (c *IndexConfig) defaults() error {
 	}
 	if trace.BlockTokens%c.BlockSize != 0 {
 		return fmt.Errorf("bench: block size %d does not divide %d", c.BlockSize, trace.BlockTokens)
+	}
+	if c.StepTokens <= 0 {
+		c.StepTokens = 8192
+	}
+	if c.StepTokens < c.BlockSize {
+		return fmt.Errorf("bench: a step of %d tokens holds no %d-token block", c.StepTokens, c.BlockSize)
 	}
 	if c.Shards <= 0 {
 		c.Shards = index.DefaultShards
@@ -288,6 +299,8 @@ type replayer struct {
 	// (recording a pregenerated run) and is then played (see play).
 	log       *opLog
 	recording bool
+	// stepBlocks is the most blocks one event carries (StepTokens).
+	stepBlocks int
 
 	fm, apply                           histogram
 	findMatches, events                 uint64
@@ -331,7 +344,7 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 		if err != nil {
 			return nil, err
 		}
-		rp := &replayer{r: r, ix: r.ix, cache: cache, cnt: &cnts[t], overlap: make([]uint32, cfg.GroupSize)}
+		rp := &replayer{r: r, ix: r.ix, cache: cache, cnt: &cnts[t], overlap: make([]uint32, cfg.GroupSize), stepBlocks: cfg.StepTokens / cfg.BlockSize}
 		for g := t; g < len(r.groups); g += threads {
 			rp.groups = append(rp.groups, r.groups[g])
 		}
@@ -394,7 +407,7 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 
 	rep := &IndexReport{
 		Workers: cfg.Workers, Groups: len(r.groups), GroupSize: cfg.GroupSize, CapacityBlocks: cfg.CapacityBlocks,
-		BlockSize: cfg.BlockSize, Threads: threads, Shards: cfg.Shards, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
+		BlockSize: cfg.BlockSize, StepTokens: cfg.StepTokens, Threads: threads, Shards: cfg.Shards, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
 		DurationS: elapsed.Seconds(), TraceLengthFactor: cfg.TraceLengthFactor, TraceDuplication: cfg.TraceDuplication,
 		Pregenerated: cfg.Pregenerate, PregenerateS: pregenerate.Seconds(),
 	}
@@ -552,26 +565,35 @@ func (rp *replayer) serve(g *group, req *trace.Request, cp int) {
 	}
 	w := kv.Worker{ID: g.first + uint64(best)}
 	ops := uint64(1)
-	if len(rp.sc.removed) > 0 {
+	// Engines announce KV blocks per scheduler step, and a step computes at
+	// most StepTokens tokens: a long prompt's blocks arrive in several
+	// events, each chained to the one before, never in one.
+	step := rp.stepBlocks
+	for rest := rp.sc.removed; len(rest) > 0; {
+		n := min(len(rest), step)
 		eng.eventID++
 		rp.ev = kv.Event{Worker: w, Tier: kv.TierDevice, EventID: eng.eventID, Kind: kv.KindRemoved,
-			Removed: kv.Removed{EngineHashes: rp.sc.removed}}
+			Removed: kv.Removed{EngineHashes: rest[:n]}}
 		rp.applyEvent()
-		rp.removed += uint64(len(rp.sc.removed))
+		rest = rest[n:]
 		ops++
 	}
-	if len(rp.sc.blocks) > 0 {
+	rp.removed += uint64(len(rp.sc.removed))
+	for rest := rp.sc.blocks; len(rest) > 0; {
+		n := min(len(rest), step)
 		eng.eventID++
 		rp.ev = kv.Event{Worker: w, Tier: kv.TierDevice, EventID: eng.eventID, Kind: kv.KindStored,
-			Stored: kv.Stored{Blocks: rp.sc.blocks}}
+			Stored: kv.Stored{Blocks: rest[:n]}}
 		if hasParent {
 			rp.parent = parent
 			rp.ev.Stored.Parent = &rp.parent
 		}
 		rp.applyEvent()
-		rp.stored += uint64(len(rp.sc.blocks))
+		parent, hasParent = rest[n-1].EngineHash, true
+		rest = rest[n:]
 		ops++
 	}
+	rp.stored += uint64(len(rp.sc.blocks))
 	rp.cnt.requests.Add(1)
 	rp.cnt.ops.Add(ops)
 	rp.cnt.blockOps.Add(uint64(n + len(rp.sc.blocks) + len(rp.sc.removed)))

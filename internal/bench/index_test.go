@@ -376,3 +376,33 @@ func TestIndexBenchPregenerateNeedsRequests(t *testing.T) {
 		t.Error("a pregenerated run without a request count started")
 	}
 }
+
+// Engines announce a long prompt's blocks over several steps: cutting the
+// events into steps changes how many there are, never what the index ends
+// up holding or what a lookup finds.
+func TestIndexBenchEventsPerStep(t *testing.T) {
+	tr := synthTrace(t, 200)
+	run := func(stepTokens int) *IndexReport {
+		rep, err := IndexBench(context.Background(), tr, IndexConfig{Workers: 8, GroupSize: 4, CapacityBlocks: 300,
+			MaxRequests: 1500, Threads: 1, StepTokens: stepTokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.ApplyErrors != 0 || rep.OverlapMismatches != 0 {
+			t.Fatalf("step of %d tokens: apply errors %d, overlap mismatches %d", stepTokens, rep.ApplyErrors, rep.OverlapMismatches)
+		}
+		return rep
+	}
+	whole, steps := run(1<<20), run(64)
+	if whole.BlocksStored != steps.BlocksStored || whole.BlocksRemoved != steps.BlocksRemoved ||
+		whole.IndexedPairs != steps.IndexedPairs || whole.HitRate != steps.HitRate {
+		t.Fatalf("per step %+v, whole requests %+v: the index should end the same", steps, whole)
+	}
+	// 64 tokens are 4 blocks of 16: at least a quarter as many events as blocks.
+	if least := (steps.BlocksStored + steps.BlocksRemoved + 3) / 4; steps.Events < least {
+		t.Fatalf("%d events for %d blocks stored and %d removed: some carried more than 4 blocks", steps.Events, steps.BlocksStored, steps.BlocksRemoved)
+	}
+	if whole.Events >= steps.Events {
+		t.Fatalf("whole requests took %d events, steps %d", whole.Events, steps.Events)
+	}
+}

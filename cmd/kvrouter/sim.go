@@ -55,9 +55,11 @@ it: more load), runs the workload on a fresh fleet of --workers engines
 then bisects between the tested loads for the mode's goodput: the highest
 arrival rate, in requests per second of model time, at which p90 TTFT
 stays within --slo-ttft-p90 (and p90 inter-token latency within
---slo-itl-p90, if given); with closed-loop sessions, the rate is the one
-the run at that load offered (its requests over their arrival span). Modes
-run in parallel. The report adds the prefill bound: the rate that would
+--slo-itl-p90, if given). A run's rate is what it offered (its requests
+over their arrival span), and the goodput is the highest rate of a run
+within the SLO at or below the bisected load: closed-loop sessions past
+their knee offer fewer requests a second as the speedup grows. Modes run
+in parallel. The report adds the prefill bound: the rate that would
 saturate the fleet with the prompt tokens one infinite cache misses, which
 no policy's goodput can reach.
 

@@ -228,6 +228,64 @@ type Point struct {
 	// engine's cache for a request prefilled remotely: the work its cache
 	// saved; the decode engine counts pulled blocks as cached.
 	Disagg *DisaggStats `json:"disagg,omitempty"`
+	// Engines says what the engines spent their time on: where a fleet's
+	// capacity went when a mode saturates it.
+	Engines EngineStats `json:"engines"`
+}
+
+// EngineStats sums every engine's scheduler steps over a run.
+type EngineStats struct {
+	Steps int64 `json:"steps"`
+	// Busy is the engines' stepping time over the run's model time, per
+	// engine: 1 is a fleet that never idled.
+	Busy float64 `json:"busy"`
+	// KVUsageMean weighs each step's KV usage (blocks held by requests
+	// over the engine's blocks) by its duration; KVUsageMax is the highest.
+	KVUsageMean float64 `json:"kv_usage_mean"`
+	KVUsageMax  float64 `json:"kv_usage_max"`
+	// DecodeSeqsPerStep and PrefillTokensPerStep are per step that ran.
+	DecodeSeqsPerStep    float64 `json:"decode_seqs_per_step"`
+	PrefillTokensPerStep float64 `json:"prefill_tokens_per_step"`
+	// PrefillShare is the part of the stepping time the step-time model
+	// charges to prefill (the rest is decode).
+	PrefillShare float64 `json:"prefill_share"`
+}
+
+// engineTally accumulates EngineStats as steps run.
+type engineTally struct {
+	steps, decodeSeqs, prefillTokens int64
+	busy, prefill                    time.Duration
+	kvWeighted, kvMax                float64
+}
+
+func (t *engineTally) add(r *engine.StepResult) {
+	if r.Duration <= 0 {
+		return
+	}
+	t.steps++
+	t.busy += r.Duration
+	t.prefill += engine.PrefillTime(r.PrefillTokens)
+	t.decodeSeqs += int64(r.DecodeSeqs)
+	t.prefillTokens += int64(r.PrefillTokens)
+	t.kvWeighted += r.KVUsage * float64(r.Duration)
+	t.kvMax = max(t.kvMax, r.KVUsage)
+}
+
+func (t *engineTally) stats(engines int, span time.Duration) EngineStats {
+	if t.steps == 0 {
+		return EngineStats{}
+	}
+	st := EngineStats{
+		Steps: t.steps, KVUsageMax: t.kvMax,
+		KVUsageMean:          t.kvWeighted / float64(t.busy),
+		DecodeSeqsPerStep:    float64(t.decodeSeqs) / float64(t.steps),
+		PrefillTokensPerStep: float64(t.prefillTokens) / float64(t.steps),
+		PrefillShare:         float64(t.prefill) / float64(t.busy),
+	}
+	if span > 0 && engines > 0 {
+		st.Busy = float64(t.busy) / float64(span) / float64(engines)
+	}
+	return st
 }
 
 // Run simulates w in mode at arrivalSpeedup.
@@ -378,6 +436,7 @@ type sim struct {
 	pendingN int
 	errors   int
 	firstErr error
+	tally    engineTally
 }
 
 type dispatch struct {
@@ -659,6 +718,7 @@ func (s *sim) flushDispatched() error {
 func (s *sim) step(e int) {
 	se := &s.engines[e]
 	se.res = se.eng.Step()
+	s.tally.add(&se.res)
 	s.schedule(s.now+int64(se.res.Duration), evStepDone, e)
 }
 
@@ -834,6 +894,7 @@ func (s *sim) point() Point {
 		p.HitRate = float64(cached) / float64(prompt)
 	}
 	p.ModelS = float64(end-s.arrivalAt(0)) / 1e9
+	p.Engines = s.tally.stats(len(s.engines), time.Duration(end-s.arrivalAt(0)))
 	p.Queued = s.r.Stats().Queued
 	for i := range s.engines {
 		p.Preemptions += s.engines[i].eng.Metrics().Preemptions

@@ -101,6 +101,23 @@ func TestConservation(t *testing.T) {
 			if st.QueuePending != 0 {
 				t.Fatalf("%d requests left in the queue", st.QueuePending)
 			}
+			// Every prompt token an engine did not find cached was
+			// prefilled exactly once (no preemption here), and each
+			// request decoded all but its first token.
+			p := s.point()
+			var missed, decoded int64
+			for i := range s.reqs {
+				missed += int64(s.reqs[i].prompt - s.reqs[i].cached)
+				decoded += int64(w.Request(i).OSL - 1)
+			}
+			e := p.Engines
+			if p.Preemptions == 0 && (int64(e.PrefillTokensPerStep*float64(e.Steps)+0.5) != missed || int64(e.DecodeSeqsPerStep*float64(e.Steps)+0.5) != decoded) {
+				t.Fatalf("engines prefilled %.0f and decoded %.0f tokens; requests missed %d and decoded %d",
+					e.PrefillTokensPerStep*float64(e.Steps), e.DecodeSeqsPerStep*float64(e.Steps), missed, decoded)
+			}
+			if !(e.Busy > 0 && e.Busy <= 1 && e.KVUsageMean > 0 && e.KVUsageMean <= e.KVUsageMax && e.KVUsageMax <= 1 && e.PrefillShare > 0 && e.PrefillShare < 1) {
+				t.Fatalf("engine stats out of range: %+v", e)
+			}
 			if !cfg.Router.KVEvents {
 				return
 			}

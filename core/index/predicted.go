@@ -82,9 +82,11 @@ func (p *Predicted) find(h uint64, w kv.Worker) uint32 {
 }
 
 type prediction struct {
-	id   string
-	w    kv.Worker
-	seq  []uint64
+	id string
+	w  kv.Worker
+	// held are its holders, 1-based: a holder stays put while any
+	// prediction passes through it, so releasing one needs no lookup.
+	held []uint32
 	at   int64 // deadline, unix ns
 	live bool
 }
@@ -110,9 +112,12 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
 	if old := p.open[id]; old != nil {
 		p.dropLocked(old)
 	}
-	pr := &prediction{id: id, w: w, seq: heldBlocks(seq), at: now + int64(p.cfg.TTL), live: true}
-	for _, h := range pr.seq {
-		p.hold(h, w)
+	pr := &prediction{id: id, w: w, held: make([]uint32, 0, len(seq)/predictedStride+1), at: now + int64(p.cfg.TTL), live: true}
+	for i := predictedStride - 1; i < len(seq); i += predictedStride {
+		pr.held = append(pr.held, p.hold(seq[i], w))
+	}
+	if len(seq)%predictedStride != 0 {
+		pr.held = append(pr.held, p.hold(seq[len(seq)-1], w))
 	}
 	p.open[id] = pr
 	heap.Push(&p.queue, deadline{at: pr.at, p: pr})
@@ -120,7 +125,7 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
 		target := uint64(float64(p.cfg.MaxBlocks) * p.cfg.PruneRatio)
 		for p.pairs > target && len(p.queue.items) > 0 {
 			if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
-				p.evicted += uint64(len(it.p.seq))
+				p.evicted += uint64(len(it.p.held))
 				p.dropLocked(it.p)
 			}
 		}
@@ -142,19 +147,6 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 		pr.at = at
 		heap.Push(&p.queue, deadline{at: at, p: pr})
 	}
-}
-
-// heldBlocks are the blocks of seq a prediction holds: its strides and its
-// last block.
-func heldBlocks(seq []uint64) []uint64 {
-	held := make([]uint64, 0, len(seq)/predictedStride+1)
-	for i := predictedStride - 1; i < len(seq); i += predictedStride {
-		held = append(held, seq[i])
-	}
-	if len(seq)%predictedStride != 0 {
-		held = append(held, seq[len(seq)-1])
-	}
-	return held
 }
 
 // FindMatches returns the workers predicted to hold a prefix of seq and
@@ -296,7 +288,7 @@ func (p *Predicted) Stats() ApproxStats {
 func (p *Predicted) expireLocked(now int64) {
 	for len(p.queue.items) > 0 && p.queue.items[0].at <= now {
 		if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
-			p.expired += uint64(len(it.p.seq))
+			p.expired += uint64(len(it.p.held))
 			p.dropLocked(it.p)
 		}
 	}
@@ -306,10 +298,10 @@ func (p *Predicted) expireLocked(now int64) {
 // until their time comes and are skipped then; the blocks are let go now
 // so that those entries hold little memory.
 func (p *Predicted) dropLocked(pr *prediction) {
-	for _, h := range pr.seq {
-		p.release(h, pr.w)
+	for _, i := range pr.held {
+		p.release(i)
 	}
-	pr.live, pr.seq = false, nil
+	pr.live, pr.held = false, nil
 	if p.open[pr.id] == pr {
 		delete(p.open, pr.id)
 	}
@@ -350,11 +342,12 @@ func (p *Predicted) holderOf(first uint32, h uint64, w kv.Worker) uint32 {
 	return 0
 }
 
-func (p *Predicted) hold(h uint64, w kv.Worker) {
+// hold adds a prediction's hold on block h by w and returns its holder.
+func (p *Predicted) hold(h uint64, w kv.Worker) uint32 {
 	first := p.head(h)
 	if i := p.holderOf(first, h, w); i != 0 {
 		p.holders[i-1].n++
-		return
+		return i
 	}
 	n := p.alloc()
 	count := uint32(1)
@@ -366,17 +359,16 @@ func (p *Predicted) hold(h uint64, w kv.Worker) {
 	p.heads.Put(h, n)
 	p.byPair.Put(predictedPairKey(h, w), n)
 	p.pairs++
+	return n
 }
 
-func (p *Predicted) release(h uint64, w kv.Worker) {
-	i := p.find(h, w)
-	if i == 0 {
-		return
-	}
+// release ends one hold on holder i.
+func (p *Predicted) release(i uint32) {
 	hd := &p.holders[i-1]
 	if hd.n--; hd.n > 0 {
 		return
 	}
+	h, w := hd.h, hd.w
 	first := p.head(h)
 	next, prev, count := hd.next, hd.prev, p.holders[first-1].count-1
 	if next != 0 {

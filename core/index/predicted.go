@@ -1,7 +1,6 @@
 package index
 
 import (
-	"container/heap"
 	"slices"
 	"sync"
 	"time"
@@ -120,11 +119,11 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
 		pr.held = append(pr.held, p.hold(seq[len(seq)-1], w))
 	}
 	p.open[id] = pr
-	heap.Push(&p.queue, deadline{at: pr.at, p: pr})
+	p.queue.push(deadline{at: pr.at, p: pr})
 	if p.pairs > uint64(p.cfg.MaxBlocks) {
 		target := uint64(float64(p.cfg.MaxBlocks) * p.cfg.PruneRatio)
 		for p.pairs > target && len(p.queue.items) > 0 {
-			if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
+			if it := p.queue.pop(); it.p.live && it.at == it.p.at {
 				p.evicted += uint64(len(it.p.held))
 				p.dropLocked(it.p)
 			}
@@ -145,7 +144,7 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 	delete(p.open, id)
 	if at < pr.at {
 		pr.at = at
-		heap.Push(&p.queue, deadline{at: at, p: pr})
+		p.queue.push(deadline{at: at, p: pr})
 	}
 }
 
@@ -287,7 +286,7 @@ func (p *Predicted) Stats() ApproxStats {
 
 func (p *Predicted) expireLocked(now int64) {
 	for len(p.queue.items) > 0 && p.queue.items[0].at <= now {
-		if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
+		if it := p.queue.pop(); it.p.live && it.at == it.p.at {
 			p.expired += uint64(len(it.p.held))
 			p.dropLocked(it.p)
 		}
@@ -407,16 +406,42 @@ type deadline struct {
 
 // deadlineQueue pops the earliest deadline first. A prediction whose
 // deadline was brought forward has a second, later entry, skipped when it
-// comes up because it no longer matches the prediction's deadline.
+// comes up because it no longer matches the prediction's deadline. It is
+// container/heap's algorithm on a typed slice: through the heap.Interface
+// every push boxed its deadline, an allocation per booking and per settle.
 type deadlineQueue struct{ items []deadline }
 
-func (q *deadlineQueue) Len() int           { return len(q.items) }
-func (q *deadlineQueue) Less(i, j int) bool { return q.items[i].at < q.items[j].at }
-func (q *deadlineQueue) Swap(i, j int)      { q.items[i], q.items[j] = q.items[j], q.items[i] }
-func (q *deadlineQueue) Push(x any)         { q.items = append(q.items, x.(deadline)) }
-func (q *deadlineQueue) Pop() any {
-	it := q.items[len(q.items)-1]
-	q.items[len(q.items)-1] = deadline{}
-	q.items = q.items[:len(q.items)-1]
+func (q *deadlineQueue) push(d deadline) {
+	q.items = append(q.items, d)
+	for j := len(q.items) - 1; j > 0; {
+		i := (j - 1) / 2
+		if q.items[j].at >= q.items[i].at {
+			break
+		}
+		q.items[i], q.items[j] = q.items[j], q.items[i]
+		j = i
+	}
+}
+
+func (q *deadlineQueue) pop() deadline {
+	n := len(q.items) - 1
+	q.items[0], q.items[n] = q.items[n], q.items[0]
+	for i := 0; ; {
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && q.items[j2].at < q.items[j].at {
+			j = j2
+		}
+		if q.items[j].at >= q.items[i].at {
+			break
+		}
+		q.items[i], q.items[j] = q.items[j], q.items[i]
+		i = j
+	}
+	it := q.items[n]
+	q.items[n] = deadline{}
+	q.items = q.items[:n]
 	return it
 }

@@ -200,6 +200,7 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64) []Overlap {
 // stride k, and returns how many remain live.
 func (p *Predicted) dropAt(m *Matcher, seq []uint64, k int) uint32 {
 	h := seq[k*predictedStride-1]
+	first := p.head(h)
 	base := uint32((k - 1) * predictedStride)
 	m.dropped = m.dropped[:0]
 	var alive uint32
@@ -207,7 +208,7 @@ func (p *Predicted) dropAt(m *Matcher, seq []uint64, k int) uint32 {
 		if m.out[i].Blocks != 0 {
 			continue
 		}
-		if p.holds(h, m.out[i].Worker) {
+		if p.holderOf(first, h, m.out[i].Worker) != 0 {
 			alive++
 		} else {
 			m.out[i].Blocks = base
@@ -317,8 +318,6 @@ func (p *Predicted) count(h uint64) uint32 {
 	}
 	return 0
 }
-
-func (p *Predicted) holds(h uint64, w kv.Worker) bool { return p.holderOf(p.head(h), h, w) != 0 }
 
 // shortList is the longest holder list walked rather than looked up: its
 // entries are likely in cache already, the pairs map's slot is not.

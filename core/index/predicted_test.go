@@ -271,3 +271,38 @@ func TestDeadlineQueueMatchesContainerHeap(t *testing.T) {
 		heap.Push(&ref, d)
 	}
 }
+
+// BenchmarkPredictedSharedPrefix looks up prompts that share only a
+// system prompt with the live predictions of every worker of a fleet: the
+// lookup follows the whole fleet down the system prompt and drops it where
+// the prompts part.
+func BenchmarkPredictedSharedPrefix(b *testing.B) {
+	for _, workers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			p := NewPredicted(ApproxConfig{TTL: time.Hour, MaxBlocks: 1 << 30})
+			prompt := func(i int) []uint64 {
+				local := make([]uint64, 512)
+				for j := range local {
+					local[j] = uint64(j)
+					if j >= 64 {
+						local[j] |= uint64(i+1) << 32
+					}
+				}
+				return blockhash.SequenceHashes(local)
+			}
+			for w := range workers {
+				p.Add(fmt.Sprint(w), kv.Worker{ID: uint64(w)}, prompt(w))
+			}
+			queries := make([][]uint64, 16)
+			for i := range queries {
+				queries[i] = prompt(workers + i)
+			}
+			var mt Matcher
+			i := 0
+			for b.Loop() {
+				p.FindMatches(&mt, queries[i%len(queries)])
+				i++
+			}
+		})
+	}
+}

@@ -32,8 +32,9 @@ conversation (three quarters of the prompt cached on one worker), half start a
 new one (only the system prompt cached, everywhere). Each decision books its
 request and frees the oldest of --inflight booked ones, so the load tracker is
 never empty; the timed span covers hashing, matching, scoring, booking and
-freeing, and each stage is also reported on its own (p50 and mean). Progress
-goes to stderr.`,
+freeing, and each stage is also reported on its own (p50 and mean), with the
+mean of the rest of the span no stage covers (mostly listing every worker's
+load and overlap as candidates). Progress goes to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			progress := io.Discard
@@ -81,6 +82,7 @@ func printRouteResult(w io.Writer, r *bench.RouteResult) error {
 	row("score / book / free p50", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.ScoreP50us, r.BookP50us, r.FreeP50us))
 	m := r.Split
 	row("mean hash / find / score / book / free", fmt.Sprintf("%.1f / %.1f / %.1f / %.1f / %.1f µs", m.Hash, m.FindMatches, m.Score, m.Book, m.Free))
+	row("mean other (candidates)", fmt.Sprintf("%.1f µs", m.Other))
 	row("decisions/s", fmt.Sprintf("%.0f", r.DecisionsPerS))
 	row("hit rate", fmt.Sprintf("%.1f %%", 100*r.HitRate))
 	row("indexed pairs", fmt.Sprintf("%d", r.IndexedPairs))

@@ -30,7 +30,7 @@ func TestBenchRouteCommand(t *testing.T) {
 		t.Errorf("route_p50_us = %v", p50)
 	}
 
-	for _, k := range []string{"hash", "find_matches", "score", "book", "free"} {
+	for _, k := range []string{"hash", "find_matches", "score", "book", "free", "other"} {
 		if _, ok := rep["mean_split_us"].(map[string]any)[k]; !ok {
 			t.Errorf("mean split lacks %q", k)
 		}

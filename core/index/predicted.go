@@ -1,7 +1,6 @@
 package index
 
 import (
-	"container/heap"
 	"slices"
 	"sync"
 	"time"
@@ -82,9 +81,11 @@ func (p *Predicted) find(h uint64, w kv.Worker) uint32 {
 }
 
 type prediction struct {
-	id   string
-	w    kv.Worker
-	seq  []uint64
+	id string
+	w  kv.Worker
+	// held are its holders, 1-based: a holder stays put while any
+	// prediction passes through it, so releasing one needs no lookup.
+	held []uint32
 	at   int64 // deadline, unix ns
 	live bool
 }
@@ -110,17 +111,20 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
 	if old := p.open[id]; old != nil {
 		p.dropLocked(old)
 	}
-	pr := &prediction{id: id, w: w, seq: heldBlocks(seq), at: now + int64(p.cfg.TTL), live: true}
-	for _, h := range pr.seq {
-		p.hold(h, w)
+	pr := &prediction{id: id, w: w, held: make([]uint32, 0, len(seq)/predictedStride+1), at: now + int64(p.cfg.TTL), live: true}
+	for i := predictedStride - 1; i < len(seq); i += predictedStride {
+		pr.held = append(pr.held, p.hold(seq[i], w))
+	}
+	if len(seq)%predictedStride != 0 {
+		pr.held = append(pr.held, p.hold(seq[len(seq)-1], w))
 	}
 	p.open[id] = pr
-	heap.Push(&p.queue, deadline{at: pr.at, p: pr})
+	p.queue.push(deadline{at: pr.at, p: pr})
 	if p.pairs > uint64(p.cfg.MaxBlocks) {
 		target := uint64(float64(p.cfg.MaxBlocks) * p.cfg.PruneRatio)
 		for p.pairs > target && len(p.queue.items) > 0 {
-			if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
-				p.evicted += uint64(len(it.p.seq))
+			if it := p.queue.pop(); it.p.live && it.at == it.p.at {
+				p.evicted += uint64(len(it.p.held))
 				p.dropLocked(it.p)
 			}
 		}
@@ -140,21 +144,8 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 	delete(p.open, id)
 	if at < pr.at {
 		pr.at = at
-		heap.Push(&p.queue, deadline{at: at, p: pr})
+		p.queue.push(deadline{at: at, p: pr})
 	}
-}
-
-// heldBlocks are the blocks of seq a prediction holds: its strides and its
-// last block.
-func heldBlocks(seq []uint64) []uint64 {
-	held := make([]uint64, 0, len(seq)/predictedStride+1)
-	for i := predictedStride - 1; i < len(seq); i += predictedStride {
-		held = append(held, seq[i])
-	}
-	if len(seq)%predictedStride != 0 {
-		held = append(held, seq[len(seq)-1])
-	}
-	return held
 }
 
 // FindMatches returns the workers predicted to hold a prefix of seq and
@@ -209,6 +200,7 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64) []Overlap {
 // stride k, and returns how many remain live.
 func (p *Predicted) dropAt(m *Matcher, seq []uint64, k int) uint32 {
 	h := seq[k*predictedStride-1]
+	first := p.head(h)
 	base := uint32((k - 1) * predictedStride)
 	m.dropped = m.dropped[:0]
 	var alive uint32
@@ -216,7 +208,7 @@ func (p *Predicted) dropAt(m *Matcher, seq []uint64, k int) uint32 {
 		if m.out[i].Blocks != 0 {
 			continue
 		}
-		if p.holds(h, m.out[i].Worker) {
+		if p.holderOf(first, h, m.out[i].Worker) != 0 {
 			alive++
 		} else {
 			m.out[i].Blocks = base
@@ -295,8 +287,8 @@ func (p *Predicted) Stats() ApproxStats {
 
 func (p *Predicted) expireLocked(now int64) {
 	for len(p.queue.items) > 0 && p.queue.items[0].at <= now {
-		if it := heap.Pop(&p.queue).(deadline); it.p.live && it.at == it.p.at {
-			p.expired += uint64(len(it.p.seq))
+		if it := p.queue.pop(); it.p.live && it.at == it.p.at {
+			p.expired += uint64(len(it.p.held))
 			p.dropLocked(it.p)
 		}
 	}
@@ -306,10 +298,10 @@ func (p *Predicted) expireLocked(now int64) {
 // until their time comes and are skipped then; the blocks are let go now
 // so that those entries hold little memory.
 func (p *Predicted) dropLocked(pr *prediction) {
-	for _, h := range pr.seq {
-		p.release(h, pr.w)
+	for _, i := range pr.held {
+		p.release(i)
 	}
-	pr.live, pr.seq = false, nil
+	pr.live, pr.held = false, nil
 	if p.open[pr.id] == pr {
 		delete(p.open, pr.id)
 	}
@@ -326,8 +318,6 @@ func (p *Predicted) count(h uint64) uint32 {
 	}
 	return 0
 }
-
-func (p *Predicted) holds(h uint64, w kv.Worker) bool { return p.holderOf(p.head(h), h, w) != 0 }
 
 // shortList is the longest holder list walked rather than looked up: its
 // entries are likely in cache already, the pairs map's slot is not.
@@ -350,11 +340,12 @@ func (p *Predicted) holderOf(first uint32, h uint64, w kv.Worker) uint32 {
 	return 0
 }
 
-func (p *Predicted) hold(h uint64, w kv.Worker) {
+// hold adds a prediction's hold on block h by w and returns its holder.
+func (p *Predicted) hold(h uint64, w kv.Worker) uint32 {
 	first := p.head(h)
 	if i := p.holderOf(first, h, w); i != 0 {
 		p.holders[i-1].n++
-		return
+		return i
 	}
 	n := p.alloc()
 	count := uint32(1)
@@ -366,17 +357,16 @@ func (p *Predicted) hold(h uint64, w kv.Worker) {
 	p.heads.Put(h, n)
 	p.byPair.Put(predictedPairKey(h, w), n)
 	p.pairs++
+	return n
 }
 
-func (p *Predicted) release(h uint64, w kv.Worker) {
-	i := p.find(h, w)
-	if i == 0 {
-		return
-	}
+// release ends one hold on holder i.
+func (p *Predicted) release(i uint32) {
 	hd := &p.holders[i-1]
 	if hd.n--; hd.n > 0 {
 		return
 	}
+	h, w := hd.h, hd.w
 	first := p.head(h)
 	next, prev, count := hd.next, hd.prev, p.holders[first-1].count-1
 	if next != 0 {
@@ -415,16 +405,42 @@ type deadline struct {
 
 // deadlineQueue pops the earliest deadline first. A prediction whose
 // deadline was brought forward has a second, later entry, skipped when it
-// comes up because it no longer matches the prediction's deadline.
+// comes up because it no longer matches the prediction's deadline. It is
+// container/heap's algorithm on a typed slice: through the heap.Interface
+// every push boxed its deadline, an allocation per booking and per settle.
 type deadlineQueue struct{ items []deadline }
 
-func (q *deadlineQueue) Len() int           { return len(q.items) }
-func (q *deadlineQueue) Less(i, j int) bool { return q.items[i].at < q.items[j].at }
-func (q *deadlineQueue) Swap(i, j int)      { q.items[i], q.items[j] = q.items[j], q.items[i] }
-func (q *deadlineQueue) Push(x any)         { q.items = append(q.items, x.(deadline)) }
-func (q *deadlineQueue) Pop() any {
-	it := q.items[len(q.items)-1]
-	q.items[len(q.items)-1] = deadline{}
-	q.items = q.items[:len(q.items)-1]
+func (q *deadlineQueue) push(d deadline) {
+	q.items = append(q.items, d)
+	for j := len(q.items) - 1; j > 0; {
+		i := (j - 1) / 2
+		if q.items[j].at >= q.items[i].at {
+			break
+		}
+		q.items[i], q.items[j] = q.items[j], q.items[i]
+		j = i
+	}
+}
+
+func (q *deadlineQueue) pop() deadline {
+	n := len(q.items) - 1
+	q.items[0], q.items[n] = q.items[n], q.items[0]
+	for i := 0; ; {
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && q.items[j2].at < q.items[j].at {
+			j = j2
+		}
+		if q.items[j].at >= q.items[i].at {
+			break
+		}
+		q.items[i], q.items[j] = q.items[j], q.items[i]
+		i = j
+	}
+	it := q.items[n]
+	q.items[n] = deadline{}
+	q.items = q.items[:n]
 	return it
 }

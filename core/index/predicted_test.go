@@ -1,6 +1,7 @@
 package index
 
 import (
+	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -232,5 +233,76 @@ func BenchmarkPredicted(b *testing.B) {
 		p.Add(id, kv.Worker{ID: uint64(i % 64)}, seq)
 		p.Settle(id, 2*time.Second)
 		c.advance(time.Millisecond)
+	}
+}
+
+// refDeadlines is deadlineQueue through container/heap, the reference for
+// its typed push and pop.
+type refDeadlines []deadline
+
+func (q refDeadlines) Len() int           { return len(q) }
+func (q refDeadlines) Less(i, j int) bool { return q[i].at < q[j].at }
+func (q refDeadlines) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *refDeadlines) Push(x any)        { *q = append(*q, x.(deadline)) }
+func (q *refDeadlines) Pop() any {
+	it := (*q)[len(*q)-1]
+	*q = (*q)[:len(*q)-1]
+	return it
+}
+
+// The queue pops exactly what container/heap pops, ties included: which
+// of two equal deadlines comes first decides which prediction an eviction
+// drops.
+func TestDeadlineQueueMatchesContainerHeap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	var q deadlineQueue
+	var ref refDeadlines
+	preds := make([]prediction, 64)
+	for step := range 20000 {
+		if len(q.items) > 0 && rng.IntN(3) == 0 {
+			got, want := q.pop(), heap.Pop(&ref).(deadline)
+			if got != want {
+				t.Fatalf("step %d: pop %v, container/heap %v", step, got, want)
+			}
+			continue
+		}
+		d := deadline{at: int64(rng.IntN(50)), p: &preds[rng.IntN(len(preds))]}
+		q.push(d)
+		heap.Push(&ref, d)
+	}
+}
+
+// BenchmarkPredictedSharedPrefix looks up prompts that share only a
+// system prompt with the live predictions of every worker of a fleet: the
+// lookup follows the whole fleet down the system prompt and drops it where
+// the prompts part.
+func BenchmarkPredictedSharedPrefix(b *testing.B) {
+	for _, workers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			p := NewPredicted(ApproxConfig{TTL: time.Hour, MaxBlocks: 1 << 30})
+			prompt := func(i int) []uint64 {
+				local := make([]uint64, 512)
+				for j := range local {
+					local[j] = uint64(j)
+					if j >= 64 {
+						local[j] |= uint64(i+1) << 32
+					}
+				}
+				return blockhash.SequenceHashes(local)
+			}
+			for w := range workers {
+				p.Add(fmt.Sprint(w), kv.Worker{ID: uint64(w)}, prompt(w))
+			}
+			queries := make([][]uint64, 16)
+			for i := range queries {
+				queries[i] = prompt(workers + i)
+			}
+			var mt Matcher
+			i := 0
+			for b.Loop() {
+				p.FindMatches(&mt, queries[i%len(queries)])
+				i++
+			}
+		})
 	}
 }

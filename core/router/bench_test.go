@@ -184,3 +184,83 @@ func BenchmarkBestWorkerLoaded(b *testing.B) {
 		book()
 	}
 }
+
+// BenchmarkBestWorkerFleet is `kvrouter bench route` in small: 8,192-token
+// prompts over a fleet whose every worker caches four conversations
+// sharing a 1,024-token system prompt, with predict-on-route on and the
+// real clock. Half the prompts continue a conversation (three quarters
+// cached on one worker), half start one (the system prompt cached
+// everywhere); each decision is booked, its prefill completed and the
+// oldest of 128 in flight freed. At a thousand workers every stage that
+// visits each worker shows.
+func BenchmarkBestWorkerFleet(b *testing.B) {
+	for _, workers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.BlockSize = bs
+			cfg.Rand = rand.New(rand.NewPCG(1, 2))
+			r, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			random := func(n int) []uint32 {
+				out := make([]uint32, n)
+				for i := range out {
+					out[i] = rng.Uint32N(128000)
+				}
+				return out
+			}
+			const isl, systemTokens = 8192, 1024
+			system := random(systemTokens)
+			var convs [][]uint32
+			engineID := uint64(1)
+			for id := range workers {
+				r.AddWorker(WorkerInfo{ID: uint64(id), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192})
+				for range 4 {
+					toks := append(append([]uint32{}, system...), random(isl-systemTokens)...)
+					es := EngineStored{Worker: kv.Worker{ID: uint64(id)}, Tokens: toks, BlockSize: bs}
+					for range isl / bs {
+						es.EngineHashes = append(es.EngineHashes, engineID)
+						engineID++
+					}
+					if err := r.ApplyEngineStored(&es); err != nil {
+						b.Fatal(err)
+					}
+					convs = append(convs, toks)
+				}
+			}
+			prompts := make([][]uint32, 64)
+			for i := range prompts {
+				if i%2 == 0 {
+					c := convs[rng.IntN(len(convs))]
+					prompts[i] = append(append([]uint32{}, c[:isl*3/4]...), random(isl/4)...)
+				} else {
+					prompts[i] = append(append([]uint32{}, system...), random(isl-systemTokens)...)
+				}
+			}
+			ring := make([]string, 128)
+			n := 0
+			book := func() {
+				id := strconv.Itoa(n)
+				if _, err := r.BestWorker(ctx(), &Request{ID: id, Tokens: prompts[n%len(prompts)]}); err != nil {
+					b.Fatal(err)
+				}
+				r.MarkPrefillCompleted(id)
+				slot := n % len(ring)
+				if ring[slot] != "" {
+					r.Free(ring[slot])
+				}
+				ring[slot] = id
+				n++
+			}
+			for range len(ring) {
+				book()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				book()
+			}
+		})
+	}
+}

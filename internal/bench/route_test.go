@@ -2,6 +2,7 @@ package bench
 
 import (
 	"io"
+	"math"
 	"testing"
 	"time"
 
@@ -39,7 +40,8 @@ func TestPercentile(t *testing.T) {
 }
 
 // A thousand workers route, and the stages reported add up to no more than
-// the whole decision: each is a part of the span the route time covers.
+// the whole decision: each is a part of the span the route time covers;
+// with the rest no stage covers, they add up to it.
 func TestRunRouteThousandWorkersSplit(t *testing.T) {
 	for _, ttl := range []time.Duration{0, router.DefaultPredictedTTL} {
 		cfg := DefaultRouteConfig()
@@ -58,6 +60,9 @@ func TestRunRouteThousandWorkersSplit(t *testing.T) {
 		}
 		if sum := s.Hash + s.FindMatches + s.Score + s.Book + s.Free; sum > res.RouteMeanus*(1+1e-9) {
 			t.Errorf("predicted TTL %v: stages sum to %.2f µs, more than the %.2f µs decision", ttl, sum, res.RouteMeanus)
+		}
+		if sum := s.Hash + s.FindMatches + s.Score + s.Book + s.Free + s.Other; math.Abs(sum-res.RouteMeanus) > 1e-6*res.RouteMeanus {
+			t.Errorf("predicted TTL %v: stages and the rest sum to %.4f µs, not the %.4f µs decision", ttl, sum, res.RouteMeanus)
 		}
 		if res.ScoreP50us <= 0 || res.BookP50us <= 0 || res.FreeP50us <= 0 {
 			t.Errorf("predicted TTL %v: p50s %+v", ttl, res)

@@ -21,7 +21,6 @@ package index
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/kvrouter/kvrouter/core/kv"
 )
@@ -112,7 +111,7 @@ type Index struct {
 type shard struct {
 	// mu guards t. Writers (Apply, removals, eviction) hold it exclusively;
 	// FindMatches holds it shared and only writes node stamps, atomically.
-	mu sync.RWMutex
+	mu shardLock
 	t  *tree
 	_  [40]byte // keep neighbouring shard locks off one cache line
 }

@@ -1,0 +1,174 @@
+package index
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Writers exclude everyone: a writer keeps two fields equal except inside
+// its hold, and no reader may see them differ; readers count themselves in
+// while they hold the lock, and no writer may see one.
+func TestShardLockExcludes(t *testing.T) {
+	var (
+		l       shardLock
+		a, b    int
+		readers atomic.Int32
+		wg      sync.WaitGroup
+	)
+	const writers, readersN, rounds = 3, 3, 3000
+	for range writers {
+		wg.Go(func() {
+			for range rounds {
+				l.Lock()
+				if n := readers.Load(); n != 0 {
+					t.Errorf("a writer holds the lock with %d readers", n)
+				}
+				a++
+				b++
+				l.Unlock()
+			}
+		})
+	}
+	for range readersN {
+		wg.Go(func() {
+			for range rounds {
+				l.RLock()
+				readers.Add(1)
+				if a != b {
+					t.Errorf("a reader saw a write in progress: %d != %d", a, b)
+				}
+				readers.Add(-1)
+				l.RUnlock()
+			}
+		})
+	}
+	wg.Wait()
+	if a != writers*rounds || b != a {
+		t.Fatalf("a = %d, b = %d, want %d", a, b, writers*rounds)
+	}
+	if l.state.Load() != 0 || l.writers.Load() != 0 || l.waitingReaders.Load() != 0 {
+		t.Fatalf("lock not back to zero: state %d, writers %d, waiting readers %d", l.state.Load(), l.writers.Load(), l.waitingReaders.Load())
+	}
+}
+
+// Readers share the lock: two readers hold it together.
+func TestShardLockReadersShare(t *testing.T) {
+	var l shardLock
+	l.RLock()
+	done := make(chan struct{})
+	go func() {
+		l.RLock()
+		l.RUnlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second reader waited for the first")
+	}
+	l.RUnlock()
+}
+
+// A writer that releases and retakes the lock in a loop, as Apply does
+// between chunks, cannot keep a reader out; readers that keep the lock
+// busy cannot keep a writer out.
+func TestShardLockNeitherSideStarves(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		busy, waiting func(l *shardLock)
+	}{
+		{"reader behind writers' chunks", func(l *shardLock) { l.Lock(); spinWork(); l.Unlock() }, func(l *shardLock) { l.RLock(); l.RUnlock() }},
+		{"writer behind overlapping readers", func(l *shardLock) { l.RLock(); spinWork(); l.RUnlock() }, func(l *shardLock) { l.Lock(); l.Unlock() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				l    shardLock
+				stop atomic.Bool
+				wg   sync.WaitGroup
+			)
+			for range 2 {
+				wg.Go(func() {
+					for !stop.Load() {
+						tc.busy(&l)
+					}
+				})
+			}
+			done := make(chan struct{})
+			go func() {
+				for range 1000 {
+					tc.waiting(&l)
+				}
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Error("starved: 1000 acquisitions did not complete in 20 s")
+			}
+			stop.Store(true)
+			wg.Wait()
+		})
+	}
+}
+
+var workSink atomic.Int64
+
+// spinWork holds the lock for about a chunk's worth of work.
+func spinWork() {
+	w := 0
+	for i := range 1000 {
+		w += i
+	}
+	workSink.Store(int64(w))
+}
+
+func BenchmarkShardLock(b *testing.B) {
+	b.Run("uncontended write", func(b *testing.B) {
+		var l shardLock
+		for b.Loop() {
+			l.Lock()
+			l.Unlock()
+		}
+	})
+	b.Run("uncontended read", func(b *testing.B) {
+		var l shardLock
+		for b.Loop() {
+			l.RLock()
+			l.RUnlock()
+		}
+	})
+	// Writers holding for about a chunk's work while readers come and go:
+	// the pattern of two goroutines applying events and looking up.
+	for _, name := range []string{"shardLock", "sync.RWMutex"} {
+		b.Run("contended/"+name, func(b *testing.B) {
+			var sl shardLock
+			var rw sync.RWMutex
+			lock, unlock, rlock, runlock := sl.Lock, sl.Unlock, sl.RLock, sl.RUnlock
+			if name == "sync.RWMutex" {
+				lock, unlock, rlock, runlock = rw.Lock, rw.Unlock, rw.RLock, rw.RUnlock
+			}
+			var n atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				work := 0
+				for pb.Next() {
+					if n.Add(1)%2 == 0 {
+						lock()
+						for i := range 2000 {
+							work += i
+						}
+						unlock()
+					} else {
+						rlock()
+						for i := range 500 {
+							work += i
+						}
+						runlock()
+					}
+				}
+				_ = work
+			})
+		})
+	}
+}

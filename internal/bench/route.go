@@ -153,9 +153,15 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	var overlap, blocks int
 	start := time.Now()
 	lastReport := start
+	// A router hashes tokens it has just decoded from the request's body,
+	// still in the core's caches; the pool's 16 MB are not, once the index
+	// has been read. Each prompt is copied in as the frontend would have
+	// written it, outside the timed span.
+	tokens := make([]uint32, 0, cfg.ISL)
 	for i := range cfg.InFlight + cfg.Iterations {
 		id := strconv.Itoa(i)
-		req := router.Request{ID: id, Tokens: prompts[i%pool]}
+		tokens = append(tokens[:0], prompts[i%pool]...)
+		req := router.Request{ID: id, Tokens: tokens}
 		t0 := time.Now()
 		d, err := r.BestWorker(ctx, &req)
 		if err != nil {

@@ -1,8 +1,10 @@
 package index
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -44,15 +46,26 @@ const genSystemBlocks = 16
 func (g *closureGen) pick(w kv.Worker, leaf bool) *genBlock {
 	var out *genBlock
 	n := 0
-	for _, b := range g.held[w] {
+	for _, b := range g.blocks(w) {
 		if leaf && b.kids > 0 {
 			continue
 		}
-		// Reservoir sampling; map order alone is not uniform enough.
+		// Reservoir sampling over the blocks in id order: the stream must
+		// not depend on map order, or the same seed tests other streams.
 		if n++; g.rng.IntN(n) == 0 {
 			out = b
 		}
 	}
+	return out
+}
+
+// blocks are w's blocks in id order.
+func (g *closureGen) blocks(w kv.Worker) []*genBlock {
+	out := make([]*genBlock, 0, len(g.held[w]))
+	for _, b := range g.held[w] {
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b *genBlock) int { return cmp.Compare(a.id, b.id) })
 	return out
 }
 
@@ -127,7 +140,7 @@ func (g *closureGen) next() kv.Event {
 		return kv.RemovedEvent(w, g.nextID, ids...)
 	case x < 97:
 		var inner *genBlock
-		for _, b := range g.held[w] {
+		for _, b := range g.blocks(w) {
 			if b.kids > 0 {
 				inner = b
 				break

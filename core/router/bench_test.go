@@ -55,40 +55,49 @@ func BenchmarkBestWorkerBooked(b *testing.B) {
 	}
 }
 
-// benchRouter is a 16-worker router whose workers each cache 16
-// conversations of 2,048 tokens sharing a 512-token system prompt; prompts
-// continue one of them (three quarters cached on one worker).
-func benchRouter(b *testing.B, edit func(*Config), workerBlockSize func(id int) int) (*Router, [][]uint32) {
+// warmFleet describes a warm benchmark fleet: every worker caches perWorker
+// conversations of convTokens tokens, each opening with one shared
+// system prompt of systemTokens, stored through engine events.
+type warmFleet struct {
+	workers, perWorker       int
+	systemTokens, convTokens int
+	vocab                    uint32
+	edit                     func(*Config)
+	workerBlockSize          func(id int) int // nil: the router's
+}
+
+// build makes the router and returns it with the conversations cached, the
+// system prompt and a source of random tokens for new prompts.
+func (f warmFleet) build(b *testing.B) (r *Router, convs [][]uint32, system []uint32, random func(n int) []uint32) {
 	b.Helper()
 	cfg := DefaultConfig()
 	cfg.BlockSize = bs
 	cfg.Rand = rand.New(rand.NewPCG(1, 2))
-	if edit != nil {
-		edit(&cfg)
+	if f.edit != nil {
+		f.edit(&cfg)
 	}
 	r, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	random := func(n int) []uint32 {
+	random = func(n int) []uint32 {
 		out := make([]uint32, n)
 		for i := range out {
-			out[i] = rng.Uint32N(32000)
+			out[i] = rng.Uint32N(f.vocab)
 		}
 		return out
 	}
-	system := random(512)
-	var convs [][]uint32
+	system = random(f.systemTokens)
 	engineID := uint64(1)
-	for id := range 16 {
+	for id := range f.workers {
 		r.AddWorker(WorkerInfo{ID: uint64(id), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192})
 		size := bs
-		if workerBlockSize != nil {
-			size = workerBlockSize(id)
+		if f.workerBlockSize != nil {
+			size = f.workerBlockSize(id)
 		}
-		for range 16 {
-			toks := append(append([]uint32{}, system...), random(1536)...)
+		for range f.perWorker {
+			toks := append(append([]uint32{}, system...), random(f.convTokens-f.systemTokens)...)
 			n := len(toks) / size
 			es := EngineStored{Worker: kv.Worker{ID: uint64(id)}, Tokens: toks[:n*size], BlockSize: size}
 			for range n {
@@ -101,9 +110,20 @@ func benchRouter(b *testing.B, edit func(*Config), workerBlockSize func(id int) 
 			convs = append(convs, toks)
 		}
 	}
+	return r, convs, system, random
+}
+
+// benchRouter is a 16-worker router whose workers each cache 16
+// conversations of 2,048 tokens sharing a 512-token system prompt; prompts
+// continue one of them (three quarters cached on one worker).
+func benchRouter(b *testing.B, edit func(*Config), workerBlockSize func(id int) int) (*Router, [][]uint32) {
+	b.Helper()
+	r, convs, _, random := warmFleet{workers: 16, perWorker: 16, systemTokens: 512, convTokens: 2048, vocab: 32000,
+		edit: edit, workerBlockSize: workerBlockSize}.build(b)
+	pick := rand.New(rand.NewPCG(5, 6))
 	prompts := make([][]uint32, 256)
 	for i := range prompts {
-		c := convs[rng.IntN(len(convs))]
+		c := convs[pick.IntN(len(convs))]
 		prompts[i] = append(append([]uint32{}, c[:1536]...), random(512)...)
 	}
 	return r, prompts
@@ -196,40 +216,9 @@ func BenchmarkBestWorkerLoaded(b *testing.B) {
 func BenchmarkBestWorkerFleet(b *testing.B) {
 	for _, workers := range []int{64, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			cfg := DefaultConfig()
-			cfg.BlockSize = bs
-			cfg.Rand = rand.New(rand.NewPCG(1, 2))
-			r, err := New(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			rng := rand.New(rand.NewPCG(3, 4))
-			random := func(n int) []uint32 {
-				out := make([]uint32, n)
-				for i := range out {
-					out[i] = rng.Uint32N(128000)
-				}
-				return out
-			}
 			const isl, systemTokens = 8192, 1024
-			system := random(systemTokens)
-			var convs [][]uint32
-			engineID := uint64(1)
-			for id := range workers {
-				r.AddWorker(WorkerInfo{ID: uint64(id), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192})
-				for range 4 {
-					toks := append(append([]uint32{}, system...), random(isl-systemTokens)...)
-					es := EngineStored{Worker: kv.Worker{ID: uint64(id)}, Tokens: toks, BlockSize: bs}
-					for range isl / bs {
-						es.EngineHashes = append(es.EngineHashes, engineID)
-						engineID++
-					}
-					if err := r.ApplyEngineStored(&es); err != nil {
-						b.Fatal(err)
-					}
-					convs = append(convs, toks)
-				}
-			}
+			r, convs, system, random := warmFleet{workers: workers, perWorker: 4, systemTokens: systemTokens, convTokens: isl, vocab: 128000}.build(b)
+			rng := rand.New(rand.NewPCG(5, 6))
 			prompts := make([][]uint32, 64)
 			for i := range prompts {
 				if i%2 == 0 {

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,6 +54,75 @@ func TestShardLockExcludes(t *testing.T) {
 	}
 }
 
+// waitFor polls cond until it holds; the lock's rules are checked at
+// states other goroutines reach, without sleeping for them.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// A writer waiting for readers to leave keeps new readers out: a stream
+// of overlapping lookups cannot hold event application off for ever.
+func TestShardLockWaitingWriterKeepsReadersOut(t *testing.T) {
+	var l shardLock
+	l.RLock()
+	acquired := make(chan struct{})
+	release := make(chan struct{})
+	go func() {
+		l.Lock()
+		close(acquired)
+		<-release
+		l.Unlock()
+	}()
+	waitFor(t, "the writer to wait", func() bool { return l.writers.Load() == 1 })
+	if l.tryRLock() {
+		t.Fatal("a new reader entered while a writer waited")
+	}
+	l.RUnlock()
+	<-acquired
+	close(release)
+	waitFor(t, "the writer to leave", func() bool { return l.writers.Load() == 0 })
+	l.RLock()
+	l.RUnlock()
+}
+
+// Readers that waited for a writer go before the next writer: a writer
+// releasing and retaking the lock between chunks cannot starve lookups.
+func TestShardLockWaitingReadersGoFirst(t *testing.T) {
+	var (
+		l        shardLock
+		readerIn atomic.Bool
+		order    = make(chan string, 2)
+	)
+	l.Lock()
+	go func() {
+		l.RLock()
+		readerIn.Store(true)
+		order <- "reader"
+		l.RUnlock()
+	}()
+	waitFor(t, "the reader to wait", func() bool { return l.waitingReaders.Load() == 1 })
+	go func() {
+		l.Lock()
+		if !readerIn.Load() {
+			order <- "writer before the waiting reader"
+		} else {
+			order <- "writer"
+		}
+		l.Unlock()
+	}()
+	l.Unlock()
+	if first, second := <-order, <-order; first != "reader" || second != "writer" {
+		t.Fatalf("order %q, %q; want the waiting reader, then the writer", first, second)
+	}
+}
+
 // Readers share the lock: two readers hold it together.
 func TestShardLockReadersShare(t *testing.T) {
 	var l shardLock
@@ -71,10 +141,10 @@ func TestShardLockReadersShare(t *testing.T) {
 	l.RUnlock()
 }
 
-// A writer that releases and retakes the lock in a loop, as Apply does
-// between chunks, cannot keep a reader out; readers that keep the lock
-// busy cannot keep a writer out.
-func TestShardLockNeitherSideStarves(t *testing.T) {
+// Under load from the other side, both sides still get through: writers
+// releasing and retaking the lock in a loop, as Apply does between chunks,
+// and readers overlapping one another.
+func TestShardLockProgressUnderLoad(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		busy, waiting func(l *shardLock)
@@ -88,7 +158,7 @@ func TestShardLockNeitherSideStarves(t *testing.T) {
 				stop atomic.Bool
 				wg   sync.WaitGroup
 			)
-			for range 2 {
+			for range 4 {
 				wg.Go(func() {
 					for !stop.Load() {
 						tc.busy(&l)

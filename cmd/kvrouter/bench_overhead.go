@@ -95,7 +95,7 @@ a run with it against one without shows what feeding the page costs.`,
 			}
 			w := cmd.OutOrStdout()
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "phase\trequests\terrors\treq/s\tTTFT p50 ms\tTTFT p99 ms\te2e p50 ms\tfrontend p50 ms\tfrontend p99 ms\t")
+			fmt.Fprintln(tw, "phase\trequests\terrors\treq/s\tTTFT p50 ms\tTTFT p99 ms\te2e p50 ms\tfrontend p50 ms\tfrontend p99 ms\tengine drift\t")
 			routed, short := "routed", "short routed"
 			if res.RoutedEngine != nil {
 				routed, short = "routed, tokenized in-process", "short routed, tokenized in-process"
@@ -113,7 +113,7 @@ a run with it against one without shows what feeding the page costs.`,
 				if r.p != &res.Direct && r.p != &res.ShortDirect {
 					frontend = fmt.Sprintf("%.3f\t%.3f", r.p.FrontendP50ms, r.p.FrontendP99ms)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%s\t\n", r.name, r.p.Requests, r.p.Errors, r.p.RequestsPS, r.p.TTFTp50ms, r.p.TTFTp99ms, r.p.E2Ep50ms, frontend)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%s\t%+.1f%%\t\n", r.name, r.p.Requests, r.p.Errors, r.p.RequestsPS, r.p.TTFTp50ms, r.p.TTFTp99ms, r.p.E2Ep50ms, frontend, 100*r.p.EngineDrift)
 			}
 			tw.Flush()
 			fmt.Fprintf(w, "\nTTFT through the router minus direct: %+.2f ms at p50, %+.2f ms at p99\n", res.AddedP50ms, res.AddedP99ms)

@@ -25,6 +25,7 @@ func TestBenchOverheadTextPrompts(t *testing.T) {
 				"short routed, tokenized in-process", "short routed, engine /tokenize",
 				"kvrouter_frontend_tokenize_total of the in_process run: map[in_process:",
 				"kvrouter_frontend_tokenize_total of the engine run: map[engine:",
+				"engine drift",
 			} {
 				if !strings.Contains(out, want) {
 					t.Errorf("no %q in\n%s", want, out)

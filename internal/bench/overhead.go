@@ -23,6 +23,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/internal/workload"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/mocker/server"
 )
 
 // OverheadConfig sets up `kvrouter bench overhead`.
@@ -92,6 +93,11 @@ type Phase struct {
 	QueueP50ms       float64 `json:"queue_p50_ms,omitempty"`
 	QueueP99ms       float64 `json:"queue_p99_ms,omitempty"`
 	DurationSec      float64 `json:"duration_s"`
+	// EngineDrift is how much longer the engines' steps took than the
+	// model's pace over the phase, warmup included: (wall − model) / model.
+	// Well above 0 the simulated engines could not keep up with the
+	// speedup, and the cores were theirs rather than the frontend's.
+	EngineDrift float64 `json:"engine_drift"`
 }
 
 // OverheadResult compares the same load sent straight to the engines and
@@ -189,7 +195,11 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 			fmt.Fprintf(progress, "overhead: %s, %d clients, %s prompts, %d output tokens...\n", name, conc, cfg.Prompt, osl)
 		}
 		phases++
-		return loadPhase(ctx, targets, fcfg.Server.Model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		before := f.Timing()
+		p, err := loadPhase(ctx, targets, fcfg.Server.Model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		after := f.Timing()
+		p.EngineDrift = server.Timing{Model: after.Model - before.Model, Actual: after.Actual - before.Actual}.Drift()
+		return p, err
 	}
 	if res.Direct, err = run("direct to the engines", direct, long, cfg.OSL, cfg.Concurrency, true, false); err != nil {
 		return res, err

@@ -366,9 +366,7 @@ func (s *Source) WaitFor(ctx context.Context, cond func(Stats) bool) error {
 func (s *Source) Stats() Stats {
 	sub := s.sub.Stats()
 	c := &s.st
-	last, ok := s.LastSeq()
-	return Stats{
-		LastSeq: last, HaveSeq: ok,
+	st := Stats{
 		Received: sub.Received, BadFrames: sub.Malformed, Batches: c.batches.Load(), Replayed: c.replayed.Load(),
 		Duplicates: c.duplicates.Load(), Events: c.events.Load(), BlocksStored: c.blocksStored.Load(),
 		BlocksRemoved: c.blocksRemoved.Load(), Clears: c.clears.Load(), Malformed: c.malformed.Load(),
@@ -378,6 +376,11 @@ func (s *Source) Stats() Stats {
 		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
 		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(),
 	}
+	// The position is read after the counters: a counter bumped after a
+	// position change (see restarted) then never shows beside the position
+	// from before it.
+	st.LastSeq, st.HaveSeq = s.LastSeq()
+	return st
 }
 
 func (s *Source) run() {
@@ -455,7 +458,6 @@ func (s *Source) probe() {
 		return // nothing learnt; the next silent period asks again
 	}
 	if known && (len(msgs) == 0 || (msgs[0].Seq == from && s.differs(msgs[0]))) {
-		s.st.resets.Add(1)
 		s.log.Warn("kv event stream silent and the engine no longer has its last batch: engine restarted", "last", from)
 		s.restarted()
 		s.catchUp(math.MaxUint64)
@@ -726,9 +728,9 @@ const maxDumpBytes = 1 << 30
 // rebuild drops the blocks of every rank this source has fed; what comes
 // next rebuilds them.
 func (s *Source) rebuild(why string) {
-	s.st.rebuilds.Add(1)
 	s.log.Warn("kv events lost: dropping the rank's blocks", "why", why, "ranks", len(s.ranks))
 	s.clearRanks(s.next)
+	s.st.rebuilds.Add(1) // after the clear: a waiter seeing it finds the blocks gone
 }
 
 func (s *Source) clearRanks(seq uint64) {
@@ -742,21 +744,24 @@ func (s *Source) clearRanks(seq uint64) {
 
 // reset handles an engine restart: drop, then start over from m.
 func (s *Source) reset(m zmqevents.Message) {
-	s.st.resets.Add(1)
 	s.log.Warn("kv event sequence went backwards: engine restarted", "last", s.next-1, "got", m.Seq)
 	s.restarted()
 	s.handle(m)
 }
 
 // restarted drops the rank's blocks and forgets the position: the stream
-// is the new incarnation's from now on.
+// is the new incarnation's from now on. The old position is withdrawn
+// before anything else and the restart counted last, so a waiter that sees
+// the count (Stats reads counters before the position) never pairs it with
+// the old incarnation's position.
 func (s *Source) restarted() {
-	s.rebuild("engine restarted")
-	s.started, s.next = false, 0
-	clear(s.recent)
 	s.mu.Lock()
 	s.haveLast = false
 	s.mu.Unlock()
+	s.rebuild("engine restarted")
+	s.started, s.next = false, 0
+	clear(s.recent)
+	s.st.resets.Add(1)
 }
 
 // apply processes the batch with this seq.

@@ -521,3 +521,48 @@ func TestCloseAndContext(t *testing.T) {
 	}
 	_ = s2.Close()
 }
+
+// clearWatch passes events to a router and, while a clear is applied,
+// takes the source's Stats: what a waiter woken at that moment would see.
+type clearWatch struct {
+	*router.Router
+	src    atomic.Pointer[Source]
+	mu     sync.Mutex
+	atStat []Stats
+}
+
+func (c *clearWatch) ApplyEvent(ev *kv.Event) error {
+	if s := c.src.Load(); s != nil && ev.Kind == kv.KindCleared {
+		c.mu.Lock()
+		c.atStat = append(c.atStat, s.Stats())
+		c.mu.Unlock()
+	}
+	return c.Router.ApplyEvent(ev)
+}
+
+// A restart must not show in Stats before the position it resets: a
+// waiter for "restart seen and the new stream at seq n" woke up while the
+// old incarnation's position was still published and read an index the new
+// stream had not reached.
+func TestRestartCountedAfterThePositionReset(t *testing.T) {
+	p := newTestPub(t, pubOpts{})
+	w := kv.Worker{ID: 1}
+	sink := &clearWatch{Router: newRouter(t, router.WorkerInfo{ID: 1})}
+	s := start(t, Config{Worker: w, Events: p.events(), Replay: p.replay()}, sink)
+	sink.src.Store(s)
+	warmUp(t, p, s)
+	seq := p.publish(t, stored(t, nil, toks(2, 8), 800, 0, 2), true)
+	wait(t, s, seq)
+	p.restart()
+	p.publish(t, stored(t, nil, toks(3, 9), 900, 0, 2), false)
+	p.publish(t, stored(t, nil, toks(3, 9), 900, 2, 3), true)
+	waitFor(t, s, "the restart", func(st Stats) bool { return st.Resets == 1 && st.HaveSeq && st.LastSeq >= 1 })
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.atStat) != 1 {
+		t.Fatalf("%d clears, want the restart's", len(sink.atStat))
+	}
+	if st := sink.atStat[0]; st.Resets != 0 || st.Rebuilds != 0 || st.HaveSeq {
+		t.Fatalf("while the restart's clear was applied, Stats showed Resets %d, Rebuilds %d and position %d (%v)", st.Resets, st.Rebuilds, st.LastSeq, st.HaveSeq)
+	}
+}

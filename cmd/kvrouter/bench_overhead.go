@@ -21,12 +21,15 @@ func newBenchOverheadCmd() *cobra.Command {
 		quiet                  bool
 		cpuProfile, memProfile string
 		mutexProfile           string
+		engines                = "process"
+		engineProc             = bench.EngineProcess{Nice: 10}
 	)
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure what the router's frontend adds to TTFT and how many requests/s it carries",
-		Long: `Starts --workers simulated engines and the router's frontend (kv mode, live KV
-events) in this process, then runs the same load twice: straight to the
+		Long: `Starts --workers simulated engines (a kvrouter mocker child process at a lower
+CPU priority; --engines in-process runs them in this process) and the router's
+frontend (kv mode, live KV events), then runs the same load twice: straight to the
 engines (round-robin) and through the router. --concurrency clients each keep
 one streaming completion of --isl unique prompt tokens and --osl output
 tokens open; after --warmup, time to first token and end-to-end latency are
@@ -53,6 +56,20 @@ a run with it against one without shows what feeding the page costs.`,
 			progress := io.Discard
 			if !quiet {
 				progress = cmd.ErrOrStderr()
+			}
+			switch engines {
+			case "in-process":
+			case "process":
+				if engineProc.Binary == "" {
+					exe, err := os.Executable()
+					if err != nil {
+						return err
+					}
+					engineProc.Binary = exe
+				}
+				cfg.EngineProcess = &engineProc
+			default:
+				return fmt.Errorf("--engines must be process or in-process, got %q", engines)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
@@ -150,6 +167,9 @@ a run with it against one without shows what feeding the page costs.`,
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the streamed routed phase to this file (pprof label part: frontend, engines or clients)")
 	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile to this file at the end of the streamed routed phase")
 	f.StringVar(&mutexProfile, "mutexprofile", "", "write a mutex contention profile of the streamed routed phase to this file")
+	f.StringVar(&engines, "engines", engines, "where the simulated engines run: process (a kvrouter mocker child process at --engines-nice, as real engines run on hardware of their own) or in-process (sharing this process's cores with the frontend as goroutines)")
+	f.IntVar(&engineProc.Nice, "engines-nice", engineProc.Nice, "niceness of the engines' child process (nice(1))")
+	f.StringVar(&engineProc.Binary, "engines-binary", "", "kvrouter binary the engines' child process runs (default: this one)")
 	f.BoolVar(&cfg.UIPage, "ui-page", false, "keep a simulated /ui dashboard open during the routed phases (polling /ui/api/state every second), to measure what feeding it costs")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

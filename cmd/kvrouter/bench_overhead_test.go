@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/bench"
 )
 
 // TestBenchOverheadTextPrompts runs a tiny load of text and chat prompts:
@@ -15,7 +18,7 @@ func TestBenchOverheadTextPrompts(t *testing.T) {
 	dir := filepath.Join("..", "..", "adapters", "hftokenizer", "testdata", "llama3")
 	for _, p := range []string{"text", "chat"} {
 		t.Run(p, func(t *testing.T) {
-			out, err := runCmd(t, "bench", "overhead", "--prompt", p, "--tokenizer", dir, "--workers", "2", "--concurrency", "2",
+			out, err := runCmd(t, "bench", "overhead", "--engines", "in-process", "--prompt", p, "--tokenizer", dir, "--workers", "2", "--concurrency", "2",
 				"--isl", "300", "--osl", "2", "--short-isl", "32", "--short-concurrency", "2", "--warmup", "50ms", "--duration", "200ms", "--quiet")
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
@@ -42,7 +45,7 @@ func TestBenchOverheadTextPrompts(t *testing.T) {
 // have polled and been sent decisions, or the figure it labels is not
 // what it says.
 func TestBenchOverheadWithDashboardOpen(t *testing.T) {
-	out, err := runCmd(t, "bench", "overhead", "--ui-page", "--workers", "2", "--concurrency", "2",
+	out, err := runCmd(t, "bench", "overhead", "--engines", "in-process", "--ui-page", "--workers", "2", "--concurrency", "2",
 		"--isl", "64", "--osl", "2", "--short-isl", "32", "--short-concurrency", "2", "--warmup", "50ms", "--duration", "1200ms", "--quiet")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -64,5 +67,38 @@ func TestBenchOverheadWithDashboardOpen(t *testing.T) {
 		if o > h || h <= 0 {
 			t.Errorf("frontend held %v ms, own time %v ms", h, o)
 		}
+	}
+}
+
+// By default the engines run as a kvrouter mocker child process (this test
+// binary standing in for kvrouter, see TestMain): every phase must carry
+// load and read the engines' pacing from the child's metrics.
+func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
+	t.Setenv(cliEnv, "1")
+	out, err := runCmd(t, "bench", "overhead", "--workers", "2", "--concurrency", "2", "--isl", "64", "--osl", "2",
+		"--short-isl", "32", "--short-concurrency", "2", "--warmup", "50ms", "--duration", "300ms", "--quiet", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var res bench.OverheadResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Config.EngineProcess == nil || res.Config.EngineProcess.Nice != 10 {
+		t.Fatalf("engines not in a child process: %+v", res.Config)
+	}
+	for name, p := range map[string]bench.Phase{"direct": res.Direct, "routed": res.Routed, "short direct": res.ShortDirect, "short routed": res.ShortRouted} {
+		if p.Requests == 0 || p.Errors != 0 {
+			t.Errorf("%s: %d requests, %d errors", name, p.Requests, p.Errors)
+		}
+		// The drift is read from the child's counters: with no reading it
+		// would be exactly 0, and a step never takes less wall time than
+		// its model time by more than the clock's rounding.
+		if p.EngineDrift == 0 || p.EngineDrift < -0.01 {
+			t.Errorf("%s: engine drift %v", name, p.EngineDrift)
+		}
+	}
+	if _, err := runCmd(t, "bench", "overhead", "--engines", "gpu", "--quiet"); err == nil || !strings.Contains(err.Error(), "--engines must be") {
+		t.Fatalf("--engines gpu: %v", err)
 	}
 }

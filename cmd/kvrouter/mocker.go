@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -25,6 +26,7 @@ func newMockerCmd() *cobra.Command {
 	encoding := "array"
 	role := string(server.RoleBoth)
 	var pf planeFlags
+	var serveConfig string
 	cmd := &cobra.Command{
 		Use:   "mocker",
 		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
@@ -107,6 +109,12 @@ as before, whatever the role.`,
 			if err != nil {
 				return err
 			}
+			if serveConfig != "" {
+				if err := writeServeConfig(serveConfig, serve.FleetWorkers(f, cfg)); err != nil {
+					f.Close()
+					return err
+				}
+			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
@@ -166,6 +174,27 @@ as before, whatever the role.`,
 	fl.Float64Var(&cfg.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", cfg.Server.KVTransfer.Bandwidth, "bytes per second of the link decode engines pull KV over; the default is one 200 Gb/s RDMA NIC, NIXL's usual fabric")
 	fl.IntVar(&cfg.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", cfg.Server.KVTransfer.BytesPerToken, "KV bytes of one token over all layers, sizing a transfer; the default is Llama-3.1-8B in bf16: 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes")
 	fl.DurationVar(&cfg.Server.KVTransfer.Timeout, "kv-transfer-timeout", cfg.Server.KVTransfer.Timeout, "how long a prefill engine holds KV blocks no decode engine pulls before it frees them; the default is vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
+	fl.StringVar(&serveConfig, "serve-config", "", `once the engines listen, write their endpoints to this file as a "kvrouter serve --config" file ({"workers": [...]}), so ports picked with 0 can be found`)
 	fl.StringVar(&encoding, "kv-events-encoding", encoding, "KV event encoding: array (positional events), map (events as maps) or map-batch (vLLM ≥ 0.11: the batch as a map too)")
 	return cmd
+}
+
+// writeServeConfig writes workers as serve's --config file. It appears
+// whole or not at all (written beside, then renamed), so a process waiting
+// for it never reads half of it.
+func writeServeConfig(path string, workers []serve.WorkerSpec) error {
+	b, err := json.MarshalIndent(struct {
+		Workers []serve.WorkerSpec `json:"workers"`
+	}{workers}, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("--serve-config: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("--serve-config: %w", err)
+	}
+	return nil
 }

@@ -50,3 +50,37 @@ func TestMockerRoles(t *testing.T) {
 		})
 	}
 }
+
+// The file --serve-config writes is one serve --config reads, naming the
+// engines the mocker printed, ports picked with 0 included.
+func TestMockerServeConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fleet.json")
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"mocker", "--num-workers", "2", "--data-parallel-size", "2", "--http-port", "0", "--kv-events-port", "0",
+		"--kv-events-replay-port", "0", "--serve-config", path})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	workers, err := loadWorkers(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(workers) != 2 {
+		t.Fatalf("%d workers in %s", len(workers), path)
+	}
+	for _, w := range workers {
+		if w.DPSize != 2 || w.Dump != w.URL+"/kv_events/dump" || w.Model == "" {
+			t.Fatalf("worker %+v", w)
+		}
+		for _, endpoint := range []string{w.URL, w.Events, w.Replay} {
+			if strings.HasSuffix(endpoint, ":0") || !strings.Contains(out.String(), strings.TrimPrefix(strings.TrimPrefix(endpoint, "http://"), "tcp://")) {
+				t.Fatalf("endpoint %q is not one the mocker printed:\n%s", endpoint, out.String())
+			}
+		}
+	}
+}

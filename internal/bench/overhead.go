@@ -51,6 +51,9 @@ type OverheadConfig struct {
 	// Goroutines carry the pprof label "part" (frontend, engines, clients)
 	// so that a profile tells the frontend's own CPU from the load's.
 	ProfileRouted func() (stop func()) `json:"-"`
+	// EngineProcess, when set, runs the engines in a child process at a
+	// lower CPU priority instead of in this one (see EngineProcess).
+	EngineProcess *EngineProcess `json:",omitempty"`
 	// UIPage keeps a simulated dashboard open during the routed phases: a
 	// client polling /ui/api/state once a second as the page does, so
 	// that the router records decisions for it all along.
@@ -139,8 +142,8 @@ type OverheadResult struct {
 // twice, once tokenized by the frontend and once by the engines'
 // /tokenize, each on a fresh frontend whose tokenize counter must show
 // only that path.
-func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (OverheadResult, error) {
-	res := OverheadResult{Config: cfg}
+func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (res OverheadResult, err error) {
+	res.Config = cfg
 	var tok *modeltok.Model
 	switch cfg.Prompt {
 	case PromptTokens:
@@ -148,7 +151,6 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 		if cfg.Tokenizer == "" {
 			return res, fmt.Errorf("%s prompts need a tokenizer", cfg.Prompt)
 		}
-		var err error
 		if tok, err = modeltok.Load(cfg.Tokenizer); err != nil {
 			return res, err
 		}
@@ -165,16 +167,21 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 	if tok != nil {
 		fcfg.Tokenizer = cfg.Tokenizer
 	}
-	var f *fleet.Fleet
-	err := labelled(ctx, "engines", func(ctx context.Context) (err error) {
-		f, err = fleet.Start(ctx, fcfg)
-		return err
-	})
+	var eng *simEngines
+	if cfg.EngineProcess != nil {
+		eng, err = cfg.EngineProcess.start(ctx, fcfg, progress)
+	} else {
+		eng, err = startFleet(ctx, fcfg)
+	}
 	if err != nil {
 		return res, err
 	}
-	defer f.Close()
-	workers := serve.FleetWorkers(f, fcfg)
+	defer func() {
+		if cerr := eng.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	workers := eng.workers
 	var direct []string
 	for _, w := range workers {
 		direct = append(direct, w.URL)
@@ -195,9 +202,15 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (O
 			fmt.Fprintf(progress, "overhead: %s, %d clients, %s prompts, %d output tokens...\n", name, conc, cfg.Prompt, osl)
 		}
 		phases++
-		before := f.Timing()
-		p, err := loadPhase(ctx, targets, fcfg.Server.Model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
-		after := f.Timing()
+		before, err := eng.timing(ctx)
+		if err != nil {
+			return Phase{}, err
+		}
+		p, err := loadPhase(ctx, targets, eng.model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		if err != nil {
+			return p, err
+		}
+		after, err := eng.timing(ctx)
 		p.EngineDrift = server.Timing{Model: after.Model - before.Model, Actual: after.Actual - before.Actual}.Drift()
 		return p, err
 	}

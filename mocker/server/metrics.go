@@ -4,6 +4,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// The names of the pacing counters (Timing's Model and Actual, per engine).
+const (
+	StepModelSecondsMetric = "kvrouter_mocker_step_model_seconds_total"
+	StepWallSecondsMetric  = "kvrouter_mocker_step_wall_seconds_total"
+)
+
 // serverMetrics are the metrics of one engine under vLLM's names, so that
 // dashboards and routers built for vLLM read the simulator unchanged.
 // Latencies are in simulated seconds (wall time × speedup): what a real
@@ -56,6 +62,11 @@ func newServerMetrics(s *Server) serverMetrics {
 	counterFunc("kvrouter_mocker_prefix_cache_loaded_queries", "The part of vllm:prefix_cache_queries due to requests whose KV a decode engine pulled.", sum(func(r *Runner) float64 { return float64(r.Metrics().LoadedQueries) }))
 	counterFunc("kvrouter_mocker_prefix_cache_loaded_hits", "The part of vllm:prefix_cache_hits due to requests whose KV a decode engine pulled: they spared a transfer, not a prefill.", sum(func(r *Runner) float64 { return float64(r.Metrics().LoadedHits) }))
 	counterFunc("vllm:num_preemptions_total", "Requests preempted for lack of KV blocks.", sum(func(r *Runner) float64 { return float64(r.Metrics().Preemptions) }))
+	// The pacing pair: a process watching engines it did not start (a
+	// benchmark with the engines in a child process) tells from them
+	// whether the simulation kept the model's pace (see Timing).
+	counterFunc(StepModelSecondsMetric, "Model time of the steps run, divided by the speedup: the wall time they should have taken.", sum(func(r *Runner) float64 { return r.Timing().Model.Seconds() }))
+	counterFunc(StepWallSecondsMetric, "Wall time the steps took; above "+StepModelSecondsMetric+" the simulation ran behind the model's pace.", sum(func(r *Runner) float64 { return r.Timing().Actual.Seconds() }))
 
 	gauge("kvrouter_mocker_kv_transfer_held_blocks", "KV blocks a prefill engine holds for decode engines to pull.", sum(func(r *Runner) float64 { return float64(r.Metrics().HeldBlocks) }))
 	counterFunc("vllm:nixl_num_kv_expired_reqs_total", "Requests whose held KV blocks no decode engine pulled within --kv-transfer-timeout.", sum(func(r *Runner) float64 { return float64(r.HoldsExpired()) }))

@@ -138,9 +138,10 @@
 // extra_fields adds an "nvext" object to the response:
 //
 //	{"worker_id": 3, "dp_rank": 0, "overlap_blocks": 4, "prompt_blocks": 6,   (for "worker_id")
-//	 "timing": {"tokenize_ms", "routing_ms", "queue_ms", "hash_ms",
+//	 "timing": {"read_ms", "tokenize_ms", "routing_ms", "queue_ms", "hash_ms",
 //	            "find_matches_ms", "scheduling_ms", "frontend_ms", "ttft_ms",
-//	            "total_ms"}}  (for "timing"; frontend_ms: held before the engine)
+//	            "total_ms"}}  (for "timing"; frontend_ms: held before the engine,
+//	                          read_ms: the part of it spent reading the body)
 //
 // at the top level of a non-streamed JSON response, and in the first data
 // chunk of a stream (where total_ms is absent: the stream is not over).

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
@@ -21,9 +22,11 @@ type respNvext struct {
 	OverlapBlocks *int    `json:"overlap_blocks"`
 	PromptBlocks  *int    `json:"prompt_blocks"`
 	Timing        *struct {
-		RoutingMS *float64 `json:"routing_ms"`
-		TTFTMS    *float64 `json:"ttft_ms"`
-		TotalMS   *float64 `json:"total_ms"`
+		ReadMS     *float64 `json:"read_ms"`
+		FrontendMS *float64 `json:"frontend_ms"`
+		RoutingMS  *float64 `json:"routing_ms"`
+		TTFTMS     *float64 `json:"ttft_ms"`
+		TotalMS    *float64 `json:"total_ms"`
 	} `json:"timing"`
 }
 
@@ -39,6 +42,41 @@ func nvextOf(t *testing.T, body []byte) *respNvext {
 }
 
 var extra = map[string]any{"extra_fields": []string{"worker_id", "timing"}}
+
+// read_ms is the part of frontend_ms spent reading the client's body: a
+// client that pauses halfway through sending it shows up there, and not
+// as the frontend's own work.
+func TestTimingSeparatesReadingTheBody(t *testing.T) {
+	e := newEnv(t, envOpts{engines: 1})
+	body, _ := json.Marshal(map[string]any{"model": mockModel, "prompt": tokens(64, 1), "max_tokens": 2, "nvext": extra})
+	const pause = 60 * time.Millisecond
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = pw.Write(body[:len(body)/2])
+		time.Sleep(pause) // the client's own slowness, the thing measured
+		_, _ = pw.Write(body[len(body)/2:])
+		_ = pw.Close()
+	}()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/completions", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	nv := nvextOf(t, got)
+	if resp.StatusCode != 200 || nv == nil || nv.Timing == nil || nv.Timing.ReadMS == nil || nv.Timing.FrontendMS == nil {
+		t.Fatalf("%d, no timing: %s", resp.StatusCode, got)
+	}
+	read, held := *nv.Timing.ReadMS, *nv.Timing.FrontendMS
+	if read < float64(pause.Milliseconds()) || read > held {
+		t.Fatalf("read_ms %v, frontend_ms %v, the client paused %v while sending", read, held, pause)
+	}
+}
 
 // An engine's KV event says worker 11 holds the prompt's first 4 blocks:
 // a request continuing it goes there, and extra_fields says so.

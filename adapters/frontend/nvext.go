@@ -198,6 +198,9 @@ type responseNvext struct {
 }
 
 type timing struct {
+	// ReadMS is the time spent reading the client's request body, a part
+	// of FrontendMS that the client's sending sets as much as the frontend.
+	ReadMS        float64 `json:"read_ms"`
 	TokenizeMS    float64 `json:"tokenize_ms"`
 	RoutingMS     float64 `json:"routing_ms"`
 	QueueMS       float64 `json:"queue_ms"`
@@ -218,8 +221,13 @@ type timing struct {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// heldSpans are the parts of the time the frontend held a request before
+// the engine got it (total).
+type heldSpans struct{ read, tokenize, total time.Duration }
+
 // build renders the response nvext; total < 0 leaves total_ms out.
-func (e extras) build(d *router.Decision, pd *prefillResult, tokenize, frontend, ttft, total time.Duration) []byte {
+func (e extras) build(d *router.Decision, pd *prefillResult, held heldSpans, ttft, total time.Duration) []byte {
+	frontend := held.total
 	var out responseNvext
 	if e.workerID {
 		id, rank, ov, pb := d.Worker.ID, d.Worker.DPRank, d.OverlapBlocks, d.PromptBlocks
@@ -233,7 +241,7 @@ func (e extras) build(d *router.Decision, pd *prefillResult, tokenize, frontend,
 	}
 	if e.timing {
 		t := &timing{
-			TokenizeMS: ms(tokenize), RoutingMS: ms(d.Timings.Total), QueueMS: ms(d.Queued),
+			ReadMS: ms(held.read), TokenizeMS: ms(held.tokenize), RoutingMS: ms(d.Timings.Total), QueueMS: ms(d.Queued),
 			HashMS: ms(d.Timings.Hash), FindMatchesMS: ms(d.Timings.FindMatches), SchedulingMS: ms(d.Timings.Schedule),
 			FrontendMS: ms(frontend), TTFTMS: ms(ttft),
 		}

@@ -43,6 +43,7 @@ type call struct {
 	decision router.Decision
 	worker   Worker
 	ex       extras
+	read     time.Duration // reading the client's body
 	tokenize time.Duration
 	isl      int
 	top      map[string]json.RawMessage // the client's request
@@ -55,6 +56,11 @@ type call struct {
 	prefillTarget *kv.Worker
 	pdTried       bool
 	pd            *prefillResult
+}
+
+// held is what the frontend spent before the engine got the request.
+func (c *call) held() heldSpans {
+	return heldSpans{read: c.read, tokenize: c.tokenize, total: c.sent.Sub(c.start)}
 }
 
 func (c *call) fail(e *httpError) {
@@ -92,6 +98,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
+	c.read = time.Since(c.start)
 	members, err := objectMembers(body)
 	if err != nil {
 		c.fail(badRequest("invalid_json", "", "the body must be a JSON object"))
@@ -250,7 +257,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
-		ext := c.ex.build(&c.decision, c.pd, c.tokenize, c.sent.Sub(c.start), elapsed, elapsed)
+		ext := c.ex.build(&c.decision, c.pd, c.held(), elapsed, elapsed)
 		if b, ok := injectNvext(data, ext); ok {
 			data = b
 		}
@@ -414,7 +421,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 				if rs.first.IsZero() {
 					rs.first = now
 					if c.ex.any() && isObject(ev.data) {
-						ext := c.ex.build(&c.decision, c.pd, c.tokenize, c.sent.Sub(c.start), now.Sub(c.start), -1)
+						ext := c.ex.build(&c.decision, c.pd, c.held(), now.Sub(c.start), -1)
 						if b, ok := injectNvext(ev.data, ext); ok {
 							raw = dataEvent(b)
 						}

@@ -138,6 +138,15 @@ a run with it against one without shows what feeding the page costs.`,
 				res.Routed.FrontendP50ms, res.Routed.FrontendP99ms, res.ShortRouted.FrontendP50ms, res.ShortRouted.FrontendP99ms)
 			fmt.Fprintf(w, "of it, waiting in the admission queue for an engine with room: p50 %.3f ms, p99 %.3f ms (streamed); the frontend's own time: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
 				res.Routed.QueueP50ms, res.Routed.QueueP99ms, res.Routed.FrontendOwnP50ms, res.Routed.FrontendOwnP99ms, res.ShortRouted.FrontendOwnP50ms, res.ShortRouted.FrontendOwnP99ms)
+			for _, r := range []struct {
+				name string
+				s    *bench.FrontendSplit
+			}{{"streamed", res.Routed.FrontendSplit}, {"short", res.ShortRouted.FrontendSplit}} {
+				if s := r.s; s != nil {
+					fmt.Fprintf(w, "the frontend's time by part (%s), p50 / p99 ms: reading the body %.3f / %.3f, tokenizing %.3f / %.3f, routing %.3f / %.3f (of it find_matches %.3f / %.3f), the rest %.3f / %.3f\n",
+						r.name, s.ReadP50ms, s.ReadP99ms, s.TokenizeP50ms, s.TokenizeP99ms, s.RoutingP50ms, s.RoutingP99ms, s.FindP50ms, s.FindP99ms, s.OtherP50ms, s.OtherP99ms)
+				}
+			}
 			if cfg.UIPage {
 				fmt.Fprintf(w, "dashboard open during the routed phases: %d polls, %d decisions sent\n", res.UIPolls, res.UIDecisions)
 			}

@@ -98,6 +98,26 @@ func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
 			t.Errorf("%s: engine drift %v", name, p.EngineDrift)
 		}
 	}
+	// Each part of the frontend's time is a part of every request's, so
+	// no percentile of a part exceeds the same percentile of the whole.
+	for name, p := range map[string]bench.Phase{"routed": res.Routed, "short routed": res.ShortRouted} {
+		s := p.FrontendSplit
+		if s == nil {
+			t.Fatalf("%s: no split of the frontend's time", name)
+		}
+		for part, v := range map[string][2]float64{"read": {s.ReadP50ms, s.ReadP99ms}, "tokenize": {s.TokenizeP50ms, s.TokenizeP99ms},
+			"routing": {s.RoutingP50ms, s.RoutingP99ms}, "find_matches": {s.FindP50ms, s.FindP99ms}, "other": {s.OtherP50ms, s.OtherP99ms}} {
+			if v[0] < 0 || v[0] > p.FrontendP50ms || v[1] > p.FrontendP99ms {
+				t.Errorf("%s: %s p50 %v / p99 %v against the frontend's %v / %v", name, part, v[0], v[1], p.FrontendP50ms, p.FrontendP99ms)
+			}
+		}
+		if s.FindP99ms > s.RoutingP99ms {
+			t.Errorf("%s: find_matches p99 %v above routing's %v", name, s.FindP99ms, s.RoutingP99ms)
+		}
+	}
+	if res.Direct.FrontendSplit != nil {
+		t.Errorf("the direct phase reports a frontend split")
+	}
 	if _, err := runCmd(t, "bench", "overhead", "--engines", "gpu", "--quiet"); err == nil || !strings.Contains(err.Error(), "--engines must be") {
 		t.Fatalf("--engines gpu: %v", err)
 	}

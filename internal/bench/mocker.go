@@ -185,8 +185,17 @@ type sent struct {
 	// frontendMS is what a kvrouter frontend reported holding the request
 	// before the engine got it (nvext timing); -1 when not asked or absent.
 	// queueMS is the part of it the request waited in the router's
-	// admission queue for an engine with room.
-	frontendMS, queueMS float64
+	// admission queue for an engine with room, readMS the part spent
+	// reading the request's body.
+	frontendMS, queueMS, readMS float64
+	// tokenizeMS and routingMS are the frontend's tokenizing (or reading
+	// the token ids) and routing decision, findMS the decision's index
+	// lookup.
+	tokenizeMS, routingMS, findMS float64
+}
+
+func (s *sent) setTiming(frontend, queue, read, tokenize, routing, find float64) {
+	s.frontendMS, s.queueMS, s.readMS, s.tokenizeMS, s.routingMS, s.findMS = frontend, queue, read, tokenize, routing, find
 }
 
 // send posts one completion; with timing it asks a kvrouter frontend for
@@ -229,6 +238,10 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 			Timing *struct {
 				FrontendMS float64 `json:"frontend_ms"`
 				QueueMS    float64 `json:"queue_ms"`
+				ReadMS     float64 `json:"read_ms"`
+				TokenizeMS float64 `json:"tokenize_ms"`
+				RoutingMS  float64 `json:"routing_ms"`
+				FindMS     float64 `json:"find_matches_ms"`
 			} `json:"timing"`
 		} `json:"nvext"`
 	}
@@ -236,7 +249,7 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		b, err := io.ReadAll(resp.Body)
 		res.ttft, res.tokens = time.Since(t0), maxTokens
 		if timing && json.Unmarshal(b, &nv) == nil && nv.NVExt.Timing != nil {
-			res.frontendMS, res.queueMS = nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS
+			res.setTiming(nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS, nv.NVExt.Timing.ReadMS, nv.NVExt.Timing.TokenizeMS, nv.NVExt.Timing.RoutingMS, nv.NVExt.Timing.FindMS)
 		}
 		return res, err
 	}
@@ -249,7 +262,7 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		if res.tokens == 0 {
 			res.ttft = time.Since(t0)
 			if timing && json.Unmarshal([]byte(line[len("data: "):]), &nv) == nil && nv.NVExt.Timing != nil {
-				res.frontendMS, res.queueMS = nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS
+				res.setTiming(nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS, nv.NVExt.Timing.ReadMS, nv.NVExt.Timing.TokenizeMS, nv.NVExt.Timing.RoutingMS, nv.NVExt.Timing.FindMS)
 			}
 		}
 		res.tokens++

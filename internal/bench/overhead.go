@@ -93,14 +93,34 @@ type Phase struct {
 	// cost, parsing, tokenizing and routing.
 	FrontendOwnP50ms float64 `json:"frontend_own_p50_ms,omitempty"`
 	FrontendOwnP99ms float64 `json:"frontend_own_p99_ms,omitempty"`
-	QueueP50ms       float64 `json:"queue_p50_ms,omitempty"`
-	QueueP99ms       float64 `json:"queue_p99_ms,omitempty"`
-	DurationSec      float64 `json:"duration_s"`
+	// FrontendSplit breaks the frontend's own time into its parts, each as
+	// p50 and p99 over the requests (the parts' percentiles do not add up).
+	FrontendSplit *FrontendSplit `json:"frontend_split,omitempty"`
+	QueueP50ms    float64        `json:"queue_p50_ms,omitempty"`
+	QueueP99ms    float64        `json:"queue_p99_ms,omitempty"`
+	DurationSec   float64        `json:"duration_s"`
 	// EngineDrift is how much longer the engines' steps took than the
 	// model's pace over the phase, warmup included: (wall − model) / model.
 	// Well above 0 the simulated engines could not keep up with the
 	// speedup, and the cores were theirs rather than the frontend's.
 	EngineDrift float64 `json:"engine_drift"`
+}
+
+// FrontendSplit is the frontend's own time by part, in ms: reading the
+// body from the client, tokenizing (or reading the token ids), the routing
+// decision, and the rest (parsing the JSON, building the engine's request).
+type FrontendSplit struct {
+	ReadP50ms     float64 `json:"read_p50_ms"`
+	ReadP99ms     float64 `json:"read_p99_ms"`
+	TokenizeP50ms float64 `json:"tokenize_p50_ms"`
+	TokenizeP99ms float64 `json:"tokenize_p99_ms"`
+	RoutingP50ms  float64 `json:"routing_p50_ms"`
+	RoutingP99ms  float64 `json:"routing_p99_ms"`
+	// Find* are the routing decision's index lookup (find_matches).
+	FindP50ms  float64 `json:"find_matches_p50_ms"`
+	FindP99ms  float64 `json:"find_matches_p99_ms"`
+	OtherP50ms float64 `json:"other_p50_ms"`
+	OtherP99ms float64 `json:"other_p99_ms"`
 }
 
 // OverheadResult compares the same load sent straight to the engines and
@@ -417,7 +437,10 @@ func tokenizeCounts(ctx context.Context, base string) (map[string]int, error) {
 func loadPhase(ctx context.Context, targets []string, model string, mk func(rng *rand.Rand, client, i int) prompt, osl, conc int, stream, timing bool, warmup, duration time.Duration, seed uint64) (Phase, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	defer client.CloseIdleConnections()
-	type sample struct{ ttft, e2e, held, queued float64 }
+	type sample struct {
+		ttft, e2e float64
+		sent
+	}
 	rngs := make([]*rand.Rand, conc)
 	for c := range rngs {
 		rngs[c] = rand.New(rand.NewPCG(seed, uint64(c)+7))
@@ -429,14 +452,16 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		p := mk(rngs[c], c, i)
 		t0 := time.Now()
 		res, err := send(ctx, client, targets[(c+i)%len(targets)], model, p, osl, stream, timing)
-		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res.frontendMS, res.queueMS}, err
+		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res}, err
 	})
-	var ttfts, e2es, held, own, queued []float64
+	var ttfts, e2es, held, own, queued, read, tokenize, routing, find, other []float64
 	for _, s := range w.Samples {
 		ttfts, e2es = append(ttfts, s.ttft), append(e2es, s.e2e)
-		if s.held >= 0 {
-			held, queued = append(held, s.held), append(queued, s.queued)
-			own = append(own, max(0, s.held-s.queued))
+		if s.frontendMS >= 0 {
+			held, queued = append(held, s.frontendMS), append(queued, s.queueMS)
+			own = append(own, max(0, s.frontendMS-s.queueMS))
+			read, tokenize, routing, find = append(read, s.readMS), append(tokenize, s.tokenizeMS), append(routing, s.routingMS), append(find, s.findMS)
+			other = append(other, max(0, s.frontendMS-s.readMS-s.tokenizeMS-s.routingMS)) // routing_ms holds queue_ms
 		}
 	}
 	elapsed := w.Elapsed
@@ -447,6 +472,15 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		FrontendP50ms: Percentile(held, 50), FrontendP99ms: Percentile(held, 99),
 		FrontendOwnP50ms: Percentile(own, 50), FrontendOwnP99ms: Percentile(own, 99),
 		QueueP50ms: Percentile(queued, 50), QueueP99ms: Percentile(queued, 99),
+	}
+	if len(held) > 0 {
+		p.FrontendSplit = &FrontendSplit{
+			ReadP50ms: Percentile(read, 50), ReadP99ms: Percentile(read, 99),
+			TokenizeP50ms: Percentile(tokenize, 50), TokenizeP99ms: Percentile(tokenize, 99),
+			RoutingP50ms: Percentile(routing, 50), RoutingP99ms: Percentile(routing, 99),
+			FindP50ms: Percentile(find, 50), FindP99ms: Percentile(find, 99),
+			OtherP50ms: Percentile(other, 50), OtherP99ms: Percentile(other, 99),
+		}
 	}
 	if p.Requests == 0 && w.FirstErr != nil {
 		return p, fmt.Errorf("no request succeeded: %w", w.FirstErr)

@@ -23,6 +23,8 @@ func newBenchOverheadCmd() *cobra.Command {
 		mutexProfile           string
 		engines                = "process"
 		engineProc             = bench.EngineProcess{Nice: 10}
+		clients                = "in-process"
+		clientProc             bench.ClientProcess
 	)
 	cmd := &cobra.Command{
 		Use:   "overhead",
@@ -48,6 +50,12 @@ tokenizer, asking an engine's /tokenize for every prompt. Each run's
 kvrouter_frontend_tokenize_total must show only its own path, or the
 command fails.
 
+--clients process runs each phase's clients in a child process (at
+--clients-nice) instead of as goroutines of this one, as a router's clients
+run on machines of their own. Each routed phase also splits the time the
+frontend held a request into reading the body, tokenizing, routing (and
+find_matches within it) and the rest.
+
 --ui-page keeps a simulated dashboard open through the routed phases (a
 client polling /ui/api/state every second, as the /ui page does), so that
 a run with it against one without shows what feeding the page costs.`,
@@ -70,6 +78,18 @@ a run with it against one without shows what feeding the page costs.`,
 				cfg.EngineProcess = &engineProc
 			default:
 				return fmt.Errorf("--engines must be process or in-process, got %q", engines)
+			}
+			switch clients {
+			case "in-process":
+			case "process":
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				clientProc.Binary = exe
+				cfg.ClientProcess = &clientProc
+			default:
+				return fmt.Errorf("--clients must be process or in-process, got %q", clients)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
@@ -179,8 +199,33 @@ a run with it against one without shows what feeding the page costs.`,
 	f.StringVar(&engines, "engines", engines, "where the simulated engines run: process (a kvrouter mocker child process at --engines-nice, as real engines run on hardware of their own) or in-process (sharing this process's cores with the frontend as goroutines)")
 	f.IntVar(&engineProc.Nice, "engines-nice", engineProc.Nice, "niceness of the engines' child process (nice(1))")
 	f.StringVar(&engineProc.Binary, "engines-binary", "", "kvrouter binary the engines' child process runs (default: this one)")
+	f.StringVar(&clients, "clients", clients, "where the load's clients run: in-process (goroutines beside the frontend's) or process (a child process per phase, as clients run on machines of their own)")
+	f.IntVar(&clientProc.Nice, "clients-nice", 0, "niceness of the clients' child process (nice(1))")
 	f.BoolVar(&cfg.UIPage, "ui-page", false, "keep a simulated /ui dashboard open during the routed phases (polling /ui/api/state every second), to measure what feeding it costs")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	return cmd
+}
+
+// newBenchOverheadClientsCmd is the clients' child process of bench
+// overhead --clients process: it reads a bench.LoadSpec on stdin, runs
+// that load and prints the phase it measured as JSON.
+func newBenchOverheadClientsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "overhead-clients",
+		Short:  "Run one phase of bench overhead's load (its clients' child process)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var spec bench.LoadSpec
+			if err := json.NewDecoder(cmd.InOrStdin()).Decode(&spec); err != nil {
+				return fmt.Errorf("load spec on stdin: %w", err)
+			}
+			ph, err := bench.RunLoad(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(ph)
+		},
+	}
 }

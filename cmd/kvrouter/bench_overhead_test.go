@@ -72,10 +72,12 @@ func TestBenchOverheadWithDashboardOpen(t *testing.T) {
 
 // By default the engines run as a kvrouter mocker child process (this test
 // binary standing in for kvrouter, see TestMain): every phase must carry
-// load and read the engines' pacing from the child's metrics.
+// load and read the engines' pacing from the child's metrics. The clients
+// run in child processes of their own here (--clients process), which must
+// bring back every phase's figures.
 func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
 	t.Setenv(cliEnv, "1")
-	out, err := runCmd(t, "bench", "overhead", "--workers", "2", "--concurrency", "2", "--isl", "64", "--osl", "2",
+	out, err := runCmd(t, "bench", "overhead", "--clients", "process", "--clients-nice", "5", "--workers", "2", "--concurrency", "2", "--isl", "64", "--osl", "2",
 		"--short-isl", "32", "--short-concurrency", "2", "--warmup", "50ms", "--duration", "300ms", "--quiet", "--json")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -86,6 +88,9 @@ func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
 	}
 	if res.Config.EngineProcess == nil || res.Config.EngineProcess.Nice != 10 {
 		t.Fatalf("engines not in a child process: %+v", res.Config)
+	}
+	if res.Config.ClientProcess == nil || res.Config.ClientProcess.Nice != 5 {
+		t.Fatalf("clients not in a child process: %+v", res.Config)
 	}
 	for name, p := range map[string]bench.Phase{"direct": res.Direct, "routed": res.Routed, "short direct": res.ShortDirect, "short routed": res.ShortRouted} {
 		if p.Requests == 0 || p.Errors != 0 {
@@ -120,5 +125,8 @@ func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
 	}
 	if _, err := runCmd(t, "bench", "overhead", "--engines", "gpu", "--quiet"); err == nil || !strings.Contains(err.Error(), "--engines must be") {
 		t.Fatalf("--engines gpu: %v", err)
+	}
+	if _, err := runCmd(t, "bench", "overhead", "--clients", "elsewhere", "--quiet"); err == nil || !strings.Contains(err.Error(), "--clients must be") {
+		t.Fatalf("--clients elsewhere: %v", err)
 	}
 }

@@ -36,17 +36,18 @@ func addCommands(root *cobra.Command) {
 // addBenchCommands registers the subcommands of "kvrouter bench".
 func addBenchCommands(bench *cobra.Command) {
 	bench.AddCommand(
-		newBenchIndexCmd(),     // bench_index.go
-		newBenchRouteCmd(),     // bench_route.go
-		newBenchMockerCmd(),    // bench_mocker.go
-		newBenchOverheadCmd(),  // bench_overhead.go
-		newBenchReplayCmd(),    // bench_replay.go
-		newBenchPlaneCmd(),     // bench_plane.go
-		newBenchRecoveryCmd(),  // bench_recovery.go
-		newBenchMemoryCmd(),    // bench_memory.go
-		newBenchChaosCmd(),     // bench_chaos.go
-		newBenchSimCmd(),       // bench_sim.go
-		newBenchCalibrateCmd(), // bench_calibrate.go
-		newBenchTokenizeCmd(),  // bench_tokenize.go
+		newBenchIndexCmd(),           // bench_index.go
+		newBenchRouteCmd(),           // bench_route.go
+		newBenchMockerCmd(),          // bench_mocker.go
+		newBenchOverheadCmd(),        // bench_overhead.go
+		newBenchOverheadClientsCmd(), // bench_overhead.go: its clients' child process
+		newBenchReplayCmd(),          // bench_replay.go
+		newBenchPlaneCmd(),           // bench_plane.go
+		newBenchRecoveryCmd(),        // bench_recovery.go
+		newBenchMemoryCmd(),          // bench_memory.go
+		newBenchChaosCmd(),           // bench_chaos.go
+		newBenchSimCmd(),             // bench_sim.go
+		newBenchCalibrateCmd(),       // bench_calibrate.go
+		newBenchTokenizeCmd(),        // bench_tokenize.go
 	)
 }

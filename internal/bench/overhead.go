@@ -54,6 +54,9 @@ type OverheadConfig struct {
 	// EngineProcess, when set, runs the engines in a child process at a
 	// lower CPU priority instead of in this one (see EngineProcess).
 	EngineProcess *EngineProcess `json:",omitempty"`
+	// ClientProcess, when set, runs each phase's clients in a child
+	// process instead of in this one (see ClientProcess).
+	ClientProcess *ClientProcess `json:",omitempty"`
 	// UIPage keeps a simulated dashboard open during the routed phases: a
 	// client polling /ui/api/state once a second as the page does, so
 	// that the router records decisions for it all along.
@@ -226,7 +229,16 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (r
 		if err != nil {
 			return Phase{}, err
 		}
-		p, err := loadPhase(ctx, targets, eng.model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		var p Phase
+		if cfg.ClientProcess != nil {
+			spec, serr := loadSpec(targets, eng.model, prompts, phases, osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+			if serr != nil {
+				return Phase{}, serr
+			}
+			p, err = cfg.ClientProcess.run(ctx, spec)
+		} else {
+			p, err = loadPhase(ctx, targets, eng.model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		}
 		if err != nil {
 			return p, err
 		}

@@ -65,14 +65,14 @@ a run with it against one without shows what feeding the page costs.`,
 			if !quiet {
 				progress = cmd.ErrOrStderr()
 			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
 			switch engines {
 			case "in-process":
 			case "process":
 				if engineProc.Binary == "" {
-					exe, err := os.Executable()
-					if err != nil {
-						return err
-					}
 					engineProc.Binary = exe
 				}
 				cfg.EngineProcess = &engineProc
@@ -82,10 +82,6 @@ a run with it against one without shows what feeding the page costs.`,
 			switch clients {
 			case "in-process":
 			case "process":
-				exe, err := os.Executable()
-				if err != nil {
-					return err
-				}
 				clientProc.Binary = exe
 				cfg.ClientProcess = &clientProc
 			default:

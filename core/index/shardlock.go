@@ -32,6 +32,8 @@ type shardLock struct {
 	writers atomic.Int32
 	// waitingReaders counts readers waiting for a writer to leave.
 	waitingReaders atomic.Int32
+	// readerWaits counts the read holds that had to wait for a writer.
+	readerWaits atomic.Uint64
 }
 
 const writerHolds = -1 << 30
@@ -59,6 +61,7 @@ func (l *shardLock) RLock() {
 	if l.tryRLock() {
 		return
 	}
+	l.readerWaits.Add(1)
 	l.waitingReaders.Add(1)
 	for i := 0; !l.tryRLock(); i++ {
 		backoff(i)

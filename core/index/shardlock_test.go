@@ -1,11 +1,15 @@
 package index
 
 import (
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
 )
 
 // Writers exclude everyone: a writer keeps two fields equal except inside
@@ -240,5 +244,53 @@ func BenchmarkShardLock(b *testing.B) {
 				_ = work
 			})
 		})
+	}
+}
+
+// An event source applies events back to back while they keep coming,
+// and the Go scheduler preempts a goroutine that ran 10 ms without
+// yielding wherever it stands, mostly inside a shard. With one processor
+// a lookup can find a shard taken only when its writer lost the processor
+// while holding it, so lookups of a writer that yields outside its holds
+// never wait.
+func TestWriterIsNotPreemptedInsideAShard(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := New(Config{Shards: 1})
+	w := kv.Worker{ID: 1}
+	rng := rand.New(rand.NewPCG(3, 4))
+	local := make([]uint64, 512)
+	blocks := make([]kv.Block, len(local))
+	engine := make([]uint64, len(local))
+	for i := range blocks {
+		local[i], engine[i] = rng.Uint64(), uint64(i+1)
+		blocks[i] = kv.Block{EngineHash: engine[i], LocalHash: local[i]}
+	}
+	stored, removed := kv.StoredEvent(w, 0, nil, blocks...), kv.RemovedEvent(w, 0, engine...)
+	seq := blockhash.SequenceHashes(local)
+	var stop atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		for !stop.Load() {
+			if err := ix.Apply(&stored); err != nil {
+				done <- err
+				return
+			}
+			_ = ix.Apply(&removed)
+		}
+		done <- nil
+	}()
+	var m Matcher
+	lookups := 0
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); lookups++ {
+		ix.FindMatches(&m, seq)
+		runtime.Gosched() // as a request handler does, waiting for its client
+	}
+	stop.Store(true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A garbage collection's stop may still catch the writer inside.
+	if waits := ix.Stats().LookupWaits; waits > 5 || lookups < 100 {
+		t.Fatalf("%d of %d lookups waited for the writer", waits, lookups)
 	}
 }

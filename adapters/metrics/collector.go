@@ -34,7 +34,7 @@ type Collector struct {
 	queuePending, queueTokens                  desc
 	events, eventsRejected                     desc
 	blocks, blocksSkipped                      desc
-	indexPairs, indexEvicted                   desc
+	indexPairs, indexEvicted, lookupWaits      desc
 	approxPairs, approxDropped                 desc
 	activeRequests                             desc
 	workerDecode, workerPrefill, workerReqs    desc
@@ -65,6 +65,7 @@ func NewCollector(r *router.Router) *Collector {
 		blocksSkipped:     newDesc("kv_blocks_skipped_total", "Blocks of accepted events that were skipped, by reason.", c, "reason"),
 		indexPairs:        newDesc("index_pairs", "Indexed (block, worker) pairs in the event-fed index.", g),
 		indexEvicted:      newDesc("index_evicted_pairs_total", "Pairs evicted from the event-fed index by its memory cap.", c),
+		lookupWaits:       newDesc("index_lookup_waits_total", "Lookups of an index shard that found it taken by a KV-event writer and waited: how often routing decisions queue behind event application.", c),
 		approxPairs:       newDesc("approx_index_pairs", "Pairs in the approximate (routing-fed) index.", g),
 		approxDropped:     newDesc("approx_index_dropped_pairs_total", "Pairs dropped from the approximate index, by reason.", c, "reason"),
 		activeRequests:    newDesc("router_active_requests", "Booked requests not yet freed.", g),
@@ -84,7 +85,7 @@ func NewCollector(r *router.Router) *Collector {
 func (c *Collector) all() []desc {
 	return []desc{c.decisions, c.booked, c.queued, c.allBusy, c.errors, c.overlapBlocks, c.promptBlocks,
 		c.queuePending, c.queueTokens, c.events, c.eventsRejected, c.blocks, c.blocksSkipped,
-		c.indexPairs, c.indexEvicted, c.approxPairs, c.approxDropped, c.activeRequests,
+		c.indexPairs, c.indexEvicted, c.lookupWaits, c.approxPairs, c.approxDropped, c.activeRequests,
 		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred,
 		c.workerBlockSize, c.blockSizeMismatch, c.workerRole}
 }
@@ -128,6 +129,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.blocksSkipped, float64(st.MisSizedBlocks), "mis_sized")
 	emit(c.indexPairs, float64(st.IndexedPairs))
 	emit(c.indexEvicted, float64(ix.PairsEvicted))
+	emit(c.lookupWaits, float64(ix.LookupWaits))
 	emit(c.approxPairs, float64(st.Approx.Pairs))
 	emit(c.approxDropped, float64(st.Approx.Expired), "expired")
 	emit(c.approxDropped, float64(st.Approx.Evicted), "size_bound")

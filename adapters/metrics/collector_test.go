@@ -44,6 +44,9 @@ kvrouter_kv_events_rejected_total{reason="empty_stored"} 0
 kvrouter_kv_events_rejected_total{reason="unknown_kind"} 0
 kvrouter_kv_events_rejected_total{reason="unknown_parent"} 1
 kvrouter_kv_events_rejected_total{reason="unknown_worker"} 1
+# HELP kvrouter_index_lookup_waits_total Lookups of an index shard that found it taken by a KV-event writer and waited: how often routing decisions queue behind event application.
+# TYPE kvrouter_index_lookup_waits_total counter
+kvrouter_index_lookup_waits_total 0
 # HELP kvrouter_worker_active_requests Booked requests on a worker rank.
 # TYPE kvrouter_worker_active_requests gauge
 kvrouter_worker_active_requests{dp_rank="0",worker_id="3"} 1
@@ -53,7 +56,7 @@ kvrouter_worker_active_requests{dp_rank="0",worker_id="4"} 0
 kvrouter_worker_role{role="both",worker_id="3"} 1
 kvrouter_worker_role{role="prefill",worker_id="4"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_kv_events_rejected_total", "kvrouter_worker_active_requests", "kvrouter_worker_role"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_kv_events_rejected_total", "kvrouter_index_lookup_waits_total", "kvrouter_worker_active_requests", "kvrouter_worker_role"); err != nil {
 		t.Fatal(err)
 	}
 	evicted := testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {

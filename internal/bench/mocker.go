@@ -182,27 +182,30 @@ type prompt struct {
 type sent struct {
 	ttft   time.Duration
 	tokens int
-	// frontendMS is what a kvrouter frontend reported holding the request
-	// before the engine got it (nvext timing); -1 when not asked or absent.
-	// queueMS is the part of it the request waited in the router's
-	// admission queue for an engine with room, readMS the part spent
-	// reading the request's body.
-	frontendMS, queueMS, readMS float64
-	// tokenizeMS and routingMS are the frontend's tokenizing (or reading
-	// the token ids) and routing decision, findMS the decision's index
-	// lookup.
-	tokenizeMS, routingMS, findMS float64
+	// timing is what a kvrouter frontend reported of the request (nvext
+	// timing); nil when not asked or absent.
+	timing *frontendTiming
 }
 
-func (s *sent) setTiming(frontend, queue, read, tokenize, routing, find float64) {
-	s.frontendMS, s.queueMS, s.readMS, s.tokenizeMS, s.routingMS, s.findMS = frontend, queue, read, tokenize, routing, find
+// frontendTiming is the part of a kvrouter frontend's nvext timing the
+// benches read, in ms: the time the frontend held the request before the
+// engine got it, and the parts of it spent waiting in the admission queue,
+// reading the body, tokenizing (or reading the token ids), routing (the
+// queue's wait included) and, within routing, looking up the index.
+type frontendTiming struct {
+	FrontendMS float64 `json:"frontend_ms"`
+	QueueMS    float64 `json:"queue_ms"`
+	ReadMS     float64 `json:"read_ms"`
+	TokenizeMS float64 `json:"tokenize_ms"`
+	RoutingMS  float64 `json:"routing_ms"`
+	FindMS     float64 `json:"find_matches_ms"`
 }
 
 // send posts one completion; with timing it asks a kvrouter frontend for
 // its nvext timing and reads frontend_ms from the first chunk (or the
 // whole response).
 func send(ctx context.Context, client *http.Client, url, model string, p prompt, maxTokens int, stream, timing bool) (sent, error) {
-	res := sent{frontendMS: -1}
+	var res sent
 	req := map[string]any{"model": model, "max_tokens": maxTokens, "stream": stream}
 	path := "/v1/completions"
 	switch {
@@ -235,21 +238,14 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 	}
 	var nv struct {
 		NVExt struct {
-			Timing *struct {
-				FrontendMS float64 `json:"frontend_ms"`
-				QueueMS    float64 `json:"queue_ms"`
-				ReadMS     float64 `json:"read_ms"`
-				TokenizeMS float64 `json:"tokenize_ms"`
-				RoutingMS  float64 `json:"routing_ms"`
-				FindMS     float64 `json:"find_matches_ms"`
-			} `json:"timing"`
+			Timing *frontendTiming `json:"timing"`
 		} `json:"nvext"`
 	}
 	if !stream {
 		b, err := io.ReadAll(resp.Body)
 		res.ttft, res.tokens = time.Since(t0), maxTokens
-		if timing && json.Unmarshal(b, &nv) == nil && nv.NVExt.Timing != nil {
-			res.setTiming(nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS, nv.NVExt.Timing.ReadMS, nv.NVExt.Timing.TokenizeMS, nv.NVExt.Timing.RoutingMS, nv.NVExt.Timing.FindMS)
+		if timing && json.Unmarshal(b, &nv) == nil {
+			res.timing = nv.NVExt.Timing
 		}
 		return res, err
 	}
@@ -261,8 +257,8 @@ func send(ctx context.Context, client *http.Client, url, model string, p prompt,
 		}
 		if res.tokens == 0 {
 			res.ttft = time.Since(t0)
-			if timing && json.Unmarshal([]byte(line[len("data: "):]), &nv) == nil && nv.NVExt.Timing != nil {
-				res.setTiming(nv.NVExt.Timing.FrontendMS, nv.NVExt.Timing.QueueMS, nv.NVExt.Timing.ReadMS, nv.NVExt.Timing.TokenizeMS, nv.NVExt.Timing.RoutingMS, nv.NVExt.Timing.FindMS)
+			if timing && json.Unmarshal([]byte(line[len("data: "):]), &nv) == nil {
+				res.timing = nv.NVExt.Timing
 			}
 		}
 		res.tokens++

@@ -469,11 +469,11 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 	var ttfts, e2es, held, own, queued, read, tokenize, routing, find, other []float64
 	for _, s := range w.Samples {
 		ttfts, e2es = append(ttfts, s.ttft), append(e2es, s.e2e)
-		if s.frontendMS >= 0 {
-			held, queued = append(held, s.frontendMS), append(queued, s.queueMS)
-			own = append(own, max(0, s.frontendMS-s.queueMS))
-			read, tokenize, routing, find = append(read, s.readMS), append(tokenize, s.tokenizeMS), append(routing, s.routingMS), append(find, s.findMS)
-			other = append(other, max(0, s.frontendMS-s.readMS-s.tokenizeMS-s.routingMS)) // routing_ms holds queue_ms
+		if t := s.timing; t != nil {
+			held, queued = append(held, t.FrontendMS), append(queued, t.QueueMS)
+			own = append(own, max(0, t.FrontendMS-t.QueueMS))
+			read, tokenize, routing, find = append(read, t.ReadMS), append(tokenize, t.TokenizeMS), append(routing, t.RoutingMS), append(find, t.FindMS)
+			other = append(other, max(0, t.FrontendMS-t.ReadMS-t.TokenizeMS-t.RoutingMS)) // routing_ms holds queue_ms
 		}
 	}
 	elapsed := w.Elapsed

@@ -32,8 +32,8 @@ type LoadSpec struct {
 	Seed        uint64        `json:"seed"`
 }
 
-// RunLoad runs spec's load in this process; a clients' child process
-// calls it and prints the Phase.
+// RunLoad runs spec's load in this process: bench overhead's clients, in
+// its own process or in a clients' child process, which prints the Phase.
 func RunLoad(ctx context.Context, spec LoadSpec) (Phase, error) {
 	var prompts promptMaker = tokenPrompts(spec.TokenIDs)
 	if spec.Text != "" {
@@ -74,7 +74,8 @@ func (p ClientProcess) run(ctx context.Context, spec LoadSpec) (Phase, error) {
 	return ph, nil
 }
 
-// loadSpec describes a phase for a clients' child process.
+// loadSpec describes a phase's load, for RunLoad here or in a clients'
+// child process.
 func loadSpec(targets []string, model string, prompts promptMaker, phase, osl, conc int, stream, timing bool, warmup, duration time.Duration, seed uint64) (LoadSpec, error) {
 	spec := LoadSpec{Targets: targets, Model: model, Phase: phase, OSL: osl, Concurrency: conc, Stream: stream, Timing: timing, Warmup: warmup, Duration: duration, Seed: seed}
 	switch p := prompts.(type) {

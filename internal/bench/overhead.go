@@ -229,15 +229,15 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (r
 		if err != nil {
 			return Phase{}, err
 		}
+		spec, err := loadSpec(targets, eng.model, prompts, phases, osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+		if err != nil {
+			return Phase{}, err
+		}
 		var p Phase
 		if cfg.ClientProcess != nil {
-			spec, serr := loadSpec(targets, eng.model, prompts, phases, osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
-			if serr != nil {
-				return Phase{}, serr
-			}
 			p, err = cfg.ClientProcess.run(ctx, spec)
 		} else {
-			p, err = loadPhase(ctx, targets, eng.model, prompts.phase(phases), osl, conc, stream, timing, cfg.Warmup, cfg.Duration, cfg.Seed)
+			p, err = RunLoad(ctx, spec)
 		}
 		if err != nil {
 			return p, err

@@ -66,6 +66,10 @@ func Markdown(w io.Writer, res *Results) error {
 	fmt.Fprintf(bw, "%s: %d requests over %.0f s, on %s (%d KV blocks of %d tokens, %d batched tokens per step), KV events %.0f ms late, engine metrics every %.0f ms, seed %d. "+
 		"Times are model time, in ms. Ceiling hit rate: %.3f with one infinite cache, %.3f with one LRU cache as large as the fleet's together. %.0f s of model time simulated in %.1f s.\n\n",
 		c.Workload, c.Requests, c.SpanS, engines, c.NumGPUBlocks, c.BlockSize, c.MaxBatched, c.KVEventDelayMS, c.MetricsMS, c.Seed, c.CeilingHitRate, c.FleetCeilingHitRate, res.ModelS, res.WallS)
+	if closedLoop(res) {
+		fmt.Fprintf(bw, "The sessions are closed-loop: each run is measured in its steady state, between %.0f %% of the way through the sessions' starts and the last start "+
+			"(`steady_window` in results.json). Its req/s are the requests that arrived in that window, its latencies and hit rate theirs.\n\n", SteadyWarmup*100)
+	}
 	slo := fmt.Sprintf("p90 TTFT ≤ %.0f ms", c.SLOTTFTP90MS)
 	if c.SLOITLP90MS > 0 {
 		slo += fmt.Sprintf(", p90 ITL ≤ %.0f ms", c.SLOITLP90MS)
@@ -222,4 +226,16 @@ func writePlots(dir string, res *Results) error {
 		Title: "Prefix-cache hit rate vs load (engines' count)", XLabel: x, YLabel: "cached / prompt tokens", YMin: &zero, YMax: &one,
 		Series: series(func(p *Point) float64 { return p.HitRate }),
 	})
+}
+
+// closedLoop reports whether res's runs were measured in a steady window.
+func closedLoop(res *Results) bool {
+	for _, m := range res.Modes {
+		for _, p := range m.Points {
+			if p.Steady != nil {
+				return true
+			}
+		}
+	}
+	return false
 }

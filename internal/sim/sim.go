@@ -220,6 +220,10 @@ type Point struct {
 	FirstError  string  `json:"first_error,omitempty"`
 	Queued      uint64  `json:"queued"` // requests the router's admission queue held
 	Preemptions uint64  `json:"preemptions"`
+	// Steady is the window a run of closed-loop sessions is measured in;
+	// nil for open-loop arrivals, measured whole. ArrivalRPS, the
+	// latencies and HitRate then count the requests that arrived in it.
+	Steady *SteadyWindow `json:"steady_window,omitempty"`
 	// ModelS is the model time from the first arrival to the last token.
 	ModelS   float64 `json:"model_s"`
 	MeetsSLO bool    `json:"meets_slo"`
@@ -232,6 +236,30 @@ type Point struct {
 	// capacity went when a mode saturates it.
 	Engines EngineStats `json:"engines"`
 }
+
+// SteadyWindow is the part of a closed-loop run measured: from a quarter
+// of the way through the sessions' starts to the last start.
+//
+// Closed-loop sessions start at the workload's pace but each keeps a
+// request open, so the load builds up while sessions accumulate and drains
+// after the last one started. A run measured whole mixes the quiet build
+// up and drain with a peak that lasts only as long as the starts do, and
+// when the sessions start over a shorter time than one lasts, the peak is a
+// burst no fleet sustains: its rate and percentiles then describe the
+// burst, not what the fleet can carry. Between the build-up and the last
+// start, sessions start and end at the same pace, and the window measures
+// that steady state (SteadyWarmup is its build-up).
+type SteadyWindow struct {
+	FromS    float64 `json:"from_s"` // model seconds after the first arrival
+	ToS      float64 `json:"to_s"`
+	Requests int     `json:"requests"` // requests that arrived in it and finished
+}
+
+// SteadyWarmup is the part of the sessions' starts a closed-loop run is
+// not measured in: a quarter, a session's life or more at the loads where
+// the agentic workload's knees lie when it has 100,000 requests (about 90
+// s of a 400 s start span at 240 req/s).
+const SteadyWarmup = 0.25
 
 // EngineStats sums every engine's scheduler steps over a run.
 type EngineStats struct {
@@ -428,6 +456,10 @@ type sim struct {
 	after []int32
 	waits []bool
 
+	// measureFrom and measureTo bound the arrivals a run is measured by
+	// (SteadyWindow); every arrival for open-loop workloads.
+	measureFrom, measureTo int64
+
 	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
 	// mostly share one gap, and a map update per token cost more than the
@@ -576,6 +608,19 @@ func (s *sim) release(i int) {
 
 func (s *sim) run() error {
 	s.linkSessions()
+	s.measureFrom, s.measureTo = math.MinInt64, math.MaxInt64
+	if s.after != nil {
+		first, last := int64(-1), int64(0)
+		for i := range s.waits {
+			if !s.waits[i] {
+				if first < 0 {
+					first = s.arrivalAt(i)
+				}
+				last = s.arrivalAt(i)
+			}
+		}
+		s.measureFrom, s.measureTo = first+int64(float64(last-first)*SteadyWarmup), last
+	}
 	s.schedule(s.arrivalAt(0), evArrival, 0)
 	if s.pollLoad {
 		s.schedule(0, evPoll, 0)
@@ -753,7 +798,7 @@ func (s *sim) stepDone(e int) error {
 			rs.first = s.now
 			rs.cached = int32(o.CachedTokens)
 			s.r.MarkPrefillCompleted(o.ID)
-		} else {
+		} else if s.measured(rs) {
 			s.countGap((s.now - rs.last + gapQuantum/2) / gapQuantum)
 		}
 		rs.last = s.now
@@ -787,6 +832,11 @@ func (s *sim) stepDone(e int) error {
 	}
 	s.step(e)
 	return nil
+}
+
+// measured reports whether the run's figures count rs.
+func (s *sim) measured(rs *reqState) bool {
+	return rs.arrival >= s.measureFrom && rs.arrival <= s.measureTo
 }
 
 func (s *sim) countGap(q int64) {
@@ -851,26 +901,16 @@ func (s *sim) point() Point {
 	if span := Span(s.w).Seconds() / s.scale; span > 0 {
 		p.ArrivalRPS = float64(len(s.reqs)) / span
 	}
-	if s.after != nil {
-		// Closed-loop sessions arrive as fast as they are served: the
-		// offered load is what arrived, first to last.
-		first, last := int64(math.MaxInt64), int64(0)
-		for i := range s.reqs {
-			if a := s.reqs[i].arrival; s.reqs[i].finished || s.reqs[i].failed {
-				first, last = min(first, a), max(last, a)
-			}
-		}
-		p.ArrivalRPS = 0
-		if last > first {
-			p.ArrivalRPS = float64(len(s.reqs)) / (float64(last-first) / 1e9)
-		}
-	}
 	ttft := make([]float64, 0, len(s.reqs))
 	e2e := make([]float64, 0, len(s.reqs))
 	var prompt, cached, end int64
 	for i := range s.reqs {
 		rs := &s.reqs[i]
 		if !rs.finished {
+			continue
+		}
+		end = max(end, rs.done)
+		if !s.measured(rs) {
 			continue
 		}
 		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
@@ -881,7 +921,23 @@ func (s *sim) point() Point {
 		} else {
 			cached += int64(rs.cached)
 		}
-		end = max(end, rs.done)
+	}
+	if s.after != nil {
+		// Closed-loop sessions arrive as fast as they are served: the
+		// offered load is what arrived in the window.
+		arrived := 0
+		for i := range s.reqs {
+			if rs := &s.reqs[i]; (rs.finished || rs.failed) && s.measured(rs) {
+				arrived++
+			}
+		}
+		p.Steady = &SteadyWindow{
+			FromS: float64(s.measureFrom) / 1e9, ToS: float64(s.measureTo) / 1e9, Requests: len(ttft),
+		}
+		p.ArrivalRPS = 0
+		if s.measureTo > s.measureFrom {
+			p.ArrivalRPS = float64(arrived) / (float64(s.measureTo-s.measureFrom) / 1e9)
+		}
 	}
 	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
 	s.flushGaps()

@@ -2,12 +2,14 @@ package sim
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/internal/replay"
 	"github.com/kvrouter/kvrouter/internal/workload"
 )
 
@@ -290,9 +292,82 @@ func TestClosedLoopTurnsWaitForTheirAnswer(t *testing.T) {
 		if a2.arrival != a1.done+int64(300*time.Millisecond) {
 			t.Errorf("×%g: turn 3 arrived at %d ns, want turn 2's end %d + 300 ms", scale, a2.arrival, a1.done)
 		}
-		p := s.point()
-		if span := float64(a2.arrival-a0.arrival) / 1e9; math.Abs(p.ArrivalRPS-4/span) > 1e-9 {
-			t.Errorf("×%g: arrival rate %g req/s, want 4 requests over the %g s they arrived in", scale, p.ArrivalRPS, span)
+	}
+}
+
+// A closed-loop run is measured between its sessions' build-up and the
+// last session's start: from a quarter of the way through the starts.
+func TestSteadyWindowMeasuresClosedLoopRunsBetweenBuildUpAndDrain(t *testing.T) {
+	prompt := func(session, n int) []uint32 {
+		toks := make([]uint32, n)
+		for i := range toks {
+			toks[i] = uint32(session*100000 + i + 7)
 		}
+		return toks
+	}
+	var reqs []workload.Request
+	for k := range 9 { // sessions start at 0, 1, …, 8 s
+		name := strconv.Itoa(k)
+		at := time.Duration(k) * time.Second
+		reqs = append(reqs,
+			workload.Request{At: at, Tokens: prompt(k, 400), OSL: 10, Session: name},
+			workload.Request{At: at, Tokens: prompt(k, 600), OSL: 30, Session: name, Think: 1500 * time.Millisecond},
+			workload.Request{At: at, Tokens: prompt(k, 800), OSL: 20, Session: name, Think: 300 * time.Millisecond})
+	}
+	for _, scale := range []float64{1, 2} {
+		s, err := newSim(smallConfig(), "kv", FromRequests(reqs), scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.run(); err != nil {
+			t.Fatal(err)
+		}
+		from, to := 2*float64(time.Second)/scale, 8*float64(time.Second)/scale
+		var ttft []float64
+		gaps := 0
+		for i := range s.reqs {
+			rs := &s.reqs[i]
+			if !rs.finished {
+				t.Fatalf("×%g: request %d never finished", scale, i)
+			}
+			if a := float64(rs.arrival); a >= from && a <= to {
+				ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
+				gaps += s.w.Request(i).OSL - 1
+			}
+		}
+		if len(ttft) == 0 || len(ttft) == len(s.reqs) {
+			t.Fatalf("×%g: %d of %d requests arrived in the window; the case should measure some but not all", scale, len(ttft), len(s.reqs))
+		}
+		p := s.point()
+		if p.Steady == nil || p.Steady.FromS != from/1e9 || p.Steady.ToS != to/1e9 || p.Steady.Requests != len(ttft) {
+			t.Fatalf("×%g: window %+v, want %g–%g s holding %d requests", scale, p.Steady, from/1e9, to/1e9, len(ttft))
+		}
+		if want := float64(len(ttft)) / ((to - from) / 1e9); math.Abs(p.ArrivalRPS-want) > 1e-9 {
+			t.Errorf("×%g: arrival rate %g req/s, want %g: the window's arrivals over its length", scale, p.ArrivalRPS, want)
+		}
+		if want := replay.DistOf(ttft); p.TTFT != want {
+			t.Errorf("×%g: TTFT %+v, want the window's %+v", scale, p.TTFT, want)
+		}
+		counted := 0
+		for _, n := range s.gaps {
+			counted += n
+		}
+		if counted != gaps {
+			t.Errorf("×%g: %d inter-token gaps counted, want the window's requests' %d", scale, counted, gaps)
+		}
+	}
+}
+
+// Open-loop arrivals are measured whole.
+func TestOpenLoopRunsHaveNoWindow(t *testing.T) {
+	s, err := newSim(smallConfig(), "kv", synthetic(t, 40), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	if p := s.point(); p.Steady != nil || p.TTFT.Mean == 0 {
+		t.Fatalf("open-loop run: window %+v, TTFT %+v; want no window and every request measured", p.Steady, p.TTFT)
 	}
 }

@@ -37,12 +37,14 @@ type AgenticConfig struct {
 // DefaultAgenticConfig is coding-agent-like: 4 kinds of agents with 4,096
 // tokens of system prompt and tools, tasks of 4 to 20 steps whose context
 // grows by about 860 tokens a step to 10–21 K tokens, a step 1.5 s after
-// the answer before. 40,000 requests are about 3,300 sessions: closed-loop
-// sessions carry only the load that is running at once, so enough of them
-// that an 8-engine fleet's capacity, not the workload's size, bounds it.
+// the answer before. 100,000 requests are about 8,300 sessions: closed-loop
+// sessions carry only the load that is running at once, and a run is
+// measured between their build-up and the last start, so enough of them
+// that at the rates an 8-engine fleet carries the sessions keep starting
+// for several times as long as one lasts.
 func DefaultAgenticConfig() AgenticConfig {
 	return AgenticConfig{
-		Requests: 40000, Agents: 4, SystemTokens: 4096, TaskTokens: 512,
+		Requests: 100000, Agents: 4, SystemTokens: 4096, TaskTokens: 512,
 		MinTurns: 4, MaxTurns: 20, ToolCallTokens: 96, ToolResultTokens: 768,
 		Rate: 4, ThinkTime: 1500 * time.Millisecond, Seed: 1,
 	}

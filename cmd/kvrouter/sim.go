@@ -159,6 +159,9 @@ size's).`,
 			if b := res.Config.PrefillBoundRPS; b > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "prefill bound: no policy sustains more than %.1f req/s on %d engines\n", b, res.Config.Workers)
 			}
+			if b := res.Config.EngineBoundRPS; b > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "engine bound (decode steps charged too): no policy sustains more than %.1f req/s\n", b)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s/report.md (%.0f s of model time in %.1f s)\n", out, res.ModelS, res.WallS)
 			return nil
 		},

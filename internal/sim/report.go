@@ -94,6 +94,10 @@ func Markdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+
 			"prefilled at the cheapest cost per token and nothing else to do (the prefill bound).\n", c.PrefillBoundRPS, c.Workers)
 	}
+	if c.EngineBoundRPS > 0 {
+		fmt.Fprintf(bw, "\nNor more than %.1f req/s once decoding is charged too: a decode step's fixed cost for every `--max-num-seqs` tokens decoded, "+
+			"and, in every step a request decodes in, the KV reads of the prompt blocks it holds alone (the engine bound).\n", c.EngineBoundRPS)
+	}
 	if len(c.WorkerCounts) > 1 {
 		fmt.Fprintf(bw, "\n## Goodput by fleet size (req/s at %s)\n\n", slo)
 		fmt.Fprint(bw, "| mode |")

@@ -195,11 +195,7 @@ func PrefillBoundRPS(c *replay.Ceiling, requests, workers, maxBatched int) float
 	if miss <= 0 || workers <= 0 {
 		return 0
 	}
-	best := math.Inf(1)
-	for t := 1; t <= max(maxBatched, 1); t++ {
-		best = min(best, float64(engine.PrefillTime(t))/float64(t))
-	}
-	busy := time.Duration(miss * best / float64(workers)) // each engine's share
+	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / float64(workers)) // each engine's share
 	return float64(requests) / busy.Seconds()
 }
 

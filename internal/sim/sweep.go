@@ -92,6 +92,9 @@ type RunConfig struct {
 	// PrefillBoundRPS is the rate no policy can sustain on the first fleet
 	// size (PrefillBoundRPS, the function): a bound on every goodput.
 	PrefillBoundRPS float64 `json:"prefill_bound_rps"`
+	// EngineBoundRPS is the tighter bound that charges decode steps too
+	// (EngineBoundRPS, the function).
+	EngineBoundRPS float64 `json:"engine_bound_rps"`
 	Command         string  `json:"command,omitempty"`
 	// Disagg is the disaggregated fleet, when it was one (Workers is then
 	// its prefill and decode engines together).
@@ -173,10 +176,13 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		}()
 	}
 	var ceiling, pooled *replay.Ceiling
+	var engineBound float64
+	ranks := fleets[0] * max(cfg.Sim.DPSize, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, fleets[0]*max(cfg.Sim.DPSize, 1)*cfg.Sim.Engine.NumGPUBlocks)
+		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, ranks*cfg.Sim.Engine.NumGPUBlocks)
+		engineBound = EngineBoundRPS(ceiling, w, cfg.Sim.Engine, ranks)
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -204,7 +210,8 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
 		CeilingHitRate: ceiling.Rate(), FleetCeilingHitRate: pooled.Rate(),
-		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), fleets[0]*max(cfg.Sim.DPSize, 1), cfg.Sim.Engine.MaxNumBatchedTokens),
+		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), ranks, cfg.Sim.Engine.MaxNumBatchedTokens),
+		EngineBoundRPS:  engineBound,
 	}
 	if len(fleets) > 1 {
 		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets

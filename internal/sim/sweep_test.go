@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/replay"
+	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
 func TestGoodputBisection(t *testing.T) {
@@ -202,5 +204,53 @@ func TestPrefillBoundByHand(t *testing.T) {
 	}
 	if got := PrefillBoundRPS(replay.NewCeiling(16), 0, 2, 1000); got != 0 {
 		t.Fatalf("nothing to compute: bound %v, want 0", got)
+	}
+}
+
+// The engine bound by hand: three requests of 4-token blocks, two the turns
+// of one closed-loop session, the third an open request repeating the
+// first's prompt, so that only the second turn's own block is private.
+func TestEngineBoundByHand(t *testing.T) {
+	toks := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(i + 3)
+		}
+		return out
+	}
+	w := FromRequests([]workload.Request{
+		{At: 0, Tokens: toks(8), OSL: 3, Session: "s"},
+		{At: time.Second, Tokens: toks(12), OSL: 2, Session: "s", Think: time.Second},
+		{At: 2 * time.Second, Tokens: toks(8), OSL: 1},
+	})
+	eng := engine.Config{BlockSize: 4, NumGPUBlocks: 10, MaxNumSeqs: 2, MaxNumBatchedTokens: 64}
+	c := ceilingOf(w, eng.BlockSize)
+	d0, d1 := float64(engine.DecodeTime(0)), float64(engine.DecodeTime(1))
+	// Misses: 8 tokens, then 4 (the second turn's third block), then 4
+	// (the open request's last block is always computed).
+	best := math.Inf(1)
+	for n := 1; n <= 64; n++ {
+		best = min(best, float64(engine.PrefillTime(n))/float64(n))
+	}
+	busy := 16*best + 2*(d0/2) + 1*(d0/2+(d1-d0)*1/10) // ns, one engine
+	for _, workers := range []int{1, 3} {
+		want := 3 / (busy / float64(workers) / 1e9)
+		if got := EngineBoundRPS(c, w, eng, workers); math.Abs(got-want) > want*1e-9 {
+			t.Errorf("%d workers: engine bound %g req/s, want %g", workers, got, want)
+		}
+	}
+	if got, prefillOnly := EngineBoundRPS(c, w, eng, 1), PrefillBoundRPS(c, 3, 1, 64); got >= prefillOnly {
+		t.Errorf("engine bound %g is not below the prefill bound %g", got, prefillOnly)
+	}
+}
+
+// The engine bound relies on DecodeTime lying above its chord on [0, 1].
+func TestDecodeTimeIsAboveItsChord(t *testing.T) {
+	d0, d1 := engine.DecodeTime(0), engine.DecodeTime(1)
+	for i := range 101 {
+		u := float64(i) / 100
+		if chord := float64(d0) + (float64(d1)-float64(d0))*u; float64(engine.DecodeTime(u)) < chord-1 {
+			t.Fatalf("DecodeTime(%g) = %v is below the chord's %v ns", u, engine.DecodeTime(u), chord)
+		}
 	}
 }

@@ -95,7 +95,7 @@ type RunConfig struct {
 	// EngineBoundRPS is the tighter bound that charges decode steps too
 	// (EngineBoundRPS, the function).
 	EngineBoundRPS float64 `json:"engine_bound_rps"`
-	Command         string  `json:"command,omitempty"`
+	Command        string  `json:"command,omitempty"`
 	// Disagg is the disaggregated fleet, when it was one (Workers is then
 	// its prefill and decode engines together).
 	Disagg *DisaggConfig `json:"disagg,omitempty"`

@@ -162,6 +162,9 @@ size's).`,
 			if b := res.Config.EngineBoundRPS; b > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "engine bound (decode steps charged too): no policy sustains more than %.1f req/s\n", b)
 			}
+			if w := res.BurstWarning(); w != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s\n", w)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "\nreport: %s/report.md (%.0f s of model time in %.1f s)\n", out, res.ModelS, res.WallS)
 			return nil
 		},

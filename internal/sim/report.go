@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/internal/plots"
 	"github.com/kvrouter/kvrouter/internal/replay"
@@ -97,6 +98,9 @@ func Markdown(w io.Writer, res *Results) error {
 	if c.EngineBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNor more than %.1f req/s once decoding is charged too: a decode step's fixed cost for every `--max-num-seqs` tokens decoded, "+
 			"and, in every step a request decodes in, the KV reads of the prompt blocks it holds alone (the engine bound).\n", c.EngineBoundRPS)
+	}
+	if w := res.BurstWarning(); w != "" {
+		fmt.Fprintf(bw, "\n**Warning:** %s\n", w)
 	}
 	if len(c.WorkerCounts) > 1 {
 		fmt.Fprintf(bw, "\n## Goodput by fleet size (req/s at %s)\n\n", slo)
@@ -242,4 +246,34 @@ func closedLoop(res *Results) bool {
 		}
 	}
 	return false
+}
+
+// AboveEngineBound names the modes whose goodput exceeds the engine bound,
+// in res.Order. No sustained rate can: their runs ended before the
+// engines reached a steady state (the workload arrived as one burst, its
+// requests still decoding when the last arrived), and the goodputs
+// describe that burst, not a rate the fleet carries.
+func (res *Results) AboveEngineBound() []string {
+	bound := res.Config.EngineBoundRPS
+	if bound <= 0 {
+		return nil
+	}
+	var above []string
+	for _, name := range res.Order {
+		if res.Modes[name].GoodputRPS > bound {
+			above = append(above, name)
+		}
+	}
+	return above
+}
+
+// BurstWarning says what AboveEngineBound's modes mean for the reader, or
+// "" when there are none.
+func (res *Results) BurstWarning() string {
+	above := res.AboveEngineBound()
+	if len(above) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the goodput of %s exceeds the engine bound, which no sustained rate can: the runs ended before the engines reached a steady state. "+
+		"Simulate more requests (--synthetic-requests, --agentic-requests, --max-requests) for a capacity.", strings.Join(above, ", "))
 }

@@ -254,3 +254,31 @@ func TestDecodeTimeIsAboveItsChord(t *testing.T) {
 		}
 	}
 }
+
+// A goodput above the engine bound is a burst, and the report says so.
+func TestGoodputAboveTheEngineBoundIsFlagged(t *testing.T) {
+	res := &Results{
+		Modes: map[string]*ModeResult{"kv": {GoodputRPS: 150}, "round-robin": {GoodputRPS: 90}, "random": {GoodputRPS: 120}},
+		Order: []string{"kv", "round-robin", "random"},
+	}
+	for _, tc := range []struct {
+		bound float64
+		above []string
+	}{
+		{100, []string{"kv", "random"}},
+		{200, nil},
+		{0, nil}, // no bound computed: nothing to compare with
+	} {
+		res.Config.EngineBoundRPS = tc.bound
+		if got := res.AboveEngineBound(); !slices.Equal(got, tc.above) {
+			t.Errorf("bound %g: %v above it, want %v", tc.bound, got, tc.above)
+		}
+		var md bytes.Buffer
+		if err := Markdown(&md, res); err != nil {
+			t.Fatal(err)
+		}
+		if warned := strings.Contains(md.String(), "exceeds the engine bound"); warned != (len(tc.above) > 0) {
+			t.Errorf("bound %g: report warns %v, want %v", tc.bound, warned, len(tc.above) > 0)
+		}
+	}
+}

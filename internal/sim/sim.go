@@ -217,7 +217,8 @@ type Point struct {
 	Queued      uint64  `json:"queued"` // requests the router's admission queue held
 	Preemptions uint64  `json:"preemptions"`
 	// Steady is the window a run of closed-loop sessions is measured in;
-	// nil for open-loop arrivals, measured whole. ArrivalRPS, the
+	// nil for open-loop arrivals and for sessions that all start at once,
+	// measured whole. ArrivalRPS, the
 	// latencies and HitRate then count the requests that arrived in it.
 	Steady *SteadyWindow `json:"steady_window,omitempty"`
 	// ModelS is the model time from the first arrival to the last token.
@@ -453,8 +454,10 @@ type sim struct {
 	waits []bool
 
 	// measureFrom and measureTo bound the arrivals a run is measured by
-	// (SteadyWindow); every arrival for open-loop workloads.
+	// (SteadyWindow) when windowed; every arrival otherwise: open-loop
+	// workloads, and sessions that all start at once.
 	measureFrom, measureTo int64
+	windowed               bool
 
 	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
@@ -615,7 +618,10 @@ func (s *sim) run() error {
 				last = s.arrivalAt(i)
 			}
 		}
-		s.measureFrom, s.measureTo = first+int64(float64(last-first)*SteadyWarmup), last
+		if last > first {
+			s.measureFrom, s.measureTo = first+int64(float64(last-first)*SteadyWarmup), last
+			s.windowed = true
+		}
 	}
 	s.schedule(s.arrivalAt(0), evArrival, 0)
 	if s.pollLoad {
@@ -918,7 +924,7 @@ func (s *sim) point() Point {
 			cached += int64(rs.cached)
 		}
 	}
-	if s.after != nil {
+	if s.windowed {
 		// Closed-loop sessions arrive as fast as they are served: the
 		// offered load is what arrived in the window.
 		arrived := 0

@@ -255,13 +255,7 @@ func TestEngineRefusalIsCountedOnce(t *testing.T) {
 // after that one's last token, whatever its open-loop At says and whatever
 // the arrival speedup; requests on their own keep their (sped-up) At.
 func TestClosedLoopTurnsWaitForTheirAnswer(t *testing.T) {
-	prompt := func(n int) []uint32 {
-		toks := make([]uint32, n)
-		for i := range toks {
-			toks[i] = uint32(i + 7)
-		}
-		return toks
-	}
+	prompt := func(n int) []uint32 { return seqTokens(7, n) }
 	w := FromRequests([]workload.Request{
 		{At: 0, Tokens: prompt(500), OSL: 20, Session: "a"},
 		{At: 10 * time.Millisecond, Tokens: prompt(600), OSL: 20, Session: "a", Think: time.Second},
@@ -298,13 +292,7 @@ func TestClosedLoopTurnsWaitForTheirAnswer(t *testing.T) {
 // A closed-loop run is measured between its sessions' build-up and the
 // last session's start: from a quarter of the way through the starts.
 func TestSteadyWindowMeasuresClosedLoopRunsBetweenBuildUpAndDrain(t *testing.T) {
-	prompt := func(session, n int) []uint32 {
-		toks := make([]uint32, n)
-		for i := range toks {
-			toks[i] = uint32(session*100000 + i + 7)
-		}
-		return toks
-	}
+	prompt := func(session, n int) []uint32 { return seqTokens(uint32(session*100000+7), n) }
 	var reqs []workload.Request
 	for k := range 9 { // sessions start at 0, 1, …, 8 s
 		name := strconv.Itoa(k)
@@ -358,6 +346,25 @@ func TestSteadyWindowMeasuresClosedLoopRunsBetweenBuildUpAndDrain(t *testing.T) 
 	}
 }
 
+// Sessions that all start at once have no steady state to single out:
+// their run is measured whole.
+func TestSessionsStartingTogetherAreMeasuredWhole(t *testing.T) {
+	toks := func(n int) []uint32 { return seqTokens(11, n) }
+	s, err := newSim(smallConfig(), "kv", FromRequests([]workload.Request{
+		{At: 0, Tokens: toks(300), OSL: 8, Session: "a"},
+		{At: 0, Tokens: toks(500), OSL: 8, Session: "a", Think: 200 * time.Millisecond},
+	}), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	if p := s.point(); p.Steady != nil || p.TTFT.P90 == 0 || p.E2E.Mean == 0 {
+		t.Fatalf("one session: window %+v, TTFT %+v, E2E %+v; want no window and both turns measured", p.Steady, p.TTFT, p.E2E)
+	}
+}
+
 // Open-loop arrivals are measured whole.
 func TestOpenLoopRunsHaveNoWindow(t *testing.T) {
 	s, err := newSim(smallConfig(), "kv", synthetic(t, 40), 1)
@@ -370,4 +377,14 @@ func TestOpenLoopRunsHaveNoWindow(t *testing.T) {
 	if p := s.point(); p.Steady != nil || p.TTFT.Mean == 0 {
 		t.Fatalf("open-loop run: window %+v, TTFT %+v; want no window and every request measured", p.Steady, p.TTFT)
 	}
+}
+
+// seqTokens is the n token ids from, from+1, …: prompts built from one
+// from share their leading blocks.
+func seqTokens(from uint32, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = from + uint32(i)
+	}
+	return out
 }

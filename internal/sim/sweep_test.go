@@ -211,13 +211,7 @@ func TestPrefillBoundByHand(t *testing.T) {
 // of one closed-loop session, the third an open request repeating the
 // first's prompt, so that only the second turn's own block is private.
 func TestEngineBoundByHand(t *testing.T) {
-	toks := func(n int) []uint32 {
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = uint32(i + 3)
-		}
-		return out
-	}
+	toks := func(n int) []uint32 { return seqTokens(3, n) }
 	w := FromRequests([]workload.Request{
 		{At: 0, Tokens: toks(8), OSL: 3, Session: "s"},
 		{At: time.Second, Tokens: toks(12), OSL: 2, Session: "s", Think: time.Second},

@@ -39,6 +39,9 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 	}
 	owners := requestOwners(w)
 	h := blockhash.New(eng.BlockSize, "")
+	// Two passes hash every prompt twice: keeping the first pass's hashes
+	// instead would take 8 bytes per block of the workload (half a GB for
+	// the agentic one), for a bound computed once per sweep.
 	// ownerOf is each full block's owner, or sharedBlock once two owners
 	// have it.
 	const sharedBlock = -1
@@ -83,20 +86,15 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 
 // requestOwners gives the requests that can never run at once the same
 // owner: the turns of a closed-loop session (each waits for the one
-// before, see linkSessions). Every other request owns itself.
+// before, see predecessors). Every other request owns itself.
 func requestOwners(w Workload) []int32 {
 	owners := make([]int32, w.Len())
-	last := map[string]int{}
+	prev := predecessors(w)
 	for i := range owners {
 		owners[i] = int32(i)
-		r := w.Request(i)
-		if r.Session == "" {
-			continue
+		if prev != nil && prev[i] >= 0 {
+			owners[i] = owners[prev[i]]
 		}
-		if p, seen := last[r.Session]; seen && r.Think > 0 {
-			owners[i] = owners[p]
-		}
-		last[r.Session] = i
 	}
 	return owners
 }

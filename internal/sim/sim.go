@@ -554,14 +554,36 @@ func (s *sim) arrivalAt(i int) int64 {
 	return int64(float64(s.w.At(i)-s.w.At(0)) / s.scale)
 }
 
-// linkSessions finds, in a materialised workload, the requests that wait
-// for their session's previous turn (workload.Request.Think): each gets
-// its predecessor's after entry. A trace's requests never wait.
+// linkSessions gives every request that waits for its session's previous
+// turn (see predecessors) that turn's after entry.
 func (s *sim) linkSessions() {
-	reqs, ok := s.w.(Requests)
-	if !ok {
+	prev := predecessors(s.w)
+	if prev == nil {
 		return
 	}
+	s.after = make([]int32, len(prev))
+	for j := range s.after {
+		s.after[j] = -1
+	}
+	s.waits = make([]bool, len(prev))
+	for i, p := range prev {
+		if p >= 0 {
+			s.after[p] = int32(i)
+			s.waits[i] = true
+		}
+	}
+}
+
+// predecessors finds, in a materialised workload, the requests that wait
+// for their session's previous turn (workload.Request.Think): each gets
+// that turn's index, every other request -1. nil when no request waits; a
+// trace's requests never do.
+func predecessors(w Workload) []int32 {
+	reqs, ok := w.(Requests)
+	if !ok {
+		return nil
+	}
+	var prev []int32
 	last := map[string]int{}
 	for i := range reqs {
 		r := &reqs[i]
@@ -569,18 +591,17 @@ func (s *sim) linkSessions() {
 			continue
 		}
 		if p, seen := last[r.Session]; seen && r.Think > 0 {
-			if s.after == nil {
-				s.after = make([]int32, len(reqs))
-				for j := range s.after {
-					s.after[j] = -1
+			if prev == nil {
+				prev = make([]int32, len(reqs))
+				for j := range prev {
+					prev[j] = -1
 				}
-				s.waits = make([]bool, len(reqs))
 			}
-			s.after[p] = int32(i)
-			s.waits[i] = true
+			prev[i] = int32(p)
 		}
 		last[r.Session] = i
 	}
+	return prev
 }
 
 // nextOpen is the first request after i that does not wait for another,

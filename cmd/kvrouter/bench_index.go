@@ -38,7 +38,11 @@ routes to the group engine with the most overlap (ties: least loaded, then
 rotating), and applies the engine's resulting Removed and Stored events to the
 index (timed), as an engine announces them: one event per scheduler step, so
 none carries more than --max-num-batched-tokens tokens' blocks (512 blocks of
-16 tokens by default).
+16 tokens by default). Each of the --threads replay goroutines owns whole
+groups, and engines are numbered so that a goroutine's engines fall in index
+shards no other goroutine writes: one writer per shard, as Dynamo's indexer
+gives each event thread its own workers (writer_per_shard; not possible with
+more goroutines than shards).
 
 ops/s counts find_matches calls plus events applied; block ops/s counts blocks
 looked up plus blocks stored plus blocks removed; Dynamo block ops/s leaves

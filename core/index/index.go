@@ -141,11 +141,22 @@ func New(cfg Config) *Index {
 	return ix
 }
 
-func (ix *Index) shardOf(w kv.Worker) *shard {
+func (ix *Index) shardOf(w kv.Worker) *shard { return &ix.shards[ix.ShardOf(w)] }
+
+// ShardOf is the shard, in [0, Shards()), whose lock serialises worker
+// rank w's events. Two goroutines applying events of one shard take turns
+// at its lock, one waiting while the other writes; event sources that give
+// each applying goroutine whole shards (one writer per shard, as Dynamo's
+// Flash Indexer has one event thread per worker partition) never wait on
+// each other.
+func (ix *Index) ShardOf(w kv.Worker) int {
 	h := w.ID*0x9e3779b97f4a7c15 ^ uint64(w.DPRank)*0xbf58476d1ce4e5b9
 	h ^= h >> 29
-	return &ix.shards[h%uint64(len(ix.shards))]
+	return int(h % uint64(len(ix.shards)))
 }
+
+// Shards is the number of independently locked shards.
+func (ix *Index) Shards() int { return len(ix.shards) }
 
 // Apply applies one event. A rejected event (unknown parent, no blocks,
 // unknown kind) is counted and leaves the index unchanged; removals of

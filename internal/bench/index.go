@@ -120,6 +120,9 @@ type IndexReport struct {
 	StepTokens     int     `json:"max_num_batched_tokens"`
 	Threads        int     `json:"threads"`
 	Shards         int     `json:"shards"`
+	// WriterPerShard: every index shard took events from one replay
+	// goroutine only (more goroutines than shards cannot have it).
+	WriterPerShard bool    `json:"writer_per_shard"`
 	MaxPairs       uint64  `json:"max_pairs"`
 	Seed           uint64  `json:"seed"`
 	DurationS      float64 `json:"duration_s"`
@@ -181,7 +184,7 @@ func (c *IndexConfig) defaults() error {
 // group is GroupSize engines serving one copy of the trace.
 type group struct {
 	copy    int
-	first   uint64 // worker id of engines[0]
+	ids     []uint64 // engines' worker ids
 	engines []*engineCache
 	rot     int
 
@@ -194,7 +197,7 @@ type group struct {
 	bound  int
 }
 
-func newGroup(copy int, first uint64, engines []*engineCache, seed uint64) *group {
+func newGroup(copy int, ids []uint64, engines []*engineCache, seed uint64) *group {
 	ne := len(engines)
 	win := loadWindowPerEngine * ne
 	// At most (1 + loadSlack) times the fair share of the window, and
@@ -206,7 +209,7 @@ func newGroup(copy int, first uint64, engines []*engineCache, seed uint64) *grou
 		bound = min(bound, (win+ne-2)/(ne-1)-1)
 	}
 	return &group{
-		copy: copy, first: first, engines: engines,
+		copy: copy, ids: ids, engines: engines,
 		rot:    int(mix64(seed+uint64(copy)) % uint64(ne)),
 		window: make([]uint16, win),
 		recent: make([]int, ne),
@@ -276,8 +279,66 @@ type runner struct {
 	tr     *trace.Trace
 	ix     *index.Index
 	groups []*group
-	stop   atomic.Bool
-	issued atomic.Int64 // requests claimed, for MaxRequests
+	// member places a worker id: its group and its position there.
+	member []member
+	// aligned: every shard is written by one replay goroutine (engineIDs).
+	aligned bool
+	stop    atomic.Bool
+	issued  atomic.Int64 // requests claimed, for MaxRequests
+}
+
+type member struct {
+	group, k int32 // group -1: no engine has this id
+}
+
+// memberOf places worker id, or reports that no engine has it.
+func (r *runner) memberOf(id uint64) (member, bool) {
+	if id >= uint64(len(r.member)) || r.member[id].group < 0 {
+		return member{}, false
+	}
+	return r.member[id], true
+}
+
+// engineIDs names the engines of each group (group g is replayed by
+// goroutine g mod threads) so that every goroutine's engines fall in index
+// shards no other goroutine writes: one writer per shard, as the Flash
+// Indexer has one event thread per partition of the workers. Events of
+// one shard from two goroutines would take turns at its lock, one
+// goroutine idle while the other writes. With more goroutines than shards
+// that cannot be had, and engines are numbered in order (aligned false).
+func engineIDs(ix *index.Index, workers, groupSize, threads int) (ids [][]uint64, aligned bool) {
+	groups := (workers + groupSize - 1) / groupSize
+	ids = make([][]uint64, groups)
+	size := func(g int) int { return min(groupSize, workers-g*groupSize) }
+	if threads <= 1 || threads > ix.Shards() {
+		next := uint64(0)
+		for g := range ids {
+			for range size(g) {
+				ids[g] = append(ids[g], next)
+				next++
+			}
+		}
+		return ids, false
+	}
+	// open[t] lists goroutine t's groups still short of engines; ids are
+	// taken in order, each by the goroutine that owns its shard.
+	open := make([][]int, threads)
+	for g := groups - 1; g >= 0; g-- {
+		open[g%threads] = append(open[g%threads], g)
+	}
+	for id, left := uint64(0), workers; left > 0; id++ {
+		t := ix.ShardOf(kv.Worker{ID: id}) % threads
+		if len(open[t]) == 0 {
+			continue
+		}
+		g := open[t][len(open[t])-1]
+		ids[g] = append(ids[g], id)
+		left--
+		if len(ids[g]) == size(g) {
+			open[t] = open[t][:len(open[t])-1]
+		}
+	}
+	return ids, true
 }
 
 // replayer is one goroutine's state.
@@ -324,19 +385,25 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 	}
 	hasher := blockhash.New(cfg.BlockSize, "")
 	r := &runner{cfg: cfg, tr: tr, ix: index.New(index.Config{Shards: cfg.Shards, MaxPairs: cfg.MaxPairs})}
-	for w := 0; w < cfg.Workers; w += cfg.GroupSize {
+	threads := min(cfg.Threads, (cfg.Workers+cfg.GroupSize-1)/cfg.GroupSize)
+	groupIDs, aligned := engineIDs(r.ix, cfg.Workers, cfg.GroupSize, threads)
+	r.aligned = aligned
+	for g, ids := range groupIDs {
 		var engines []*engineCache
-		for id := w; id < min(w+cfg.GroupSize, cfg.Workers); id++ {
-			engines = append(engines, newEngineCache(cfg.CapacityBlocks, mix64(cfg.Seed^mix64(uint64(id)+1))))
+		for _, id := range ids {
+			engines = append(engines, newEngineCache(cfg.CapacityBlocks, mix64(cfg.Seed^mix64(id+1))))
 			// As the router does when an engine registers its KV capacity.
-			r.ix.Reserve(kv.Worker{ID: uint64(id)}, cfg.CapacityBlocks)
+			r.ix.Reserve(kv.Worker{ID: id}, cfg.CapacityBlocks)
+			for uint64(len(r.member)) <= id {
+				r.member = append(r.member, member{group: -1})
+			}
+			r.member[id] = member{group: int32(g), k: int32(len(engines) - 1)}
 		}
-		r.groups = append(r.groups, newGroup(len(r.groups), uint64(w), engines, cfg.Seed))
+		r.groups = append(r.groups, newGroup(g, ids, engines, cfg.Seed))
 	}
 	if len(r.groups)*cfg.TraceDuplication > trace.MaxCopies {
 		return nil, fmt.Errorf("bench: %d groups of %d copies each exceed %d trace copies", len(r.groups), cfg.TraceDuplication, trace.MaxCopies)
 	}
-	threads := min(cfg.Threads, len(r.groups))
 	reps := make([]*replayer, threads)
 	cnts := make([]counters, threads)
 	for t := range reps {
@@ -407,7 +474,7 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 
 	rep := &IndexReport{
 		Workers: cfg.Workers, Groups: len(r.groups), GroupSize: cfg.GroupSize, CapacityBlocks: cfg.CapacityBlocks,
-		BlockSize: cfg.BlockSize, StepTokens: cfg.StepTokens, Threads: threads, Shards: cfg.Shards, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
+		BlockSize: cfg.BlockSize, StepTokens: cfg.StepTokens, Threads: threads, Shards: cfg.Shards, WriterPerShard: r.aligned, MaxPairs: cfg.MaxPairs, Seed: cfg.Seed,
 		DurationS: elapsed.Seconds(), TraceLengthFactor: cfg.TraceLengthFactor, TraceDuplication: cfg.TraceDuplication,
 		Pregenerated: cfg.Pregenerate, PregenerateS: pregenerate.Seconds(),
 	}
@@ -545,8 +612,8 @@ func (rp *replayer) serve(g *group, req *trace.Request, cp int) {
 		rp.findMatches++
 		rp.lookedUp += uint64(n)
 		for _, o := range ov {
-			if k := o.Worker.ID - g.first; k < uint64(len(g.engines)) {
-				rp.overlap[k] = o.Blocks
+			if m, ok := rp.r.memberOf(o.Worker.ID); ok && int(m.group) == g.copy {
+				rp.overlap[m.k] = o.Blocks
 			} else {
 				rp.crossGroup++
 			}
@@ -556,14 +623,14 @@ func (rp *replayer) serve(g *group, req *trace.Request, cp int) {
 	eng := g.engines[best]
 	rp.hits += uint64(rp.overlap[best])
 	if rp.recording {
-		rp.log.recordFind(seq, kv.Worker{ID: g.first + uint64(best)}, int(rp.overlap[best]))
+		rp.log.recordFind(seq, kv.Worker{ID: g.ids[best]}, int(rp.overlap[best]))
 	}
 
 	hit, parent, hasParent := eng.serve(seq, rp.local, &rp.sc)
 	if uint32(hit) != rp.overlap[best] {
 		rp.mismatches++
 	}
-	w := kv.Worker{ID: g.first + uint64(best)}
+	w := kv.Worker{ID: g.ids[best]}
 	ops := uint64(1)
 	// Engines announce KV blocks per scheduler step, and a step computes at
 	// most StepTokens tokens: a long prompt's blocks arrive in several

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/index"
+	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/internal/trace"
 )
 
@@ -216,7 +218,7 @@ func TestIndexBenchStops(t *testing.T) {
 
 func TestGroupChooseBoundedLoad(t *testing.T) {
 	engines := make([]*engineCache, 4)
-	g := newGroup(0, 0, engines, 3)
+	g := newGroup(0, nil, engines, 3)
 	overlap := []uint32{5, 0, 0, 0} // engine 0 always looks best
 	counts := make([]int, 4)
 	for range 1000 {
@@ -229,7 +231,7 @@ func TestGroupChooseBoundedLoad(t *testing.T) {
 	// An engine no request favours is not starved: the others cannot fill
 	// the window between them.
 	engines = make([]*engineCache, 8)
-	g = newGroup(0, 0, engines, 3)
+	g = newGroup(0, nil, engines, 3)
 	counts = make([]int, 8)
 	for range 6400 {
 		counts[g.choose([]uint32{5, 5, 5, 5, 5, 5, 5, 0})]++
@@ -240,7 +242,7 @@ func TestGroupChooseBoundedLoad(t *testing.T) {
 	// Full ties rotate evenly.
 	engines = make([]*engineCache, 4)
 	counts = make([]int, 4)
-	g = newGroup(0, 0, engines, 3)
+	g = newGroup(0, nil, engines, 3)
 	clear(counts)
 	for range 1000 {
 		counts[g.choose(make([]uint32, 4))]++
@@ -254,7 +256,7 @@ func TestGroupChooseBoundedLoad(t *testing.T) {
 	// still finds one below it, favoured or not.
 	for _, favour := range []bool{false, true} {
 		engines = make([]*engineCache, 64)
-		g = newGroup(0, 0, engines, 3)
+		g = newGroup(0, nil, engines, 3)
 		counts = make([]int, 64)
 		overlap := make([]uint32, 64)
 		if favour {
@@ -404,5 +406,48 @@ func TestIndexBenchEventsPerStep(t *testing.T) {
 	}
 	if whole.Events >= steps.Events {
 		t.Fatalf("whole requests took %d events, steps %d", whole.Events, steps.Events)
+	}
+}
+
+// Every shard takes events from one replay goroutine only, and every
+// engine gets its own id.
+func TestEngineIDsGiveEachShardOneWriter(t *testing.T) {
+	for _, tc := range []struct {
+		workers, groupSize, threads, shards int
+		aligned                             bool
+	}{
+		{1000, 8, 2, 4, true},
+		{10, 4, 2, 2, true},
+		{64, 8, 4, 16, true},
+		{9, 3, 3, 4, true},
+		{16, 4, 1, 4, false},
+		{32, 4, 8, 4, false}, // more goroutines than shards
+	} {
+		ix := index.New(index.Config{Shards: tc.shards})
+		ids, aligned := engineIDs(ix, tc.workers, tc.groupSize, tc.threads)
+		if aligned != tc.aligned {
+			t.Errorf("%+v: aligned %v", tc, aligned)
+		}
+		seen := map[uint64]bool{}
+		writer := map[int]int{} // shard → goroutine
+		for g, group := range ids {
+			if want := min(tc.groupSize, tc.workers-g*tc.groupSize); len(group) != want {
+				t.Errorf("%+v: group %d has %d engines, want %d", tc, g, len(group), want)
+			}
+			for _, id := range group {
+				if seen[id] {
+					t.Errorf("%+v: id %d given twice", tc, id)
+				}
+				seen[id] = true
+				sh := ix.ShardOf(kv.Worker{ID: id})
+				if w, ok := writer[sh]; ok && w != g%tc.threads && aligned {
+					t.Errorf("%+v: shard %d written by goroutines %d and %d", tc, sh, w, g%tc.threads)
+				}
+				writer[sh] = g % tc.threads
+			}
+		}
+		if len(seen) != tc.workers {
+			t.Errorf("%+v: %d engines, want %d", tc, len(seen), tc.workers)
+		}
 	}
 }

@@ -58,9 +58,11 @@ const (
 // the absolute threshold and max above min × the relative one) it routes to
 // the worker with the fewest; otherwise to the worker with the longest
 // match if that match covers more than the cache threshold of the prompt,
-// else to the least loaded. The prompt is recorded on the chosen worker in
-// every case. In-flight requests are the router's own count of booked
-// requests, as SGLang counts requests it has sent and not seen finish.
+// else to the worker with the smallest tree: the one SGLang deems to have
+// the most cache to spare, whatever its load. The prompt is recorded on
+// the chosen worker in every case. In-flight requests are the router's own
+// count of booked requests, as SGLang counts requests it has sent and not
+// seen finish.
 type sglangCacheAware struct {
 	mu    sync.RWMutex // guards trees and clock; Match under RLock, Insert under Lock
 	trees map[kv.Worker]*prefixtree.Tree
@@ -85,9 +87,11 @@ func (s *sglangCacheAware) pick(req *Request, cands []Candidate, rng Rand) (int,
 	} else {
 		s.mu.RLock()
 		matched := make([]int, len(cands))
+		size := make([]int, len(cands))
 		for i := range cands {
 			if t := s.trees[cands[i].Worker]; t != nil {
 				matched[i] = t.Match(req.Tokens)
+				size[i] = t.Size()
 			}
 		}
 		s.mu.RUnlock()
@@ -95,7 +99,7 @@ func (s *sglangCacheAware) pick(req *Request, cands []Candidate, rng Rand) (int,
 		if len(req.Tokens) > 0 && float64(matched[best])/float64(len(req.Tokens)) > SGLangCacheThreshold {
 			choice = best
 		} else {
-			choice = leastLoaded()
+			choice = pickMin(len(cands), func(i int) float64 { return float64(size[i]) }, rng)
 		}
 	}
 	if req.Commit && len(req.Tokens) > 0 {

@@ -149,9 +149,14 @@ func TestSGLangBalancing(t *testing.T) {
 	warm := func(t *testing.T) (*Scheduler, []Candidate) {
 		s := mustNew(t, ModeSGLangCacheAware, nil)
 		cands := equalCands(3)
-		// Teach worker 0 the prompt by pinning it there (the only
-		// candidate), then route among all three.
+		// Teach worker 0 the prompt and worker 2 a short other one by
+		// pinning each there (the only candidate), then route among all
+		// three: worker 1's tree is the smallest.
 		if _, err := s.Select(&Request{ISL: len(prompt), BlockSize: 16, Tokens: prompt, Commit: true}, cands[:1], rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		other := tokens(11, 100)
+		if _, err := s.Select(&Request{ISL: len(other), BlockSize: 16, Tokens: other, Commit: true}, cands[2:], rand.New(rand.NewPCG(1, 1))); err != nil {
 			t.Fatal(err)
 		}
 		return s, cands
@@ -166,7 +171,7 @@ func TestSGLangBalancing(t *testing.T) {
 		{"imbalanced beyond both thresholds: the least loaded", []int{100, 30, 20}, prompt, 2},
 		{"absolute gap within 64: still cache", []int{60, 0, 30}, prompt, 0},
 		{"relative gap within 1.5: still cache", []int{200, 134, 150}, prompt, 0},
-		{"match below 0.3 of the prompt: the least loaded", []int{10, 5, 3}, concat(prompt[:250], tokens(10, 750)), 2},
+		{"match below 0.3 of the prompt: the smallest tree, not the least loaded", []int{10, 9, 3}, concat(prompt[:250], tokens(10, 750)), 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -159,8 +159,8 @@ a run with it against one without shows what feeding the page costs.`,
 				s    *bench.FrontendSplit
 			}{{"streamed", res.Routed.FrontendSplit}, {"short", res.ShortRouted.FrontendSplit}} {
 				if s := r.s; s != nil {
-					fmt.Fprintf(w, "the frontend's time by part (%s), p50 / p99 ms: reading the body %.3f / %.3f, tokenizing %.3f / %.3f, routing %.3f / %.3f (of it find_matches %.3f / %.3f), the rest %.3f / %.3f\n",
-						r.name, s.ReadP50ms, s.ReadP99ms, s.TokenizeP50ms, s.TokenizeP99ms, s.RoutingP50ms, s.RoutingP99ms, s.FindP50ms, s.FindP99ms, s.OtherP50ms, s.OtherP99ms)
+					fmt.Fprintf(w, "the frontend's time by part (%s), p50 / p99 ms: reading the body %.3f / %.3f, tokenizing %.3f / %.3f, routing %.3f / %.3f (of it hashing %.3f / %.3f, find_matches %.3f / %.3f, scheduling %.3f / %.3f), the rest %.3f / %.3f\n",
+						r.name, s.ReadP50ms, s.ReadP99ms, s.TokenizeP50ms, s.TokenizeP99ms, s.RoutingP50ms, s.RoutingP99ms, s.HashP50ms, s.HashP99ms, s.FindP50ms, s.FindP99ms, s.ScheduleP50ms, s.ScheduleP99ms, s.OtherP50ms, s.OtherP99ms)
 				}
 			}
 			if cfg.UIPage {

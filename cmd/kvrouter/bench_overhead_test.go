@@ -111,13 +111,21 @@ func TestBenchOverheadEnginesInAChildProcess(t *testing.T) {
 			t.Fatalf("%s: no split of the frontend's time", name)
 		}
 		for part, v := range map[string][2]float64{"read": {s.ReadP50ms, s.ReadP99ms}, "tokenize": {s.TokenizeP50ms, s.TokenizeP99ms},
-			"routing": {s.RoutingP50ms, s.RoutingP99ms}, "find_matches": {s.FindP50ms, s.FindP99ms}, "other": {s.OtherP50ms, s.OtherP99ms}} {
+			"routing": {s.RoutingP50ms, s.RoutingP99ms}, "hashing": {s.HashP50ms, s.HashP99ms}, "find_matches": {s.FindP50ms, s.FindP99ms},
+			"scheduling": {s.ScheduleP50ms, s.ScheduleP99ms}, "other": {s.OtherP50ms, s.OtherP99ms}} {
 			if v[0] < 0 || v[0] > p.FrontendP50ms || v[1] > p.FrontendP99ms {
 				t.Errorf("%s: %s p50 %v / p99 %v against the frontend's %v / %v", name, part, v[0], v[1], p.FrontendP50ms, p.FrontendP99ms)
 			}
 		}
-		if s.FindP99ms > s.RoutingP99ms {
-			t.Errorf("%s: find_matches p99 %v above routing's %v", name, s.FindP99ms, s.RoutingP99ms)
+		for part, p99 := range map[string]float64{"hashing": s.HashP99ms, "find_matches": s.FindP99ms, "scheduling": s.ScheduleP99ms} {
+			if p99 > s.RoutingP99ms {
+				t.Errorf("%s: %s p99 %v above routing's %v", name, part, p99, s.RoutingP99ms)
+			}
+		}
+		// Scoring and booking take microseconds, never nothing: 0 would
+		// mean the frontend's scheduling_ms went unread.
+		if s.ScheduleP99ms <= 0 {
+			t.Errorf("%s: scheduling p99 %v", name, s.ScheduleP99ms)
 		}
 	}
 	if res.Direct.FrontendSplit != nil {

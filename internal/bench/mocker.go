@@ -191,14 +191,17 @@ type sent struct {
 // benches read, in ms: the time the frontend held the request before the
 // engine got it, and the parts of it spent waiting in the admission queue,
 // reading the body, tokenizing (or reading the token ids), routing (the
-// queue's wait included) and, within routing, looking up the index.
+// queue's wait included) and, within routing, hashing the prompt, looking
+// up the index and scheduling (scoring and booking).
 type frontendTiming struct {
 	FrontendMS float64 `json:"frontend_ms"`
 	QueueMS    float64 `json:"queue_ms"`
 	ReadMS     float64 `json:"read_ms"`
 	TokenizeMS float64 `json:"tokenize_ms"`
 	RoutingMS  float64 `json:"routing_ms"`
+	HashMS     float64 `json:"hash_ms"`
 	FindMS     float64 `json:"find_matches_ms"`
+	ScheduleMS float64 `json:"scheduling_ms"`
 }
 
 // send posts one completion; with timing it asks a kvrouter frontend for

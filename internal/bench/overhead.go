@@ -119,11 +119,17 @@ type FrontendSplit struct {
 	TokenizeP99ms float64 `json:"tokenize_p99_ms"`
 	RoutingP50ms  float64 `json:"routing_p50_ms"`
 	RoutingP99ms  float64 `json:"routing_p99_ms"`
-	// Find* are the routing decision's index lookup (find_matches).
-	FindP50ms  float64 `json:"find_matches_p50_ms"`
-	FindP99ms  float64 `json:"find_matches_p99_ms"`
-	OtherP50ms float64 `json:"other_p50_ms"`
-	OtherP99ms float64 `json:"other_p99_ms"`
+	// Hash*, Find* and Schedule* are the routing decision's parts:
+	// hashing the prompt's blocks, the index lookup (find_matches), and
+	// scoring and booking the workers.
+	HashP50ms     float64 `json:"hash_p50_ms"`
+	HashP99ms     float64 `json:"hash_p99_ms"`
+	FindP50ms     float64 `json:"find_matches_p50_ms"`
+	FindP99ms     float64 `json:"find_matches_p99_ms"`
+	ScheduleP50ms float64 `json:"scheduling_p50_ms"`
+	ScheduleP99ms float64 `json:"scheduling_p99_ms"`
+	OtherP50ms    float64 `json:"other_p50_ms"`
+	OtherP99ms    float64 `json:"other_p99_ms"`
 }
 
 // OverheadResult compares the same load sent straight to the engines and
@@ -466,13 +472,14 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 		res, err := send(ctx, client, targets[(c+i)%len(targets)], model, p, osl, stream, timing)
 		return sample{float64(res.ttft.Microseconds()) / 1e3, float64(time.Since(t0).Microseconds()) / 1e3, res}, err
 	})
-	var ttfts, e2es, held, own, queued, read, tokenize, routing, find, other []float64
+	var ttfts, e2es, held, own, queued, read, tokenize, routing, hash, find, schedule, other []float64
 	for _, s := range w.Samples {
 		ttfts, e2es = append(ttfts, s.ttft), append(e2es, s.e2e)
 		if t := s.timing; t != nil {
 			held, queued = append(held, t.FrontendMS), append(queued, t.QueueMS)
 			own = append(own, max(0, t.FrontendMS-t.QueueMS))
-			read, tokenize, routing, find = append(read, t.ReadMS), append(tokenize, t.TokenizeMS), append(routing, t.RoutingMS), append(find, t.FindMS)
+			read, tokenize, routing = append(read, t.ReadMS), append(tokenize, t.TokenizeMS), append(routing, t.RoutingMS)
+			hash, find, schedule = append(hash, t.HashMS), append(find, t.FindMS), append(schedule, t.ScheduleMS)
 			other = append(other, max(0, t.FrontendMS-t.ReadMS-t.TokenizeMS-t.RoutingMS)) // routing_ms holds queue_ms
 		}
 	}
@@ -490,7 +497,9 @@ func loadPhase(ctx context.Context, targets []string, model string, mk func(rng 
 			ReadP50ms: Percentile(read, 50), ReadP99ms: Percentile(read, 99),
 			TokenizeP50ms: Percentile(tokenize, 50), TokenizeP99ms: Percentile(tokenize, 99),
 			RoutingP50ms: Percentile(routing, 50), RoutingP99ms: Percentile(routing, 99),
+			HashP50ms: Percentile(hash, 50), HashP99ms: Percentile(hash, 99),
 			FindP50ms: Percentile(find, 50), FindP99ms: Percentile(find, 99),
+			ScheduleP50ms: Percentile(schedule, 50), ScheduleP99ms: Percentile(schedule, 99),
 			OtherP50ms: Percentile(other, 50), OtherP99ms: Percentile(other, 99),
 		}
 	}

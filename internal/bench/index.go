@@ -310,9 +310,10 @@ func engineIDs(ix *index.Index, workers, groupSize, threads int) (ids [][]uint64
 	groups := (workers + groupSize - 1) / groupSize
 	ids = make([][]uint64, groups)
 	size := func(g int) int { return min(groupSize, workers-g*groupSize) }
-	if threads <= 1 || threads > ix.Shards() {
+	inOrder := func() ([][]uint64, bool) {
 		next := uint64(0)
 		for g := range ids {
+			ids[g] = ids[g][:0]
 			for range size(g) {
 				ids[g] = append(ids[g], next)
 				next++
@@ -320,13 +321,21 @@ func engineIDs(ix *index.Index, workers, groupSize, threads int) (ids [][]uint64
 		}
 		return ids, false
 	}
+	if threads <= 1 || threads > ix.Shards() {
+		return inOrder()
+	}
 	// open[t] lists goroutine t's groups still short of engines; ids are
-	// taken in order, each by the goroutine that owns its shard.
+	// taken in order, each by the goroutine that owns its shard. The
+	// shards' hash spreads ids evenly, so a few times workers ids suffice;
+	// the bound only keeps a degenerate hash from looping for ever.
 	open := make([][]int, threads)
 	for g := groups - 1; g >= 0; g-- {
 		open[g%threads] = append(open[g%threads], g)
 	}
 	for id, left := uint64(0), workers; left > 0; id++ {
+		if id > uint64(64*workers+1024) {
+			return inOrder()
+		}
 		t := ix.ShardOf(kv.Worker{ID: id}) % threads
 		if len(open[t]) == 0 {
 			continue

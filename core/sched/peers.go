@@ -87,20 +87,23 @@ func (s *sglangCacheAware) pick(req *Request, cands []Candidate, rng Rand) (int,
 	} else {
 		s.mu.RLock()
 		matched := make([]int, len(cands))
-		size := make([]int, len(cands))
 		for i := range cands {
 			if t := s.trees[cands[i].Worker]; t != nil {
 				matched[i] = t.Match(req.Tokens)
-				size[i] = t.Size()
 			}
 		}
-		s.mu.RUnlock()
 		best := pickMin(len(cands), func(i int) float64 { return -float64(matched[i]) }, rng)
 		if len(req.Tokens) > 0 && float64(matched[best])/float64(len(req.Tokens)) > SGLangCacheThreshold {
 			choice = best
 		} else {
-			choice = pickMin(len(cands), func(i int) float64 { return float64(size[i]) }, rng)
+			choice = pickMin(len(cands), func(i int) float64 {
+				if t := s.trees[cands[i].Worker]; t != nil {
+					return float64(t.Size())
+				}
+				return 0
+			}, rng)
 		}
+		s.mu.RUnlock()
 	}
 	if req.Commit && len(req.Tokens) > 0 {
 		s.mu.Lock()

@@ -506,7 +506,7 @@ func TestCloseAndContext(t *testing.T) {
 	if err := s.WaitSeq(context.Background(), 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("WaitSeq after stop: %v", err)
 	}
-	if s.Close() != nil || s.Close() != nil {
+	if first, second := s.Close(), s.Close(); first != nil || second != nil {
 		t.Fatal("Close must be idempotent")
 	}
 	// An engine that is not there: Close still returns promptly.

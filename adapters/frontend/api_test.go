@@ -329,6 +329,9 @@ func TestModelsHealthMetrics(t *testing.T) {
 	}
 	e.settle()
 	resp, body = e.get("/metrics")
+	if resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %d", resp.StatusCode)
+	}
 	for _, want := range []string{
 		`kvrouter_frontend_requests_total{endpoint="completions",model="kvrouter-mock",status="200"} 1`,
 		`kvrouter_frontend_time_to_first_token_seconds_count{model="kvrouter-mock"} 1`,

@@ -305,6 +305,9 @@ func TestEngineAnswersPassThrough(t *testing.T) {
 		t.Fatalf("%d %v %q", resp.StatusCode, resp.Header, body)
 	}
 	resp, body = e.post("/v1/completions", map[string]any{"model": "ok", "prompt": []int{1, 2, 3}, "nvext": map[string]any{"extra_fields": []string{"worker_id"}}})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
 	if want := `{"id":  "c1", "object":"text_completion",  "choices":[{"text":"x"}],"nvext":{"worker_id":61,"dp_rank":0,"overlap_blocks":0,"prompt_blocks":0}}` + "\n"; string(body) != want {
 		t.Fatalf("got %s\nwant %s", body, want)
 	}

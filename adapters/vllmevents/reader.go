@@ -266,14 +266,6 @@ func (r *reader) readString() (string, error) {
 	return string(b), err
 }
 
-// readOptString reads a string or nil ("").
-func (r *reader) readOptString() (string, error) {
-	if r.readNil() {
-		return "", nil
-	}
-	return r.readString()
-}
-
 // skip consumes one complete value of any type, nested or not, without
 // recursion, and returns its raw bytes.
 func (r *reader) skip() ([]byte, error) {

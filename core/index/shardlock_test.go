@@ -93,6 +93,7 @@ func TestShardLockWaitingWriterKeepsReadersOut(t *testing.T) {
 	close(release)
 	waitFor(t, "the writer to leave", func() bool { return l.writers.Load() == 0 })
 	l.RLock()
+	//lint:ignore SA2001 taking and releasing the lock is what is tested
 	l.RUnlock()
 }
 
@@ -134,6 +135,7 @@ func TestShardLockReadersShare(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		l.RLock()
+		//lint:ignore SA2001 taking and releasing the lock is what is tested
 		l.RUnlock()
 		close(done)
 	}()
@@ -153,7 +155,9 @@ func TestShardLockProgressUnderLoad(t *testing.T) {
 		name          string
 		busy, waiting func(l *shardLock)
 	}{
+		//lint:ignore SA2001 taking and releasing the lock is what is tested
 		{"reader behind writers' chunks", func(l *shardLock) { l.Lock(); spinWork(); l.Unlock() }, func(l *shardLock) { l.RLock(); l.RUnlock() }},
+		//lint:ignore SA2001 taking and releasing the lock is what is tested
 		{"writer behind overlapping readers", func(l *shardLock) { l.RLock(); spinWork(); l.RUnlock() }, func(l *shardLock) { l.Lock(); l.Unlock() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,6 +207,7 @@ func BenchmarkShardLock(b *testing.B) {
 		var l shardLock
 		for b.Loop() {
 			l.Lock()
+			//lint:ignore SA2001 taking and releasing the lock is what is tested
 			l.Unlock()
 		}
 	})
@@ -210,6 +215,7 @@ func BenchmarkShardLock(b *testing.B) {
 		var l shardLock
 		for b.Loop() {
 			l.RLock()
+			//lint:ignore SA2001 taking and releasing the lock is what is tested
 			l.RUnlock()
 		}
 	})

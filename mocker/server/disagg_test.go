@@ -279,7 +279,7 @@ func TestDisaggregatedPrefillThenDecode(t *testing.T) {
 	if n := pulled(); n != 62+22 {
 		t.Fatalf("pulled %v blocks in all, want 62 + 22", n)
 	}
-	if stored, mark = d.storedSince(mark, bs); len(stored) != 22 || !slices.Equal(slices.Concat(stored...), toU32(b[640:992])) {
+	if stored, _ = d.storedSince(mark, bs); len(stored) != 22 || !slices.Equal(slices.Concat(stored...), toU32(b[640:992])) {
 		t.Fatalf("the decode stored %d blocks, want the 22 pulled ones", len(stored))
 	}
 	if h := held(); h != 0 {

@@ -146,8 +146,10 @@ func (m *nodeMap) remove(seq uint64, id uint32) {
 // engines filled theirs. A part takes the reserved size the first time it
 // grows (engines register one by one; resizing every part at each would
 // cost more than the growth it saves) and keeps it while the reservation
-// stands, two thirds full when the caches are.
-func (m *nodeMap) reserve(n int) { m.floor = n / len(m.parts) * 3 / 2 }
+// stands, half full when the caches are: at two thirds full, removing a
+// node shifted back runs long enough to cost a fifth of a removed block's
+// time (see u64map.reserve).
+func (m *nodeMap) reserve(n int) { m.floor = n / len(m.parts) * 2 }
 
 func (t *nodeTable) resize(size int) {
 	old := t.slots

@@ -133,8 +133,8 @@ func TestNodeMapReserve(t *testing.T) {
 	h := newNodeMapHarness()
 	h.m.reserve(100 * len(h.m.parts))
 	floor := h.m.floor
-	if floor != 150 {
-		t.Fatalf("floor %d, want 150 slots a part for 100 nodes", floor)
+	if floor != 200 {
+		t.Fatalf("floor %d, want 200 slots a part for 100 nodes", floor)
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	var live []uint64

@@ -87,3 +87,23 @@ func BenchmarkBuiltinMapGet(b *testing.B) {
 		i++
 	}
 }
+
+// A reserved table takes its n entries without growing, and holds them at
+// most seven tenths full: the load reserve is sized for (see reserve).
+func TestU64MapReserve(t *testing.T) {
+	for _, n := range []int{1, 100, 16384} {
+		var m u64map
+		m.reserve(n)
+		size := len(m.slots)
+		if size*7 < n*10 {
+			t.Fatalf("reserve(%d): %d slots, more than seven tenths full when filled", n, size)
+		}
+		rng := rand.New(rand.NewPCG(uint64(n), 2))
+		for i := range n {
+			m.Put(rng.Uint64()|1, uint32(i))
+		}
+		if len(m.slots) != size || m.Len() != n {
+			t.Fatalf("reserve(%d): %d slots after filling (reserved %d), %d entries", n, len(m.slots), size, m.Len())
+		}
+	}
+}

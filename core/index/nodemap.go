@@ -1,6 +1,9 @@
 package index
 
-import "math"
+import (
+	"math"
+	"unsafe"
+)
 
 // nodeMap finds a tree node by the sequence hash of its path. A slot is one
 // uint64: the hash's upper 32 bits (its tag) above the node's id, so an
@@ -74,13 +77,41 @@ func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 	}
 }
 
-// warm loads the slot a lookup of seq starts at (see tree.warmStore).
-func (m *nodeMap) warm(seq uint64) uint32 {
-	t := m.partOf(seq)
-	if len(t.slots) == 0 {
-		return 0
+// prefetchHome asks for the slot a lookup of seq starts at, without
+// waiting.
+func (m *nodeMap) prefetchHome(seq uint64) {
+	if t := m.partOf(seq); len(t.slots) > 0 {
+		prefetch(unsafe.Pointer(&t.slots[t.home(tagOf(seq))]))
 	}
-	return uint32(t.slots[t.home(tagOf(seq))])
+}
+
+// prefetchRun asks for what removing seq reads: its home slot and the
+// line after it, where the run that removal shifts back goes on.
+func (m *nodeMap) prefetchRun(seq uint64) {
+	if t := m.partOf(seq); len(t.slots) > 0 {
+		i := t.home(tagOf(seq))
+		prefetch(unsafe.Pointer(&t.slots[i]))
+		prefetch(unsafe.Pointer(&t.slots[min(i+8, len(t.slots)-1)]))
+	}
+}
+
+// candidate returns the first node whose slot carries seq's tag: the node
+// a lookup of seq would confirm, found without reading any node.
+func (m *nodeMap) candidate(seq uint64) (uint32, bool) {
+	t := m.partOf(seq)
+	if t.n == 0 {
+		return 0, false
+	}
+	tag := tagOf(seq)
+	for i := t.home(tag); ; i = t.next(i) {
+		s := t.slots[i]
+		if s == 0 {
+			return 0, false
+		}
+		if uint32(s>>32) == tag {
+			return uint32(s), true
+		}
+	}
 }
 
 // put adds node id under seq, which must not be in the map. A part's

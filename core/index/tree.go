@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -64,7 +65,6 @@ type tree struct {
 	// Scratch of the warm passes (see warmStore).
 	seqs      []uint64
 	warmNodes []uint32
-	sink      uint32
 }
 
 const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
@@ -1032,17 +1032,23 @@ func (d *dumper) bridgeHash(n uint32) uint64 {
 // cache misses (its node in bySeq, its engine id in the worker's table,
 // the node itself), each a full memory latency, and a loop that does one
 // block after the other waits for them one at a time. The warm passes
-// below issue a chunk's loads first, in loops whose iterations do not
+// below ask for a chunk's lines first, in loops whose iterations do not
 // depend on each other, so the CPU keeps many misses in flight; the loop
-// that then does the work finds its lines in cache. They change nothing
-// but t.sink, which only keeps the loads from being optimised away.
+// that then does the work finds its lines in cache. They ask with
+// prefetches rather than loads: a load the CPU must wait for before it
+// retires fills its reorder buffer after a few blocks, while a prefetch
+// retires at once, so the whole chunk's misses go out together (the warm
+// pass of a stored block took 77–105 ns instead of 128–147 at 1000
+// workers). A removal shifts back the run after the entry it deletes, in
+// both tables, so it is given the line after each entry's home too (the
+// loop that removes took 170–178 ns a block instead of 230–271). They
+// change nothing.
 
 // warmStore warms what storing blocks below cur for slot s will touch and
 // returns the blocks' sequence hashes (valid until the next call).
 func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 	ws := &t.workers[s]
 	seqs := t.seqs[:0]
-	var sink uint32
 	seq, parent := uint64(0), cur
 	for i, b := range blocks {
 		if i == 0 {
@@ -1051,19 +1057,19 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 			seq = blockhash.Chain(seq, b.LocalHash)
 		}
 		seqs = append(seqs, seq)
-		sink += t.bySeq.warm(seq) + ws.blocks.warm(b.EngineHash)
+		t.bySeq.prefetchHome(seq)
+		ws.blocks.prefetchHome(b.EngineHash)
 	}
 	// New nodes come off the free list: warm the ones the chunk may take.
 	for i := len(t.free) - 1; i >= 0 && i >= len(t.free)-len(blocks); i-- {
-		sink += t.nodes.at(t.free[i]).h
+		prefetch(unsafe.Pointer(t.nodes.at(t.free[i])))
 	}
 	for _, seq := range seqs {
-		if n, ok := t.bySeq.get(seq, &t.nodes); ok {
-			sink += t.nodes.at(n).h
+		if n, ok := t.bySeq.candidate(seq); ok {
+			prefetch(unsafe.Pointer(t.nodes.at(n)))
 		}
 	}
 	t.seqs = seqs
-	t.sink += sink
 	return seqs
 }
 
@@ -1071,21 +1077,23 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 // the ids' entries, their nodes, and for nodes the removal may free, their
 // entries in bySeq and their parents.
 func (t *tree) warmRemove(ws *workerState, hashes []uint64) {
-	var sink uint32
+	for _, h := range hashes {
+		ws.blocks.prefetchRun(h)
+	}
 	nodes := t.warmNodes[:0]
 	for _, h := range hashes {
 		if n, ok := ws.blocks.Get(h); ok {
 			nodes = append(nodes, n)
-			sink += t.nodes.at(n).h
+			prefetch(unsafe.Pointer(t.nodes.at(n)))
 		}
 	}
 	for _, n := range nodes {
 		// A node held by ws alone goes with this removal or, for a parent
 		// removed before its children, later in the same chunk.
 		if nd := t.nodes.at(n); nd.h&setFlag == 0 {
-			sink += t.bySeq.warm(nd.seq()) + t.nodes.at(nd.parent).children
+			t.bySeq.prefetchRun(nd.seq())
+			prefetch(unsafe.Pointer(t.nodes.at(nd.parent)))
 		}
 	}
 	t.warmNodes = nodes
-	t.sink += sink
 }

@@ -1,6 +1,9 @@
 package index
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 // u64map maps uint64 keys to uint32 values with linear probing in one
 // array of packed 12-byte slots. It exists because the index holds such an
@@ -60,17 +63,21 @@ func (m *u64map) Get(k uint64) (uint32, bool) {
 	}
 }
 
-// warm loads the slot a lookup of k starts at and returns part of it, so
-// that a caller can start the memory loads of a batch of lookups before
-// doing any of them (see tree.warmStore). The result only exists to keep
-// the load from being optimised away. (Loading the next two cache lines
-// too, which a miss at the table's highest load also reads, measured no
-// faster.)
-func (m *u64map) warm(k uint64) uint32 {
-	if len(m.slots) == 0 {
-		return 0
+// prefetchHome asks for the slot a lookup of k starts at, without waiting.
+func (m *u64map) prefetchHome(k uint64) {
+	if len(m.slots) > 0 {
+		prefetch(unsafe.Pointer(&m.slots[m.home(k)]))
 	}
-	return m.slots[m.home(k)][0]
+}
+
+// prefetchRun asks for what deleting k reads: its home slot and the line
+// after it, where the run that deletion shifts back goes on.
+func (m *u64map) prefetchRun(k uint64) {
+	if len(m.slots) > 0 {
+		i := m.home(k)
+		prefetch(unsafe.Pointer(&m.slots[i]))
+		prefetch(unsafe.Pointer(&m.slots[min(i+5, len(m.slots)-1)]))
+	}
 }
 
 func (m *u64map) next(i int) int {

@@ -57,7 +57,10 @@ func (t *nodeTable) next(i int) int {
 	return i
 }
 
-// get returns the node whose sequence hash is seq.
+// get returns the node whose sequence hash is seq. With nodes nil it
+// returns, unconfirmed, the first node whose slot carries seq's tag: the
+// node a lookup would confirm, found without reading any node (see
+// tree.warmStore).
 func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 	t := m.partOf(seq)
 	if t.n == 0 {
@@ -70,7 +73,7 @@ func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 			return 0, false
 		}
 		if uint32(s>>32) == tag {
-			if id := uint32(s); nodes.at(id).seq() == seq {
+			if id := uint32(s); nodes == nil || nodes.at(id).seq() == seq {
 				return id, true
 			}
 		}
@@ -92,25 +95,6 @@ func (m *nodeMap) prefetchRun(seq uint64) {
 		i := t.home(tagOf(seq))
 		prefetch(unsafe.Pointer(&t.slots[i]))
 		prefetch(unsafe.Pointer(&t.slots[min(i+8, len(t.slots)-1)]))
-	}
-}
-
-// candidate returns the first node whose slot carries seq's tag: the node
-// a lookup of seq would confirm, found without reading any node.
-func (m *nodeMap) candidate(seq uint64) (uint32, bool) {
-	t := m.partOf(seq)
-	if t.n == 0 {
-		return 0, false
-	}
-	tag := tagOf(seq)
-	for i := t.home(tag); ; i = t.next(i) {
-		s := t.slots[i]
-		if s == 0 {
-			return 0, false
-		}
-		if uint32(s>>32) == tag {
-			return uint32(s), true
-		}
 	}
 }
 

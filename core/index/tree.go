@@ -1065,7 +1065,7 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 		prefetch(unsafe.Pointer(t.nodes.at(t.free[i])))
 	}
 	for _, seq := range seqs {
-		if n, ok := t.bySeq.candidate(seq); ok {
+		if n, ok := t.bySeq.get(seq, nil); ok {
 			prefetch(unsafe.Pointer(t.nodes.at(n)))
 		}
 	}

@@ -602,12 +602,11 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 	ws := &t.workers[s]
 	t.warmRemove(ws, rm.EngineHashes)
 	for _, h := range rm.EngineHashes {
-		n, ok := ws.blocks.Get(h)
+		n, ok := ws.blocks.Take(h)
 		if !ok {
 			t.stats.UnknownBlocks++
 			continue
 		}
-		ws.blocks.Delete(h)
 		t.unref(s, n)
 		t.stats.BlocksRemoved++
 	}

@@ -110,26 +110,32 @@ func (m *u64map) Put(k uint64, v uint32) {
 	}
 }
 
-func (m *u64map) Delete(k uint64) {
+func (m *u64map) Delete(k uint64) { m.Take(k) }
+
+// Take deletes k and returns the value it had: a Get and a Delete for one
+// probe.
+func (m *u64map) Take(k uint64) (uint32, bool) {
 	if k == 0 {
+		v, ok := m.zeroVal, m.zeroSet
 		m.zeroSet, m.zeroVal = false, 0
-		return
+		return v, ok
 	}
 	if m.n == 0 {
-		return
+		return 0, false
 	}
 	lo, hi := uint32(k), uint32(k>>32)
 	i := m.home(k)
 	for {
 		s := &m.slots[i]
 		if s[0] == 0 && s[1] == 0 {
-			return
+			return 0, false
 		}
 		if s[0] == lo && s[1] == hi {
 			break
 		}
 		i = m.next(i)
 	}
+	v := m.slots[i][2]
 	// Shift back every later entry of the run that may move into the hole.
 	for j := m.next(i); ; j = m.next(j) {
 		s := &m.slots[j]
@@ -148,6 +154,7 @@ func (m *u64map) Delete(k uint64) {
 	if len(m.slots) > 64 && m.n*8 < len(m.slots) {
 		m.resize(len(m.slots) / 3)
 	}
+	return v, true
 }
 
 // reserve sizes the table for n entries, so that filling it never resizes.

@@ -21,7 +21,11 @@ func TestU64MapAgainstBuiltinMap(t *testing.T) {
 				m.Put(k, v)
 				ref[k] = v
 			case 2:
-				m.Delete(k)
+				if step%2 == 0 {
+					m.Delete(k)
+				} else if v, ok := m.Take(k); v != ref[k] || ok != hasKey(ref, k) {
+					t.Fatalf("Take(%d) = %d,%v; want %d", k, v, ok, ref[k])
+				}
 				delete(ref, k)
 			}
 			if step%997 == 0 {
@@ -106,4 +110,9 @@ func TestU64MapReserve(t *testing.T) {
 			t.Fatalf("reserve(%d): %d slots after filling (reserved %d), %d entries", n, len(m.slots), size, m.Len())
 		}
 	}
+}
+
+func hasKey(m map[uint64]uint32, k uint64) bool {
+	_, ok := m[k]
+	return ok
 }

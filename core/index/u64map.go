@@ -63,15 +63,10 @@ func (m *u64map) Get(k uint64) (uint32, bool) {
 	}
 }
 
-// prefetchHome asks for the slot a lookup of k starts at, without waiting.
-func (m *u64map) prefetchHome(k uint64) {
-	if len(m.slots) > 0 {
-		prefetch(unsafe.Pointer(&m.slots[m.home(k)]))
-	}
-}
-
-// prefetchRun asks for what deleting k reads: its home slot and the line
-// after it, where the run that deletion shifts back goes on.
+// prefetchRun asks for the line of k's home slot and the line after it,
+// without waiting: a miss scans on to the end of the run, an insertion
+// fills its end and a deletion shifts it back, and at seven tenths full
+// runs often cross into the next line.
 func (m *u64map) prefetchRun(k uint64) {
 	if len(m.slots) > 0 {
 		i := m.home(k)

@@ -454,6 +454,13 @@ func (t *tree) childGone(s, parent uint32) {
 
 // ref records that worker slot s holds node n under engine id h.
 func (t *tree) ref(s uint32, h uint64, n uint32) {
+	t.hold(s, h, n)
+	t.workers[s].blocks.Put(h, n)
+}
+
+// hold is ref for a caller that has already mapped h to n in the slot's
+// engine ids.
+func (t *tree) hold(s uint32, h uint64, n uint32) {
 	ws := &t.workers[s]
 	nd := t.nodes.at(n)
 	if len(ws.inferred) > 0 && t.replaceInferred(ws, n, h) {
@@ -472,7 +479,6 @@ func (t *tree) ref(s uint32, h uint64, n uint32) {
 			}
 		}
 	}
-	ws.blocks.Put(h, n)
 	if t.lru {
 		*t.stamps.at(n) = t.tick.Load()
 	}
@@ -564,22 +570,27 @@ func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
 	seqs := t.warmStore(s, cur, blocks)
 	for i, b := range blocks {
 		n := t.childAt(cur, b.LocalHash, seqs[i])
-		ws := &t.workers[s]
-		if old, ok := ws.blocks.Get(b.EngineHash); ok {
+		// One probe both checks the id and, when it is new (nearly always),
+		// maps it.
+		old, had := t.workers[s].blocks.Insert(b.EngineHash, n)
+		switch {
+		case !had:
+			t.hold(s, b.EngineHash, n)
+		case old == n:
 			t.stats.DuplicateBlocks++
-			if old == n {
-				cur = n
-				continue
-			}
+			cur = n
+			continue
+		default:
 			// The engine reused an id for other content: it must have dropped
 			// the old block without telling us. Its latest word wins. n is
 			// pinned meanwhile: dropping old may otherwise collect it (old
 			// may hang below n, or be n's parent).
+			t.stats.DuplicateBlocks++
 			t.nodes.at(n).children++
 			t.unref(s, old)
 			t.nodes.at(n).children--
+			t.ref(s, b.EngineHash, n)
 		}
-		t.ref(s, b.EngineHash, n)
 		t.stats.BlocksStored++
 		cur = n
 	}

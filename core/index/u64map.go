@@ -87,6 +87,37 @@ func (m *u64map) Put(k uint64, v uint32) {
 		m.zeroSet, m.zeroVal = true, v
 		return
 	}
+	if s, found := m.slotFor(k); found {
+		s[2] = v
+	} else {
+		*s = slot{uint32(k), uint32(k >> 32), v}
+		m.n++
+	}
+}
+
+// Insert maps k to v unless k is mapped already, and returns the value k
+// had and whether it had one: a Get and, for a new key, a Put for one
+// probe.
+func (m *u64map) Insert(k uint64, v uint32) (uint32, bool) {
+	if k == 0 {
+		old, had := m.zeroVal, m.zeroSet
+		if !had {
+			m.zeroSet, m.zeroVal = true, v
+		}
+		return old, had
+	}
+	s, found := m.slotFor(k)
+	if found {
+		return s[2], true
+	}
+	*s = slot{uint32(k), uint32(k >> 32), v}
+	m.n++
+	return 0, false
+}
+
+// slotFor returns the slot holding k (not 0), or the empty slot where k
+// goes, with room made for one more entry first.
+func (m *u64map) slotFor(k uint64) (*slot, bool) {
 	if (m.n+1)*5 > len(m.slots)*4 {
 		m.resize(max(16, len(m.slots)*3/2))
 	}
@@ -94,13 +125,10 @@ func (m *u64map) Put(k uint64, v uint32) {
 	for i := m.home(k); ; i = m.next(i) {
 		s := &m.slots[i]
 		if s[0] == lo && s[1] == hi {
-			s[2] = v
-			return
+			return s, true
 		}
 		if s[0] == 0 && s[1] == 0 {
-			*s = slot{lo, hi, v}
-			m.n++
-			return
+			return s, false
 		}
 	}
 }

@@ -16,10 +16,19 @@ func TestU64MapAgainstBuiltinMap(t *testing.T) {
 				k = k << 61 // collide in the low bits, differ in the high
 			}
 			switch rng.IntN(3) {
-			case 0, 1:
+			case 0:
 				v := uint32(step)
 				m.Put(k, v)
 				ref[k] = v
+			case 1:
+				v := uint32(step)
+				old, had := m.Insert(k, v)
+				if had != hasKey(ref, k) || old != ref[k] {
+					t.Fatalf("Insert(%d) = %d,%v; want %d,%v", k, old, had, ref[k], hasKey(ref, k))
+				}
+				if !had {
+					ref[k] = v
+				}
 			case 2:
 				if step%2 == 0 {
 					m.Delete(k)

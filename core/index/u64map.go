@@ -185,8 +185,8 @@ func (m *u64map) Take(k uint64) (uint32, bool) {
 // growth would leave it: an engine's table is full as long as its cache
 // is, and at four fifths the runs a deletion shifts back and a miss scans
 // are over twice as long. With both tables reserved roomier (see
-// nodeMap.reserve), removing a block at 1000 workers took 173–199 ns
-// instead of 280–323 ns in bench index, for 6 bytes more a pair.
+// nodeMap.reserve), removing a block at 1000 workers took 159–213 ns
+// instead of 277–323 ns in bench index, for 6 bytes more a pair.
 func (m *u64map) reserve(n int) {
 	if want := n*10/7 + 1; want > len(m.slots) {
 		m.resize(want)

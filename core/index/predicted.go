@@ -20,6 +20,9 @@ const predictedStride = 8
 // set of workers holding the prefix stays the same.
 const predictedJump = 4
 
+// predictedAhead is how many probes ahead a lookup asks for head slots.
+const predictedAhead = 3
+
 // Predicted is the index of predict-on-route: each booked request predicts
 // that its worker caches the prompt, from the routing decision until the
 // request settles (its prefill completes or it ends) plus a window, or
@@ -111,6 +114,12 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
 	if old := p.open[id]; old != nil {
 		p.dropLocked(old)
 	}
+	// Each hold waits on its block's head slot before it can look further;
+	// asked for all at once, the slots arrive together.
+	for i := predictedStride - 1; i < len(seq); i += predictedStride {
+		p.heads.prefetchHome(seq[i])
+	}
+	p.heads.prefetchHome(seq[len(seq)-1])
 	pr := &prediction{id: id, w: w, held: make([]uint32, 0, len(seq)/predictedStride+1), at: now + int64(p.cfg.TTL), live: true}
 	for i := predictedStride - 1; i < len(seq); i += predictedStride {
 		pr.held = append(pr.held, p.hold(seq[i], w))
@@ -162,6 +171,17 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64) []Overlap {
 	p.expireLocked(now)
 	stride := func(k int) uint64 { return seq[k*predictedStride-1] }
 	strides := len(seq) / predictedStride
+	// Every probe waits on its head slot; most probes find the set of
+	// workers unchanged and jump on, so the slots of the next probes, and
+	// of the short prefix extendShort reads last, are asked for ahead.
+	for _, h := range seq[:min(len(seq), predictedStride-1)] {
+		p.heads.prefetchHome(h)
+	}
+	for a := range predictedAhead {
+		if k := 1 + a*predictedJump; k <= strides {
+			p.heads.prefetchHome(stride(k))
+		}
+	}
 	if strides > 0 {
 		if alive := p.count(stride(1)); alive > 0 {
 			// Blocks 0 marks a worker holding every stride probed so far.
@@ -171,6 +191,9 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64) []Overlap {
 			k := 1 // every live worker holds strides 1..k
 			for k < strides && alive > 0 {
 				probe := min(k+predictedJump, strides)
+				if ahead := probe + (predictedAhead-1)*predictedJump; ahead <= strides {
+					p.heads.prefetchHome(stride(ahead))
+				}
 				if p.count(stride(probe)) == alive {
 					k = probe
 					continue

@@ -739,12 +739,25 @@ func (t *tree) find(seq []uint64, sc *scratch, out []Overlap) []Overlap {
 	// it changes at by bisection. Under a memory cap every matched node's
 	// stamp must be touched, so the walk stays level by level.
 	jump := t.holey == 0 && !t.lru
+	if jump {
+		// A probe waits on its slot and then on its node. Most probes find
+		// the set unchanged and jump on, so ask for the slots of the probes
+		// ahead while this one waits.
+		for a := 1; a <= jumpAhead; a++ {
+			if q := a * jumpSpan; q < len(seq) {
+				t.bySeq.prefetchHome(seq[q])
+			}
+		}
+	}
 	depth := 1
 walk:
 	for depth < len(seq) {
 		end := len(seq)
 		if jump {
 			p := min(depth+jumpSpan, len(seq)) - 1
+			if q := p + jumpAhead*jumpSpan; q < len(seq) {
+				t.bySeq.prefetchHome(seq[q])
+			}
 			if t.heldByActive(seq[p], len(sc.active), activeFP) {
 				depth = p + 1
 				continue
@@ -816,6 +829,11 @@ walk:
 // the time (BenchmarkFindMatches); 32 would leave the reference test's
 // chains too short to exercise the jump.
 const jumpSpan = 16
+
+// jumpAhead is how many probes ahead find asks for slots. Matching
+// 512-block prompts against 64 and 1000 workers in four shards, asking
+// none ahead took 15 % longer; two, three and five did alike.
+const jumpAhead = 3
 
 // heldByActive reports whether the node of seq exists and its holders are
 // the active set, compared by size and fingerprint.

@@ -75,6 +75,13 @@ func (m *u64map) prefetchRun(k uint64) {
 	}
 }
 
+// prefetchHome asks for the slot a lookup of k starts at, without waiting.
+func (m *u64map) prefetchHome(k uint64) {
+	if len(m.slots) > 0 {
+		prefetch(unsafe.Pointer(&m.slots[m.home(k)]))
+	}
+}
+
 func (m *u64map) next(i int) int {
 	if i++; i == len(m.slots) {
 		return 0

@@ -101,13 +101,13 @@ func NewPredicted(cfg ApproxConfig) *Predicted {
 }
 
 // Add predicts that w caches the blocks seq (a prompt's sequence hashes
-// from block 0) for request id, until Settle or the TTL. An id still open
-// is replaced.
-func (p *Predicted) Add(id string, w kv.Worker, seq []uint64) {
+// from block 0) for request id, from now until Settle or the TTL. An id
+// still open is replaced.
+func (p *Predicted) Add(id string, w kv.Worker, seq []uint64, at time.Time) {
 	if len(seq) == 0 {
 		return
 	}
-	now := p.cfg.Now().UnixNano()
+	now := at.UnixNano()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expireLocked(now)
@@ -157,15 +157,16 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 	}
 }
 
-// FindMatches returns the workers predicted to hold a prefix of seq and
-// how many blocks of it each is predicted to hold (short by less than
-// predictedStride where the prefix ends between two held blocks).
-func (p *Predicted) FindMatches(m *Matcher, seq []uint64) []Overlap {
+// FindMatches returns the workers predicted, at time at, to hold a prefix
+// of seq and how many blocks of it each is predicted to hold (short by
+// less than predictedStride where the prefix ends between two held
+// blocks).
+func (p *Predicted) FindMatches(m *Matcher, seq []uint64, at time.Time) []Overlap {
 	m.out = m.out[:0]
 	if len(seq) == 0 {
 		return m.out
 	}
-	now := p.cfg.Now().UnixNano()
+	now := at.UnixNano()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expireLocked(now)

@@ -128,7 +128,7 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 				case op < 40:
 					id := fmt.Sprint("r", r.IntN(200))
 					w, seq := workers[r.IntN(len(workers))], prompts[r.IntN(len(prompts))]
-					p.Add(id, w, seq)
+					p.Add(id, w, seq, c.now())
 					m.add(id, w, seq, c.now().Add(ttl))
 				case op < 60:
 					id := fmt.Sprint("r", r.IntN(200))
@@ -147,7 +147,7 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 						q = append(append([]uint64(nil), q[:r.IntN(len(q)+1)]...), uint64(r.Uint64()))
 					}
 					got := map[kv.Worker]int{}
-					for _, o := range p.FindMatches(&mt, q) {
+					for _, o := range p.FindMatches(&mt, q, c.now()) {
 						got[o.Worker] = int(o.Blocks)
 					}
 					want := m.find(q, c.now())
@@ -158,7 +158,7 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 			}
 			// Everything expires: no pair may be left behind.
 			c.advance(ttl)
-			p.FindMatches(&mt, prompts[0])
+			p.FindMatches(&mt, prompts[0], c.now())
 			if st := p.Stats(); st.Pairs != 0 || p.heads.Len() != 0 {
 				t.Fatalf("after every deadline: %d pairs, %d heads", st.Pairs, p.heads.Len())
 			}
@@ -173,7 +173,7 @@ func TestPredictedForgetsUnsettledAtTheTTL(t *testing.T) {
 	p := NewPredicted(ApproxConfig{TTL: 30 * time.Second, Now: c.now})
 	for i := range 10_000 {
 		_, seq := chain(uint64(3*i+1), uint64(3*i+2), uint64(3*i+3))
-		p.Add(fmt.Sprint(i), kv.Worker{ID: uint64(i % 7)}, seq)
+		p.Add(fmt.Sprint(i), kv.Worker{ID: uint64(i % 7)}, seq, c.now())
 		c.advance(10 * time.Millisecond)
 	}
 	// 30 s of bookings 10 ms apart, each holding its last block.
@@ -194,14 +194,14 @@ func TestPredictedSizeBound(t *testing.T) {
 		return blockhash.SequenceHashes(local)
 	}
 	for i := range 30 {
-		p.Add(fmt.Sprint(i), kv.Worker{ID: 1}, prompt(i))
+		p.Add(fmt.Sprint(i), kv.Worker{ID: 1}, prompt(i), c.now())
 		c.advance(time.Millisecond)
 		if st := p.Stats(); st.Pairs > 100 {
 			t.Fatalf("after %d adds: %d pairs above the bound", i+1, st.Pairs)
 		}
 	}
 	// The latest prediction survives pruning; the earliest went first.
-	if depthOf(p.FindMatches(&mt, prompt(29)), kv.Worker{ID: 1}) != 5*predictedStride || depthOf(p.FindMatches(&mt, prompt(0)), kv.Worker{ID: 1}) != 0 {
+	if depthOf(p.FindMatches(&mt, prompt(29), c.now()), kv.Worker{ID: 1}) != 5*predictedStride || depthOf(p.FindMatches(&mt, prompt(0), c.now()), kv.Worker{ID: 1}) != 0 {
 		t.Fatal("pruning did not take the earliest deadlines first")
 	}
 	if p.Stats().Evicted == 0 {
@@ -228,9 +228,9 @@ func BenchmarkPredicted(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		seq := prompts[i%len(prompts)]
-		p.FindMatches(&mt, seq)
+		p.FindMatches(&mt, seq, c.now())
 		id := fmt.Sprint(i % 4096)
-		p.Add(id, kv.Worker{ID: uint64(i % 64)}, seq)
+		p.Add(id, kv.Worker{ID: uint64(i % 64)}, seq, c.now())
 		p.Settle(id, 2*time.Second)
 		c.advance(time.Millisecond)
 	}
@@ -279,7 +279,8 @@ func TestDeadlineQueueMatchesContainerHeap(t *testing.T) {
 func BenchmarkPredictedSharedPrefix(b *testing.B) {
 	for _, workers := range []int{64, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			p := NewPredicted(ApproxConfig{TTL: time.Hour, MaxBlocks: 1 << 30})
+			c := &fakeClock{t: time.Unix(1000, 0)}
+			p := NewPredicted(ApproxConfig{TTL: time.Hour, MaxBlocks: 1 << 30, Now: c.now})
 			prompt := func(i int) []uint64 {
 				local := make([]uint64, 512)
 				for j := range local {
@@ -291,7 +292,7 @@ func BenchmarkPredictedSharedPrefix(b *testing.B) {
 				return blockhash.SequenceHashes(local)
 			}
 			for w := range workers {
-				p.Add(fmt.Sprint(w), kv.Worker{ID: uint64(w)}, prompt(w))
+				p.Add(fmt.Sprint(w), kv.Worker{ID: uint64(w)}, prompt(w), c.now())
 			}
 			queries := make([][]uint64, 16)
 			for i := range queries {
@@ -300,7 +301,7 @@ func BenchmarkPredictedSharedPrefix(b *testing.B) {
 			var mt Matcher
 			i := 0
 			for b.Loop() {
-				p.FindMatches(&mt, queries[i%len(queries)])
+				p.FindMatches(&mt, queries[i%len(queries)], c.now())
 				i++
 			}
 		})

@@ -79,6 +79,8 @@ func DefaultConfig() Config {
 
 // Request is one routing decision to book.
 type Request struct {
+	// Now is as in Query.
+	Now    time.Time
 	ID     string
 	Worker kv.Worker
 	// Blocks are the prompt's block sequence hashes from block 0, as
@@ -113,6 +115,10 @@ type Request struct {
 
 // Query describes a request being scored, before any worker is chosen.
 type Query struct {
+	// Now, when set, is the caller's reading of the tracker's clock
+	// (Config.Now): a router that has read it for its decision spares the
+	// tracker a read.
+	Now time.Time
 	// Blocks are the prompt's block sequence hashes.
 	Blocks []uint64
 	// ISL is the prompt length in tokens.
@@ -317,6 +323,9 @@ type slot struct {
 	decayed     float64
 	decayedReqs int
 	prefill     int
+	// active is len(requests), kept apart: reading a map's length loads
+	// its header, a cache miss per worker when a decision lists a thousand.
+	active int
 }
 
 func (s *slot) decodeBlocks() float64 {
@@ -433,7 +442,7 @@ func or(p *bool, def bool) bool {
 func (t *Tracker) AddRequest(r Request) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	now := t.now()
+	now := t.nowOr(r.Now)
 	t.expire(now)
 	switch {
 	case r.ID == "":
@@ -468,6 +477,7 @@ func (t *Tracker) AddRequest(r Request) error {
 	}
 	t.requests[r.ID] = q
 	s.requests[r.ID] = q
+	s.active++
 	t.stats.Added++
 	return nil
 }
@@ -601,7 +611,7 @@ func (t *Tracker) Load(w kv.Worker) WorkerLoad {
 func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, dst []Potential) []Potential {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.expire(t.now())
+	t.expire(t.nowOr(q.Now))
 	trackBlocks := t.cfg.TrackActiveBlocks && or(q.TrackBlocks, true)
 	reuse := trackBlocks && or(q.AssumeReuse, t.cfg.AssumeKVReuse)
 	trackPrefill := t.cfg.TrackPrefillTokens && or(q.TrackPrefill, true)
@@ -698,11 +708,19 @@ func (t *Tracker) Stats() Stats {
 }
 
 func (t *Tracker) load(s *slot) WorkerLoad {
-	l := WorkerLoad{ActivePrefillTokens: s.prefill, ActiveRequests: len(s.requests)}
+	l := WorkerLoad{ActivePrefillTokens: s.prefill, ActiveRequests: s.active}
 	if t.cfg.TrackActiveBlocks {
 		l.ActiveDecodeBlocks = s.decodeBlocks()
 	}
 	return l
+}
+
+// nowOr is given, or the clock's reading when given is zero.
+func (t *Tracker) nowOr(given time.Time) time.Time {
+	if given.IsZero() {
+		return t.now()
+	}
+	return given
 }
 
 // expire frees requests older than the TTL, at most once per interval.
@@ -767,6 +785,7 @@ func (t *Tracker) release(q *request) {
 	}
 	delete(t.requests, q.id)
 	delete(s.requests, q.id)
+	s.active--
 	*q = request{}
 	t.pool.Put(q)
 }

@@ -154,6 +154,29 @@ func TestRequestLifecycle(t *testing.T) {
 	}
 }
 
+// A caller's reading of the clock stands for the tracker's own: a request
+// booked with an old Now ages from then, and a query's Now decides expiry.
+func TestCallersClockReading(t *testing.T) {
+	clk := newClock()
+	cfg := DefaultConfig()
+	cfg.Now = clk.Now
+	tr := New(cfg)
+	booked := clk.Now()
+	clk.Advance(250 * time.Second)
+	mustAdd(t, tr, Request{Now: booked, ID: "a", Worker: w1, Blocks: seqOf(0, 2), ISL: 32})
+	// At 330 s by the clock "a" is past the 300 s TTL, but a query that
+	// read the clock at 290 s scans and keeps it.
+	clk.Advance(80 * time.Second)
+	q := Query{Now: booked.Add(290 * time.Second), Blocks: seqOf(0, 2), ISL: 32}
+	if got := tr.PotentialLoads(q, []kv.Worker{w1}, nil, nil); got[0].ActiveRequests != 1 {
+		t.Fatalf("at a reading of 290 s: %+v, want the request active", got[0])
+	}
+	q.Now = time.Time{}
+	if got := tr.PotentialLoads(q, []kv.Worker{w1}, nil, nil); got[0].ActiveRequests != 0 {
+		t.Fatalf("on the clock, 330 s: %+v, want the request expired", got[0])
+	}
+}
+
 func TestExpiry(t *testing.T) {
 	clk := newClock()
 	cfg := DefaultConfig()

@@ -236,6 +236,9 @@ type fleet struct {
 	// follow it.
 	first idTable
 	rinfo []WorkerInfo // info of ranks[i]
+	// dpSize is rinfo[i].DPSize, apart: position reads it for every
+	// overlap, and a thousand ranks' infos do not stay in the core's cache.
+	dpSize []int32
 	// learned are the block sizes the engines' events carry.
 	learned map[uint64]int
 	// odd maps the engines whose block size is not the router's to theirs,
@@ -251,7 +254,7 @@ type fleet struct {
 // position is rank w's index in ranks.
 func (f *fleet) position(w kv.Worker) (int, bool) {
 	i, ok := f.first.get(w.ID)
-	if !ok || int(w.DPRank) >= f.rinfo[i].DPSize {
+	if !ok || int64(w.DPRank) >= int64(f.dpSize[i]) {
 		return 0, false
 	}
 	return int(i) + int(w.DPRank), true
@@ -502,6 +505,7 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}
 			f.ranks = append(f.ranks, w)
 			f.rinfo = append(f.rinfo, in)
+			f.dpSize = append(f.dpSize, int32(in.DPSize))
 		}
 	}
 	return f
@@ -650,9 +654,12 @@ type prepared struct {
 	warning    string
 	local, seq []uint64
 	// alt are the request's hashes in the other block sizes of the fleet.
-	alt          []altHashes
-	hashTime     time.Duration
-	findTime     time.Duration
+	alt      []altHashes
+	hashTime time.Duration
+	findTime time.Duration
+	// start and lap are readings of tick: when the decision began and when
+	// its last stage ended, which is when the next one begins.
+	start, lap   time.Duration
 	arrival      time.Time
 	matchedAt    time.Time
 	cachedBlocks int // best overlap over all workers, for queue ordering
@@ -666,7 +673,6 @@ type prepared struct {
 // wait in the admission queue until ctx ends. Without an ID nothing changes
 // but session pins: the answer is where the request would go now.
 func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error) {
-	start := time.Now()
 	p, err := r.prepare(req)
 	if err != nil {
 		return Decision{}, err
@@ -677,7 +683,7 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 	defer release(p)
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
-	r.match(p, sc)
+	r.match(p, sc, p.arrival)
 
 	if req.ID == "" {
 		if req.Session != nil {
@@ -688,19 +694,16 @@ func (r *Router) BestWorker(ctx context.Context, req *Request) (Decision, error)
 			q.Session = &s
 			p.req = &q
 		}
-		d, err := r.decide(p, sc, r.candidates(p, sc), false)
-		d.Timings.Total = time.Since(start)
-		return d, err
+		return r.decide(p, sc, r.candidates(p, sc), false, p.arrival)
 	}
 
 	d, queued, ch, err := r.book(p, sc, nil)
 	if !queued {
-		d.Timings.Total = time.Since(start)
 		return d, err
 	}
 	select {
 	case res := <-ch:
-		res.d.Timings.Total = time.Since(start)
+		res.d.Timings.Total = tick() - p.start
 		return res.d, res.err
 	case <-ctx.Done():
 		r.mu.Lock()
@@ -737,7 +740,7 @@ func (r *Router) Submit(req *Request, dispatched func(Decision, error)) (d Decis
 	}
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
-	r.match(p, sc)
+	r.match(p, sc, p.arrival)
 	d, queued, _, err = r.book(p, sc, dispatched)
 	if !queued {
 		release(p)
@@ -756,7 +759,7 @@ func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Dec
 	}
 	key := queueKey{model: req.Model, prefill: req.Prefill}
 	if cands := r.candidates(p, sc); r.queues.len(key) == 0 && !sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
-		d, err := r.decide(p, sc, cands, true)
+		d, err := r.decide(p, sc, cands, true, p.arrival)
 		return d, false, nil, err
 	}
 	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
@@ -782,12 +785,22 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	if warning == "" {
 		warning = r.warning
 	}
-	t0 := time.Now()
+	start := tick()
 	p := preparedPool.Get().(*prepared)
 	local, seq := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: time.Since(t0), arrival: r.now()}
+	lap := tick()
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
 }
+
+// clockBase anchors tick.
+var clockBase = time.Now()
+
+// tick reads the monotonic clock for a decision's timings. time.Since reads
+// only that clock where time.Now reads the wall clock too, and a read costs
+// 50–75 ns on a virtual machine's clock; a decision reads it once per stage
+// boundary, where its stages used to read it twenty times.
+func tick() time.Duration { return time.Since(clockBase) }
 
 var preparedPool = sync.Pool{New: func() any { return new(prepared) }}
 
@@ -809,10 +822,10 @@ func release(p *prepared) {
 
 // match finds every rank's overlap with the request: the larger of the
 // event-fed index and the approximate one, per rank; for ranks whose
-// events never came, their predicted blocks.
-func (r *Router) match(p *prepared, sc *scratch) {
-	t0 := time.Now()
-	now := r.now()
+// events never came, their predicted blocks. now is the router's clock,
+// read by the caller; the match's timing starts at p.lap.
+func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
+	t0 := p.lap
 	p.overlaps = p.overlaps[:0]
 	if r.exact != nil {
 		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
@@ -824,7 +837,7 @@ func (r *Router) match(p *prepared, sc *scratch) {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
 	}
 	if r.predicted != nil {
-		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, p.seq)...)
+		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, p.seq, now)...)
 	}
 	if missing := r.watch.missingAt(now); len(missing) > 0 {
 		for _, o := range r.watch.predicted.FindMatches(&sc.m, p.seq) {
@@ -838,7 +851,8 @@ func (r *Router) match(p *prepared, sc *scratch) {
 		p.cachedBlocks = max(p.cachedBlocks, int(o.Blocks))
 	}
 	p.matchedAt = now
-	p.findTime = time.Since(t0)
+	p.lap = tick()
+	p.findTime = p.lap - t0
 }
 
 // candidates builds the scheduler's view of every rank serving the model
@@ -853,7 +867,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			sc.overlaps[i] = int(o.Blocks)
 		}
 	}
-	q := load.Query{Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
+	q := load.Query{Now: p.matchedAt, Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
 	sc.pots = r.tracker.PotentialLoads(q, f.ranks, sc.overlaps, sc.pots[:0])
 	// Engine reports feed the peer modes' scorers and the decode busy
 	// threshold; other decisions skip the lookups.
@@ -901,10 +915,10 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	return sc.cands
 }
 
-// decide scores the candidates and, with book, records the request's load.
-// Booking calls hold r.mu.
-func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book bool) (Decision, error) {
-	t0 := time.Now()
+// decide scores the candidates and, with book, records the request's load,
+// at now on the router's clock. Booking calls hold r.mu.
+func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book bool, now time.Time) (Decision, error) {
+	t0 := tick()
 	if len(cands) == 0 {
 		r.stats.errors.Add(1)
 		return Decision{}, ErrNoWorkers
@@ -912,7 +926,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	sreq := sched.Request{
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
 		Target: p.req.Target, OverrideBusy: p.req.OverrideBusy, Session: p.req.Session,
-		Busy: sc.busy, Now: r.now(),
+		Busy: sc.busy, Now: now,
 		Tokens: p.req.Tokens, Commit: book,
 	}
 	if p.req.Prefill {
@@ -934,9 +948,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		Timings: Timings{Hash: p.hashTime, FindMatches: p.findTime},
 	}
 	if book {
-		tb := time.Now()
+		tb := tick()
 		lr := load.Request{
-			ID: p.req.ID, Worker: choice.Worker, Blocks: p.seq, ISL: len(p.req.Tokens),
+			Now: now, ID: p.req.ID, Worker: choice.Worker, Blocks: p.seq, ISL: len(p.req.Tokens),
 			OverlapBlocks: c.OverlapBlocks, OSL: p.req.OSL,
 			TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks(),
 		}
@@ -953,15 +967,17 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			r.approx.Insert(choice.Worker, p.local, p.seq)
 		}
 		if r.predicted != nil {
-			r.predicted.Add(p.req.ID, choice.Worker, p.seq)
+			r.predicted.Add(p.req.ID, choice.Worker, p.seq, now)
 		}
 		r.stats.booked.Add(1)
-		d.Timings.Book = time.Since(tb)
+		d.Timings.Book = tick() - tb
 	}
 	r.stats.decisions.Add(1)
 	r.stats.overlapBlocks.Add(uint64(c.OverlapBlocks))
 	r.stats.promptBlocks.Add(uint64(len(p.seq)))
-	d.Timings.Schedule = time.Since(t0)
+	end := tick()
+	d.Timings.Schedule = end - t0
+	d.Timings.Total = end - p.start
 	r.tapDecision(p, sc, cands, &d)
 	return d, nil
 }
@@ -993,8 +1009,10 @@ func (r *Router) drainOne(k queueKey, sc *scratch) {
 			return
 		}
 		p := it.Payload.(*prepared)
-		if sched.NeedsRefresh(p.matchedAt, r.now(), r.cfg.OverlapRefreshAfter) {
-			r.match(p, sc) // caches moved on while it waited
+		now := r.now()
+		if sched.NeedsRefresh(p.matchedAt, now, r.cfg.OverlapRefreshAfter) {
+			p.lap = tick()
+			r.match(p, sc, now) // caches moved on while it waited
 		}
 		cands := r.candidates(p, sc)
 		if sched.ShouldQueue(cands, r.cfg.QueueThreshold) {
@@ -1003,8 +1021,8 @@ func (r *Router) drainOne(k queueKey, sc *scratch) {
 		r.queues.pop(k)
 		w := r.waiters[it.ID]
 		delete(r.waiters, it.ID)
-		d, err := r.decide(p, sc, cands, true)
-		d.Queued = r.now().Sub(p.arrival)
+		d, err := r.decide(p, sc, cands, true, now)
+		d.Queued = now.Sub(p.arrival)
 		w.notify(queuedResult{d, err})
 	}
 }
@@ -1056,7 +1074,7 @@ func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
 	defer release(p)
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
-	r.match(p, sc)
+	r.match(p, sc, p.arrival)
 	cands := r.candidates(p, sc)
 	out := make([]WorkerLoad, len(cands))
 	for i, c := range cands {

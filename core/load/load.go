@@ -119,6 +119,11 @@ type Query struct {
 	// (Config.Now): a router that has read it for its decision spares the
 	// tracker a read.
 	Now time.Time
+	// WorkersID, when not 0, names the workers list PotentialLoads is
+	// given: a list passed again under the same WorkersID must be the same
+	// list, unchanged, and the tracker then trusts its cached slots for it
+	// without comparing the list, a thousandth of a decision per worker.
+	WorkersID uint64
 	// Blocks are the prompt's block sequence hashes.
 	Blocks []uint64
 	// ISL is the prompt length in tokens.
@@ -397,6 +402,7 @@ type Tracker struct {
 	// call after call, and comparing it costs less than a map lookup per
 	// worker.
 	resolvedFor []kv.Worker
+	resolvedID  uint64 // Query.WorkersID of resolvedFor
 	resolved    []int32
 	resolvedGen uint64
 	slotsGen    uint64
@@ -624,7 +630,8 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 	gen := uint64(t.walkGen) << 32
 	dst = dst[:0]
 	t.cand = t.cand[:0]
-	if t.resolvedGen != t.slotsGen || !slices.Equal(workers, t.resolvedFor) {
+	known := q.WorkersID != 0 && q.WorkersID == t.resolvedID
+	if t.resolvedGen != t.slotsGen || !known && !slices.Equal(workers, t.resolvedFor) {
 		t.resolvedFor = append(t.resolvedFor[:0], workers...)
 		t.resolved = t.resolved[:0]
 		for _, w := range workers {
@@ -632,6 +639,7 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 		}
 		t.resolvedGen = t.slotsGen
 	}
+	t.resolvedID = q.WorkersID
 	// Filled in place: appending a Potential built in a local copied it
 	// twice per worker, a tenth of a thousand-worker decision.
 	dst = slices.Grow(dst, len(workers))[:len(workers)]

@@ -1082,3 +1082,24 @@ func TestPotentialLoadsFollowsSlotChanges(t *testing.T) {
 		t.Fatalf("after w2 booked: %+v", p)
 	}
 }
+
+// A workers list named by WorkersID is trusted to be the list last named
+// so, and a worker that gains a slot since is still seen.
+func TestWorkersIDNamesTheList(t *testing.T) {
+	tr := New(DefaultConfig())
+	mustAdd(t, tr, Request{ID: "a", Worker: w1, Blocks: seqOf(0, 2), ISL: 32})
+	list := []kv.Worker{w1, w2}
+	q := Query{WorkersID: 7, Blocks: seqOf(0, 2), ISL: 32}
+	if got := tr.PotentialLoads(q, list, nil, nil); got[0].ActiveRequests != 1 || got[1].ActiveRequests != 0 {
+		t.Fatalf("first call: %+v", got)
+	}
+	mustAdd(t, tr, Request{ID: "b", Worker: w2, Blocks: seqOf(5, 2), ISL: 32})
+	if got := tr.PotentialLoads(q, list, nil, nil); got[0].ActiveRequests != 1 || got[1].ActiveRequests != 1 {
+		t.Fatalf("after w2 gained a slot: %+v", got)
+	}
+	// Another list under another id is resolved afresh.
+	q.WorkersID = 8
+	if got := tr.PotentialLoads(q, []kv.Worker{w2}, nil, nil); got[0].Worker != w2 || got[0].ActiveRequests != 1 {
+		t.Fatalf("another list: %+v", got)
+	}
+}

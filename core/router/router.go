@@ -230,15 +230,18 @@ type Router struct {
 }
 
 type fleet struct {
+	// id names this snapshot to the load tracker (load.Query.WorkersID):
+	// ranks never changes once the snapshot is published.
+	id    uint64
 	infos map[uint64]WorkerInfo
 	ranks []kv.Worker // every routable rank, in a stable order
-	// first is the index in ranks of each engine's rank 0; its other ranks
-	// follow it.
+	// first is the index in ranks of each engine's rank 0, with its rank
+	// count; its other ranks follow it.
 	first idTable
 	rinfo []WorkerInfo // info of ranks[i]
-	// dpSize is rinfo[i].DPSize, apart: position reads it for every
-	// overlap, and a thousand ranks' infos do not stay in the core's cache.
-	dpSize []int32
+	// mixed is set when a rank serves one model only or prefills only: a
+	// decision must then check every rank against the request.
+	mixed bool
 	// learned are the block sizes the engines' events carry.
 	learned map[uint64]int
 	// odd maps the engines whose block size is not the router's to theirs,
@@ -253,8 +256,8 @@ type fleet struct {
 
 // position is rank w's index in ranks.
 func (f *fleet) position(w kv.Worker) (int, bool) {
-	i, ok := f.first.get(w.ID)
-	if !ok || int64(w.DPRank) >= int64(f.dpSize[i]) {
+	i, ranks, ok := f.first.get(w.ID)
+	if !ok || int64(w.DPRank) >= int64(ranks) {
 		return 0, false
 	}
 	return int(i) + int(w.DPRank), true
@@ -471,7 +474,7 @@ func (r *Router) dropRank(w kv.Worker) {
 }
 
 func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int) *fleet {
-	f := &fleet{infos: infos, first: newIDTable(len(infos)), learned: learned, odd: map[uint64]int{}, events: make(map[uint64]*atomic.Uint64, len(infos))}
+	f := &fleet{id: fleetIDs.Add(1), infos: infos, first: newIDTable(len(infos)), learned: learned, odd: map[uint64]int{}, events: make(map[uint64]*atomic.Uint64, len(infos))}
 	old := r.fleet.Load()
 	ids := make([]uint64, 0, len(infos))
 	for id := range infos {
@@ -499,17 +502,21 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 			in.TotalKVBlocks = in.TotalKVBlocks * size / r.cfg.BlockSize
 		}
 		if in.DPSize > 0 {
-			f.first.put(id, int32(len(f.ranks)))
+			f.first.put(id, int32(len(f.ranks)), int32(in.DPSize))
 		}
 		for rank := 0; rank < in.DPSize; rank++ {
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}
 			f.ranks = append(f.ranks, w)
 			f.rinfo = append(f.rinfo, in)
-			f.dpSize = append(f.dpSize, int32(in.DPSize))
+			f.mixed = f.mixed || in.Model != "" || in.Role == RolePrefill
 		}
 	}
 	return f
 }
+
+// fleetIDs numbers fleet snapshots, across routers: one tracker never sees
+// two fleets under one id.
+var fleetIDs atomic.Uint64
 
 // Workers lists the registered engines.
 func (r *Router) Workers() []WorkerInfo {
@@ -867,7 +874,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			sc.overlaps[i] = int(o.Blocks)
 		}
 	}
-	q := load.Query{Now: p.matchedAt, Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
+	q := load.Query{Now: p.matchedAt, WorkersID: f.id, Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
 	sc.pots = r.tracker.PotentialLoads(q, f.ranks, sc.overlaps, sc.pots[:0])
 	// Engine reports feed the peer modes' scorers and the decode busy
 	// threshold; other decisions skip the lookups.
@@ -882,17 +889,20 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	// and a composite literal or an appended local is built on the stack
 	// and copied, which cost a thousand-worker decision about 10 µs.
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
+	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0
 	k := 0
 	for i := range sc.pots {
 		info := &f.rinfo[i]
-		if p.req.Model != "" && info.Model != "" && info.Model != p.req.Model {
-			continue
-		}
-		if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
-			continue
-		}
-		if (info.Role == RolePrefill) != p.req.Prefill {
-			continue
+		if filter {
+			if p.req.Model != "" && info.Model != "" && info.Model != p.req.Model {
+				continue
+			}
+			if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
+				continue
+			}
+			if (info.Role == RolePrefill) != p.req.Prefill {
+				continue
+			}
 		}
 		pot := &sc.pots[i]
 		c := &sc.cands[k]

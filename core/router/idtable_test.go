@@ -40,3 +40,25 @@ func TestIDTableMatchesMap(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkIDTableGet looks up every engine of a thousand-engine fleet in
+// a random order, as a decision maps the overlaps it found to ranks.
+func BenchmarkIDTableGet(b *testing.B) {
+	const n = 1000
+	rng := rand.New(rand.NewPCG(1, 2))
+	tab := newIDTable(n)
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = rng.Uint64()
+		tab.put(ids[i], int32(i), 1)
+	}
+	rng.Shuffle(n, func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, _, ok := tab.get(ids[i%n]); !ok {
+			b.Fatal("missing id")
+		}
+		i++
+	}
+}

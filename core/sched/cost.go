@@ -85,7 +85,8 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // differences come and go by themselves, and moving a conversation for
 // them costs its later turns their cache.
 func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
-	return p.Terms(c, isl, blockSize, fleet).Total
+	prefill, affinity := p.work(c, isl, blockSize, fleet)
+	return p.total(prefill, affinity, c.PotentialDecodeBlocks)
 }
 
 // A worker running more than ImbalanceRatio × the fewest requests of any
@@ -261,10 +262,23 @@ type CostTerms struct {
 
 // Terms is Cost with its terms apart: Cost is Terms(...).Total.
 func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
+	prefill, affinity := p.work(c, isl, blockSize, fleet)
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: c.PotentialDecodeBlocks}
+	t.Total = p.total(prefill, affinity, c.PotentialDecodeBlocks)
+	return t
+}
+
+func (p *Params) total(prefill, affinity, decode float64) float64 {
+	return p.PrefillLoadScale*(prefill-affinity) + decode
+}
+
+// work is the unscaled prefill c would wait for and the cache affinity it
+// earns. Small enough to inline: it runs for every worker of every
+// decision.
+func (p *Params) work(c *Candidate, isl, blockSize int, fleet Lightest) (prefill, affinity float64) {
 	bs := float64(blockSize)
 	credited := p.OverlapCredit * float64(c.OverlapBlocks)
-	prefill := max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
-	affinity := 0.0
+	prefill = max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
 	if p.OverlapCredit > 0 {
 		saved := credited
 		if fleet.muchBusier(c) {
@@ -272,7 +286,5 @@ func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerm
 		}
 		affinity = p.CacheAffinity * max(saved, 0)
 	}
-	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: c.PotentialDecodeBlocks}
-	t.Total = p.PrefillLoadScale*(prefill-affinity) + c.PotentialDecodeBlocks
-	return t
+	return prefill, affinity
 }

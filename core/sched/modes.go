@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -70,6 +71,22 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
 	lightest := LightestOf(cands)
 	if p.Temperature == 0 {
+		// pickMin's closure would cost a call per worker of every
+		// decision: find the cheapest inline, and leave ties to pickMin.
+		best, ties, lo := 0, 0, math.Inf(1)
+		for i := range cands {
+			c := &cands[i]
+			prefill, affinity := p.work(c, req.ISL, req.BlockSize, lightest)
+			switch cost := p.total(prefill, affinity, c.PotentialDecodeBlocks); {
+			case cost < lo:
+				best, ties, lo = i, 1, cost
+			case cost == lo:
+				ties++
+			}
+		}
+		if ties <= 1 {
+			return best, nil
+		}
 		return pickMin(len(cands), func(i int) float64 {
 			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)
 		}, rng), nil

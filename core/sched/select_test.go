@@ -71,6 +71,38 @@ func TestTemperatureZeroPicksMin(t *testing.T) {
 	}
 }
 
+// kv mode's inline search chooses as pickMin over Cost does, draw for draw,
+// with every cost term in play and with ties.
+func TestKVPickMatchesPickMinOverCost(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	p := DefaultParams()
+	for trial := range 2000 {
+		cands := make([]Candidate, 1+rng.IntN(40))
+		for i := range cands {
+			cands[i] = Candidate{
+				Worker:                worker(uint64(i + 1)),
+				OverlapBlocks:         rng.IntN(4) * 8,
+				ActivePrefillTokens:   rng.IntN(3) * 512,
+				ActiveRequests:        rng.IntN(12),
+				PotentialDecodeBlocks: float64(rng.IntN(3) * 64),
+			}
+		}
+		req := &Request{ISL: 1024, BlockSize: 16, Params: p}
+		seed := uint64(trial)
+		got, err := kvPolicy{}.pick(req, cands, rand.New(rand.NewPCG(seed, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lightest := LightestOf(cands)
+		want := pickMin(len(cands), func(i int) float64 {
+			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)
+		}, rand.New(rand.NewPCG(seed, 1)))
+		if got != want {
+			t.Fatalf("trial %d: picked %d, pickMin over Cost picks %d", trial, got, want)
+		}
+	}
+}
+
 func TestTieBreakIsUniform(t *testing.T) {
 	for _, m := range []Mode{ModeKV, ModeLeastLoaded} {
 		t.Run(string(m), func(t *testing.T) {

@@ -391,10 +391,9 @@ type Tracker struct {
 	lastScan  time.Time
 	stats     Stats
 
-	// PotentialLoads scratch. cand[i] is workers[i]'s slot or -1. run[s]
-	// packs walkGen<<32 | leading blocks held by slot s, so nothing is
-	// cleared between calls: a stale generation never matches.
-	cand    []int32
+	// PotentialLoads scratch. run[s] packs walkGen<<32 | leading blocks
+	// held by slot s, so nothing is cleared between calls: a stale
+	// generation never matches.
 	run     []uint64
 	walkGen uint32
 	// resolved caches the slots of the workers list of the last call, as
@@ -629,7 +628,6 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 	}
 	gen := uint64(t.walkGen) << 32
 	dst = dst[:0]
-	t.cand = t.cand[:0]
 	known := q.WorkersID != 0 && q.WorkersID == t.resolvedID
 	if t.resolvedGen != t.slotsGen || !known && !slices.Equal(workers, t.resolvedFor) {
 		t.resolvedFor = append(t.resolvedFor[:0], workers...)
@@ -640,8 +638,11 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 		t.resolvedGen = t.slotsGen
 	}
 	t.resolvedID = q.WorkersID
-	// Filled in place: appending a Potential built in a local copied it
-	// twice per worker, a tenth of a thousand-worker decision.
+	if reuse && len(workers) > 0 {
+		t.walk(q.Blocks, gen)
+	}
+	// Filled in place, in one pass: appending a Potential built in a local
+	// copied it twice per worker, a tenth of a thousand-worker decision.
 	dst = slices.Grow(dst, len(workers))[:len(workers)]
 	for i, w := range workers {
 		p := &dst[i]
@@ -650,19 +651,13 @@ func (t *Tracker) PotentialLoads(q Query, workers []kv.Worker, overlaps []int, d
 		si := t.resolved[i]
 		if si >= 0 {
 			p.WorkerLoad = t.load(&t.slots[si])
-			t.run[si] = gen
 		}
-		t.cand = append(t.cand, si)
-	}
-	if reuse && len(workers) > 0 {
-		t.walk(q.Blocks, gen)
-	}
-	for i := range dst {
-		p := &dst[i]
 		if trackBlocks {
 			held := 0
-			if si := t.cand[i]; si >= 0 && reuse {
-				held = int(uint32(t.run[si]))
+			if si >= 0 && reuse {
+				if r := t.run[si]; r&^(1<<32-1) == gen {
+					held = int(uint32(r))
+				}
 			}
 			p.PotentialDecodeBlocks = p.ActiveDecodeBlocks + float64(len(q.Blocks)-held)
 		}

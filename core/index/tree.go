@@ -577,11 +577,13 @@ func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
 		// One probe both checks the id and, when it is new (nearly always),
 		// maps it.
 		old, had := t.workers[s].blocks.Insert(b.EngineHash, n)
+		if had {
+			t.stats.DuplicateBlocks++
+		}
 		switch {
 		case !had:
 			t.hold(s, b.EngineHash, n)
 		case old == n:
-			t.stats.DuplicateBlocks++
 			cur = n
 			continue
 		default:
@@ -589,7 +591,6 @@ func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
 			// the old block without telling us. Its latest word wins. n is
 			// pinned meanwhile: dropping old may otherwise collect it (old
 			// may hang below n, or be n's parent).
-			t.stats.DuplicateBlocks++
 			t.nodes.at(n).children++
 			t.unref(s, old)
 			t.nodes.at(n).children--

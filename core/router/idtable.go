@@ -6,8 +6,9 @@ package router
 // often the whole fleet twice over (the event-fed and the predicted
 // index); a multiplicative hash into a power-of-two table, at most half
 // full, costs a few nanoseconds where Go's map costs about twenty. An
-// entry keeps its key, value and rank count on one cache line: kept in
-// three arrays, a lookup in a thousand-engine fleet missed three lines.
+// entry keeps its key, value and rank count on one cache line, where three
+// arrays could cost a lookup three misses once the fleet's table has left
+// the cache.
 type idTable struct {
 	entries []idEntry
 	shift   uint

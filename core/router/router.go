@@ -503,12 +503,12 @@ func (r *Router) buildFleet(infos map[uint64]WorkerInfo, learned map[uint64]int)
 		}
 		if in.DPSize > 0 {
 			f.first.put(id, int32(len(f.ranks)), int32(in.DPSize))
+			f.mixed = f.mixed || in.Model != "" || in.Role == RolePrefill
 		}
 		for rank := 0; rank < in.DPSize; rank++ {
 			w := kv.Worker{ID: id, DPRank: uint32(rank)}
 			f.ranks = append(f.ranks, w)
 			f.rinfo = append(f.rinfo, in)
-			f.mixed = f.mixed || in.Model != "" || in.Role == RolePrefill
 		}
 	}
 	return f

@@ -76,7 +76,7 @@ func TestDetector(t *testing.T) {
 		{"no more than half the pool out at once", []step{
 			fail(0, 1), fail(0, 1), fail(0, 1, 1),
 			fail(0, 2, 1), fail(0, 2, 1), fail(0, 2, 1, 2),
-			fail(0, 3), fail(0, 3), fail(0, 3, 1, 2), fail(0, 3, 1, 2),
+			fail(0, 3, 1, 2), fail(0, 3, 1, 2), fail(0, 3, 1, 2), fail(0, 3, 1, 2),
 			look(10*time.Second), ejects(10*time.Second, 3, 20*time.Second),
 		}},
 	} {

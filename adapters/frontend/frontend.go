@@ -202,6 +202,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -216,6 +217,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/metrics"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/core/outlier"
 	"github.com/kvrouter/kvrouter/core/router"
 )
 
@@ -307,6 +309,17 @@ type Config struct {
 	// UIDecisionsPerSecond bounds the decisions the dashboard is sent;
 	// 0 means DefaultUIDecisionsPerSecond.
 	UIDecisionsPerSecond int
+	// HeaderTimeout bounds the wait for an engine's response headers on a
+	// streamed request, and for a prefill engine's answer; 0 means
+	// DefaultHeaderTimeout, a negative value no bound.
+	HeaderTimeout time.Duration
+	// ResponseTimeout bounds the wait for the headers of a non-streamed
+	// answer, which engines send with its last token; 0 means
+	// DefaultResponseTimeout, a negative value no bound.
+	ResponseTimeout time.Duration
+	// Outlier configures the ejection of engines that keep failing
+	// requests (see package outlier); zero fields take its defaults.
+	Outlier outlier.Config
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -337,6 +350,9 @@ type Frontend struct {
 	largeBodies bodyBurst
 
 	ui *ui // the dashboard's feed
+
+	outliers *outlier.Detector
+	om       *outlierMetrics
 }
 
 // New checks cfg and registers the metrics.
@@ -363,9 +379,26 @@ func New(cfg Config) (*Frontend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch {
+	case cfg.HeaderTimeout == 0:
+		cfg.HeaderTimeout = DefaultHeaderTimeout
+	case cfg.HeaderTimeout < 0:
+		cfg.HeaderTimeout = 0
+	}
+	switch {
+	case cfg.ResponseTimeout == 0:
+		cfg.ResponseTimeout = DefaultResponseTimeout
+	case cfg.ResponseTimeout < 0:
+		cfg.ResponseTimeout = 0
+	}
+	if err := cfg.Outlier.Validate(); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	outliers := outlier.New(cfg.Outlier)
 	m := newFrontendMetrics()
 	dm := newDisaggMetrics(latencyBuckets)
-	for _, c := range append(append(m.collectors(), dm.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
+	om := newOutlierMetrics(outliers)
+	for _, c := range append(append(append(m.collectors(), dm.collectors()...), om.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}
@@ -382,6 +415,7 @@ func New(cfg Config) (*Frontend, error) {
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),
 		aborted:  aborted, abort: abort,
+		outliers: outliers, om: om,
 	}
 	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
 	return f, nil

@@ -50,19 +50,19 @@ func TestDetector(t *testing.T) {
 		}},
 		{"back after the backoff, ejected again at its first failure", []step{
 			fail(0, 1), fail(0, 1), ejects(0, 1, 10*time.Second),
-			look(9*time.Second, 1), look(10*time.Second),
+			look(9*time.Second, 1), look(10 * time.Second),
 			ejects(11*time.Second, 1, 31*time.Second),
 		}},
 		{"the backoff grows with each ejection and is capped", []step{
 			fail(0, 1), fail(0, 1), ejects(0, 1, 10*time.Second),
-			ejects(10*time.Second, 1, 30*time.Second),   // 2 × 10 s
-			ejects(30*time.Second, 1, 55*time.Second),   // 3 × 10 s, capped at 25 s
-			ejects(55*time.Second, 1, 80*time.Second),   // capped
-			look(79*time.Second, 1), look(80*time.Second),
+			ejects(10*time.Second, 1, 30*time.Second), // 2 × 10 s
+			ejects(30*time.Second, 1, 55*time.Second), // 3 × 10 s, capped at 25 s
+			ejects(55*time.Second, 1, 80*time.Second), // capped
+			look(79*time.Second, 1), look(80 * time.Second),
 		}},
 		{"a success ends the probation", []step{
 			fail(0, 1), fail(0, 1), ejects(0, 1, 10*time.Second),
-			ok(10*time.Second, 1), fail(11*time.Second, 1), fail(12*time.Second, 1), look(13*time.Second),
+			ok(10*time.Second, 1), fail(11*time.Second, 1), fail(12*time.Second, 1), look(13 * time.Second),
 			ejects(14*time.Second, 1, 34*time.Second), // the second ejection: 20 s
 		}},
 		{"the multiplier falls while the engine keeps well", []step{
@@ -71,13 +71,13 @@ func TestDetector(t *testing.T) {
 			fail(40*time.Second, 1), fail(40*time.Second, 1), ejects(40*time.Second, 1, 50*time.Second),
 		}},
 		{"failures of a request sent before the ejection do not extend it", []step{
-			fail(0, 1), fail(0, 1), ejects(0, 1, 10*time.Second), fail(1, 1, 1), look(10*time.Second),
+			fail(0, 1), fail(0, 1), ejects(0, 1, 10*time.Second), fail(1, 1, 1), look(10 * time.Second),
 		}},
 		{"no more than half the pool out at once", []step{
 			fail(0, 1), fail(0, 1), fail(0, 1, 1),
 			fail(0, 2, 1), fail(0, 2, 1), fail(0, 2, 1, 2),
 			fail(0, 3, 1, 2), fail(0, 3, 1, 2), fail(0, 3, 1, 2), fail(0, 3, 1, 2),
-			look(10*time.Second), ejects(10*time.Second, 3, 20*time.Second),
+			look(10 * time.Second), ejects(10*time.Second, 3, 20*time.Second),
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -225,15 +225,3 @@ func (d *Detector) Ejections(now time.Time) []Ejection {
 	slices.SortFunc(out, func(a, b Ejection) int { return cmp.Compare(a.Worker, b.Worker) })
 	return out
 }
-
-// Forget drops what is known of id: it left the fleet.
-func (d *Detector) Forget(id uint64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if h := d.hosts[id]; h != nil {
-		if h.ejected {
-			d.out.Add(-1)
-		}
-		delete(d.hosts, id)
-	}
-}

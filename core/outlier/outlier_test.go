@@ -132,10 +132,6 @@ func TestEjectionsListsWhyAndUntilWhen(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("ejections %+v, want %+v", got, want)
 	}
-	d.Forget(1)
-	if got := d.Ejected(t0.Add(time.Second/2), nil); !slices.Equal(got, []uint64{3}) {
-		t.Fatalf("after Forget(1): ejected %v, want [3]", got)
-	}
 }
 
 func TestNegativeConsecutiveNeverEjects(t *testing.T) {

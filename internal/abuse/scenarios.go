@@ -113,7 +113,9 @@ type answer struct {
 	err    error
 }
 
-func (a answer) ok() bool { return a.err == nil && a.status == 200 && !bytes.Contains(a.body, []byte(`"error"`)) }
+func (a answer) ok() bool {
+	return a.err == nil && a.status == 200 && !bytes.Contains(a.body, []byte(`"error"`))
+}
 
 // send posts a completion (streamed or not) for prompt i and reads the
 // whole answer within timeout.

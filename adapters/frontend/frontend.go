@@ -83,13 +83,28 @@
 //
 // # Failover
 //
-// An engine that fails a request before its response headers (connection
-// refused, reset) cannot have shown the client anything, so the request is
-// routed again with that engine excluded (router.Request.Exclude), whatever
-// the migration limit: each engine is tried once, a reset only once (an
-// engine may have died of the request itself). A refused connection is
-// reported through Config.EngineRefused, for the registry to drop the
-// engine at once. A stream whose engine goes away mid-way (the stream ends
+// An engine that fails a request before the client has seen anything of
+// it — connection refused or reset, no response headers within
+// Config.HeaderTimeout (streams) or Config.ResponseTimeout (non-streamed
+// answers, whose headers come with the last token), an error status of
+// 500 or more, a stream that breaks or is malformed before its first
+// event — is excluded and the request routed again
+// (router.Request.Exclude), whatever the migration limit: the client's
+// stream opens only with the engine's first event. Each engine is tried
+// once; every failure but a refusal only once (the engine may have died
+// of the request itself). When no engine serves the request, the client
+// gets the last engine's own error answer if it sent one, else a 502. A
+// refused connection is reported through Config.EngineRefused, for the
+// registry to drop the engine at once.
+//
+// Engines that keep failing (package outlier: Config.Outlier) are
+// ejected, left out of every routing decision (the router API's too, pins
+// aside) for a time that grows with each ejection; /health lists each
+// ejection (reason, since, until) and marks the router degraded, and
+// kvrouter_worker_ejections_total{worker_id} and kvrouter_workers_ejected
+// count them. A prefill engine is held to Config.HeaderTimeout too (or
+// Disagg.PrefillTimeout, if shorter) and ejected likewise; its requests
+// are then prefilled on their decode engine. A stream whose engine goes away mid-way (the stream ends
 // or breaks before [DONE], not a malformed one) continues on another
 // engine up to Config.MigrationLimit times, as Dynamo's request migration:
 // the continuation is the original request with the text generated so far

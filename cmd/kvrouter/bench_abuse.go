@@ -33,8 +33,8 @@ The router runs with --engine-header-timeout and --engine-response-timeout
 set to --engine-header-timeout here, and its other flags at their defaults.
 Memory figures are this process's Go heap, which the engines share. The
 defaults run in about a minute; --chain-blocks 10000000, --dump-blocks
-1000000 and --label-models 50000 repeat the sizes of the original probe. The command
-fails when a verdict does.`,
+1000000 and --label-models 50000 repeat the sizes of the original probe.
+The command fails when a verdict does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenarios != "" {

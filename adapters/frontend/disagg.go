@@ -122,6 +122,11 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	if timeout <= 0 {
 		timeout = DefaultPrefillTimeout
 	}
+	// A prefill's answer is its headers: a hung prefill engine costs no
+	// more than a hung decode engine would.
+	if f.cfg.HeaderTimeout > 0 {
+		timeout = min(timeout, f.cfg.HeaderTimeout)
+	}
 	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	defer cancel()
 	start := time.Now()
@@ -130,7 +135,7 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 		Priority: req.Priority, Overrides: req.Overrides, Target: c.prefillTarget,
 		OverrideBusy: req.OverrideBusy, Prefill: true,
 	}
-	d, err := f.cfg.Router.BestWorker(ctx, &preq)
+	d, err := f.cfg.Router.BestWorker(ctx, f.withoutEjected(&preq))
 	switch {
 	case err == nil:
 	case errors.Is(err, sched.ErrAllBusy):
@@ -153,18 +158,31 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 		c.local(localUnreachable)
 		return nil
 	}
-	params, reason := c.postPrefill(ctx, wk, preq.ID)
+	params, reason, blame := c.postPrefill(ctx, wk, preq.ID)
 	if params == nil {
 		if reason == localPrefillError && ctx.Err() != nil && c.ctx.Err() == nil {
 			reason = localPrefillTimeout
 		}
+		if blame && c.ctx.Err() == nil {
+			f.engineFailed(wk, prefillFailure[reason], errors.New(reason))
+		}
 		c.local(reason)
 		return nil
 	}
+	f.engineServed(wk)
 	elapsed := time.Since(start)
 	f.dm.prefillTime.WithLabelValues(c.model).Observe(elapsed.Seconds())
 	f.dm.decisions.WithLabelValues(c.model, "remote", "disaggregated").Inc()
 	return &prefillResult{decision: d, elapsed: elapsed, params: params}
+}
+
+// prefillFailure is how outlier detection counts each way a prefill
+// engine fails.
+var prefillFailure = map[string]string{
+	localPrefillError:   failStatus,
+	localPrefillTimeout: failTimeout,
+	localUnreachable:    failRefused,
+	localNoParams:       failMalformed,
 }
 
 func (c *call) local(reason string) {
@@ -172,15 +190,16 @@ func (c *call) local(reason string) {
 }
 
 // postPrefill sends the prefill request to wk and returns its answer's
-// kv_transfer_params, or nil and why not.
-func (c *call) postPrefill(ctx context.Context, wk Worker, id string) (json.RawMessage, string) {
+// kv_transfer_params, or nil, why not, and whether the engine is to blame
+// (an error status of 400s is the request's own).
+func (c *call) postPrefill(ctx context.Context, wk Worker, id string) (params json.RawMessage, reason string, blame bool) {
 	body, err := prefillBody(c.top)
 	if err != nil {
-		return nil, localPrefillError
+		return nil, localPrefillError, false
 	}
 	ereq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(wk.BaseURL, "/")+c.ep.path, strings.NewReader(string(body)))
 	if err != nil {
-		return nil, localPrefillError
+		return nil, localPrefillError, false
 	}
 	ereq.Header.Set("Content-Type", "application/json")
 	ereq.Header.Set("X-Request-Id", id)
@@ -194,24 +213,24 @@ func (c *call) postPrefill(ctx context.Context, wk Worker, id string) (json.RawM
 				c.f.cfg.EngineRefused(wk.ID)
 			}
 			c.f.log.Warn("prefill engine unreachable; prefilling on the decode engine", "worker", wk.Name, "request", id, "err", err)
-			return nil, localUnreachable
+			return nil, localUnreachable, true
 		}
-		return nil, localPrefillError
+		return nil, localPrefillError, true
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxEngineError))
 	if err != nil || resp.StatusCode != http.StatusOK {
 		c.f.log.Warn("prefill failed; prefilling on the decode engine", "worker", wk.Name, "request", id, "status", resp.StatusCode, "err", err, "engine", engineMessage(data))
-		return nil, localPrefillError
+		return nil, localPrefillError, err != nil || resp.StatusCode >= 500
 	}
 	var answer struct {
 		Params json.RawMessage `json:"kv_transfer_params"`
 	}
 	if json.Unmarshal(data, &answer) != nil || !isObject(answer.Params) {
 		c.f.log.Warn("prefill answer without kv_transfer_params; prefilling on the decode engine", "worker", wk.Name, "request", id)
-		return nil, localNoParams
+		return nil, localNoParams, true
 	}
-	return answer.Params, ""
+	return answer.Params, "", false
 }
 
 // prefillRequestParams are the kv_transfer_params of vLLM's P/D proxy's

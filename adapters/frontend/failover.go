@@ -91,11 +91,13 @@ func (c *call) serve(req *router.Request) {
 			req.ID = baseID + "-" + strconv.Itoa(try)
 		}
 		c.id = req.ID
+		c.engineOK, c.fault = false, ""
 		res, err := c.attempt(req, top, raw)
 		if res != served && ctx.Err() != nil {
 			c.stopped()
 			return
 		}
+		c.judge(res, err)
 		switch res {
 		case served:
 			return
@@ -119,7 +121,7 @@ func (c *call) serve(req *router.Request) {
 				// A reset often comes from a pooled connection the engine
 				// closed as it died; whether it is gone only a fresh
 				// connection tells.
-				if c.f.cfg.EngineRefused != nil && refusesConnections(ctx, c.worker.BaseURL) {
+				if failureReason(err) == failReset && c.f.cfg.EngineRefused != nil && refusesConnections(ctx, c.worker.BaseURL) {
 					c.f.cfg.EngineRefused(c.worker.ID)
 				}
 				if resets++; resets > 1 {
@@ -148,10 +150,36 @@ func (c *call) serve(req *router.Request) {
 	}
 }
 
-// giveUp ends the request when no engine could serve it.
+// judge tells outlier detection how the engine of the attempt just made
+// did: a client that left, or an engine the registry let go, says nothing
+// of it.
+func (c *call) judge(res outcome, err error) {
+	if c.worker.BaseURL == "" || c.ctx.Err() != nil {
+		return
+	}
+	switch {
+	case res == unrouted:
+	case res == unanswered && errors.Is(err, errWorkerGone):
+	case res == unanswered:
+		c.f.engineFailed(c.worker, failureReason(err), err)
+	case res == cut:
+		c.f.engineFailed(c.worker, failCut, err)
+	case c.fault != "":
+		c.f.engineFailed(c.worker, c.fault, nil)
+	case c.engineOK:
+		c.f.engineServed(c.worker)
+	}
+}
+
+// giveUp ends the request when no engine could serve it: with the last
+// engine's own error answer when it sent one.
 func (c *call) giveUp(err error) {
 	if c.rs != nil {
 		c.endStream(errorEvent("engine_unreachable", "%v", err))
+		return
+	}
+	if c.engineErr != nil {
+		c.relayStatus(c.engineErr)
 		return
 	}
 	c.fail(newError(http.StatusBadGateway, "server_error", "engine_unreachable", "", "%v", err))
@@ -176,7 +204,7 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 		q.Overrides = router.RemoteDecodeOverrides(req.Overrides, c.f.cfg.Disagg.NoAssumeKVReuse)
 		dreq = &q
 	}
-	d, err := c.f.cfg.Router.BestWorker(c.ctx, dreq)
+	d, err := c.f.cfg.Router.BestWorker(c.ctx, c.f.withoutEjected(dreq))
 	if err != nil {
 		return unrouted, err
 	}

@@ -83,13 +83,28 @@
 //
 // # Failover
 //
-// An engine that fails a request before its response headers (connection
-// refused, reset) cannot have shown the client anything, so the request is
-// routed again with that engine excluded (router.Request.Exclude), whatever
-// the migration limit: each engine is tried once, a reset only once (an
-// engine may have died of the request itself). A refused connection is
-// reported through Config.EngineRefused, for the registry to drop the
-// engine at once. A stream whose engine goes away mid-way (the stream ends
+// An engine that fails a request before the client has seen anything of
+// it — connection refused or reset, no response headers within
+// Config.HeaderTimeout (streams) or Config.ResponseTimeout (non-streamed
+// answers, whose headers come with the last token), an error status of
+// 500 or more, a stream that breaks or is malformed before its first
+// event — is excluded and the request routed again
+// (router.Request.Exclude), whatever the migration limit: the client's
+// stream opens only with the engine's first event. Each engine is tried
+// once; every failure but a refusal only once (the engine may have died
+// of the request itself). When no engine serves the request, the client
+// gets the last engine's own error answer if it sent one, else a 502. A
+// refused connection is reported through Config.EngineRefused, for the
+// registry to drop the engine at once.
+//
+// Engines that keep failing (package outlier: Config.Outlier) are
+// ejected, left out of every routing decision (the router API's too, pins
+// aside) for a time that grows with each ejection; /health lists each
+// ejection (reason, since, until) and marks the router degraded, and
+// kvrouter_worker_ejections_total{worker_id} and kvrouter_workers_ejected
+// count them. A prefill engine is held to Config.HeaderTimeout too (or
+// Disagg.PrefillTimeout, if shorter) and ejected likewise; its requests
+// are then prefilled on their decode engine. A stream whose engine goes away mid-way (the stream ends
 // or breaks before [DONE], not a malformed one) continues on another
 // engine up to Config.MigrationLimit times, as Dynamo's request migration:
 // the continuation is the original request with the text generated so far
@@ -202,6 +217,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -216,6 +232,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/metrics"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/core/outlier"
 	"github.com/kvrouter/kvrouter/core/router"
 )
 
@@ -307,6 +324,17 @@ type Config struct {
 	// UIDecisionsPerSecond bounds the decisions the dashboard is sent;
 	// 0 means DefaultUIDecisionsPerSecond.
 	UIDecisionsPerSecond int
+	// HeaderTimeout bounds the wait for an engine's response headers on a
+	// streamed request, and for a prefill engine's answer; 0 means
+	// DefaultHeaderTimeout, a negative value no bound.
+	HeaderTimeout time.Duration
+	// ResponseTimeout bounds the wait for the headers of a non-streamed
+	// answer, which engines send with its last token; 0 means
+	// DefaultResponseTimeout, a negative value no bound.
+	ResponseTimeout time.Duration
+	// Outlier configures the ejection of engines that keep failing
+	// requests (see package outlier); zero fields take its defaults.
+	Outlier outlier.Config
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -337,6 +365,9 @@ type Frontend struct {
 	largeBodies bodyBurst
 
 	ui *ui // the dashboard's feed
+
+	outliers *outlier.Detector
+	om       *outlierMetrics
 }
 
 // New checks cfg and registers the metrics.
@@ -363,9 +394,26 @@ func New(cfg Config) (*Frontend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch {
+	case cfg.HeaderTimeout == 0:
+		cfg.HeaderTimeout = DefaultHeaderTimeout
+	case cfg.HeaderTimeout < 0:
+		cfg.HeaderTimeout = 0
+	}
+	switch {
+	case cfg.ResponseTimeout == 0:
+		cfg.ResponseTimeout = DefaultResponseTimeout
+	case cfg.ResponseTimeout < 0:
+		cfg.ResponseTimeout = 0
+	}
+	if err := cfg.Outlier.Validate(); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	outliers := outlier.New(cfg.Outlier)
 	m := newFrontendMetrics()
 	dm := newDisaggMetrics(latencyBuckets)
-	for _, c := range append(append(m.collectors(), dm.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
+	om := newOutlierMetrics(outliers)
+	for _, c := range append(append(append(m.collectors(), dm.collectors()...), om.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}
@@ -382,6 +430,7 @@ func New(cfg Config) (*Frontend, error) {
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),
 		aborted:  aborted, abort: abort,
+		outliers: outliers, om: om,
 	}
 	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
 	return f, nil

@@ -246,7 +246,6 @@ func TestBrokenEngineStreams(t *testing.T) {
 		{"data not JSON", []string{chunk, "data: {not json\n\n", chunk, "data: [DONE]\n\n"}, ""},
 		{"not SSE", []string{chunk, "HTTP/1.1 200 OK garbage\n\n"}, ""},
 		{"ends before DONE", []string{chunk, chunk}, ""},
-		{"no chunk at all", nil, "abort"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -277,6 +276,31 @@ func TestBrokenEngineStreams(t *testing.T) {
 			if got := e.counter("fake", "completions", "stream_error"); got != 1 {
 				t.Fatalf("stream_error = %v", got)
 			}
+		})
+	}
+}
+
+// Engines that break their streams before the first event have shown the
+// client nothing: it gets the frontend's 502, not an empty stream.
+func TestStreamsBrokenBeforeTheirFirstEvent(t *testing.T) {
+	for i, tc := range []struct {
+		name   string
+		pieces []string
+		end    string
+	}{
+		{"no chunk at all", nil, "abort"},
+		{"closed at once", nil, ""},
+		{"data not JSON", []string{"data: {not json\n\n"}, ""},
+		{"not SSE", []string{"HTTP/1.1 200 OK garbage\n\n"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{})
+			e.fake(uint64(70+i), "fake", 1, sseHandler(tc.pieces, tc.end))
+			resp, body := e.post("/v1/completions", map[string]any{"model": "fake", "prompt": tokens(40, i), "stream": true})
+			if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), `"engine_unreachable"`) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			e.settle()
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 )
 
 type healthWorker struct {
@@ -14,6 +15,8 @@ type healthWorker struct {
 	DPSize     int    `json:"dp_size"`
 	Registered bool   `json:"registered"` // known to the router
 	KVEvents   string `json:"kv_events,omitempty"`
+	// Ejected: out of routing for failing requests, why and until when.
+	Ejected *ejectionHealth `json:"ejected,omitempty"`
 }
 
 // live answers while the process serves HTTP at all: a liveness probe
@@ -86,10 +89,15 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 	ws := f.cfg.Workers()
 	out := make([]healthWorker, len(ws))
 	var degraded []string
+	ejected := f.ejectionsHealth()
 	for i, wk := range ws {
 		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
 		if !known[wk.ID] {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not registered with the router", wk.Name, wk.ID))
+		}
+		if e := ejected[wk.ID]; e != nil {
+			out[i].Ejected = e
+			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is ejected from routing until %s: %s (ejection %d)", wk.Name, wk.ID, e.Until.UTC().Format(time.RFC3339), e.Reason, e.Ejections))
 		}
 		var eventless bool
 		if out[i].KVEvents, eventless = f.kvEventsHealth(wk); eventless {

@@ -56,6 +56,14 @@ type call struct {
 	prefillTarget *kv.Worker
 	pdTried       bool
 	pd            *prefillResult
+
+	// What the last engine did, for outlier detection: served the request
+	// well (an answer, or an error of the client's making), or failed it
+	// after the client's stream began (fault); engineErr is the error
+	// status of an engine that failed before, relayed if no engine serves.
+	engineOK  bool
+	fault     string
+	engineErr *engineStatus
 }
 
 // held is what the frontend spent before the engine got the request.
@@ -195,7 +203,9 @@ func copyHeaders(dst, src http.Header) {
 // A failure before the engine answered anything comes back as unanswered,
 // with nothing written to the client.
 func (c *call) forward(body pieces) (outcome, error) {
-	ctx := c.ctx
+	bound := c.f.headerBound(c.streamed())
+	ctx, arrived, release := withHeaderBound(c.ctx, bound)
+	defer release()
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
 	ereq, err := body.post(ctx, url)
 	if err != nil {
@@ -209,8 +219,14 @@ func (c *call) forward(body pieces) (outcome, error) {
 		c.sent = time.Now()
 	}
 	resp, err := c.f.cfg.Client.Do(ereq)
+	if !arrived() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		return unanswered, fmt.Errorf("%w (%s)", errHeaderTimeout, bound)
+	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if c.ctx.Err() != nil {
 			c.stopped()
 			return served, nil
 		}
@@ -225,13 +241,16 @@ func (c *call) forward(body pieces) (outcome, error) {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			return cut, fmt.Errorf("engine %s answered the continuation with %d: %s", c.worker.Name, resp.StatusCode, engineMessage(msg))
 		}
-		// The engine's own error, relayed with its code as a string.
-		c.status = strconv.Itoa(resp.StatusCode)
 		data, _ := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
-		copyHeaders(c.w.Header(), resp.Header)
-		c.w.WriteHeader(resp.StatusCode)
-		_, _ = c.w.Write(stringCode(data))
-		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+		st := &engineStatus{code: resp.StatusCode, header: resp.Header, body: data}
+		if resp.StatusCode >= 500 {
+			// The engine failed, not the request: another may serve it,
+			// and this answer is relayed only if none does.
+			c.engineErr = st
+			return unanswered, st
+		}
+		c.engineOK = true
+		c.relayStatus(st)
 		return served, nil
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
@@ -241,6 +260,20 @@ func (c *call) forward(body pieces) (outcome, error) {
 		return cut, fmt.Errorf("engine %s answered the continuation without a stream", c.worker.Name)
 	}
 	return c.whole(resp)
+}
+
+// relayStatus passes an engine's error answer on, its code as a string.
+func (c *call) relayStatus(st *engineStatus) {
+	c.status = strconv.Itoa(st.code)
+	copyHeaders(c.w.Header(), st.header)
+	c.w.WriteHeader(st.code)
+	_, _ = c.w.Write(stringCode(st.body))
+	c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+}
+
+// streamed reports whether the client asked for a stream.
+func (c *call) streamed() bool {
+	return string(bytes.TrimSpace(c.top["stream"])) == "true"
 }
 
 // whole relays a non-streamed answer; its arrival is the first token. An
@@ -267,6 +300,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	c.w.WriteHeader(http.StatusOK)
 	_, _ = c.w.Write(data)
 	c.status = "200"
+	c.engineOK = true
 	c.observeEnd(elapsed, outputTokens(data, -1))
 	return served, nil
 }
@@ -369,7 +403,26 @@ var doneData = []byte("[DONE]")
 // anything wrong in what it sent: the engine went away.
 func (c *call) stream(resp *http.Response) (outcome, error) {
 	ctx := c.ctx
+	sse := newSSEReader(resp.Body)
+	var pending *event
 	if c.rs == nil {
+		// The client's stream opens with the engine's first event: an
+		// engine that breaks before it has shown the client nothing, and
+		// the request can go elsewhere.
+		ev, err := sse.next()
+		switch {
+		case err == nil && ev.hasData && !bytes.Equal(ev.data, doneData) && !json.Valid(ev.data):
+			return unanswered, fmt.Errorf("%w: a data line that is not JSON: %.120q", errMalformedStart, ev.data)
+		case err == nil:
+			pending = &ev
+		case ctx.Err() != nil:
+			c.stopped()
+			return served, nil
+		case errors.Is(err, errMalformed):
+			return unanswered, fmt.Errorf("%w: %w", errMalformedStart, err)
+		default:
+			return unanswered, fmt.Errorf("the stream ended before its first event: %w", err)
+		}
 		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(http.StatusOK)
@@ -379,15 +432,21 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 	}
 	rs := c.rs
 	rs.startEngine()
-	sse := newSSEReader(resp.Body)
 	for {
-		ev, err := sse.next()
+		var ev event
+		var err error
+		if pending != nil {
+			ev, pending = *pending, nil
+		} else {
+			ev, err = sse.next()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				c.stopped()
 				return served, nil
 			}
 			if errors.Is(err, errMalformed) {
+				c.fault = failMalformed
 				c.endStream(errorEvent("engine_stream_error", "engine %s sent a malformed stream: %v", c.worker.Name, err))
 				return served, nil
 			}
@@ -403,11 +462,13 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 				rs.write(raw)
 				_ = rs.rc.Flush()
 				c.status = "200"
+				c.engineOK = true
 				if rs.engErr {
 					c.status = "stream_error"
 				}
 				return served, nil
 			case !json.Valid(ev.data):
+				c.fault = failMalformed
 				c.endStream(errorEvent("engine_stream_error", "engine %s sent a malformed stream: a data line that is not JSON: %.120q", c.worker.Name, ev.data))
 				return served, nil
 			case isErrorChunk(ev.data):

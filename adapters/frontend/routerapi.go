@@ -142,7 +142,7 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 	req.OverrideBusy = f.isAdmin(r)
 	ctx, done := f.requestContext(r) // a queued booking must not hold up a drain
 	defer done()
-	d, err := f.cfg.Router.BestWorker(ctx, &req)
+	d, err := f.cfg.Router.BestWorker(ctx, f.withoutEjected(&req))
 	if err != nil {
 		if req.ID != "" && !errors.Is(err, router.ErrDuplicateID) {
 			f.bookings.release(req.ID)

@@ -20,6 +20,13 @@ func TestHardeningFlagsRejectNonsense(t *testing.T) {
 		{"--kv-recovery-window", "-1s"},
 		{"--kv-events-silence-probe", "-1s"},
 		{"--router-max-bookings", "0"},
+		{"--engine-header-timeout", "-1s"},
+		{"--engine-response-timeout", "-1s"},
+		{"--engine-ejection-consecutive-failures", "-1"},
+		{"--engine-ejection-base-time", "0s"},
+		{"--engine-ejection-max-time", "1s"},
+		{"--engine-ejection-max-percent", "0"},
+		{"--engine-ejection-max-percent", "101"},
 	} {
 		for _, command := range []string{"serve", "up"} {
 			root := newRootCmd()
@@ -54,6 +61,31 @@ func TestHardeningFlagsParse(t *testing.T) {
 	// enginesource reads 0 as its default; off must reach it as negative.
 	if p := f.silenceProbeConfig(); p >= 0 {
 		t.Fatalf("--kv-events-silence-probe 0 must switch the probe off, got %s", p)
+	}
+}
+
+// The flags' 0 ("off") reaches the frontend and the detector as their
+// negative, since both read 0 as their default.
+func TestEngineFailureFlagsOff(t *testing.T) {
+	var f hardeningFlags
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse([]string{"--engine-header-timeout", "0", "--engine-response-timeout", "0", "--engine-ejection-consecutive-failures", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if h, r := f.engineTimeouts(); h >= 0 || r >= 0 {
+		t.Fatalf("timeouts %s, %s: want both off", h, r)
+	}
+	if c := f.outlierConfig(); c.Consecutive >= 0 {
+		t.Fatalf("ejection %+v: want it off", c)
+	}
+	var d hardeningFlags
+	d.register(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	if h, r := d.engineTimeouts(); h != 30*time.Second || r != 10*time.Minute {
+		t.Fatalf("default timeouts %s, %s", h, r)
 	}
 }
 

@@ -46,6 +46,7 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchRecoveryCmd(),        // bench_recovery.go
 		newBenchMemoryCmd(),          // bench_memory.go
 		newBenchChaosCmd(),           // bench_chaos.go
+		newBenchAbuseCmd(),           // bench_abuse.go
 		newBenchSimCmd(),             // bench_sim.go
 		newBenchCalibrateCmd(),       // bench_calibrate.go
 		newBenchTokenizeCmd(),        // bench_tokenize.go

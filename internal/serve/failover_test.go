@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/core/outlier"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
@@ -266,4 +268,53 @@ func (h *firstChunkHook) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// An engine that answers /health but never answers a request: every
+// request still succeeds, on the other engines, and the engine is ejected
+// from routing, with its metric and its /health entry.
+func TestHealthyButHungEngineIsEjected(t *testing.T) {
+	a, b := engineFleet(t), engineFleet(t)
+	stop := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(stop) })
+	s := startServerWith(t, Config{
+		Router: router.DefaultConfig(), Workers: []WorkerSpec{spec(1, a), spec(2, b), {ID: 3, Name: "hung", URL: hung.URL, Model: "kvrouter-mock"}},
+		HealthInterval: 50 * time.Millisecond, EngineResponseTimeout: 3 * time.Second,
+		Outlier: outlier.Config{Consecutive: 2, BaseEjection: time.Minute},
+	})
+	start := time.Now()
+	for i := 0; i < 20 || !metricsHave(t, s, `kvrouter_worker_ejections_total{worker_id="3"} 1`); i++ {
+		if i == 200 {
+			t.Fatal("the hung engine was not ejected after 200 requests")
+		}
+		if _, err := tryComplete(s, prompt(0, i, 64)); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if took := time.Since(start); took > 40*time.Second {
+		t.Fatalf("took %v", took)
+	}
+	resp, err := http.Get(s.URL() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !bytes.Contains(body, []byte(`"ejected":{"reason":"timeout"`)) || !bytes.Contains(body, []byte(`"status":"degraded"`)) {
+		t.Fatalf("/health: %s", body)
+	}
+	if !metricsHave(t, s, "kvrouter_workers_ejected 1") {
+		t.Fatal("kvrouter_workers_ejected is not 1")
+	}
+	waitIdle(t, s)
 }

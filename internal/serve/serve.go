@@ -28,6 +28,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/outlier"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
 	"github.com/kvrouter/kvrouter/internal/ratelog"
@@ -99,6 +100,12 @@ type Config struct {
 	// TokenizerCacheLookup looks a model without a tokenizer up by its name
 	// (org/name) in the local Hugging Face cache.
 	TokenizerCacheLookup bool
+	// EngineHeaderTimeout and EngineResponseTimeout are the frontend's
+	// HeaderTimeout and ResponseTimeout; Outlier its ejection of engines
+	// that keep failing requests.
+	EngineHeaderTimeout   time.Duration
+	EngineResponseTimeout time.Duration
+	Outlier               outlier.Config
 }
 
 // Server is a running frontend.
@@ -214,6 +221,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 		Tokenizer: s.toks.of,
 		Engines:   s.engineStatuses, SetDrained: s.setDrained,
+		HeaderTimeout: cfg.EngineHeaderTimeout, ResponseTimeout: cfg.EngineResponseTimeout, Outlier: cfg.Outlier,
 	})
 	if err != nil {
 		return nil, err

@@ -11,7 +11,7 @@
 //	POST /router/potential_loads                      {tokens|prompt|messages, model}
 //	POST /router/mark_prefill_complete                {request_id}
 //	POST /router/free                                 {request_id}
-//	GET  /router/dump_events                          the index as a JSON list of KV events
+//	GET  /router/dump_events                          the index as a JSON list of KV events, streamed, one dump at a time
 //	GET  /busy_threshold, POST /busy_threshold        SPEC §6
 //	POST /router/drain                                {worker_id, drained}: take an engine out of routing or back
 //	GET  /ui, GET /ui/api/state                       the live dashboard and its feed (docs/dashboard.md)
@@ -24,8 +24,9 @@
 // Bearer <key>", compared in constant time). Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
 // /router/best_worker (with request_id), mark_prefill_complete, free,
-// drain, and pprof. It also passes /v1/*, where it lets backend_instance_id pin a
-// request to a busy worker; other pins to a busy worker get 503. Both
+// drain, pprof, and /router/dump_events (it reads out the whole index).
+// It also passes /v1/*, where it lets backend_instance_id pin a request to
+// a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
 // Bookings through the router API are bounded: Config.MaxBookings at once
 // (429 beyond), BookingLifetime each, and no larger than the largest
@@ -335,6 +336,7 @@ type Frontend struct {
 	inflight    atomic.Int64
 	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
+	dumping     atomic.Bool // a /router/dump_events answer is being streamed
 
 	ui *ui // the dashboard's feed
 }
@@ -402,7 +404,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"POST", "/router/potential_loads", f.potentialLoads},
 		{"POST", "/router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete)},
 		{"POST", "/router/free", f.adminOnly(f.free)},
-		{"GET", "/router/dump_events", f.dumpEvents},
+		{"GET", "/router/dump_events", f.adminOnly(f.dumpEvents)},
 		{"GET", "/busy_threshold", f.listThresholds},
 		{"POST", "/busy_threshold", f.adminOnly(f.postThreshold)},
 		{"POST", "/router/drain", f.adminOnly(f.drainWorker)},

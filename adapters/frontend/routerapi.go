@@ -227,14 +227,6 @@ func (f *Frontend) free(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (f *Frontend) dumpEvents(w http.ResponseWriter, _ *http.Request) {
-	evs := f.cfg.Router.DumpEvents()
-	if evs == nil {
-		evs = []kv.Event{}
-	}
-	writeJSON(w, http.StatusOK, evs)
-}
-
 // models lists the distinct models of the workers; workers serving every
 // model ("") add none.
 func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {

@@ -378,18 +378,3 @@ func (ix *Index) Stats() Stats {
 	}
 	return st
 }
-
-// Dump returns single-block events that rebuild an equal index when applied
-// to an empty one, worker by worker in order. It is the snapshot and
-// recovery format. Each shard is read under its lock, so the dump is
-// consistent per worker rank.
-func (ix *Index) Dump() []kv.Event {
-	var out []kv.Event
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
-		out = sh.t.dump(out)
-		sh.mu.RUnlock()
-	}
-	return out
-}

@@ -1134,6 +1134,15 @@ func (r *Router) DumpEvents() []kv.Event {
 	return r.exact.Dump()
 }
 
+// DumpEventsTo streams what DumpEvents returns through d in bounded
+// batches (see index.Index.DumpTo); nothing in approximate mode.
+func (r *Router) DumpEventsTo(d *index.Dumper, visit func([]kv.Event) error) error {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.DumpTo(d, visit)
+}
+
 // HeldBlocks returns the sequence hashes of the blocks the event-fed index
 // says worker rank w holds, in no particular order; nil in approximate
 // mode.

@@ -41,9 +41,12 @@ type tree struct {
 	workers []workerState
 	slotOf  map[kv.Worker]uint32
 	// reserved is each worker's announced capacity in blocks, used to size
-	// its engine-id table once: growing a table of millions of entries
-	// costs more than filling it.
+	// its engine-id table once (growing a table of millions of entries
+	// costs more than filling it) and to bound it (RankBound).
 	reserved map[kv.Worker]int
+	// refused counts, per worker, the stored blocks refused past its
+	// bound; kept while the worker is announced, across its clears.
+	refused map[kv.Worker]uint64
 	// freeSlots are slots of removed workers, reused so that slot numbers
 	// (and the per-query scratch sized by them) stay bounded.
 	freeSlots []uint32
@@ -145,6 +148,8 @@ type workerState struct {
 	holey bool
 	// blocks maps the engine's opaque block id to the node it named.
 	blocks u64map
+	// bound is RankBound of the worker's announced capacity; 0 for none.
+	bound int
 	// extraRefs counts, per node, engine ids beyond the first that name the
 	// same node (e.g. the same tokens stored under two cache salts), so that
 	// removing one of them does not forget the block.
@@ -160,6 +165,7 @@ func newTree(lru bool) *tree {
 	t := &tree{
 		slotOf:   make(map[kv.Worker]uint32),
 		reserved: make(map[kv.Worker]int),
+		refused:  make(map[kv.Worker]uint64),
 		lru:      lru,
 	}
 	t.nodes.grow() // node 0 is the root sentinel
@@ -186,7 +192,7 @@ func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
 		s = uint32(len(t.workers))
 		t.workers = append(t.workers, workerState{})
 	}
-	t.workers[s] = workerState{id: w, live: true}
+	t.workers[s] = workerState{id: w, live: true, bound: RankBound(t.reserved[w])}
 	t.workers[s].blocks.reserve(t.reserved[w])
 	t.slotOf[w] = s
 	return s, true
@@ -670,11 +676,22 @@ func (t *tree) reserveNodes() {
 	t.bySeq.reserve(total)
 }
 
+// overBound counts n stored blocks of slot s refused past its bound.
+func (t *tree) overBound(s uint32, n int) {
+	t.refused[t.workers[s].id] += uint64(n)
+	t.stats.BlocksOverBound += uint64(n)
+}
+
 // removeWorkerID drops every rank of engine id.
 func (t *tree) removeWorkerID(id uint64) {
 	for w := range t.reserved {
 		if w.ID == id {
 			delete(t.reserved, w)
+		}
+	}
+	for w := range t.refused {
+		if w.ID == id {
+			delete(t.refused, w)
 		}
 	}
 	t.reserveNodes()
@@ -870,14 +887,18 @@ func (t *tree) renormalizeTicks() {
 	t.tick.Store(1 << 30)
 }
 
-// evictTo drops least recently matched leaves, whole nodes at a time,
-// until at most target pairs remain. A parent becomes a candidate once its
+// evictTo drops leaves, whole nodes at a time, until at most target pairs
+// remain: the least recently matched first under lru, else the last
+// placed in the arena. A parent becomes a candidate once its
 // last child is gone, so a prefix never goes before its extensions.
 func (t *tree) evictTo(target uint64) {
 	if t.pairs <= target {
 		return
 	}
-	h := &leafHeap{stamps: &t.stamps}
+	h := &leafHeap{}
+	if t.lru {
+		h.stamps = &t.stamps
+	}
 	for i := uint32(1); int(i) < t.nodes.len(); i++ {
 		if nd := t.nodes.at(i); nd.held() && nd.children == 0 {
 			h.items = append(h.items, uint32(i))
@@ -941,9 +962,10 @@ type leafHeap struct {
 
 func (h *leafHeap) Len() int { return len(h.items) }
 func (h *leafHeap) Less(i, j int) bool {
-	a, b := *h.stamps.at(h.items[i]), *h.stamps.at(h.items[j])
-	if a != b {
-		return a < b
+	if h.stamps != nil {
+		if a, b := *h.stamps.at(h.items[i]), *h.stamps.at(h.items[j]); a != b {
+			return a < b
+		}
 	}
 	return h.items[i] > h.items[j]
 }

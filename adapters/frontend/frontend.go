@@ -337,6 +337,7 @@ type Frontend struct {
 	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
 	dumping     atomic.Bool // a /router/dump_events answer is being streamed
+	labels      modelLabels // the models metrics may label with (modelLabel)
 
 	ui *ui // the dashboard's feed
 }
@@ -413,7 +414,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/health", f.health},
 		{"GET", "/live", f.live},
 		{"GET", "/ready", f.ready},
-		{"GET", "/metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}).ServeHTTP},
+		{"GET", "/metrics", f.limitScrapes(promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))},
 	}
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}

@@ -154,7 +154,7 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 	if req.Prefill {
 		pool = poolPrefill
 	}
-	f.observeDecision(req.Model, pool, &d, true)
+	f.observeDecision(f.modelLabel(req.Model), pool, &d, true)
 	writeJSON(w, http.StatusOK, bestWorkerResponse{
 		WorkerID: d.Worker.ID, DPRank: d.Worker.DPRank, OverlapBlocks: d.OverlapBlocks, PromptBlocks: d.PromptBlocks,
 		RequestID: req.ID, Via: d.Via.String(), Warning: d.Warning,

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -88,8 +89,11 @@ func (c *blockingCollector) Collect(ch chan<- prometheus.Metric) {
 func TestConcurrentScrapesAreLimited(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	bc := &blockingCollector{desc: prometheus.NewDesc("test_blocking", "blocks scrapes", nil, nil),
-		entered: make(chan struct{}, MaxConcurrentScrapes), release: make(chan struct{})}
+		entered: make(chan struct{}, MaxConcurrentScrapes+1), release: make(chan struct{})}
 	e.reg.MustRegister(bc)
+	var once sync.Once
+	release := func() { once.Do(func() { close(bc.release) }) }
+	defer release()
 	var wg sync.WaitGroup
 	codes := make(chan int, MaxConcurrentScrapes)
 	for range MaxConcurrentScrapes {
@@ -110,11 +114,17 @@ func TestConcurrentScrapesAreLimited(t *testing.T) {
 			t.Fatal("the scrapes did not start")
 		}
 	}
-	resp, body := e.get("/metrics")
+	// Without a limit the scrape would wait with the others.
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(e.srv.URL + "/metrics")
+	if err != nil {
+		t.Fatalf("a scrape beyond the limit was not refused: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
 	if code := openAIError(t, resp, body, 429); code != "too_many_scrapes" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a scrape beyond the limit: %s", code)
 	}
-	close(bc.release)
+	release()
 	wg.Wait()
 	close(codes)
 	for c := range codes {

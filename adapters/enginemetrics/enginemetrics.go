@@ -8,7 +8,8 @@
 // The metrics read are vllm:num_requests_waiting, vllm:num_requests_running
 // and vllm:kv_cache_usage_perc, with vllm:gpu_cache_usage_perc (its name
 // before vLLM v1) as a fallback, and the counter vllm:prefix_cache_queries. vLLM labels each series with the dp rank in
-// `engine` and the served model in `model_name`.
+// `engine` and the served model in `model_name`. The num_gpu_blocks label
+// of vllm:cache_config_info gives each rank's KV capacity.
 package enginemetrics
 
 import (
@@ -38,10 +39,14 @@ const (
 	// MetricPrefixQueries is a counter: Python's client publishes its
 	// series with _total appended, Go's as named.
 	MetricPrefixQueries = "vllm:prefix_cache_queries"
-	rankLabel           = "engine"
-	maxCount            = 1 << 31 // far beyond any batch; guards the float→int conversion
-	defaultMinTimeout   = 200 * time.Millisecond
-	keepBufBytes        = 256 << 10
+	// MetricCacheConfig is an info gauge whose num_gpu_blocks label is the
+	// rank's KV capacity in blocks.
+	MetricCacheConfig = "vllm:cache_config_info"
+	labelGPUBlocks    = "num_gpu_blocks"
+	rankLabel         = "engine"
+	maxCount          = 1 << 31 // far beyond any batch; guards the float→int conversion
+	defaultMinTimeout = 200 * time.Millisecond
+	keepBufBytes      = 256 << 10
 )
 
 // MaxBodyBytes bounds a scraped exposition, so that a broken engine cannot
@@ -60,6 +65,9 @@ type Sample struct {
 	// its prefix cache since it started: when it grows, the engine is
 	// computing prompts (and, with KV events on, announcing their blocks).
 	PrefixCacheQueries float64
+	// CacheBlocks is the rank's KV capacity in blocks (num_gpu_blocks of
+	// vllm:cache_config_info); 0 when not published.
+	CacheBlocks int
 }
 
 // textParsers recycles parsers, which reset themselves on each use: a new
@@ -139,6 +147,22 @@ func Parse(r io.Reader) (map[int]Sample, error) {
 	} {
 		if err := forEach(families[step.name], step.f); err != nil {
 			return nil, err
+		}
+	}
+	if mf := families[MetricCacheConfig]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			s, ok := out[rank(m)]
+			if !ok {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				// A value that is not a block count says nothing: the
+				// capacity stays unknown, as without the metric.
+				if n, err := strconv.ParseUint(l.GetValue(), 10, 31); l.GetName() == labelGPUBlocks && err == nil {
+					s.CacheBlocks = int(n)
+					out[rank(m)] = s
+				}
+			}
 		}
 	}
 	return out, nil

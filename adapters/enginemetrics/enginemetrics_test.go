@@ -453,3 +453,21 @@ vllm:prefix_cache_queries{engine="engine-0"} 160
 		t.Fatal("a negative counter was accepted")
 	}
 }
+
+func TestParseCacheConfigCapacity(t *testing.T) {
+	body := vllmV1 + `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="27000",num_cpu_blocks="None"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="None"} 1.0
+vllm:cache_config_info{engine="5",num_gpu_blocks="12"} 1.0
+`
+	got, err := Parse(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]Sample{
+		0: {Waiting: 0, Running: 3, KVUsage: 0.25, CacheBlocks: 27000},
+		1: {Waiting: 7, Running: 5, KVUsage: 0.875},
+	}
+	assertSamples(t, got, want)
+}

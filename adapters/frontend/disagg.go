@@ -152,7 +152,7 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 		return nil
 	}
 	defer f.cfg.Router.Free(preq.ID)
-	f.observeDecision(c.model, poolPrefill, &d, true)
+	f.observeDecision(c.label, poolPrefill, &d, true)
 	wk, ok := findWorker(f.cfg.Workers(), d.Worker.ID)
 	if !ok {
 		c.local(localUnreachable)
@@ -171,8 +171,8 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	}
 	f.engineServed(wk)
 	elapsed := time.Since(start)
-	f.dm.prefillTime.WithLabelValues(c.model).Observe(elapsed.Seconds())
-	f.dm.decisions.WithLabelValues(c.model, "remote", "disaggregated").Inc()
+	f.dm.prefillTime.WithLabelValues(c.label).Observe(elapsed.Seconds())
+	f.dm.decisions.WithLabelValues(c.label, "remote", "disaggregated").Inc()
 	return &prefillResult{decision: d, elapsed: elapsed, params: params}
 }
 
@@ -186,7 +186,7 @@ var prefillFailure = map[string]string{
 }
 
 func (c *call) local(reason string) {
-	c.f.dm.decisions.WithLabelValues(c.model, "local", reason).Inc()
+	c.f.dm.decisions.WithLabelValues(c.label, "local", reason).Inc()
 }
 
 // postPrefill sends the prefill request to wk and returns its answer's
@@ -269,6 +269,6 @@ func decodeBody(top map[string]json.RawMessage, wk Worker, rank uint32, params j
 // countTransfer records how much of the prompt the decode worker held.
 func (c *call) countTransfer(d *router.Decision) {
 	held := min(d.OverlapBlocks, d.PromptBlocks)
-	c.f.dm.transferred.WithLabelValues(c.model, "cached").Add(float64(held))
-	c.f.dm.transferred.WithLabelValues(c.model, "transferred").Add(float64(d.PromptBlocks - held))
+	c.f.dm.transferred.WithLabelValues(c.label, "cached").Add(float64(held))
+	c.f.dm.transferred.WithLabelValues(c.label, "transferred").Add(float64(d.PromptBlocks - held))
 }

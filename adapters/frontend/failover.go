@@ -129,7 +129,7 @@ func (c *call) serve(req *router.Request) {
 					return
 				}
 			}
-			c.f.m.migrations.WithLabelValues(c.model, "new_request").Inc()
+			c.f.m.migrations.WithLabelValues(c.label, "new_request").Inc()
 		case cut:
 			lastErr = fmt.Errorf("engine %s broke off the stream: %w", c.worker.Name, err)
 			c.f.log.Warn("engine stream broke", "worker", c.worker.Name, "request", c.id, "err", err)
@@ -143,7 +143,7 @@ func (c *call) serve(req *router.Request) {
 				return
 			}
 			c.rs.migrations++
-			c.f.m.migrations.WithLabelValues(c.model, "ongoing_request").Inc()
+			c.f.m.migrations.WithLabelValues(c.label, "ongoing_request").Inc()
 			top, raw, req.Tokens = next, nil, tokens
 		}
 		req.Exclude = append(req.Exclude, c.worker.ID)
@@ -211,7 +211,7 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	// Booked: whatever happens from here, the load goes back.
 	defer c.f.cfg.Router.Free(req.ID)
 	c.decision = d
-	c.f.observeDecision(c.model, poolDecode, &d, c.pd == nil || raw == nil)
+	c.f.observeDecision(c.label, poolDecode, &d, c.pd == nil || raw == nil)
 	if d.Warning != "" {
 		c.f.log.Warn("routing", "warning", d.Warning, "request", req.ID)
 	}
@@ -530,5 +530,5 @@ func (c *call) observeStream() {
 		c.observeEnd(rs.first.Sub(c.start), out)
 		return
 	}
-	c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+	c.f.m.duration.WithLabelValues(c.label).Observe(time.Since(c.start).Seconds())
 }

@@ -11,7 +11,7 @@
 //	POST /router/potential_loads                      {tokens|prompt|messages, model}
 //	POST /router/mark_prefill_complete                {request_id}
 //	POST /router/free                                 {request_id}
-//	GET  /router/dump_events                          the index as a JSON list of KV events
+//	GET  /router/dump_events                          the index as a JSON list of KV events, streamed, one dump at a time
 //	GET  /busy_threshold, POST /busy_threshold        SPEC §6
 //	POST /router/drain                                {worker_id, drained}: take an engine out of routing or back
 //	GET  /ui, GET /ui/api/state                       the live dashboard and its feed (docs/dashboard.md)
@@ -24,8 +24,9 @@
 // Bearer <key>", compared in constant time). Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
 // /router/best_worker (with request_id), mark_prefill_complete, free,
-// drain, and pprof. It also passes /v1/*, where it lets backend_instance_id pin a
-// request to a busy worker; other pins to a busy worker get 503. Both
+// drain, pprof, and /router/dump_events (it reads out the whole index).
+// It also passes /v1/*, where it lets backend_instance_id pin a request to
+// a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
 // Bookings through the router API are bounded: Config.MaxBookings at once
 // (429 beyond), BookingLifetime each, and no larger than the largest
@@ -363,6 +364,8 @@ type Frontend struct {
 	inflight    atomic.Int64
 	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
+	dumping     atomic.Bool // a /router/dump_events answer is being streamed
+	labels      modelLabels // the models metrics may label with (modelLabel)
 
 	ui *ui // the dashboard's feed
 
@@ -451,7 +454,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"POST", "/router/potential_loads", f.potentialLoads},
 		{"POST", "/router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete)},
 		{"POST", "/router/free", f.adminOnly(f.free)},
-		{"GET", "/router/dump_events", f.dumpEvents},
+		{"GET", "/router/dump_events", f.adminOnly(f.dumpEvents)},
 		{"GET", "/busy_threshold", f.listThresholds},
 		{"POST", "/busy_threshold", f.adminOnly(f.postThreshold)},
 		{"POST", "/router/drain", f.adminOnly(f.drainWorker)},
@@ -460,7 +463,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/health", f.health},
 		{"GET", "/live", f.live},
 		{"GET", "/ready", f.ready},
-		{"GET", "/metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}).ServeHTTP},
+		{"GET", "/metrics", f.limitScrapes(promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))},
 	}
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}

@@ -17,6 +17,16 @@ type healthWorker struct {
 	KVEvents   string `json:"kv_events,omitempty"`
 	// Ejected: out of routing for failing requests, why and until when.
 	Ejected *ejectionHealth `json:"ejected,omitempty"`
+	// OverBound lists the ranks whose events claimed more blocks than
+	// their capacity allows (index.RankBound).
+	OverBound []healthBound `json:"kv_index_over_bound,omitempty"`
+}
+
+type healthBound struct {
+	DPRank  uint32 `json:"dp_rank"`
+	Bound   int    `json:"bound"`
+	Blocks  int    `json:"blocks"`
+	Refused uint64 `json:"refused"`
 }
 
 // live answers while the process serves HTTP at all: a liveness probe
@@ -90,6 +100,10 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 	out := make([]healthWorker, len(ws))
 	var degraded []string
 	ejected := f.ejectionsHealth()
+	over := map[uint64][]healthBound{}
+	for _, ob := range f.cfg.Router.OverBound() {
+		over[ob.Worker.ID] = append(over[ob.Worker.ID], healthBound{DPRank: ob.Worker.DPRank, Bound: ob.Bound, Blocks: ob.Blocks, Refused: ob.Refused})
+	}
 	for i, wk := range ws {
 		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
 		if !known[wk.ID] {
@@ -102,6 +116,11 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 		var eventless bool
 		if out[i].KVEvents, eventless = f.kvEventsHealth(wk); eventless {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): kv events %s", wk.Name, wk.ID, out[i].KVEvents))
+		}
+		if ob := over[wk.ID]; len(ob) > 0 {
+			slices.SortFunc(ob, func(a, b healthBound) int { return int(a.DPRank) - int(b.DPRank) })
+			out[i].OverBound = ob
+			degraded = append(degraded, fmt.Sprintf("engine %s (%d): its KV events claimed more blocks than its capacity; %d refused on rank %d (bound %d)", wk.Name, wk.ID, ob[0].Refused, ob[0].DPRank, ob[0].Bound))
 		}
 	}
 	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}

@@ -27,6 +27,10 @@ type frontendMetrics struct {
 	migrations   *prometheus.CounterVec
 	rejected     prometheus.Counter
 	tokenized    *prometheus.CounterVec
+	// refusedReads counts the reads answered 429 because as many of them
+	// were being served as are allowed at once.
+	refusedReads *prometheus.CounterVec
+	dumpsRefused prometheus.Counter
 }
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
@@ -40,7 +44,7 @@ var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 func newFrontendMetrics() *frontendMetrics {
 	latency := latencyBuckets
 	tokens := prometheus.ExponentialBuckets(16, 2, 14) // 16 … 131072
-	return &frontendMetrics{
+	m := &frontendMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "requests_total",
 			Help: "OpenAI requests by model, endpoint and outcome (the HTTP status, or stream_error / cancelled).",
@@ -69,9 +73,15 @@ func newFrontendMetrics() *frontendMetrics {
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "rejected_requests_total",
 			Help: "Requests answered 503 because the router was serving its maximum of concurrent requests.",
 		}),
+		refusedReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "refused_reads_total",
+			Help: "Reads answered 429 because as many were being served as are allowed at once, by endpoint: dump_events (one at a time) or metrics (scrapes).",
+		}, []string{"endpoint"}),
 	}
+	m.dumpsRefused = m.refusedReads.WithLabelValues("dump_events")
+	return m
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected, m.tokenized}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected, m.tokenized, m.refusedReads}
 }

@@ -37,7 +37,8 @@ type call struct {
 	ep       endpoint
 	start    time.Time
 	sent     time.Time // when the request left for the engine
-	model    string    // "" until known to be served: a metrics label
+	model    string    // "" until known to be served
+	label    string    // the model as metrics label it (modelLabel)
 	status   string    // requests_total's status label
 	id       string    // booking id
 	decision router.Decision
@@ -99,7 +100,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	ctx, done := f.requestContext(r)
 	defer done()
 	c := &call{f: f, w: w, r: r, ctx: ctx, ep: ep, start: time.Now(), status: "500"}
-	defer func() { f.m.requests.WithLabelValues(c.model, ep.name, c.status).Inc() }()
+	defer func() {
+		f.m.requests.WithLabelValues(c.label, ep.name, c.status).Inc()
+		if c.label == otherModel && strings.HasPrefix(c.status, "2") {
+			f.labels.learn(c.model)
+		}
+	}()
 
 	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
 	if herr != nil {
@@ -134,9 +140,9 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", model))
 		return
 	}
-	c.model = model
-	f.m.inflight.WithLabelValues(model).Inc()
-	defer f.m.inflight.WithLabelValues(model).Dec()
+	c.model, c.label = model, f.modelLabel(model)
+	f.m.inflight.WithLabelValues(c.label).Inc()
+	defer f.m.inflight.WithLabelValues(c.label).Dec()
 
 	if herr := checkPrompt(top, ep.kind); herr != nil {
 		c.fail(herr)
@@ -176,14 +182,14 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 // poolDecode for the decode-capable workers every other request goes to).
 // The hit rate is that of the engine that prefills: a decode after a remote
 // prefill counts its held blocks in kv_transfer_blocks_total instead.
-func (f *Frontend) observeDecision(model, pool string, d *router.Decision, prefills bool) {
+func (f *Frontend) observeDecision(label, pool string, d *router.Decision, prefills bool) {
 	f.m.routing.WithLabelValues("hash", pool).Observe(d.Timings.Hash.Seconds())
 	f.m.routing.WithLabelValues("find_matches", pool).Observe(d.Timings.FindMatches.Seconds())
 	f.m.routing.WithLabelValues("scheduling", pool).Observe(d.Timings.Schedule.Seconds())
 	f.m.routing.WithLabelValues("queue", pool).Observe(d.Queued.Seconds())
 	f.m.routing.WithLabelValues("total", pool).Observe(d.Timings.Total.Seconds())
 	if prefills && d.PromptBlocks > 0 {
-		f.m.hitRate.WithLabelValues(model).Observe(float64(d.OverlapBlocks) / float64(d.PromptBlocks))
+		f.m.hitRate.WithLabelValues(label).Observe(float64(d.OverlapBlocks) / float64(d.PromptBlocks))
 	}
 }
 
@@ -268,7 +274,7 @@ func (c *call) relayStatus(st *engineStatus) {
 	copyHeaders(c.w.Header(), st.header)
 	c.w.WriteHeader(st.code)
 	_, _ = c.w.Write(stringCode(st.body))
-	c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+	c.f.m.duration.WithLabelValues(c.label).Observe(time.Since(c.start).Seconds())
 }
 
 // streamed reports whether the client asked for a stream.
@@ -307,12 +313,12 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 
 func (c *call) observeEnd(ttft time.Duration, out int) {
 	m := c.f.m
-	m.ttft.WithLabelValues(c.model).Observe(ttft.Seconds())
+	m.ttft.WithLabelValues(c.label).Observe(ttft.Seconds())
 	c.f.ui.observeTTFT(ttft)
-	m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
-	m.inputTokens.WithLabelValues(c.model).Observe(float64(c.isl))
+	m.duration.WithLabelValues(c.label).Observe(time.Since(c.start).Seconds())
+	m.inputTokens.WithLabelValues(c.label).Observe(float64(c.isl))
 	if out >= 0 {
-		m.outputTokens.WithLabelValues(c.model).Observe(float64(out))
+		m.outputTokens.WithLabelValues(c.label).Observe(float64(out))
 	}
 }
 
@@ -488,7 +494,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 						}
 					}
 				} else {
-					c.f.m.itl.WithLabelValues(c.model).Observe(now.Sub(rs.last).Seconds())
+					c.f.m.itl.WithLabelValues(c.label).Observe(now.Sub(rs.last).Seconds())
 				}
 				rs.last = now
 				rs.chunks++

@@ -154,7 +154,7 @@ func (f *Frontend) bestWorker(w http.ResponseWriter, r *http.Request) {
 	if req.Prefill {
 		pool = poolPrefill
 	}
-	f.observeDecision(req.Model, pool, &d, true)
+	f.observeDecision(f.modelLabel(req.Model), pool, &d, true)
 	writeJSON(w, http.StatusOK, bestWorkerResponse{
 		WorkerID: d.Worker.ID, DPRank: d.Worker.DPRank, OverlapBlocks: d.OverlapBlocks, PromptBlocks: d.PromptBlocks,
 		RequestID: req.ID, Via: d.Via.String(), Warning: d.Warning,
@@ -225,14 +225,6 @@ func (f *Frontend) free(w http.ResponseWriter, r *http.Request) {
 		f.bookings.release(id)
 		return f.cfg.Router.Free(id)
 	})
-}
-
-func (f *Frontend) dumpEvents(w http.ResponseWriter, _ *http.Request) {
-	evs := f.cfg.Router.DumpEvents()
-	if evs == nil {
-		evs = []kv.Event{}
-	}
-	writeJSON(w, http.StatusOK, evs)
 }
 
 // models lists the distinct models of the workers; workers serving every

@@ -128,7 +128,7 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 	if ids, herr, done := f.tokenizeInProcess(top, chat, model); done {
 		return ids, herr
 	}
-	f.m.tokenized.WithLabelValues(model, "engine").Inc()
+	f.m.tokenized.WithLabelValues(f.modelLabel(model), "engine").Inc()
 	var modelJSON []byte
 	if model != "" {
 		modelJSON = top["model"]
@@ -202,7 +202,7 @@ func (f *Frontend) tokenizeInProcess(top map[string]json.RawMessage, chat bool, 
 		if err != nil {
 			return nil, badRequest("invalid_messages", "messages", "the chat template of %s: %v", model, err), true
 		}
-		f.m.tokenized.WithLabelValues(model, "in_process").Inc()
+		f.m.tokenized.WithLabelValues(f.modelLabel(model), "in_process").Inc()
 		return ids, nil, true
 	}
 	ids, text, herr := completionPrompt(top["prompt"])
@@ -221,7 +221,7 @@ func (f *Frontend) tokenizeInProcess(top map[string]json.RawMessage, chat bool, 
 	if err != nil {
 		return nil, badRequest("invalid_prompt", "prompt", "tokenizing the prompt: %v", err), true
 	}
-	f.m.tokenized.WithLabelValues(model, "in_process").Inc()
+	f.m.tokenized.WithLabelValues(f.modelLabel(model), "in_process").Inc()
 	return ids, nil, true
 }
 

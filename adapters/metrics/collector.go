@@ -42,6 +42,7 @@ type Collector struct {
 	recovering, rankInferred                   desc
 	workerBlockSize, blockSizeMismatch         desc
 	workerRole                                 desc
+	workerOverBound                            desc
 }
 
 // NewCollector returns a collector for r; register it with a
@@ -79,6 +80,7 @@ func NewCollector(r *router.Router) *Collector {
 		workerBlockSize:   newDesc("worker_block_size", "Tokens per KV block of a worker, as its KV events carry it (or as announced, or the router's own until they do); its requests are matched with hashes of this size.", g, "worker_id"),
 		blockSizeMismatch: newDesc("worker_block_size_mismatch", "1 while a worker's KV block size is not the router's --kv-cache-block-size.", g, "worker_id"),
 		workerRole:        newDesc("worker_role", "1 for each worker, labelled with its role (prefill, decode or both): join the per-worker gauges on worker_id to see each pool's load.", g, "worker_id", "role"),
+		workerOverBound:   newDesc("worker_kv_blocks_over_bound_total", "Stored blocks of a worker rank the index refused because the rank already held a quarter more than its announced KV capacity, plus 1,024 (a buggy or hostile engine); only ranks that went past it.", c, "worker_id", "dp_rank"),
 	}
 }
 
@@ -87,7 +89,7 @@ func (c *Collector) all() []desc {
 		c.queuePending, c.queueTokens, c.events, c.eventsRejected, c.blocks, c.blocksSkipped,
 		c.indexPairs, c.indexEvicted, c.lookupWaits, c.approxPairs, c.approxDropped, c.activeRequests,
 		c.workerDecode, c.workerPrefill, c.workerReqs, c.reanchored, c.inferred, c.recovering, c.rankInferred,
-		c.workerBlockSize, c.blockSizeMismatch, c.workerRole}
+		c.workerBlockSize, c.blockSizeMismatch, c.workerRole, c.workerOverBound}
 }
 
 // Describe implements prometheus.Collector.
@@ -127,6 +129,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.blocksSkipped, float64(ix.UnknownBlocks), "unknown_block")
 	emit(c.blocksSkipped, float64(ix.DuplicateBlocks), "duplicate")
 	emit(c.blocksSkipped, float64(st.MisSizedBlocks), "mis_sized")
+	emit(c.blocksSkipped, float64(ix.BlocksOverBound), "over_bound")
 	emit(c.indexPairs, float64(st.IndexedPairs))
 	emit(c.indexEvicted, float64(ix.PairsEvicted))
 	emit(c.lookupWaits, float64(ix.LookupWaits))
@@ -136,6 +139,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(c.activeRequests, float64(st.Load.Active))
 	emit(c.reanchored, float64(ix.Reanchored))
 	emit(c.inferred, float64(ix.BlocksInferred))
+	for _, ob := range c.r.OverBound() {
+		emit(c.workerOverBound, float64(ob.Refused), strconv.FormatUint(ob.Worker.ID, 10), strconv.FormatUint(uint64(ob.Worker.DPRank), 10))
+	}
 	for _, rc := range c.r.Recovering() {
 		id, rank := strconv.FormatUint(rc.Worker.ID, 10), strconv.FormatUint(uint64(rc.Worker.DPRank), 10)
 		emit(c.recovering, 1, id, rank)

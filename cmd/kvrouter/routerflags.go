@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/serve"
 )
 
 // routerFlags binds the router's configuration to Dynamo's flag names, so
@@ -59,7 +60,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.predictedTTLSecs, "router-predicted-ttl-secs", f.predictedTTLSecs, "predict-on-route: also index each decision for this many seconds (needs KV events); 0 = off")
 	fs.Float64Var(&f.kvEventsGraceSecs, "router-kv-events-grace-secs", f.kvEventsGraceSecs, "an engine that serves requests but sends no KV event for this many seconds is reported and routed by predicted caches until its events come; 0 = off")
 	fs.IntVar(&f.cfg.EventThreads, "router-event-threads", f.cfg.EventThreads, "index write parallelism")
-	fs.Uint64Var(&f.cfg.MaxIndexedPairs, "router-max-indexed-pairs", 0, "memory cap of the event-fed index in (block, worker) pairs, least recently matched evicted first; 0 = none")
+	fs.Uint64Var(&f.cfg.MaxIndexedPairs, "router-max-indexed-pairs", 0, "memory cap of the event-fed index in (block, worker) pairs, least recently matched evicted first; 0 = a budget of a quarter of the machine's (or cgroup's) memory at 128 B a pair, evicting any leaves")
 	fs.BoolVar(&f.noTrackActive, "no-router-track-active-blocks", false, "do not count active decode blocks")
 	fs.BoolVar(&f.cfg.TrackOutputBlocks, "router-track-output-blocks", false, "count output blocks as they fill (decayed by nvext agent_hints.osl)")
 	fs.BoolVar(&f.noAssumeReuse, "no-router-assume-kv-reuse", false, "count every prompt block as new on its worker (disaggregated decode)")
@@ -159,6 +160,9 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 		cfg.Routing.TrackPrefillTokens = new(bool)
 	}
 	cfg.KVEvents = !f.noKVEvents
+	if cfg.MaxIndexedPairs == 0 {
+		cfg.IndexBudgetPairs = serve.IndexBudgetPairs(serve.MemoryLimit())
+	}
 	cfg.TrackActiveBlocks = !f.noTrackActive
 	cfg.ApproxTTL = seconds(f.ttlSecs)
 	cfg.PredictedTTL = seconds(f.predictedTTLSecs)

@@ -138,7 +138,14 @@ func BenchmarkApproxInsert(b *testing.B) {
 // instructions: 256 workers at 8,192 blocks each (2 M pairs), every
 // operation storing a 64-block chain below the shared system prompt on one
 // worker and evicting that worker's oldest 64 blocks, as a full engine does.
-func BenchmarkApplyChurn(b *testing.B) {
+func BenchmarkApplyChurn(b *testing.B) { applyChurn(b, false) }
+
+// BenchmarkApplyChurnBounded is BenchmarkApplyChurn with every worker's
+// capacity announced, so that each chunk stored is checked against the
+// worker's bound (RankBound).
+func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, true) }
+
+func applyChurn(b *testing.B, bounded bool) {
 	const (
 		workers  = 256
 		capacity = 8192
@@ -167,6 +174,9 @@ func BenchmarkApplyChurn(b *testing.B) {
 		}
 	}
 	for w := range workers {
+		if bounded {
+			ix.Reserve(kv.Worker{ID: uint64(w)}, capacity)
+		}
 		sysBlocks := make([]kv.Block, sys)
 		for i := range sysBlocks {
 			sysBlocks[i] = kv.Block{EngineHash: uint64(w)<<40 | uint64(i+1), LocalHash: uint64(i) + 1}

@@ -20,6 +20,7 @@
 package index
 
 import (
+	"cmp"
 	"errors"
 	"runtime"
 
@@ -53,6 +54,9 @@ type Stats struct {
 	UnknownKind     uint64
 	// PairsEvicted counts (block, worker) pairs dropped by the memory cap.
 	PairsEvicted uint64
+	// BlocksOverBound counts stored blocks refused because their rank
+	// held its bound (see RankBound).
+	BlocksOverBound uint64
 	// Reanchored counts stored events whose unknown parent Config.Locate
 	// placed; BlocksInferred the blocks above it held on that evidence.
 	Reanchored, BlocksInferred uint64
@@ -74,6 +78,7 @@ func (s *Stats) add(o Stats) {
 	s.DuplicateBlocks += o.DuplicateBlocks
 	s.UnknownKind += o.UnknownKind
 	s.PairsEvicted += o.PairsEvicted
+	s.BlocksOverBound += o.BlocksOverBound
 	s.Reanchored += o.Reanchored
 	s.BlocksInferred += o.BlocksInferred
 	s.LookupWaits += o.LookupWaits
@@ -87,6 +92,12 @@ type Config struct {
 	// MaxPairs caps the indexed (block, worker) pairs; beyond it the least
 	// recently matched leaves are evicted. 0 means no cap.
 	MaxPairs uint64
+	// BudgetPairs, used when MaxPairs is 0, caps the pairs too, but evicts
+	// leaves in no particular order: least recently matched would cost
+	// every lookup a stamp per matched block and the skipping of levels
+	// (see find), while a budget sized from memory is only a last resort
+	// against running out of it. 0 means none.
+	BudgetPairs uint64
 	// PruneRatio is the fraction of MaxPairs an eviction pass brings the
 	// index down to, so that passes are rare. Default 0.9.
 	PruneRatio float64
@@ -134,8 +145,8 @@ func New(cfg Config) *Index {
 		ix.shards[i].t = newTree(cfg.MaxPairs > 0)
 		ix.shards[i].t.locate = cfg.Locate
 	}
-	if cfg.MaxPairs > 0 {
-		ix.maxPerShrd = max(1, cfg.MaxPairs/uint64(cfg.Shards))
+	if limit := cmp.Or(cfg.MaxPairs, cfg.BudgetPairs); limit > 0 {
+		ix.maxPerShrd = max(1, limit/uint64(cfg.Shards))
 		ix.pruneTo = uint64(float64(ix.maxPerShrd) * cfg.PruneRatio)
 	}
 	return ix
@@ -219,6 +230,12 @@ func storeChunked(sh *shard, ev *kv.Event) error {
 	blocks := ev.Stored.Blocks
 	for {
 		n := min(len(blocks), applyChunk)
+		if bound := t.workers[s].bound; bound > 0 {
+			if room := bound - t.workers[s].blocks.Len(); room < n {
+				t.overBound(s, len(blocks)-max(room, 0))
+				blocks, n = blocks[:max(room, 0)], max(room, 0)
+			}
+		}
 		cur = t.storeBlocks(s, cur, blocks[:n])
 		if blocks = blocks[n:]; len(blocks) == 0 {
 			return nil
@@ -249,7 +266,8 @@ func removeChunked(sh *shard, ev *kv.Event) {
 
 // Reserve tells the index that worker rank w caches up to blocks blocks
 // (an engine's num_gpu_blocks), so that its tables are sized once instead
-// of growing block by block. Optional; 0 forgets the hint.
+// of growing block by block, and bounds what the rank may hold to
+// RankBound(blocks). 0 forgets the capacity and lifts the bound.
 func (ix *Index) Reserve(w kv.Worker, blocks int) {
 	sh := ix.shardOf(w)
 	sh.mu.Lock()
@@ -258,11 +276,62 @@ func (ix *Index) Reserve(w kv.Worker, blocks int) {
 		delete(sh.t.reserved, w)
 	} else {
 		sh.t.reserved[w] = blocks
-		if s, ok := sh.t.slotOf[w]; ok {
+	}
+	if s, ok := sh.t.slotOf[w]; ok {
+		if blocks > 0 {
 			sh.t.workers[s].blocks.reserve(blocks)
 		}
+		sh.t.workers[s].bound = RankBound(blocks)
 	}
 	sh.t.reserveNodes()
+}
+
+// RankBound is the most blocks the index keeps for a rank that announced
+// capacity blocks (0: unknown, no bound). An engine never holds more than
+// its capacity, but its events may run ahead of it: a batch stores a
+// request's blocks before it removes those they evicted, and a block stored
+// under two ids counts twice. A quarter more, and rankBoundSlack blocks
+// (a 16k-token prompt at 16 tokens a block) for small engines, absorb
+// that; what goes beyond is a claim no engine can make, from a buggy or
+// hostile one. The index then refuses the rest of the stored chain, its
+// tail: every block still indexed is one the engine announced, no block is
+// kept without its parent, and the engine's later removals of the
+// refused blocks, like stored chains hanging below them, are counted and
+// skipped as usual.
+func RankBound(capacity int) int {
+	if capacity <= 0 {
+		return 0
+	}
+	return capacity + capacity/4 + rankBoundSlack
+}
+
+const rankBoundSlack = 1024
+
+// OverBound is a rank whose stored blocks the index refused past its bound.
+type OverBound struct {
+	Worker  kv.Worker
+	Bound   int    // RankBound of its capacity
+	Blocks  int    // held now
+	Refused uint64 // blocks refused since it was announced
+}
+
+// OverBound lists the ranks that went past their bound, in no particular
+// order.
+func (ix *Index) OverBound() []OverBound {
+	var out []OverBound
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		for w, n := range sh.t.refused {
+			ob := OverBound{Worker: w, Bound: RankBound(sh.t.reserved[w]), Refused: n}
+			if s, ok := sh.t.slotOf[w]; ok {
+				ob.Blocks = sh.t.workers[s].blocks.Len()
+			}
+			out = append(out, ob)
+		}
+		sh.mu.RUnlock()
+	}
+	return out
 }
 
 // RemoveWorker drops every block of every rank of engine id.
@@ -377,19 +446,4 @@ func (ix *Index) Stats() Stats {
 		st.LookupWaits += sh.mu.readerWaits.Load()
 	}
 	return st
-}
-
-// Dump returns single-block events that rebuild an equal index when applied
-// to an empty one, worker by worker in order. It is the snapshot and
-// recovery format. Each shard is read under its lock, so the dump is
-// consistent per worker rank.
-func (ix *Index) Dump() []kv.Event {
-	var out []kv.Event
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
-		out = sh.t.dump(out)
-		sh.mu.RUnlock()
-	}
-	return out
 }

@@ -445,19 +445,7 @@ func TestDumpReplaysToEqualIndex(t *testing.T) {
 				t.Fatalf("seed %d: replaying dump event %d: %v", seed, i, err)
 			}
 		}
-		if err := replay.check(); err != nil {
-			t.Fatal(err)
-		}
-		if got, want := replay.held(), ix.held(); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("seed %d: replayed pairs differ\n got %v\nwant %v", seed, got, want)
-		}
-		var m1, m2 Matcher
-		for _, q := range queries(g.rng, ix) {
-			a, b := asMap(t, ix.FindMatches(&m1, q)), asMap(t, replay.FindMatches(&m2, q))
-			if fmt.Sprint(a) != fmt.Sprint(b) {
-				t.Fatalf("seed %d: FindMatches after replay %v, before %v", seed, b, a)
-			}
-		}
+		sameAfterReplay(t, seed, g, ix, replay)
 		// Removals by engine id must keep working after a replay.
 		for _, w := range g.workers {
 			if a, b := ix.Blocks(w), replay.Blocks(w); a != b {

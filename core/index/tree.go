@@ -41,9 +41,12 @@ type tree struct {
 	workers []workerState
 	slotOf  map[kv.Worker]uint32
 	// reserved is each worker's announced capacity in blocks, used to size
-	// its engine-id table once: growing a table of millions of entries
-	// costs more than filling it.
+	// its engine-id table once (growing a table of millions of entries
+	// costs more than filling it) and to bound it (RankBound).
 	reserved map[kv.Worker]int
+	// refused counts, per worker, the stored blocks refused past its
+	// bound; kept while the worker is announced, across its clears.
+	refused map[kv.Worker]uint64
 	// freeSlots are slots of removed workers, reused so that slot numbers
 	// (and the per-query scratch sized by them) stay bounded.
 	freeSlots []uint32
@@ -145,6 +148,8 @@ type workerState struct {
 	holey bool
 	// blocks maps the engine's opaque block id to the node it named.
 	blocks u64map
+	// bound is RankBound of the worker's announced capacity; 0 for none.
+	bound int
 	// extraRefs counts, per node, engine ids beyond the first that name the
 	// same node (e.g. the same tokens stored under two cache salts), so that
 	// removing one of them does not forget the block.
@@ -160,6 +165,7 @@ func newTree(lru bool) *tree {
 	t := &tree{
 		slotOf:   make(map[kv.Worker]uint32),
 		reserved: make(map[kv.Worker]int),
+		refused:  make(map[kv.Worker]uint64),
 		lru:      lru,
 	}
 	t.nodes.grow() // node 0 is the root sentinel
@@ -186,7 +192,7 @@ func (t *tree) slot(w kv.Worker, create bool) (uint32, bool) {
 		s = uint32(len(t.workers))
 		t.workers = append(t.workers, workerState{})
 	}
-	t.workers[s] = workerState{id: w, live: true}
+	t.workers[s] = workerState{id: w, live: true, bound: RankBound(t.reserved[w])}
 	t.workers[s].blocks.reserve(t.reserved[w])
 	t.slotOf[w] = s
 	return s, true
@@ -670,11 +676,22 @@ func (t *tree) reserveNodes() {
 	t.bySeq.reserve(total)
 }
 
+// overBound counts n stored blocks of slot s refused past its bound.
+func (t *tree) overBound(s uint32, n int) {
+	t.refused[t.workers[s].id] += uint64(n)
+	t.stats.BlocksOverBound += uint64(n)
+}
+
 // removeWorkerID drops every rank of engine id.
 func (t *tree) removeWorkerID(id uint64) {
 	for w := range t.reserved {
 		if w.ID == id {
 			delete(t.reserved, w)
+		}
+	}
+	for w := range t.refused {
+		if w.ID == id {
+			delete(t.refused, w)
 		}
 	}
 	t.reserveNodes()
@@ -870,14 +887,18 @@ func (t *tree) renormalizeTicks() {
 	t.tick.Store(1 << 30)
 }
 
-// evictTo drops least recently matched leaves, whole nodes at a time,
-// until at most target pairs remain. A parent becomes a candidate once its
+// evictTo drops leaves, whole nodes at a time, until at most target pairs
+// remain: the least recently matched first under lru, else the last
+// placed in the arena. A parent becomes a candidate once its
 // last child is gone, so a prefix never goes before its extensions.
 func (t *tree) evictTo(target uint64) {
 	if t.pairs <= target {
 		return
 	}
-	h := &leafHeap{stamps: &t.stamps}
+	h := &leafHeap{}
+	if t.lru {
+		h.stamps = &t.stamps
+	}
 	for i := uint32(1); int(i) < t.nodes.len(); i++ {
 		if nd := t.nodes.at(i); nd.held() && nd.children == 0 {
 			h.items = append(h.items, uint32(i))
@@ -941,9 +962,10 @@ type leafHeap struct {
 
 func (h *leafHeap) Len() int { return len(h.items) }
 func (h *leafHeap) Less(i, j int) bool {
-	a, b := *h.stamps.at(h.items[i]), *h.stamps.at(h.items[j])
-	if a != b {
-		return a < b
+	if h.stamps != nil {
+		if a, b := *h.stamps.at(h.items[i]), *h.stamps.at(h.items[j]); a != b {
+			return a < b
+		}
 	}
 	return h.items[i] > h.items[j]
 }
@@ -953,112 +975,6 @@ func (h *leafHeap) Pop() any {
 	x := h.items[len(h.items)-1]
 	h.items = h.items[:len(h.items)-1]
 	return x
-}
-
-// dump appends single-block Stored events that rebuild this tree's
-// (worker, path) pairs when replayed in order. A worker may hold a block
-// whose parent it no longer holds (removals do not cascade); such a block
-// is re-created below a bridge: a synthetic parent that is stored and then
-// removed again, which leaves the path in place and the worker off it.
-func (t *tree) dump(out []kv.Event) []kv.Event {
-	for s := range t.workers {
-		ws := &t.workers[s]
-		if !ws.live {
-			continue
-		}
-		d := dumper{t: t, ws: ws, emitted: make(map[uint32]uint64, ws.blocks.Len())}
-		type entry struct {
-			h uint64
-			n uint32
-		}
-		entries := make([]entry, 0, ws.blocks.Len())
-		ws.blocks.Range(func(h uint64, n uint32) bool {
-			entries = append(entries, entry{h, n})
-			return true
-		})
-		slices.SortFunc(entries, func(a, b entry) int {
-			if a.h < b.h {
-				return -1
-			}
-			if a.h > b.h {
-				return 1
-			}
-			return 0
-		})
-		d.byNode = make(map[uint32]uint64, len(entries))
-		for _, e := range entries {
-			if _, ok := d.byNode[e.n]; !ok {
-				d.byNode[e.n] = e.h
-			}
-		}
-		for _, e := range entries {
-			d.emitAs(e.n, e.h)
-		}
-		if len(d.bridges) > 0 {
-			d.events = append(d.events, kv.RemovedEvent(ws.id, d.nextID(), d.bridges...))
-		}
-		out = append(out, d.events...)
-	}
-	return out
-}
-
-type dumper struct {
-	t       *tree
-	ws      *workerState
-	byNode  map[uint32]uint64 // a held node's first engine id
-	emitted map[uint32]uint64 // node → engine id already emitted as parent
-	bridges []uint64
-	events  []kv.Event
-	id      uint64
-}
-
-func (d *dumper) nextID() uint64 { d.id++; return d.id - 1 }
-
-// parentHash makes sure n exists for this worker in the replay and returns
-// the engine id to hang children on.
-func (d *dumper) parentHash(n uint32) *uint64 {
-	if n == rootParent {
-		return nil
-	}
-	if h, ok := d.emitted[n]; ok {
-		return &h
-	}
-	if h, ok := d.byNode[n]; ok {
-		d.emitAs(n, h)
-		return &h
-	}
-	h := d.bridgeHash(n)
-	d.emit(n, h)
-	d.emitted[n] = h
-	d.bridges = append(d.bridges, h)
-	return &h
-}
-
-func (d *dumper) emitAs(n uint32, h uint64) {
-	if e, ok := d.emitted[n]; ok && e == h {
-		return
-	}
-	d.emit(n, h)
-	if _, ok := d.emitted[n]; !ok {
-		d.emitted[n] = h
-	}
-}
-
-func (d *dumper) emit(n uint32, h uint64) {
-	nd := d.t.nodes.at(n)
-	parent := d.parentHash(nd.parent)
-	d.events = append(d.events, kv.StoredEvent(d.ws.id, d.nextID(), parent, kv.Block{EngineHash: h, LocalHash: nd.local()}))
-}
-
-// bridgeHash picks an engine id the worker does not use.
-func (d *dumper) bridgeHash(n uint32) uint64 {
-	h := blockhash.Chain(d.t.nodes.at(n).seq(), 0xb41d6e)
-	for {
-		if _, used := d.ws.blocks.Get(h); !used && !slices.Contains(d.bridges, h) {
-			return h
-		}
-		h = blockhash.Chain(h, 1)
-	}
 }
 
 // Warming. On an index larger than the CPU's caches a block costs a few

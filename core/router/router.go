@@ -42,10 +42,14 @@ type Config struct {
 	// --no-router-assume-kv-reuse, --no-router-track-prefill-tokens.
 	Routing sched.Overrides
 
-	KVEvents        bool    // false: --no-router-kv-events (approximate mode)
-	EventThreads    int     // --router-event-threads
-	MaxIndexedPairs uint64  // memory cap of the event-fed index; 0 = none
-	IndexPruneRatio float64 // the cap's low-water mark, fraction of MaxIndexedPairs
+	KVEvents        bool   // false: --no-router-kv-events (approximate mode)
+	EventThreads    int    // --router-event-threads
+	MaxIndexedPairs uint64 // memory cap of the event-fed index, least recently matched evicted first; 0 = none
+	// IndexBudgetPairs, used when MaxIndexedPairs is 0, caps the index
+	// too, evicting leaves in no particular order (index.Config.BudgetPairs):
+	// the default cap, sized from the machine's memory; 0 = none.
+	IndexBudgetPairs uint64
+	IndexPruneRatio  float64 // the cap's low-water mark, fraction of MaxIndexedPairs
 
 	ApproxTTL        time.Duration // --router-ttl-secs
 	MaxTreeSize      int           // --router-max-tree-size
@@ -357,7 +361,7 @@ func New(cfg Config) (*Router, error) {
 	if params.UsesOverlap() {
 		switch {
 		case cfg.KVEvents:
-			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
+			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, BudgetPairs: cfg.IndexBudgetPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
 			// Only a policy that scores cached prefixes suffers from, or
 			// is helped around, an engine's missing events.
 			if cfg.KVEventsGrace > 0 && cfg.Mode.ScoresOverlap() {
@@ -1132,6 +1136,39 @@ func (r *Router) DumpEvents() []kv.Event {
 		return nil
 	}
 	return r.exact.Dump()
+}
+
+// EngineCapacity takes the KV capacity an engine rank reports (vLLM's
+// num_gpu_blocks) for a worker registered without one: it sizes and
+// bounds the rank's index (index.RankBound). A capacity given at
+// registration wins.
+func (r *Router) EngineCapacity(w kv.Worker, blocks int) {
+	if r.exact == nil {
+		return
+	}
+	if info, ok := r.fleet.Load().infos[w.ID]; !ok || info.TotalKVBlocks > 0 || int(w.DPRank) >= info.DPSize {
+		return
+	}
+	r.exact.Reserve(w, blocks)
+}
+
+// OverBound lists the worker ranks whose KV events claimed more blocks
+// than their announced capacity allows (index.RankBound); nil in
+// approximate mode.
+func (r *Router) OverBound() []index.OverBound {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.OverBound()
+}
+
+// DumpEventsTo streams what DumpEvents returns through d in bounded
+// batches (see index.Index.DumpTo); nothing in approximate mode.
+func (r *Router) DumpEventsTo(d *index.Dumper, visit func([]kv.Event) error) error {
+	if r.exact == nil {
+		return nil
+	}
+	return r.exact.DumpTo(d, visit)
 }
 
 // HeldBlocks returns the sequence hashes of the blocks the event-fed index

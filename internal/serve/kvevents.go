@@ -20,7 +20,9 @@ func (s *Server) watchKVEvents(ctx context.Context) {
 	tick := time.NewTicker(s.cfg.HealthInterval)
 	defer tick.Stop()
 	reported := map[kv.Worker]bool{}
+	overBound := map[kv.Worker]bool{}
 	for {
+		s.warnOverBound(overBound)
 		now := map[kv.Worker]bool{}
 		for _, e := range s.router.Eventless() {
 			now[e.Worker] = true
@@ -40,6 +42,21 @@ func (s *Server) watchKVEvents(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// warnOverBound logs, once per rank, an engine whose KV events claim more
+// blocks than its capacity allows (index.RankBound): the index refuses the
+// rest, /health and kvrouter_worker_kv_blocks_over_bound_total count them.
+func (s *Server) warnOverBound(warned map[kv.Worker]bool) {
+	for _, ob := range s.router.OverBound() {
+		if warned[ob.Worker] {
+			continue
+		}
+		warned[ob.Worker] = true
+		s.log.Warn("engine's KV events claim more blocks than its capacity: the index refuses the excess",
+			"worker", s.workerName(ob.Worker.ID), "dp_rank", ob.Worker.DPRank, "bound", ob.Bound, "refused", ob.Refused,
+			"fix", "check the engine's kv_blocks (every tier it publishes events for) or the engine itself")
 	}
 }
 

@@ -516,11 +516,19 @@ func (s *Server) pollEngineMetrics(ctx context.Context) {
 		targets = append(targets, enginemetrics.Target{ID: w.ID, URL: w.URL})
 	}
 	queries := newQueryWatch()
+	var capMu sync.Mutex
+	capacity := map[kv.Worker]int{}
 	p := enginemetrics.Poller{
 		Interval: interval,
 		OnSamples: func(id uint64, samples map[int]enginemetrics.Sample) {
 			for rank, smp := range samples {
 				w := kv.Worker{ID: id, DPRank: uint32(rank)}
+				capMu.Lock()
+				if smp.CacheBlocks > 0 && capacity[w] != smp.CacheBlocks {
+					capacity[w] = smp.CacheBlocks
+					s.router.EngineCapacity(w, smp.CacheBlocks)
+				}
+				capMu.Unlock()
 				s.router.SetEngineLoad(w, sched.EngineLoad{
 					Waiting: smp.Waiting, Running: smp.Running, KVUsage: smp.KVUsage,
 				})

@@ -58,7 +58,10 @@
 // # Forwarding
 //
 // The body goes to the chosen engine (BaseURL + the same path) byte for
-// byte, except that the "nvext" key is dropped (engines do not know it) and,
+// byte, except that the "nvext" key is dropped (engines do not know it), so
+// is a client's "kv_transfer_params" (only the router sets them: they
+// steer an engine's KV transfers; counted in
+// client_kv_transfer_params_stripped_total) and,
 // when the worker has more than one data-parallel rank,
 // "data_parallel_rank" is set to the routed rank (replacing the client's).
 // Members the frontend keeps go on in their order and bytes, spliced from
@@ -66,7 +69,8 @@
 // /tokenize: a prompt of many megabytes is held once, not copied at every
 // step.
 // The engine's status, headers (hop-by-hop ones aside) and body come back
-// unchanged; the engine request carries X-Request-Id (the booking id) and
+// unchanged, but for the engine's kv_transfer_params, which never reach the
+// client; the engine request carries X-Request-Id (the booking id) and
 // the client's Accept. Server-sent events are passed on as they arrive, flushed
 // whenever the engine has nothing more buffered.
 //

@@ -108,6 +108,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	for _, m := range members {
 		top[m.key] = m.val
 	}
+	if _, ok := top[kvTransferKey]; ok {
+		// engineBody leaves it out of the client's bytes; every body
+		// built from top is without it too.
+		delete(top, kvTransferKey)
+		f.dm.clientParams.Inc()
+	}
 	var model string
 	if !present(top["model"]) {
 		c.fail(badRequest("missing_model", "model", "model is required"))
@@ -230,7 +236,7 @@ func (c *call) forward(body pieces) (outcome, error) {
 		data, _ := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(resp.StatusCode)
-		_, _ = c.w.Write(stringCode(data))
+		_, _ = c.w.Write(withoutKVTransfer(stringCode(data)))
 		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
 		return served, nil
 	}
@@ -255,6 +261,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 		return unanswered, fmt.Errorf("the answer broke off: %w", err)
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
+	data = withoutKVTransfer(data)
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
 		ext := c.ex.build(&c.decision, c.pd, c.held(), elapsed, elapsed)
@@ -397,6 +404,11 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 			return cut, err
 		}
 		raw := ev.raw
+		if ev.hasData && bytes.Contains(ev.data, kvTransferQuoted) {
+			if d := withoutKVTransfer(ev.data); len(d) != len(ev.data) {
+				ev.data, raw = d, dataEvent(d)
+			}
+		}
 		if ev.hasData {
 			switch {
 			case bytes.Equal(ev.data, doneData):

@@ -21,12 +21,20 @@
 // # Access
 //
 // Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
-// Bearer <key>", compared in constant time). Config.AdminToken guards what
+// Bearer <key>", compared in constant time), and every other endpoint but
+// /live, /ready, /health, /metrics and the /ui page: the router API and
+// the dashboard's feed take prompts or show what is cached. Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
 // /router/best_worker (with request_id), mark_prefill_complete, free,
 // drain, and pprof. It also passes /v1/*, where it lets backend_instance_id pin a
 // request to a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
+// /health shows the engines' URLs only to the admin token's holder (to
+// callers on this machine when there is none). A request that changes
+// state (POST and the like) sent by a browser for another origin is
+// refused with 403 (cross_origin_request), as is, without an admin token,
+// one that reaches the router under a DNS name; outside /v1/* such a
+// request must be application/json (415 else).
 // Bookings through the router API are bounded: Config.MaxBookings at once
 // (429 beyond), BookingLifetime each, and no larger than the largest
 // engine's KV capacity (400).
@@ -420,7 +428,11 @@ func (f *Frontend) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}
 	for _, rt := range routes {
-		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		h := rt.h
+		if rt.method != "GET" && !strings.HasPrefix(rt.path, "/v1/") {
+			h = jsonOnly(h)
+		}
+		mux.HandleFunc(rt.method+" "+rt.path, h)
 		if rt.method == "GET" && !slices.Contains(allowed[rt.path], "HEAD") {
 			allowed[rt.path] = append(allowed[rt.path], "GET", "HEAD")
 		} else {
@@ -438,7 +450,7 @@ func (f *Frontend) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return f.guardOpenAI(f.limit(mux))
+	return f.guard(f.limit(mux))
 }
 
 // Drain turns /ready (and /health) to 503 while requests are still served:

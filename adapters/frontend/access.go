@@ -6,8 +6,8 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/http/pprof"
+	"net/netip"
 	"strings"
 )
 

@@ -89,9 +89,12 @@
 // disconnect.
 //
 // A stream that breaks — a data line that is not JSON, a line that is not
-// SSE, or the engine closing before "data: [DONE]" — ends the client's
-// stream with one event "data: {"error": {...}}" followed by
-// "data: [DONE]".
+// SSE, an event over 1 MiB, or the engine closing before "data: [DONE]" —
+// ends the client's stream with one event "data: {"error": {...}}"
+// followed by "data: [DONE]". An engine that answers a streamed request
+// with anything but an event stream gets the client a 502. The engine's
+// Server header is not relayed, and what the client is told of an engine's
+// failure names the engine, not addresses or sockets (the log has those).
 //
 // # Failover
 //

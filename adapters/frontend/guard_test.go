@@ -110,7 +110,9 @@ func TestHealthShowsEngineURLsToTheAdminOnly(t *testing.T) {
 func TestNoTokenizingForAClientThatLeft(t *testing.T) {
 	tok := llamaTokenizer(t)
 	var engineCalls atomic.Int64
-	e := newEnv(t, envOpts{frontend: func(c *Config) { c.Tokenizer = func(m string) *modeltok.Model { return map[string]*modeltok.Model{"local": tok}[m] } }})
+	e := newEnv(t, envOpts{frontend: func(c *Config) {
+		c.Tokenizer = func(m string) *modeltok.Model { return map[string]*modeltok.Model{"local": tok}[m] }
+	}})
 	for _, model := range []string{"local", "remote"} {
 		e.fake(uint64(len(model)), model, 1, func(w http.ResponseWriter, r *http.Request) {
 			engineCalls.Add(1)

@@ -50,6 +50,7 @@ type call struct {
 	body     []byte                     // and its bytes
 	members  []member                   // and its members, in order
 	rs       *relay                     // the client's stream, once opened
+	streamed bool                       // the client asked for a stream
 
 	// Disaggregated serving: the prefill pin (nvext.prefill_worker_id),
 	// whether the prefill was tried, and what it left for the decode.
@@ -167,6 +168,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.isl = len(req.Tokens)
 
 	c.top, c.body, c.members = top, body, members
+	c.streamed = string(bytes.TrimSpace(top["stream"])) == "true"
 	c.serve(&req)
 }
 
@@ -185,12 +187,14 @@ func (f *Frontend) observeDecision(model, pool string, d *router.Decision, prefi
 	}
 }
 
-// hopByHop headers are the connection's, not the response's.
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+// notRelayed are the engine's headers the client does not get: the
+// hop-by-hop ones, which are the connection's, not the response's, and
+// Server, which tells what the engine runs.
+var notRelayed = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Server"}
 
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
-		if slices.Contains(hopByHop, k) {
+		if slices.Contains(notRelayed, k) {
 			continue
 		}
 		dst[k] = slices.Clone(vs)
@@ -220,7 +224,7 @@ func (c *call) forward(body pieces) (outcome, error) {
 			c.stopped()
 			return served, nil
 		}
-		return unanswered, err
+		return unanswered, &engineFault{"the request failed before the engine answered", err}
 	}
 	defer resp.Body.Close()
 
@@ -246,6 +250,14 @@ func (c *call) forward(body pieces) (outcome, error) {
 	if c.rs != nil {
 		return cut, fmt.Errorf("engine %s answered the continuation without a stream", c.worker.Name)
 	}
+	if c.streamed {
+		// Relayed as it is, it would be a 200 that no streaming client
+		// can read and that never ends with [DONE].
+		c.f.log.Warn("engine answered a streamed request without an event stream", "worker", c.worker.Name, "request", c.id, "content_type", resp.Header.Get("Content-Type"))
+		c.fail(newError(http.StatusBadGateway, "server_error", "engine_stream_error", "", "engine %s answered a streamed request without an event stream", c.worker.Name))
+		c.f.m.duration.WithLabelValues(c.model).Observe(time.Since(c.start).Seconds())
+		return served, nil
+	}
 	return c.whole(resp)
 }
 
@@ -258,7 +270,7 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 			c.stopped()
 			return served, nil
 		}
-		return unanswered, fmt.Errorf("the answer broke off: %w", err)
+		return unanswered, &engineFault{"the answer broke off", err}
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	data = withoutKVTransfer(data)
@@ -399,9 +411,9 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 				return served, nil
 			}
 			if errors.Is(err, io.EOF) {
-				err = errors.New("the stream ended before [DONE]")
+				return cut, errors.New("the stream ended before [DONE]")
 			}
-			return cut, err
+			return cut, &engineFault{"the stream broke off before [DONE]", err}
 		}
 		raw := ev.raw
 		if ev.hasData && bytes.Contains(ev.data, kvTransferQuoted) {

@@ -272,13 +272,13 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return nil, false, err
+		return nil, false, &engineFault{"/tokenize failed before the engine answered", err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, err := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
 		if err != nil {
-			return nil, false, err
+			return nil, false, &engineFault{"/tokenize's answer broke off", err}
 		}
 		msg := engineMessage(body)
 		switch resp.StatusCode {
@@ -289,7 +289,7 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 	}
 	ids, err = decodeTokenList(io.LimitReader(resp.Body, maxTokenizeResponse))
 	if err != nil {
-		return nil, false, fmt.Errorf("/tokenize answered no token list: %w", err)
+		return nil, false, &engineFault{"/tokenize answered no token list", err}
 	}
 	return ids, false, nil
 }

@@ -3,8 +3,11 @@ package frontend
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"mime"
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"strings"
 )
 
@@ -57,14 +60,37 @@ func (f *Frontend) allowAdmin(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// guardOpenAI requires the API key on /v1/*, as vLLM's --api-key does (the
-// admin token is accepted too). CORS preflights carry no credentials.
-func (f *Frontend) guardOpenAI(next http.Handler) http.Handler {
-	if !f.apiKey.set {
-		return next
-	}
+// guard checks what every request must pass before its handler:
+//
+//   - a request that changes state (any method but GET, HEAD and OPTIONS)
+//     made by a browser for a page of another origin is refused (403): a
+//     page the operator opens must not drain engines or change thresholds.
+//     Without an admin token such a request must also name the router by
+//     address or as localhost (DNS rebinding would make another site's
+//     page same-origin); outside /v1/* its body must also be
+//     application/json (jsonOnly);
+//   - with an API key, every endpoint but the probes, /metrics and the
+//     dashboard's page needs it (or the admin token), as vLLM's --api-key
+//     does for /v1/*: the router API and the dashboard's feed tell how
+//     much of any prompt each engine holds, which reveals other clients'
+//     prompts, and tokenizing a prompt costs CPU. CORS preflights carry no
+//     credentials.
+func (f *Frontend) guard(next http.Handler) http.Handler {
+	cross := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodOptions && (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) {
+		if !safeMethod(r.Method) {
+			if err := cross.Check(r); err != nil {
+				writeError(w, http.StatusForbidden, "invalid_request_error", "cross_origin_request", "",
+					"cross-origin requests may not change the router's state (%v)", err)
+				return
+			}
+			if !f.admin.set && fromBrowser(r) && !addressedByIP(r.Host) {
+				writeError(w, http.StatusForbidden, "invalid_request_error", "cross_origin_request", "",
+					"without an admin token, a browser may change the router's state only when it names the router by address or as localhost, not %q", r.Host)
+				return
+			}
+		}
+		if f.apiKey.set && r.Method != http.MethodOptions && !keyFree(r.URL.Path) {
 			if tok := bearer(r); !f.apiKey.matches(tok) && !f.admin.matches(tok) {
 				unauthorized(w, "invalid_api_key", "Incorrect API key provided: send it as \"Authorization: Bearer <key>\"")
 				return
@@ -72,6 +98,73 @@ func (f *Frontend) guardOpenAI(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// keyFree are the paths served without the API key: the probes, /metrics
+// (as vLLM's) and the dashboard's page, which holds nothing but itself.
+func keyFree(path string) bool {
+	switch path {
+	case "/live", "/ready", "/health", "/metrics", "/ui":
+		return true
+	}
+	return false
+}
+
+// fromBrowser reports whether r carries what browsers add to every
+// request that changes state.
+func fromBrowser(r *http.Request) bool {
+	return r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") != ""
+}
+
+// addressedByIP reports whether host (a Host header) is an IP address or
+// localhost: names a DNS server can re-point at the router are neither.
+func addressedByIP(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return strings.EqualFold(host, "localhost")
+}
+
+// jsonOnly serves h only a body sent as application/json (415 else): no
+// HTML form and no cross-origin request a browser sends without asking
+// first can carry it.
+func jsonOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_media_type", "",
+				"%s %s takes a JSON body: send it with \"Content-Type: application/json\"", r.Method, r.URL.Path)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// fromLoopback reports whether r came from this machine.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// seesEngineURLs reports whether r may learn the engines' addresses: the
+// admin token's holder, or, on a router without one, a caller on this
+// machine.
+func (f *Frontend) seesEngineURLs(r *http.Request) bool {
+	if f.admin.set {
+		return f.isAdmin(r)
+	}
+	return fromLoopback(r)
 }
 
 // adminOnly serves h only to the admin token's holder.

@@ -1,12 +1,14 @@
 package frontend
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,6 +84,9 @@ type disaggMetrics struct {
 	decisions   *prometheus.CounterVec
 	prefillTime *prometheus.HistogramVec
 	transferred *prometheus.CounterVec
+	// clientParams counts the kv_transfer_params clients sent, which no
+	// engine gets.
+	clientParams prometheus.Counter
 }
 
 func newDisaggMetrics(latency []float64) *disaggMetrics {
@@ -96,11 +101,15 @@ func newDisaggMetrics(latency []float64) *disaggMetrics {
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "kv_transfer_blocks_total",
 			Help: "Prompt blocks of disaggregated requests by whether their decode worker already held them (cached) or had to pull them from the prefill worker (transferred), as the router's index saw it.",
 		}, []string{"model", "kind"}),
+		clientParams: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "client_kv_transfer_params_stripped_total",
+			Help: "Requests whose client sent kv_transfer_params, removed before any engine saw them: only the router sets them.",
+		}),
 	}
 }
 
 func (m *disaggMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.decisions, m.prefillTime, m.transferred}
+	return []prometheus.Collector{m.decisions, m.prefillTime, m.transferred, m.clientParams}
 }
 
 // disaggregated reports whether req's model is served disaggregated now.
@@ -264,6 +273,31 @@ func decodeBody(top map[string]json.RawMessage, wk Worker, rank uint32, params j
 	out["kv_transfer_params"] = params
 	b, err := json.Marshal(out)
 	return pieces{b}, err
+}
+
+// kvTransferKey is the member through which vLLM's KV connectors are told
+// to hold a prompt's blocks for another engine or to pull them from one, by
+// host, port and engine id, and through which an engine answers where it
+// holds them. Only the router may set it: a client's would make an engine
+// dial an address the client chose, or pin KV blocks and hand the client
+// the engine's internal address. A client's is removed on every path, and
+// an engine's never reaches the client.
+const kvTransferKey = "kv_transfer_params"
+
+var kvTransferQuoted = []byte(`"` + kvTransferKey + `"`)
+
+// withoutKVTransfer returns the JSON object obj less its top-level
+// kv_transfer_params, its other members' bytes as they were; obj itself
+// when it has none (or is not an object).
+func withoutKVTransfer(obj []byte) []byte {
+	if !bytes.Contains(obj, kvTransferQuoted) {
+		return obj
+	}
+	ms, err := objectMembers(obj)
+	if err != nil || !slices.ContainsFunc(ms, func(m member) bool { return m.key == kvTransferKey }) {
+		return obj
+	}
+	return bytes.Join(without(obj, ms, []string{kvTransferKey}), nil)
 }
 
 // countTransfer records how much of the prompt the decode worker held.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -123,3 +124,19 @@ func detail(err, sentinel error) string {
 	}
 	return msg
 }
+
+// engineFault is a failure to reach or read an engine. What the transport
+// says of it names sockets and addresses ("read tcp 10.0.0.5:41234->
+// 10.0.0.7:8000: connection reset by peer"), which are for the log: the
+// client's message says only what happened, with the engine's name around
+// it.
+type engineFault struct {
+	what string
+	err  error
+}
+
+func (e *engineFault) Error() string { return e.what }
+func (e *engineFault) Unwrap() error { return e.err }
+
+// LogValue is the whole story, for the log.
+func (e *engineFault) LogValue() slog.Value { return slog.StringValue(e.what + ": " + e.err.Error()) }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -235,22 +236,29 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	return c.forward(body)
 }
 
+// routerOwned are the members of a client's request that no engine gets
+// from the client: nvext is the router's, kv_transfer_params the router's
+// alone to set (kvTransferKey).
+var routerOwned = []string{"nvext", kvTransferKey}
+
 // engineBody is what the engine gets: the client's bytes (raw, made of
-// members) less nvext and with the routed data-parallel rank, spliced
-// rather than re-encoded; a continuation (raw nil) is top re-encoded.
+// members) less the router's members and with the routed data-parallel
+// rank, spliced rather than re-encoded; a continuation (raw nil) is top
+// re-encoded.
 func engineBody(top map[string]json.RawMessage, raw []byte, members []member, wk Worker, rank uint32) (pieces, error) {
-	_, hasNvext := top["nvext"]
 	if raw != nil {
 		switch {
 		case wk.DPSize > 1:
-			return without(raw, members, []string{"nvext", "data_parallel_rank"}, []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(rank), 10)), nil
-		case hasNvext:
-			return without(raw, members, []string{"nvext"}), nil
+			return without(raw, members, append([]string{"data_parallel_rank"}, routerOwned...), []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(rank), 10)), nil
+		case slices.ContainsFunc(members, func(m member) bool { return slices.Contains(routerOwned, m.key) }):
+			return without(raw, members, routerOwned), nil
 		}
 		return pieces{raw}, nil
 	}
 	out := maps.Clone(top)
-	delete(out, "nvext")
+	for _, k := range routerOwned {
+		delete(out, k)
+	}
 	if wk.DPSize > 1 {
 		out["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
 	}

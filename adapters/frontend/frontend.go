@@ -21,13 +21,21 @@
 // # Access
 //
 // Config.APIKey guards /v1/* as vLLM's --api-key does ("Authorization:
-// Bearer <key>", compared in constant time). Config.AdminToken guards what
+// Bearer <key>", compared in constant time), and every other endpoint but
+// /live, /ready, /health, /metrics and the /ui page: the router API and
+// the dashboard's feed take prompts or show what is cached. Config.AdminToken guards what
 // changes the router's state: POST /busy_threshold, a booking
 // /router/best_worker (with request_id), mark_prefill_complete, free,
 // drain, pprof, and /router/dump_events (it reads out the whole index).
 // It also passes /v1/*, where it lets backend_instance_id pin a request to
 // a busy worker; other pins to a busy worker get 503. Both
 // answer 401 in OpenAI's shape (codes invalid_api_key, invalid_admin_token).
+// /health shows the engines' URLs only to the admin token's holder (to
+// callers on this machine when there is none). A request that changes
+// state (POST and the like) sent by a browser for another origin is
+// refused with 403 (cross_origin_request), as is, without an admin token,
+// one that reaches the router under a DNS name; outside /v1/* such a
+// request must be application/json (415 else).
 // Bookings through the router API are bounded: Config.MaxBookings at once
 // (429 beyond), BookingLifetime each, and no larger than the largest
 // engine's KV capacity (400).
@@ -59,7 +67,10 @@
 // # Forwarding
 //
 // The body goes to the chosen engine (BaseURL + the same path) byte for
-// byte, except that the "nvext" key is dropped (engines do not know it) and,
+// byte, except that the "nvext" key is dropped (engines do not know it), so
+// is a client's "kv_transfer_params" (only the router sets them: they
+// steer an engine's KV transfers; counted in
+// client_kv_transfer_params_stripped_total) and,
 // when the worker has more than one data-parallel rank,
 // "data_parallel_rank" is set to the routed rank (replacing the client's).
 // Members the frontend keeps go on in their order and bytes, spliced from
@@ -67,7 +78,8 @@
 // /tokenize: a prompt of many megabytes is held once, not copied at every
 // step.
 // The engine's status, headers (hop-by-hop ones aside) and body come back
-// unchanged; the engine request carries X-Request-Id (the booking id) and
+// unchanged, but for the engine's kv_transfer_params, which never reach the
+// client; the engine request carries X-Request-Id (the booking id) and
 // the client's Accept. Server-sent events are passed on as they arrive, flushed
 // whenever the engine has nothing more buffered.
 //
@@ -78,9 +90,12 @@
 // disconnect.
 //
 // A stream that breaks — a data line that is not JSON, a line that is not
-// SSE, or the engine closing before "data: [DONE]" — ends the client's
-// stream with one event "data: {"error": {...}}" followed by
-// "data: [DONE]".
+// SSE, an event over 1 MiB, or the engine closing before "data: [DONE]" —
+// ends the client's stream with one event "data: {"error": {...}}"
+// followed by "data: [DONE]". An engine that answers a streamed request
+// with anything but an event stream gets the client a 502. The engine's
+// Server header is not relayed, and what the client is told of an engine's
+// failure names the engine, not addresses or sockets (the log has those).
 //
 // # Failover
 //
@@ -468,7 +483,11 @@ func (f *Frontend) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}
 	for _, rt := range routes {
-		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		h := rt.h
+		if rt.method != "GET" && !strings.HasPrefix(rt.path, "/v1/") {
+			h = jsonOnly(h)
+		}
+		mux.HandleFunc(rt.method+" "+rt.path, h)
 		if rt.method == "GET" && !slices.Contains(allowed[rt.path], "HEAD") {
 			allowed[rt.path] = append(allowed[rt.path], "GET", "HEAD")
 		} else {
@@ -486,7 +505,7 @@ func (f *Frontend) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "", "no route for %s %s", r.Method, r.URL.Path)
 	})
-	return f.guardOpenAI(f.limit(mux))
+	return f.guard(f.limit(mux))
 }
 
 // Drain turns /ready (and /health) to 503 while requests are still served:

@@ -11,7 +11,7 @@ type healthWorker struct {
 	ID         uint64 `json:"id"`
 	Name       string `json:"name"`
 	Model      string `json:"model"`
-	BaseURL    string `json:"base_url"`
+	BaseURL    string `json:"base_url,omitempty"` // to the admin only
 	DPSize     int    `json:"dp_size"`
 	Registered bool   `json:"registered"` // known to the router
 	KVEvents   string `json:"kv_events,omitempty"`
@@ -94,10 +94,14 @@ func (f *Frontend) notReady(ws []Worker, known map[uint64]bool) []string {
 // ready, "degraded" (200: requests are served) when an engine is not
 // known to the router or a dependency is not "ok", else "ok" (200). The
 // reasons say why.
-func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
+//
+// The engines' URLs are for the admin (seesEngineURLs): they are where to
+// reach an engine around the router's keys and limits.
+func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	known := f.registered()
 	ws := f.cfg.Workers()
 	out := make([]healthWorker, len(ws))
+	urls := f.seesEngineURLs(r)
 	var degraded []string
 	ejected := f.ejectionsHealth()
 	over := map[uint64][]healthBound{}
@@ -105,7 +109,10 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 		over[ob.Worker.ID] = append(over[ob.Worker.ID], healthBound{DPRank: ob.Worker.DPRank, Bound: ob.Bound, Blocks: ob.Blocks, Refused: ob.Refused})
 	}
 	for i, wk := range ws {
-		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, BaseURL: wk.BaseURL, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		if urls {
+			out[i].BaseURL = wk.BaseURL
+		}
 		if !known[wk.ID] {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not registered with the router", wk.Name, wk.ID))
 		}

@@ -51,6 +51,7 @@ type call struct {
 	body     []byte                     // and its bytes
 	members  []member                   // and its members, in order
 	rs       *relay                     // the client's stream, once opened
+	streamed bool                       // the client asked for a stream
 
 	// Disaggregated serving: the prefill pin (nvext.prefill_worker_id),
 	// whether the prefill was tried, and what it left for the decode.
@@ -122,6 +123,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	for _, m := range members {
 		top[m.key] = m.val
 	}
+	if _, ok := top[kvTransferKey]; ok {
+		// engineBody leaves it out of the client's bytes; every body
+		// built from top is without it too.
+		delete(top, kvTransferKey)
+		f.dm.clientParams.Inc()
+	}
 	var model string
 	if !present(top["model"]) {
 		c.fail(badRequest("missing_model", "model", "model is required"))
@@ -175,6 +182,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.isl = len(req.Tokens)
 
 	c.top, c.body, c.members = top, body, members
+	c.streamed = string(bytes.TrimSpace(top["stream"])) == "true"
 	c.serve(&req)
 }
 
@@ -193,12 +201,14 @@ func (f *Frontend) observeDecision(label, pool string, d *router.Decision, prefi
 	}
 }
 
-// hopByHop headers are the connection's, not the response's.
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+// notRelayed are the engine's headers the client does not get: the
+// hop-by-hop ones, which are the connection's, not the response's, and
+// Server, which tells what the engine runs.
+var notRelayed = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Server"}
 
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
-		if slices.Contains(hopByHop, k) {
+		if slices.Contains(notRelayed, k) {
 			continue
 		}
 		dst[k] = slices.Clone(vs)
@@ -209,7 +219,7 @@ func copyHeaders(dst, src http.Header) {
 // A failure before the engine answered anything comes back as unanswered,
 // with nothing written to the client.
 func (c *call) forward(body pieces) (outcome, error) {
-	bound := c.f.headerBound(c.streamed())
+	bound := c.f.headerBound(c.streamed)
 	ctx, arrived, release := withHeaderBound(c.ctx, bound)
 	defer release()
 	url := strings.TrimRight(c.worker.BaseURL, "/") + c.ep.path
@@ -236,7 +246,7 @@ func (c *call) forward(body pieces) (outcome, error) {
 			c.stopped()
 			return served, nil
 		}
-		return unanswered, err
+		return unanswered, &engineFault{"the request failed before the engine answered", err}
 	}
 	defer resp.Body.Close()
 
@@ -265,6 +275,14 @@ func (c *call) forward(body pieces) (outcome, error) {
 	if c.rs != nil {
 		return cut, fmt.Errorf("engine %s answered the continuation without a stream", c.worker.Name)
 	}
+	if c.streamed {
+		// Relayed as it is, it would be a 200 that no streaming client
+		// can read and that never ends with [DONE].
+		c.f.log.Warn("engine answered a streamed request without an event stream", "worker", c.worker.Name, "request", c.id, "content_type", resp.Header.Get("Content-Type"))
+		c.fail(newError(http.StatusBadGateway, "server_error", "engine_stream_error", "", "engine %s answered a streamed request without an event stream", c.worker.Name))
+		c.f.m.duration.WithLabelValues(c.label).Observe(time.Since(c.start).Seconds())
+		return served, nil
+	}
 	return c.whole(resp)
 }
 
@@ -273,13 +291,8 @@ func (c *call) relayStatus(st *engineStatus) {
 	c.status = strconv.Itoa(st.code)
 	copyHeaders(c.w.Header(), st.header)
 	c.w.WriteHeader(st.code)
-	_, _ = c.w.Write(stringCode(st.body))
+	_, _ = c.w.Write(withoutKVTransfer(stringCode(st.body)))
 	c.f.m.duration.WithLabelValues(c.label).Observe(time.Since(c.start).Seconds())
-}
-
-// streamed reports whether the client asked for a stream.
-func (c *call) streamed() bool {
-	return string(bytes.TrimSpace(c.top["stream"])) == "true"
 }
 
 // whole relays a non-streamed answer; its arrival is the first token. An
@@ -291,9 +304,10 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 			c.stopped()
 			return served, nil
 		}
-		return unanswered, fmt.Errorf("the answer broke off: %w", err)
+		return unanswered, &engineFault{"the answer broke off", err}
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
+	data = withoutKVTransfer(data)
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
 		ext := c.ex.build(&c.decision, c.pd, c.held(), elapsed, elapsed)
@@ -457,11 +471,16 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 				return served, nil
 			}
 			if errors.Is(err, io.EOF) {
-				err = errors.New("the stream ended before [DONE]")
+				return cut, errors.New("the stream ended before [DONE]")
 			}
-			return cut, err
+			return cut, &engineFault{"the stream broke off before [DONE]", err}
 		}
 		raw := ev.raw
+		if ev.hasData && bytes.Contains(ev.data, kvTransferQuoted) {
+			if d := withoutKVTransfer(ev.data); len(d) != len(ev.data) {
+				ev.data, raw = d, dataEvent(d)
+			}
+		}
 		if ev.hasData {
 			switch {
 			case bytes.Equal(ev.data, doneData):

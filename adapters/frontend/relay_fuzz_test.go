@@ -116,7 +116,7 @@ func checkWellFormed(t *testing.T, out []byte) {
 		if !ev.hasData {
 			continue
 		}
-		last = ev.data
+		last = bytes.Clone(ev.data)
 		switch {
 		case bytes.Equal(ev.data, doneData):
 			done++

@@ -103,6 +103,9 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 		}
 	}
 	req.Tokens, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
+	if herr == nil && r.Context().Err() != nil {
+		herr = errCancelled(r.Context())
+	}
 	return
 }
 

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -28,7 +29,8 @@ func readAll(t *testing.T, in string, oneByte bool) ([]event, error) {
 		if err != nil {
 			return out, err
 		}
-		out = append(out, ev)
+		// The reader's buffers are reused: what is kept is copied.
+		out = append(out, event{raw: bytes.Clone(ev.raw), data: bytes.Clone(ev.data), hasData: ev.hasData})
 	}
 	t.Fatal("no end")
 	return nil, nil

@@ -124,8 +124,16 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 	if kind == kindAny && present(top["tokens"]) {
 		return tokenIDs(top["tokens"], "tokens")
 	}
+	if err := ctx.Err(); err != nil {
+		// The client left (or the router is stopping): a prompt of many
+		// megabytes is not tokenized for no one.
+		return nil, errCancelled(ctx)
+	}
 	chat := kind == kindChat || (kind == kindAny && present(top["messages"]))
 	if ids, herr, done := f.tokenizeInProcess(top, chat, model); done {
+		if herr == nil && ctx.Err() != nil {
+			return nil, errCancelled(ctx)
+		}
 		return ids, herr
 	}
 	f.m.tokenized.WithLabelValues(f.modelLabel(model), "engine").Inc()
@@ -243,12 +251,18 @@ func (f *Frontend) tokenize(ctx context.Context, serving []Worker, payload piece
 		case clientErr:
 			return nil, badRequest("tokenization_failed", "", "tokenizing the prompt on engine %s: %v", w.Name, err)
 		case ctx.Err() != nil:
-			return nil, newError(http.StatusServiceUnavailable, "server_error", "cancelled", "", "request ended while tokenizing: %v", ctx.Err())
+			return nil, errCancelled(ctx)
 		}
 		f.log.Warn("tokenize failed", "worker", w.Name, "url", w.BaseURL, "err", err)
 		last = fmt.Errorf("engine %s: %w", w.Name, err)
 	}
 	return nil, newError(http.StatusBadGateway, "server_error", "tokenization_failed", "", "no engine could tokenize the prompt: %v", last)
+}
+
+// errCancelled is the answer to a request whose context ended while its
+// prompt was being tokenized.
+func errCancelled(ctx context.Context) *httpError {
+	return newError(http.StatusServiceUnavailable, "server_error", "cancelled", "", "request ended while tokenizing: %v", context.Cause(ctx))
 }
 
 func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (ids []uint32, clientErr bool, err error) {
@@ -258,13 +272,13 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 	}
 	resp, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return nil, false, err
+		return nil, false, &engineFault{"/tokenize failed before the engine answered", err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, err := readAtMost(resp.Body, resp.ContentLength, maxEngineError)
 		if err != nil {
-			return nil, false, err
+			return nil, false, &engineFault{"/tokenize's answer broke off", err}
 		}
 		msg := engineMessage(body)
 		switch resp.StatusCode {
@@ -275,7 +289,7 @@ func (f *Frontend) tokenizeOn(ctx context.Context, w Worker, payload pieces) (id
 	}
 	ids, err = decodeTokenList(io.LimitReader(resp.Body, maxTokenizeResponse))
 	if err != nil {
-		return nil, false, fmt.Errorf("/tokenize answered no token list: %w", err)
+		return nil, false, &engineFault{"/tokenize answered no token list", err}
 	}
 	return ids, false, nil
 }

@@ -113,6 +113,7 @@ flags.`,
 			if err != nil {
 				return err
 			}
+			generatedAdmin := hf.adminTokenBeyondLoopback(host)
 			signalled, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			// Engines, agents and frontend run on a context the signal
@@ -160,6 +161,10 @@ flags.`,
 			fmt.Fprintf(out, "\nNATS: %s (namespace %q)\n", natsURL, pf.namespace)
 			url := s.URL()
 			fmt.Fprintf(out, "\nDashboard: %s/ui\n", url)
+			if generatedAdmin {
+				fmt.Fprintf(out, "\nThe frontend listens beyond loopback, so changing the router's state (drain, thresholds, bookings) needs this admin token,\n"+
+					"shown only now (type it in the dashboard's token field, or send \"Authorization: Bearer <token>\"; --admin-token sets your own):\n\n  %s\n", hf.access.AdminToken)
+			}
 			fmt.Fprintf(out, "\nSend OpenAI requests to %s (metrics: %s/metrics). For example:\n\n", url, url)
 			auth := ""
 			if hf.access.APIKey != "" {

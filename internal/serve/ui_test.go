@@ -18,6 +18,7 @@ func postJSON(t *testing.T, url, token, body string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -25,6 +25,7 @@ type Dumper struct {
 	path             []uint32
 	done             []uint64 // bit per entry, then per bridge: emitted
 	stack            []int32
+	order            []int32 // entries by engine id: the order they are emitted in
 
 	events  []kv.Event
 	blocks  []kv.Block
@@ -208,9 +209,17 @@ func (d *Dumper) emitRank(w kv.Worker, visit func([]kv.Event) error) error {
 	}
 	d.done = d.done[:words]
 	clear(d.done)
-	var id uint64
+	// Emitted by engine id, not by node: node numbers follow the order in
+	// which blocks reached this index, so two equal indexes dump alike only
+	// if the order is the blocks' own.
+	d.order = d.order[:0]
 	for i := range d.entries {
-		d.stack = append(d.stack[:0], int32(i))
+		d.order = append(d.order, int32(i))
+	}
+	slices.SortFunc(d.order, func(a, b int32) int { return cmp.Compare(d.entries[a].id, d.entries[b].id) })
+	var id uint64
+	for _, i := range d.order {
+		d.stack = append(d.stack[:0], i)
 		for len(d.stack) > 0 {
 			x := d.stack[len(d.stack)-1]
 			if d.isDone(x) {
@@ -245,6 +254,8 @@ func (d *Dumper) emitRank(w kv.Worker, visit func([]kv.Event) error) error {
 	for _, b := range d.bridges {
 		d.removed = append(d.removed, b.id)
 	}
+	// Bridges are found in node order, which equal indexes need not share.
+	slices.Sort(d.removed[start:])
 	return d.add(kv.RemovedEvent(w, id, d.removed[start:len(d.removed):len(d.removed)]...), visit)
 }
 

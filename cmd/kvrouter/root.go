@@ -42,6 +42,7 @@ func addBenchCommands(bench *cobra.Command) {
 		newBenchOverheadCmd(),        // bench_overhead.go
 		newBenchOverheadClientsCmd(), // bench_overhead.go: its clients' child process
 		newBenchReplayCmd(),          // bench_replay.go
+		newBenchHotSetCmd(),          // bench_hotset.go
 		newBenchPlaneCmd(),           // bench_plane.go
 		newBenchRecoveryCmd(),        // bench_recovery.go
 		newBenchMemoryCmd(),          // bench_memory.go

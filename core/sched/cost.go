@@ -15,7 +15,7 @@ type Params struct {
 	// PrefillLoadScale weighs prompt work against decode blocks.
 	PrefillLoadScale float64
 	// CacheAffinity credits each cached prefix block (on a much busier
-	// worker only the prefill its cache actually saves, see Cost) with
+	// worker only its lead net of the extra load, see Cost) with
 	// this many more blocks of cost, without the clamp at 0: a reused
 	// prefix also spares the KV memory a second copy would take and the
 	// prefill of the conversation's later turns, which stay where their
@@ -66,6 +66,7 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 //	saved = credit × overlap, or, on a worker running more than
 //	        ImbalanceRatio × the fewest requests + ImbalanceSlack,
 //	        credit × overlap − (active_prefill_tokens − fewest_prefill_tokens)/block_size
+//	                         − (active_decode_blocks − fewest_decode_blocks)/scale
 //	cost  = scale × (ttft − affinity × max(saved, 0)) + potential_decode_blocks
 //
 // ttft is the prompt work the request waits for there, in blocks. The clamp
@@ -75,27 +76,30 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // workers.
 //
 // The affinity (only while credit > 0) multiplies saved. On a worker much
-// busier than another, saved is the prefill its cache actually saves: the
-// cached prefix less the extra queue the request would wait behind compared
-// with the least-queued worker, i.e. its lead in time to first token over
-// sending the prompt uncached there. Once that queue has eaten the saving,
-// the worker is judged by time to first token and decode load alone, so a
-// few hot conversations cannot keep an idle or restarted engine empty.
-// Between workers of similar load the whole prefix counts: their queue
+// busier than another, saved is the worker's lead, in the cost's own
+// units, over sending the prompt uncached to the lightest: the cached
+// prefix less the extra queue the request would wait behind there and
+// less the extra decode blocks it would run beside, each decode block
+// weighing 1/scale of a prefill block as in the cost itself. Once the
+// extra queue or decode load has eaten the saving, the worker is judged by
+// time to first token and decode load alone, so a few hot conversations
+// cannot keep an idle or restarted engine empty, whether their load is
+// prompts queued for prefill or sequences decoding beside each other.
+// Between workers of similar load the whole prefix counts: their load
 // differences come and go by themselves, and moving a conversation for
 // them costs its later turns their cache.
 func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
-	prefill, affinity := p.work(c, isl, blockSize, fleet)
-	return p.total(prefill, affinity, c.PotentialDecodeBlocks)
+	return p.total(p.prefill(c, isl, blockSize), p.affinity(c, blockSize, fleet), c.PotentialDecodeBlocks)
 }
 
 // A worker running more than ImbalanceRatio × the fewest requests of any
 // candidate, plus ImbalanceSlack, is much busier than the fleet's lightest
-// worker: there Cost bounds the cache affinity by the prefill the cache
-// saves. Bounding it between workers of similar load too cost the
-// Mooncake replay 10 points of hit rate and 17 % of mean TTFT; 3 and 2 keep
-// the replay's figures and still spread twelve clients' hot conversations
-// evenly over an idle engine (measurements in docs/routing-core.md).
+// worker: there Cost bounds the cache affinity by the cache's lead net of
+// the extra queue and decode load. Bounding it between workers of similar
+// load too cost the Mooncake replay 10 points of hit rate and 17 % of mean
+// TTFT; 3 and 2 keep the replay's figures and still spread twelve
+// clients' hot conversations over an idle engine (measurements in
+// docs/routing-core.md).
 const (
 	ImbalanceRatio = 3
 	ImbalanceSlack = 2
@@ -104,8 +108,9 @@ const (
 // Lightest is the lightest load among the candidates of one decision, the
 // reference Cost compares a worker with.
 type Lightest struct {
-	PrefillTokens int // fewest prompt tokens awaiting prefill
-	Requests      int // fewest active requests
+	PrefillTokens int     // fewest prompt tokens awaiting prefill
+	DecodeBlocks  float64 // fewest active decode blocks
+	Requests      int     // fewest active requests
 }
 
 // LightestOf summarises cands for Cost.
@@ -113,10 +118,11 @@ func LightestOf(cands []Candidate) Lightest {
 	if len(cands) == 0 {
 		return Lightest{}
 	}
-	l := Lightest{PrefillTokens: cands[0].ActivePrefillTokens, Requests: cands[0].ActiveRequests}
+	l := Lightest{PrefillTokens: cands[0].ActivePrefillTokens, DecodeBlocks: cands[0].ActiveDecodeBlocks, Requests: cands[0].ActiveRequests}
 	for i := range cands[1:] {
 		c := &cands[i+1]
 		l.PrefillTokens = min(l.PrefillTokens, c.ActivePrefillTokens)
+		l.DecodeBlocks = min(l.DecodeBlocks, c.ActiveDecodeBlocks)
 		l.Requests = min(l.Requests, c.ActiveRequests)
 	}
 	return l
@@ -262,7 +268,7 @@ type CostTerms struct {
 
 // Terms is Cost with its terms apart: Cost is Terms(...).Total.
 func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
-	prefill, affinity := p.work(c, isl, blockSize, fleet)
+	prefill, affinity := p.prefill(c, isl, blockSize), p.affinity(c, blockSize, fleet)
 	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: c.PotentialDecodeBlocks}
 	t.Total = p.total(prefill, affinity, c.PotentialDecodeBlocks)
 	return t
@@ -272,19 +278,21 @@ func (p *Params) total(prefill, affinity, decode float64) float64 {
 	return p.PrefillLoadScale*(prefill-affinity) + decode
 }
 
-// work is the unscaled prefill c would wait for and the cache affinity it
-// earns. Small enough to inline: it runs for every worker of every
-// decision.
-func (p *Params) work(c *Candidate, isl, blockSize int, fleet Lightest) (prefill, affinity float64) {
-	bs := float64(blockSize)
-	credited := p.OverlapCredit * float64(c.OverlapBlocks)
-	prefill = max(float64(c.ActivePrefillTokens+isl)/bs-credited, 0)
-	if p.OverlapCredit > 0 {
-		saved := credited
-		if fleet.muchBusier(c) {
-			saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens) / bs
-		}
-		affinity = p.CacheAffinity * max(saved, 0)
+// prefill is the unscaled prompt work c would wait for, and affinity the
+// unscaled cache affinity it earns. Each is small enough to inline: they
+// run for every worker of every decision.
+func (p *Params) prefill(c *Candidate, isl, blockSize int) float64 {
+	return max(float64(c.ActivePrefillTokens+isl)/float64(blockSize)-p.OverlapCredit*float64(c.OverlapBlocks), 0)
+}
+
+func (p *Params) affinity(c *Candidate, blockSize int, fleet Lightest) float64 {
+	// A scale of 0 weighs no prompt work, the affinity included.
+	if p.OverlapCredit <= 0 || p.PrefillLoadScale <= 0 {
+		return 0
 	}
-	return prefill, affinity
+	saved := p.OverlapCredit * float64(c.OverlapBlocks)
+	if fleet.muchBusier(c) {
+		saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens)/float64(blockSize) + (c.ActiveDecodeBlocks-fleet.DecodeBlocks)/p.PrefillLoadScale
+	}
+	return p.CacheAffinity * max(saved, 0)
 }

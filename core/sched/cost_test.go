@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -154,8 +155,8 @@ func affinity7() Params {
 }
 
 // docs/routing-core.md's worked example: an 80-block request whose 64-block
-// history engine A caches, with 600 decode blocks on A and 80 on engine B,
-// as A's queue grows; A runs 12 requests, B none or 4.
+// history engine A caches, A running 12 requests, engine B none or 4, as
+// A's queue and decode load grow.
 func TestBoundedAffinityWorkedExample(t *testing.T) {
 	const bs = 16
 	s, err := New(ModeKV, nil)
@@ -164,23 +165,67 @@ func TestBoundedAffinityWorkedExample(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range []struct {
-		queued, bRequests int // blocks queued on A, requests on B
-		costA             float64
-		want              uint64
-	}{{0, 0, -696, 1}, {32, 0, 72, 1}, {48, 0, 456, 2}, {96, 0, 936, 2}, {96, 4, -408, 1}} {
+		queued       int     // blocks queued on A
+		aDecode      float64 // A's active decode blocks
+		bRequests    int
+		bDecode      float64
+		costA, costB float64
+		want         uint64
+	}{
+		{0, 96, 0, 0, -512, 320, 1},
+		{32, 96, 0, 0, 256, 320, 1},
+		{96, 96, 0, 0, 448, 320, 2},
+		{0, 584, 0, 0, 648, 320, 2},
+		{0, 584, 4, 300, -696, 620, 1},
+	} {
 		cands := []Candidate{
-			{Worker: worker(1), OverlapBlocks: 64, ActivePrefillTokens: tc.queued * bs, PotentialDecodeBlocks: 600, ActiveRequests: 12},
-			{Worker: worker(2), PotentialDecodeBlocks: 80, ActiveRequests: tc.bRequests},
+			{Worker: worker(1), OverlapBlocks: 64, ActivePrefillTokens: tc.queued * bs, ActiveDecodeBlocks: tc.aDecode, PotentialDecodeBlocks: tc.aDecode + 16, ActiveRequests: 12},
+			{Worker: worker(2), ActiveDecodeBlocks: tc.bDecode, PotentialDecodeBlocks: tc.bDecode + 80, ActiveRequests: tc.bRequests},
 		}
 		req := &Request{ISL: 80 * bs, BlockSize: bs, Params: affinity7()}
+		name := fmt.Sprintf("queue %d, A decode %v, B running %d", tc.queued, tc.aDecode, tc.bRequests)
 		if got := req.Params.Cost(&cands[0], req.ISL, bs, LightestOf(cands)); got != tc.costA {
-			t.Errorf("queue %d, B running %d: cost A = %v, want %v", tc.queued, tc.bRequests, got, tc.costA)
+			t.Errorf("%s: cost A = %v, want %v", name, got, tc.costA)
 		}
-		if got := req.Params.Cost(&cands[1], req.ISL, bs, LightestOf(cands)); got != 320 {
-			t.Errorf("queue %d, B running %d: cost B = %v, want 320", tc.queued, tc.bRequests, got)
+		if got := req.Params.Cost(&cands[1], req.ISL, bs, LightestOf(cands)); got != tc.costB {
+			t.Errorf("%s: cost B = %v, want %v", name, got, tc.costB)
 		}
 		if c, err := s.Select(req, cands, rng); err != nil || c.Worker != worker(tc.want) {
-			t.Errorf("queue %d, B running %d: chose %v (%v), want worker %d", tc.queued, tc.bRequests, c.Worker, err, tc.want)
+			t.Errorf("%s: chose %v (%v), want worker %d", name, c.Worker, err, tc.want)
+		}
+	}
+}
+
+// A hot set: eight conversations of 4,000 tokens (250 blocks) cached on
+// engine A, twelve clients continuing them with 16 new tokens each. A's
+// queue is a block or two, since each request prefills only its turn, but
+// A decodes all twelve and reads every conversation's KV at each step,
+// while B idles. The affinity must give way to B; once B runs a fair share
+// of the clients (A's 12 are then no longer 3 × B's + 2), the whole prefix
+// counts again and A keeps the conversations it caches.
+func TestHotSetDecodeLoadBoundsTheAffinity(t *testing.T) {
+	const bs = 16
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	req := &Request{ISL: 4016, BlockSize: bs, Params: DefaultParams()}
+	for _, tc := range []struct {
+		name      string
+		bRequests int
+		bDecode   float64
+		want      uint64
+	}{
+		{"B idle", 0, 0, 2},
+		{"B runs 4 requests of other conversations", 4, 1004, 1},
+	} {
+		cands := []Candidate{
+			{Worker: worker(1), OverlapBlocks: 250, ActivePrefillTokens: 2 * bs, ActiveDecodeBlocks: 8*250 + 12, PotentialDecodeBlocks: 8*250 + 13, ActiveRequests: 12},
+			{Worker: worker(2), ActiveDecodeBlocks: tc.bDecode, PotentialDecodeBlocks: tc.bDecode + 251, ActiveRequests: tc.bRequests},
+		}
+		if c, err := s.Select(req, cands, rng); err != nil || c.Worker != worker(tc.want) {
+			t.Errorf("%s: chose %v (%v), want worker %d", tc.name, c.Worker, err, tc.want)
 		}
 	}
 }

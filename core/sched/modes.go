@@ -76,8 +76,7 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 		best, ties, lo := 0, 0, math.Inf(1)
 		for i := range cands {
 			c := &cands[i]
-			prefill, affinity := p.work(c, req.ISL, req.BlockSize, lightest)
-			switch cost := p.total(prefill, affinity, c.PotentialDecodeBlocks); {
+			switch cost := p.total(p.prefill(c, req.ISL, req.BlockSize), p.affinity(c, req.BlockSize, lightest), c.PotentialDecodeBlocks); {
 			case cost < lo:
 				best, ties, lo = i, 1, cost
 			case cost == lo:

@@ -14,6 +14,9 @@ type healthWorker struct {
 	DPSize     int    `json:"dp_size"`
 	Registered bool   `json:"registered"` // known to the router
 	KVEvents   string `json:"kv_events,omitempty"`
+	// State and Why name a configured engine that is not in routing.
+	State string `json:"state,omitempty"`
+	Why   string `json:"why,omitempty"`
 }
 
 // live answers while the process serves HTTP at all: a liveness probe
@@ -96,6 +99,10 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): kv events %s", wk.Name, wk.ID, out[i].KVEvents))
 		}
 	}
+	for _, e := range f.unroutable(ws) {
+		out = append(out, healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, BaseURL: e.URL, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why})
+		degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not in routing: %s", e.Name, e.ID, e.Why))
+	}
 	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}
 	if f.cfg.Dependencies != nil {
 		deps := f.cfg.Dependencies()
@@ -126,4 +133,19 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 		body["reasons"] = reasons
 	}
 	writeJSON(w, code, body)
+}
+
+// unroutable lists the configured engines missing from ws, the engines in
+// routing: an engine that never answered or died must show, not vanish.
+func (f *Frontend) unroutable(ws []Worker) []EngineStatus {
+	if f.cfg.Engines == nil {
+		return nil
+	}
+	var out []EngineStatus
+	for _, e := range f.cfg.Engines() {
+		if !slices.ContainsFunc(ws, func(wk Worker) bool { return wk.ID == e.ID }) {
+			out = append(out, e)
+		}
+	}
+	return out
 }

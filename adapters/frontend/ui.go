@@ -29,12 +29,16 @@ var uiPage []byte
 type EngineStatus struct {
 	ID     uint64
 	Name   string
+	URL    string
 	Model  string
 	DPSize int
 	Role   string
 	// State is "up" (in routing), "down" (not answering its health probe)
 	// or "drained" (taken out by an operator).
 	State string
+	// Why the engine is not in routing, when it is not, e.g. "engine
+	// url=http://127.0.0.1:8109 unreachable: connection refused".
+	Why string
 	// Warnings say what is wrong with the engine's event stream, e.g.
 	// replay gaps that could not be closed.
 	Warnings []string
@@ -271,6 +275,7 @@ type (
 		Model     string   `json:"model"`
 		Role      string   `json:"role"`
 		State     string   `json:"state"`
+		Why       string   `json:"why,omitempty"` // not in routing, because
 		EventsPS  *float64 `json:"kv_events_per_s"`
 		Warnings  []string `json:"warnings"`
 		Ranks     []uiRank `json:"ranks"`
@@ -399,7 +404,7 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 	}
 	out := make([]uiEngine, 0, len(engines))
 	for _, e := range engines {
-		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
+		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
 		if ue.Role == "" {
 			ue.Role = router.RoleBoth.String()
 		}

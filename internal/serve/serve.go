@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -143,6 +144,9 @@ type supervised struct {
 	wake    chan struct{}
 	// instance is a discovered engine's announcement, to re-admit it by.
 	instance natsplane.Instance
+	// why the engine is not in routing, "" while it is (guarded by
+	// Server.mu): /health, the dashboard and the log name it.
+	why string
 }
 
 func (w *WorkerSpec) validate() error {
@@ -356,7 +360,8 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	client := &http.Client{Timeout: max(3*s.cfg.HealthInterval, 5*time.Second)}
 	failures := 0
 	for {
-		healthy := probe(ctx, client, w.spec.URL)
+		perr := probe(ctx, client, w.spec.URL)
+		healthy := perr == nil
 		s.mu.Lock()
 		up, drained := w.up, w.drained
 		s.mu.Unlock()
@@ -365,14 +370,17 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 		case healthy && !up:
 			failures = 0
 			if err := s.join(ctx, w); err != nil {
-				s.log.Warn("engine could not join routing", "worker", w.spec.Name, "err", err)
+				s.outOfRouting(w, fmt.Sprintf("engine url=%s could not join routing: %v", w.spec.URL, err))
 			}
 		case healthy:
 			failures = 0
 		case up:
 			if failures++; failures >= 2 {
 				s.leave(w, "stopped answering /health")
+				s.outOfRouting(w, unreachable(w.spec.URL, perr))
 			}
+		case ctx.Err() == nil:
+			s.outOfRouting(w, unreachable(w.spec.URL, perr))
 		}
 		select {
 		case <-ctx.Done():
@@ -384,18 +392,58 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	}
 }
 
-func probe(ctx context.Context, client *http.Client, base string) bool {
+// outOfRouting records why an engine is not in routing and logs it the
+// first time and whenever the reason changes: an engine that never
+// answers must not be silent, nor fill the log every probe.
+func (s *Server) outOfRouting(w *supervised, why string) {
+	s.mu.Lock()
+	changed := !w.up && w.why != why
+	if changed {
+		w.why = why
+	}
+	s.mu.Unlock()
+	if changed {
+		s.log.Warn("engine not in routing: "+why, "worker", w.spec.Name, "url", w.spec.URL)
+	}
+}
+
+// unreachable says why a health probe failed in the operator's words:
+// "connection refused" rather than the whole dial error.
+func unreachable(base string, err error) string {
+	var status *probeStatus
+	switch {
+	case errors.As(err, &status):
+		return fmt.Sprintf("engine url=%s is not healthy: GET /health answered %d", base, status.code)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("engine url=%s unreachable: connection refused (is it running, on this port?)", base)
+	}
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	return fmt.Sprintf("engine url=%s unreachable: %v", base, err)
+}
+
+type probeStatus struct{ code int }
+
+func (p *probeStatus) Error() string { return fmt.Sprintf("/health answered %d", p.code) }
+
+// probe is nil when the engine answers GET /health with 200.
+func probe(ctx context.Context, client *http.Client, base string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/health", nil)
 	if err != nil {
-		return false
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false
+		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	if resp.StatusCode != http.StatusOK {
+		return &probeStatus{code: resp.StatusCode}
+	}
+	return nil
 }
 
 // engineRefused takes an engine that refused a connection out of routing
@@ -448,7 +496,7 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 		}
 	}
 	s.mu.Lock()
-	w.up, w.sources = true, sources
+	w.up, w.sources, w.why = true, sources, ""
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize)
@@ -461,6 +509,9 @@ func (s *Server) leave(w *supervised, why string) {
 	s.mu.Lock()
 	up, sources := w.up, w.sources
 	w.up, w.sources = false, nil // the frontend stops sending to it now
+	if up {
+		w.why = "engine url=" + w.spec.URL + " " + why
+	}
 	s.mu.Unlock()
 	if !up {
 		return

@@ -208,21 +208,23 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 }
 
 // engineBody is what the engine gets: the client's bytes (raw, made of
-// members) less nvext and with the routed data-parallel rank, spliced
+// members) less nvext and router_config_override, which are the router's, and with the routed data-parallel rank, spliced
 // rather than re-encoded; a continuation (raw nil) is top re-encoded.
 func engineBody(top map[string]json.RawMessage, raw []byte, members []member, wk Worker, rank uint32) (pieces, error) {
 	_, hasNvext := top["nvext"]
+	_, hasOverride := top["router_config_override"]
 	if raw != nil {
 		switch {
 		case wk.DPSize > 1:
-			return without(raw, members, []string{"nvext", "data_parallel_rank"}, []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(rank), 10)), nil
-		case hasNvext:
-			return without(raw, members, []string{"nvext"}), nil
+			return without(raw, members, []string{"nvext", "router_config_override", "data_parallel_rank"}, []byte("data_parallel_rank"), strconv.AppendUint(nil, uint64(rank), 10)), nil
+		case hasNvext || hasOverride:
+			return without(raw, members, []string{"nvext", "router_config_override"}), nil
 		}
 		return pieces{raw}, nil
 	}
 	out := maps.Clone(top)
 	delete(out, "nvext")
+	delete(out, "router_config_override")
 	if wk.DPSize > 1 {
 		out["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
 	}

@@ -124,8 +124,9 @@
 //	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
 //	session_control {session_id, action, timeout (s)}          → Request.Session
 //	token_data                                                  → the prompt's token ids
-//	router overrides → Request.Overrides, at nvext's top level or inside router_config_override
-//	(which wins); each knob under any of its names:
+//	router overrides → Request.Overrides, in the body's top-level router_config_override, at
+//	nvext's top level, in nvext.router_config_override or in nvext.agent_hints (the later
+//	wins); each knob under any of its names:
 //	  overlap credit:     overlap_score_credit, kv_overlap_score_credit, router_kv_overlap_score_credit
 //	  prefill load scale: prefill_load_scale, router_prefill_load_scale
 //	  cache affinity:     cache_affinity, router_cache_affinity (kvrouter's own)
@@ -304,6 +305,10 @@ type Config struct {
 	// it is re-admitted (false), for POST /router/drain; it returns
 	// ErrUnknownEngine for an id no engine has. nil answers 501.
 	SetDrained func(id uint64, drained bool) error
+	// StrictNvext answers a request whose nvext (or router_config_override)
+	// has a key neither kvrouter nor Dynamo knows with 400; otherwise it is
+	// served with an X-Kvrouter-Warning header naming the key.
+	StrictNvext bool
 	// UIDecisionsPerSecond bounds the decisions the dashboard is sent;
 	// 0 means DefaultUIDecisionsPerSecond.
 	UIDecisionsPerSecond int

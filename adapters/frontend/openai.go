@@ -135,11 +135,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
-	n, ex, herr := parseNvext(top["nvext"], r.Header, &req)
+	n, ex, warnings, herr := parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req)
 	if herr != nil {
 		c.fail(herr)
 		return
 	}
+	warn(w, warnings)
 	c.ex, c.id = ex, req.ID
 	if n.PrefillWorkerID != nil {
 		c.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}

@@ -81,9 +81,11 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 		herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", req.Model)
 		return
 	}
-	if n, _, herr = parseNvext(top["nvext"], r.Header, &req); herr != nil {
+	var warnings []string
+	if n, _, warnings, herr = parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req); herr != nil {
 		return
 	}
+	warn(w, warnings)
 	if present(top["pool"]) {
 		var pool string
 		_ = json.Unmarshal(top["pool"], &pool)

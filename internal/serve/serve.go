@@ -80,6 +80,8 @@ type Config struct {
 	SilenceProbe time.Duration
 	// MaxBookings is frontend.Config.MaxBookings.
 	MaxBookings int
+	// StrictNvext is frontend.Config.StrictNvext.
+	StrictNvext bool
 	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
 	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
@@ -214,7 +216,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
-		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 		Tokenizer: s.toks.of,
 		Engines:   s.engineStatuses, SetDrained: s.setDrained,

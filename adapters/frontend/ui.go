@@ -356,7 +356,7 @@ func (f *Frontend) uiState(w http.ResponseWriter, r *http.Request) {
 		AdminRequired: f.admin.set, Controls: f.cfg.SetDrained != nil,
 		Totals:     uiTotals{Decisions: st.Decisions, AllBusy: st.AllBusy, Active: st.Load.Active},
 		Queue:      uiQueue{Requests: st.QueuePending, Tokens: st.QueuePendingTokens},
-		Thresholds: rt.Thresholds().List(), Decisions: decisions, Next: next, Series: points,
+		Thresholds: thresholdsInForce(rt.Thresholds()), Decisions: decisions, Next: next, Series: points,
 		DecisionsPerS: f.ui.perSecond,
 	}
 	if st.PromptBlocks > 0 {

@@ -201,6 +201,9 @@ func loadWorkers(path string, specs []string) ([]serve.WorkerSpec, error) {
 		if workers[i].ID == 0 {
 			workers[i].ID = uint64(i + 1)
 		}
+		if err := workers[i].CheckAddresses(); err != nil {
+			return nil, fmt.Errorf("worker %d: %w", i+1, err)
+		}
 	}
 	return workers, nil
 }

@@ -155,7 +155,7 @@ func (w *WorkerSpec) validate() error {
 	if w.URL == "" {
 		return fmt.Errorf("serve: worker %q has no url", w.Name)
 	}
-	if _, err := url.Parse(w.URL); err != nil {
+	if err := w.CheckAddresses(); err != nil {
 		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
 	}
 	if w.DPSize <= 0 {
@@ -169,6 +169,59 @@ func (w *WorkerSpec) validate() error {
 	}
 	_, err := enginesource.RankEndpoint(w.Events, w.DPSize-1)
 	return err
+}
+
+// CheckAddresses reports a malformed url=, events=, replay= or dump= with
+// the fix: the commonest mistake, a missing scheme, otherwise surfaces as
+// "first path segment in URL cannot contain colon" or a connection that
+// never comes.
+func (w *WorkerSpec) CheckAddresses() error {
+	for _, a := range []struct{ key, val string }{{"url", w.URL}, {"dump", w.Dump}} {
+		if err := checkHTTPAddress(a.key, a.val); err != nil {
+			return err
+		}
+	}
+	for _, a := range []struct{ key, val string }{{"events", w.Events}, {"replay", w.Replay}} {
+		if err := checkZMQAddress(a.key, a.val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkHTTPAddress(key, v string) error {
+	if v == "" {
+		return nil
+	}
+	if !strings.Contains(v, "://") {
+		return fmt.Errorf("%s=%s has no scheme: add the scheme: %s=http://%s", key, v, key, v)
+	}
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s=%s: %w", key, v, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%s=%s: the scheme must be http:// or https://, e.g. %s=http://%s", key, v, key, v[strings.Index(v, "://")+3:])
+	case u.Host == "":
+		return fmt.Errorf("%s=%s has no host: write %s=http://HOST:PORT", key, v, key)
+	}
+	return nil
+}
+
+func checkZMQAddress(key, v string) error {
+	if v == "" {
+		return nil
+	}
+	scheme, rest, ok := strings.Cut(v, "://")
+	switch {
+	case !ok:
+		return fmt.Errorf("%s=%s has no scheme: add the scheme: %s=tcp://%s", key, v, key, v)
+	case scheme == "http" || scheme == "https":
+		return fmt.Errorf("%s=%s is an HTTP address; KV events are ZMQ: %s=tcp://%s", key, v, key, rest)
+	case scheme != "tcp" && scheme != "ipc":
+		return fmt.Errorf("%s=%s: the scheme must be tcp:// (or ipc://), e.g. %s=tcp://%s", key, v, key, rest)
+	}
+	return nil
 }
 
 // Start binds the listener and starts everything; engines join routing as

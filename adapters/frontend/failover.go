@@ -325,6 +325,7 @@ type relay struct {
 	first, last time.Time
 	chunks      int // data chunks relayed
 	usage       int // completion tokens the engine reported, -1 until it does
+	prompt      int // prompt tokens the first engine reported, -1 until it does
 	engErr      bool
 
 	engines      int // engines that streamed into it
@@ -343,7 +344,7 @@ type relay struct {
 }
 
 func newRelay(w http.ResponseWriter, track bool) *relay {
-	return &relay{w: w, rc: http.NewResponseController(w), usage: -1, track: track, resumable: true}
+	return &relay{w: w, rc: http.NewResponseController(w), usage: -1, prompt: -1, track: track, resumable: true}
 }
 
 func (rs *relay) write(b []byte) bool {
@@ -366,7 +367,12 @@ func (rs *relay) observe(data, raw []byte) []byte {
 			data, raw = b, dataEvent(b)
 		}
 	}
-	rs.usage = outputTokens(data, rs.usage)
+	if p, g := usageOf(data); g >= 0 {
+		rs.usage = g
+		if rs.engines <= 1 { // a continuation's prompt is not the client's
+			rs.prompt = p
+		}
+	}
 	if rs.track && rs.resumable {
 		rs.note(data)
 	}
@@ -500,6 +506,7 @@ func (c *call) observeStream() {
 	if rs.usage >= 0 {
 		out = rs.usage
 	}
+	c.f.tokCheck.observe(c.model, c.worker.Name, c.isl, rs.prompt)
 	if !rs.first.IsZero() {
 		c.observeEnd(rs.first.Sub(c.start), out)
 		return

@@ -341,7 +341,8 @@ type Frontend struct {
 	bodyBytes   atomic.Int64 // Content-Length of the requests in flight
 	largeBodies bodyBurst
 
-	ui *ui // the dashboard's feed
+	ui       *ui // the dashboard's feed
+	tokCheck *tokenizerCheck
 }
 
 // New checks cfg and registers the metrics.
@@ -370,7 +371,9 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	m := newFrontendMetrics()
 	dm := newDisaggMetrics(latencyBuckets)
-	for _, c := range append(append(m.collectors(), dm.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
+	tc := newTokenizerCheck(cfg.Logger)
+	cs := slices.Concat(m.collectors(), dm.collectors(), tc.collectors(), []prometheus.Collector{metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)})
+	for _, c := range cs {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}
@@ -382,7 +385,7 @@ func New(cfg Config) (*Frontend, error) {
 	_, _ = rand.Read(salt[:])
 	aborted, abort := context.WithCancel(context.Background())
 	f := &Frontend{
-		cfg: cfg, log: cfg.Logger, m: m, dm: dm, created: time.Now().Unix(),
+		cfg: cfg, log: cfg.Logger, m: m, dm: dm, tokCheck: tc, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),

@@ -103,7 +103,9 @@ func (f *Frontend) health(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, BaseURL: e.URL, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why})
 		degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not in routing: %s", e.Name, e.ID, e.Why))
 	}
-	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}
+	tokenizers, mismatched := f.tokCheck.health()
+	degraded = append(degraded, mismatched...)
+	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth(), "tokenizer": tokenizers}
 	if f.cfg.Dependencies != nil {
 		deps := f.cfg.Dependencies()
 		keys := make([]string, 0, len(deps))

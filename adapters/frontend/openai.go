@@ -268,7 +268,9 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	c.w.WriteHeader(http.StatusOK)
 	_, _ = c.w.Write(data)
 	c.status = "200"
-	c.observeEnd(elapsed, outputTokens(data, -1))
+	prompt, out := usageOf(data)
+	c.observeEnd(elapsed, out)
+	c.f.tokCheck.observe(c.model, c.worker.Name, c.isl, prompt)
 	return served, nil
 }
 
@@ -330,21 +332,29 @@ func withStringCode(obj []byte) ([]byte, bool) {
 	return out, err == nil
 }
 
-// outputTokens is usage.completion_tokens of a JSON answer or chunk, else
-// def.
-func outputTokens(data []byte, def int) int {
+// usageOf is usage.prompt_tokens and usage.completion_tokens of a JSON
+// answer or chunk, each -1 when absent.
+func usageOf(data []byte) (prompt, completion int) {
+	prompt, completion = -1, -1
 	if !bytes.Contains(data, []byte(`"usage"`)) {
-		return def
+		return
 	}
 	var u struct {
 		Usage *struct {
+			PromptTokens     *int `json:"prompt_tokens"`
 			CompletionTokens *int `json:"completion_tokens"`
 		} `json:"usage"`
 	}
-	if json.Unmarshal(data, &u) == nil && u.Usage != nil && u.Usage.CompletionTokens != nil {
-		return *u.Usage.CompletionTokens
+	if json.Unmarshal(data, &u) != nil || u.Usage == nil {
+		return
 	}
-	return def
+	if u.Usage.PromptTokens != nil {
+		prompt = *u.Usage.PromptTokens
+	}
+	if u.Usage.CompletionTokens != nil {
+		completion = *u.Usage.CompletionTokens
+	}
+	return
 }
 
 // isErrorChunk reports whether a JSON chunk is an error object.

@@ -230,6 +230,9 @@ type Worker struct {
 	BaseURL string // e.g. http://10.0.0.7:8000, no trailing /v1
 	Model   string // "" serves every model
 	DPSize  int    // data-parallel ranks; > 1 makes the frontend set data_parallel_rank
+	// Events is rank 0's KV-event endpoint, "" when unknown: fix texts name
+	// its port.
+	Events string
 }
 
 // Config configures a Frontend.

@@ -30,6 +30,7 @@ type EngineStatus struct {
 	ID     uint64
 	Name   string
 	URL    string
+	Events string // rank 0's KV-event endpoint, "" when unknown
 	Model  string
 	DPSize int
 	Role   string
@@ -383,7 +384,7 @@ func (f *Frontend) engineStatuses() []EngineStatus {
 	}
 	var out []EngineStatus
 	for _, wk := range f.cfg.Workers() {
-		out = append(out, EngineStatus{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: wk.DPSize, State: "up"})
+		out = append(out, EngineStatus{ID: wk.ID, Name: wk.Name, URL: wk.BaseURL, Events: wk.Events, Model: wk.Model, DPSize: wk.DPSize, State: "up"})
 	}
 	return out
 }
@@ -433,7 +434,7 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 				ev := rt.KVEvents(wk)
 				ur.KVEvents = ev.String()
 				if ev == router.EventsMissing {
-					ue.Warnings = append(ue.Warnings, fmt.Sprintf("no KV events from dp rank %d: routed by predicted caches", rank))
+					ue.Warnings = append(ue.Warnings, fmt.Sprintf("no KV events from dp rank %d: routed by predicted caches; %s", rank, KVEventsHint(e.Events)))
 				}
 			}
 			ue.Ranks = append(ue.Ranks, ur)

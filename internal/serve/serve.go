@@ -335,12 +335,23 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // Addr is the address the frontend listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// URL is the frontend's base URL, https with TLS.
-func (s *Server) URL() string {
-	if s.tls {
-		return "https://" + s.Addr()
+// URL is the frontend's base URL, https with TLS, as a client on this
+// machine reaches it (see browsable).
+func (s *Server) URL() string { return browsable(s.Addr(), s.tls) }
+
+// browsable is the URL of a listener's address: one on every address
+// (0.0.0.0, ::) is named 127.0.0.1, since "http://[::]:8000" is not an
+// address to browse to.
+func browsable(addr string, tls bool) string {
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
 	}
-	return "http://" + s.Addr()
+	if tls {
+		return "https://" + addr
+	}
+	return "http://" + addr
 }
 
 // Router is the routing engine, for inspection.
@@ -396,7 +407,7 @@ func (s *Server) liveWorkers() []frontend.Worker {
 	var out []frontend.Worker
 	for _, w := range s.workers {
 		if w.up {
-			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize})
+			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize, Events: w.spec.Events})
 		}
 	}
 	slices.SortFunc(out, func(a, b frontend.Worker) int { return int(a.ID) - int(b.ID) })

@@ -13,7 +13,7 @@ func (s *Server) engineStatuses() []frontend.EngineStatus {
 	defer s.mu.Unlock()
 	out := make([]frontend.EngineStatus, 0, len(s.workers))
 	for _, w := range s.workers {
-		st := frontend.EngineStatus{ID: w.spec.ID, Name: w.spec.Name, URL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize, Role: w.spec.Role, State: "down"}
+		st := frontend.EngineStatus{ID: w.spec.ID, Name: w.spec.Name, URL: w.spec.URL, Events: w.spec.Events, Model: w.spec.Model, DPSize: w.spec.DPSize, Role: w.spec.Role, State: "down"}
 		switch {
 		case w.drained:
 			st.State = "drained"

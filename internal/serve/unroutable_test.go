@@ -108,3 +108,18 @@ func TestUnreachableEngineIsNamedEverywhere(t *testing.T) {
 		t.Errorf("kvrouter_configured_workers_unroutable = %v, want 2", got)
 	}
 }
+
+// A frontend listening on every address prints a URL a browser can open.
+func TestURLOfAWildcardListenerIsBrowsable(t *testing.T) {
+	for addr, want := range map[string]string{
+		"[::]:8000": "http://127.0.0.1:8000", "0.0.0.0:8000": "http://127.0.0.1:8000",
+		"127.0.0.1:8000": "http://127.0.0.1:8000", "10.0.0.5:8000": "http://10.0.0.5:8000", "[::1]:8000": "http://[::1]:8000",
+	} {
+		if got := browsable(addr, false); got != want {
+			t.Errorf("%s: %s, want %s", addr, got, want)
+		}
+	}
+	if got := browsable("[::]:443", true); got != "https://127.0.0.1:443" {
+		t.Errorf("TLS: %s", got)
+	}
+}

@@ -308,6 +308,9 @@ type Config struct {
 	// it is re-admitted (false), for POST /router/drain; it returns
 	// ErrUnknownEngine for an id no engine has. nil answers 501.
 	SetDrained func(id uint64, drained bool) error
+	// DynamoMetricNames also exports the metrics Dynamo has under Dynamo's
+	// names (DynamoMetricNames), for dashboards built for Dynamo.
+	DynamoMetricNames bool
 	// StrictNvext answers a request whose nvext (or router_config_override)
 	// has a key neither kvrouter nor Dynamo knows with 400; otherwise it is
 	// served with an X-Kvrouter-Warning header naming the key.
@@ -398,6 +401,16 @@ func New(cfg Config) (*Frontend, error) {
 	return f, nil
 }
 
+// metricsHandler serves the registry, and Dynamo's names beside
+// kvrouter's under Config.DynamoMetricNames.
+func (f *Frontend) metricsHandler() http.Handler {
+	var g prometheus.Gatherer = f.cfg.Registry
+	if f.cfg.DynamoMetricNames {
+		g = dynamoNames{g}
+	}
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: f.cfg.Registry})
+}
+
 // Handler routes every endpoint. A known path asked with another method is
 // answered 405 with an Allow header, in OpenAI's error shape like every
 // other error.
@@ -411,6 +424,9 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/v1/models", f.models},
 		{"POST", "/router/best_worker", f.bestWorker},
 		{"POST", "/router/potential_loads", f.potentialLoads},
+		// Dynamo's KvPushRouter method names of the same calls.
+		{"POST", "/router/best_worker_id", f.bestWorker},
+		{"POST", "/router/get_potential_loads", f.potentialLoads},
 		{"POST", "/router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete)},
 		{"POST", "/router/free", f.adminOnly(f.free)},
 		{"GET", "/router/dump_events", f.dumpEvents},
@@ -422,7 +438,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/health", f.health},
 		{"GET", "/live", f.live},
 		{"GET", "/ready", f.ready},
-		{"GET", "/metrics", promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}).ServeHTTP},
+		{"GET", "/metrics", f.metricsHandler().ServeHTTP},
 	}
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}

@@ -19,12 +19,14 @@ type hardeningFlags struct {
 	silenceProbe   time.Duration
 	maxBookings    int
 	strictNvext    bool
+	dynamoMetrics  bool
 }
 
 func (f *hardeningFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.recoveryWindow, "kv-recovery-window", router.DefaultRecoveryWindow, "after an event below an unknown parent, how long the rank re-anchors events from routed prompts")
 	fs.DurationVar(&f.silenceProbe, "kv-events-silence-probe", enginesource.DefaultSilenceProbe, "ask an engine's replay endpoint for a lost tail after its event stream was silent this long; 0 = off")
 	fs.IntVar(&f.maxBookings, "router-max-bookings", frontend.DefaultMaxBookings, "requests booked through /router/best_worker and not yet freed; more are answered 429")
+	fs.BoolVar(&f.dynamoMetrics, "metrics-dynamo-names", false, "also export the metrics Dynamo has under Dynamo's names (dynamo_frontend_*, dynamo_component_router_*; docs/dynamo-compat.md), for dashboards and alerts built for Dynamo")
 	fs.BoolVar(&f.strictNvext, "strict-nvext", false, "answer a request whose nvext has a key neither kvrouter nor Dynamo knows with 400 (default: serve it with an X-Kvrouter-Warning header naming the key)")
 }
 

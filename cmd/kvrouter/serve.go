@@ -119,7 +119,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup})
 			if err != nil {
 				return err
 			}

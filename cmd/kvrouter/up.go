@@ -138,7 +138,7 @@ flags.`,
 				return stoppedDuringStart(ctx, err)
 			}
 			defer stopAgents()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
 			if err != nil {
 				return err
 			}

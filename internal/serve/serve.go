@@ -82,6 +82,8 @@ type Config struct {
 	MaxBookings int
 	// StrictNvext is frontend.Config.StrictNvext.
 	StrictNvext bool
+	// DynamoMetricNames is frontend.Config.DynamoMetricNames.
+	DynamoMetricNames bool
 	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
 	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
@@ -269,7 +271,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
-		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext,
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext, DynamoMetricNames: cfg.DynamoMetricNames,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 		Tokenizer: s.toks.of,
 		Engines:   s.engineStatuses, SetDrained: s.setDrained,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 func oaiClient(e *env, opts ...option.RequestOption) openai.Client {
@@ -270,16 +272,16 @@ func TestBusyThresholdAPI(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	// Only the model: a read, which records nothing.
-	resp, body = e.post("/busy_threshold", map[string]any{"model": "m1"})
-	if resp.StatusCode != 200 || string(body) != `{"model":"m1","active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null}`+"\n" {
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel})
+	if resp.StatusCode != 200 || string(body) != `{"model":"`+mockModel+`","active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null}`+"\n" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	resp, body = e.post("/busy_threshold", map[string]any{"model": "m1", "active_decode_blocks_threshold": 0.8})
-	if resp.StatusCode != 200 || string(body) != `{"model":"m1","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null}`+"\n" {
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel, "active_decode_blocks_threshold": 0.8})
+	if resp.StatusCode != 200 || string(body) != `{"model":"`+mockModel+`","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null}`+"\n" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	resp, body = e.post("/busy_threshold", map[string]any{"model": "m1", "active_prefill_tokens_threshold": 1000})
-	if resp.StatusCode != 200 || string(body) != `{"model":"m1","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":1000}`+"\n" {
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel, "active_prefill_tokens_threshold": 1000})
+	if resp.StatusCode != 200 || string(body) != `{"model":"`+mockModel+`","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":1000}`+"\n" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	resp, body = e.get("/busy_threshold")
@@ -289,12 +291,39 @@ func TestBusyThresholdAPI(t *testing.T) {
 	if err := json.Unmarshal(body, &list); err != nil || len(list.Thresholds) != 1 || *list.Thresholds[0].ActivePrefillTokens != 1000 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	if got := e.router.Thresholds().Get("m1"); *got.ActiveDecodeBlocks != 0.8 {
+	if got := e.router.Thresholds().Get(mockModel); *got.ActiveDecodeBlocks != 0.8 {
 		t.Fatalf("%+v", got)
 	}
-	for _, bad := range []string{`{"model":"m1","active_decode_blocks_threshold":1.5}`, `{"active_prefill_tokens_threshold":3}`, `{"model":`} {
+	for _, bad := range []string{`{"model":"` + mockModel + `","active_decode_blocks_threshold":1.5}`, `{"active_prefill_tokens_threshold":3}`, `{"model":`} {
 		resp, body := e.post("/busy_threshold", bad)
 		openAIError(t, resp, body, 400)
+	}
+}
+
+// /busy_threshold shows the command line's thresholds, refuses a model no
+// engine serves, and logs values, not pointers.
+func TestBusyThresholdShowsTheCommandLineAndRefusesUnknownModels(t *testing.T) {
+	var logs testwait.Buffer
+	decode := 0.9
+	e := newEnv(t, envOpts{engines: 1,
+		router:   func(c *router.Config) { c.Busy.ActiveDecodeBlocks = &decode },
+		frontend: func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }})
+	resp, body := e.get("/busy_threshold")
+	if resp.StatusCode != 200 || string(body) != `{"thresholds":[{"model":"","active_decode_blocks_threshold":0.9,"active_prefill_tokens_threshold":null}]}`+"\n" {
+		t.Errorf("GET: %d %s, want the command line's decode threshold", resp.StatusCode, body)
+	}
+	for _, b := range []map[string]any{{"model": "not-served", "active_decode_blocks_threshold": 0.5}, {"model": "not-served"}} {
+		resp, body = e.post("/busy_threshold", b)
+		if code := openAIError(t, resp, body, http.StatusNotFound); code != "model_not_found" {
+			t.Errorf("%v: %s", b, code)
+		}
+	}
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel, "active_prefill_tokens_threshold": 1000})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if line := logs.String(); !strings.Contains(line, "decode=0.9 prefill=1000") || strings.Contains(line, "0x") {
+		t.Errorf("log: %s", line)
 	}
 }
 

@@ -250,6 +250,7 @@ var prefillRequestParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_
 func prefillBody(top map[string]json.RawMessage) ([]byte, error) {
 	out := maps.Clone(top)
 	delete(out, "nvext")
+	delete(out, "router_config_override")
 	delete(out, "stream_options")
 	delete(out, "data_parallel_rank")
 	out["stream"] = json.RawMessage("false")
@@ -267,6 +268,7 @@ func prefillBody(top map[string]json.RawMessage) ([]byte, error) {
 func decodeBody(top map[string]json.RawMessage, wk Worker, rank uint32, params json.RawMessage) (pieces, error) {
 	out := maps.Clone(top)
 	delete(out, "nvext")
+	delete(out, "router_config_override")
 	if wk.DPSize > 1 {
 		out["data_parallel_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
 	}

@@ -237,9 +237,9 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 }
 
 // routerOwned are the members of a client's request that no engine gets
-// from the client: nvext is the router's, kv_transfer_params the router's
-// alone to set (kvTransferKey).
-var routerOwned = []string{"nvext", kvTransferKey}
+// from the client: nvext and router_config_override are the router's,
+// kv_transfer_params the router's alone to set (kvTransferKey).
+var routerOwned = []string{"nvext", "router_config_override", kvTransferKey}
 
 // engineBody is what the engine gets: the client's bytes (raw, made of
 // members) less the router's members and with the routed data-parallel
@@ -359,6 +359,7 @@ type relay struct {
 	first, last time.Time
 	chunks      int // data chunks relayed
 	usage       int // completion tokens the engine reported, -1 until it does
+	prompt      int // prompt tokens the first engine reported, -1 until it does
 	engErr      bool
 
 	engines      int // engines that streamed into it
@@ -377,7 +378,7 @@ type relay struct {
 }
 
 func newRelay(w http.ResponseWriter, track bool) *relay {
-	return &relay{w: w, rc: http.NewResponseController(w), usage: -1, track: track, resumable: true}
+	return &relay{w: w, rc: http.NewResponseController(w), usage: -1, prompt: -1, track: track, resumable: true}
 }
 
 func (rs *relay) write(b []byte) bool {
@@ -400,7 +401,12 @@ func (rs *relay) observe(data, raw []byte) []byte {
 			data, raw = b, dataEvent(b)
 		}
 	}
-	rs.usage = outputTokens(data, rs.usage)
+	if p, g := usageOf(data); g >= 0 {
+		rs.usage = g
+		if rs.engines <= 1 { // a continuation's prompt is not the client's
+			rs.prompt = p
+		}
+	}
 	if rs.track && rs.resumable {
 		rs.note(data)
 	}
@@ -534,6 +540,7 @@ func (c *call) observeStream() {
 	if rs.usage >= 0 {
 		out = rs.usage
 	}
+	c.f.tokCheck.observe(c.label, c.worker.Name, c.isl, rs.prompt)
 	if !rs.first.IsZero() {
 		c.observeEnd(rs.first.Sub(c.start), out)
 		return

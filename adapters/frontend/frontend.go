@@ -155,8 +155,9 @@
 //	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
 //	session_control {session_id, action, timeout (s)}          → Request.Session
 //	token_data                                                  → the prompt's token ids
-//	router overrides → Request.Overrides, at nvext's top level or inside router_config_override
-//	(which wins); each knob under any of its names:
+//	router overrides → Request.Overrides, in the body's top-level router_config_override, at
+//	nvext's top level, in nvext.router_config_override or in nvext.agent_hints (the later
+//	wins); each knob under any of its names:
 //	  overlap credit:     overlap_score_credit, kv_overlap_score_credit, router_kv_overlap_score_credit
 //	  prefill load scale: prefill_load_scale, router_prefill_load_scale
 //	  cache affinity:     cache_affinity, router_cache_affinity (kvrouter's own)
@@ -262,6 +263,9 @@ type Worker struct {
 	BaseURL string // e.g. http://10.0.0.7:8000, no trailing /v1
 	Model   string // "" serves every model
 	DPSize  int    // data-parallel ranks; > 1 makes the frontend set data_parallel_rank
+	// Events is rank 0's KV-event endpoint, "" when unknown: fix texts name
+	// its port.
+	Events string
 }
 
 // Config configures a Frontend.
@@ -337,6 +341,13 @@ type Config struct {
 	// it is re-admitted (false), for POST /router/drain; it returns
 	// ErrUnknownEngine for an id no engine has. nil answers 501.
 	SetDrained func(id uint64, drained bool) error
+	// DynamoMetricNames also exports the metrics Dynamo has under Dynamo's
+	// names (DynamoMetricNames), for dashboards built for Dynamo.
+	DynamoMetricNames bool
+	// StrictNvext answers a request whose nvext (or router_config_override)
+	// has a key neither kvrouter nor Dynamo knows with 400; otherwise it is
+	// served with an X-Kvrouter-Warning header naming the key.
+	StrictNvext bool
 	// UIDecisionsPerSecond bounds the decisions the dashboard is sent;
 	// 0 means DefaultUIDecisionsPerSecond.
 	UIDecisionsPerSecond int
@@ -386,6 +397,7 @@ type Frontend struct {
 
 	outliers *outlier.Detector
 	om       *outlierMetrics
+	tokCheck *tokenizerCheck
 }
 
 // New checks cfg and registers the metrics.
@@ -431,7 +443,9 @@ func New(cfg Config) (*Frontend, error) {
 	m := newFrontendMetrics()
 	dm := newDisaggMetrics(latencyBuckets)
 	om := newOutlierMetrics(outliers)
-	for _, c := range append(append(append(m.collectors(), dm.collectors()...), om.collectors()...), metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)) {
+	tc := newTokenizerCheck(cfg.Logger)
+	cs := slices.Concat(m.collectors(), dm.collectors(), om.collectors(), tc.collectors(), []prometheus.Collector{metrics.NewCollector(cfg.Router), metrics.NewKVEventsCollector(cfg.Router)})
+	for _, c := range cs {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, err
 		}
@@ -443,7 +457,7 @@ func New(cfg Config) (*Frontend, error) {
 	_, _ = rand.Read(salt[:])
 	aborted, abort := context.WithCancel(context.Background())
 	f := &Frontend{
-		cfg: cfg, log: cfg.Logger, m: m, dm: dm, created: time.Now().Unix(),
+		cfg: cfg, log: cfg.Logger, m: m, dm: dm, tokCheck: tc, created: time.Now().Unix(),
 		idBase: "kvr-" + hex.EncodeToString(salt[:]) + "-",
 		apiKey: newSecret(cfg.APIKey), admin: newSecret(cfg.AdminToken),
 		bookings: newBookings(cfg.MaxBookings),
@@ -452,6 +466,16 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
 	return f, nil
+}
+
+// metricsHandler serves the registry, and Dynamo's names beside
+// kvrouter's under Config.DynamoMetricNames.
+func (f *Frontend) metricsHandler() http.Handler {
+	var g prometheus.Gatherer = f.cfg.Registry
+	if f.cfg.DynamoMetricNames {
+		g = dynamoNames{g}
+	}
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: f.cfg.Registry})
 }
 
 // Handler routes every endpoint. A known path asked with another method is
@@ -467,6 +491,9 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/v1/models", f.models},
 		{"POST", "/router/best_worker", f.bestWorker},
 		{"POST", "/router/potential_loads", f.potentialLoads},
+		// Dynamo's KvPushRouter method names of the same calls.
+		{"POST", "/router/best_worker_id", f.bestWorker},
+		{"POST", "/router/get_potential_loads", f.potentialLoads},
 		{"POST", "/router/mark_prefill_complete", f.adminOnly(f.markPrefillComplete)},
 		{"POST", "/router/free", f.adminOnly(f.free)},
 		{"GET", "/router/dump_events", f.adminOnly(f.dumpEvents)},
@@ -478,7 +505,7 @@ func (f *Frontend) Handler() http.Handler {
 		{"GET", "/health", f.health},
 		{"GET", "/live", f.live},
 		{"GET", "/ready", f.ready},
-		{"GET", "/metrics", f.limitScrapes(promhttp.HandlerFor(f.cfg.Registry, promhttp.HandlerOpts{Registry: f.cfg.Registry}))},
+		{"GET", "/metrics", f.limitScrapes(f.metricsHandler())},
 	}
 	mux := http.NewServeMux()
 	allowed := map[string][]string{}

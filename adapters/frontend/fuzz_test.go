@@ -18,7 +18,7 @@ func FuzzParseNvext(f *testing.F) {
 	f.Add(`{"session_control": {"timeout": 1e308}}`)
 	f.Fuzz(func(t *testing.T, raw string) {
 		var req router.Request
-		_, _, herr := parseNvext(json.RawMessage(raw), http.Header{}, &req)
+		_, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(raw), override: json.RawMessage(raw), header: http.Header{}, strict: len(raw)%2 == 0}, &req)
 		if herr != nil && (herr.status != http.StatusBadRequest || herr.Message == "" || herr.Code == "") {
 			t.Fatalf("%q: %d %+v", raw, herr.status, herr.apiError)
 		}
@@ -59,7 +59,7 @@ func FuzzRequestBody(f *testing.F) {
 			}
 		}
 		var req router.Request
-		if _, _, herr := parseNvext(top["nvext"], http.Header{}, &req); herr != nil && herr.status != http.StatusBadRequest {
+		if _, _, _, herr := parseNvext(requestNvext(top, http.Header{}, false), &req); herr != nil && herr.status != http.StatusBadRequest {
 			t.Fatalf("%q: nvext answered %d", body, herr.status)
 		}
 		out, err := io.ReadAll(without([]byte(body), ms, []string{"nvext", "data_parallel_rank"}, []byte("data_parallel_rank"), []byte("1")).reader())

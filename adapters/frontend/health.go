@@ -17,6 +17,9 @@ type healthWorker struct {
 	KVEvents   string `json:"kv_events,omitempty"`
 	// Ejected: out of routing for failing requests, why and until when.
 	Ejected *ejectionHealth `json:"ejected,omitempty"`
+	// State and Why name a configured engine that is not in routing.
+	State string `json:"state,omitempty"`
+	Why   string `json:"why,omitempty"`
 	// OverBound lists the ranks whose events claimed more blocks than
 	// their capacity allows (index.RankBound).
 	OverBound []healthBound `json:"kv_index_over_bound,omitempty"`
@@ -130,7 +133,13 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): its KV events claimed more blocks than its capacity; %d refused on rank %d (bound %d)", wk.Name, wk.ID, ob[0].Refused, ob[0].DPRank, ob[0].Bound))
 		}
 	}
-	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth()}
+	for _, e := range f.unroutable(ws) {
+		out = append(out, healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, BaseURL: e.URL, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why})
+		degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not in routing: %s", e.Name, e.ID, e.Why))
+	}
+	tokenizers, mismatched := f.tokCheck.health()
+	degraded = append(degraded, mismatched...)
+	body := map[string]any{"workers": out, "kv_block_size": f.blockSizeHealth(), "tokenizer": tokenizers}
 	if f.cfg.Dependencies != nil {
 		deps := f.cfg.Dependencies()
 		keys := make([]string, 0, len(deps))
@@ -160,4 +169,19 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 		body["reasons"] = reasons
 	}
 	writeJSON(w, code, body)
+}
+
+// unroutable lists the configured engines missing from ws, the engines in
+// routing: an engine that never answered or died must show, not vanish.
+func (f *Frontend) unroutable(ws []Worker) []EngineStatus {
+	if f.cfg.Engines == nil {
+		return nil
+	}
+	var out []EngineStatus
+	for _, e := range f.cfg.Engines() {
+		if !slices.ContainsFunc(ws, func(wk Worker) bool { return wk.ID == e.ID }) {
+			out = append(out, e)
+		}
+	}
+	return out
 }

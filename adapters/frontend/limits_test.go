@@ -106,6 +106,9 @@ func TestClientGrownStateIsBounded(t *testing.T) {
 		c.MaxThresholdModels = 4
 	}})
 	e.fake(1, "m", 1, okEngine)
+	for i := range 5 {
+		e.add(Worker{ID: uint64(100 + i), Name: "w", BaseURL: "http://127.0.0.1:1", Model: strconv.Itoa(i)})
+	}
 	huge := strings.Repeat("x", 1<<20)
 	session := func(id string, timeout float64) (*http.Response, []byte) {
 		return e.post("/v1/completions", map[string]any{"model": "m", "prompt": []int{1, 2, 3},

@@ -2,9 +2,14 @@ package frontend
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/jsonerr"
@@ -70,10 +75,13 @@ func (o *overrideFields) apply(out *sched.Overrides) {
 	}
 }
 
-// nvext is the request extension as far as the frontend reads it; other
-// keys (greed_sampling, annotations, ...) are accepted and ignored.
+// nvext is the request extension as far as the frontend reads it. Every
+// key Dynamo's nvext has is known: those kvrouter has no use for are
+// accepted and ignored (dynamoOnly); any other key is answered with a
+// warning header, or 400 in strict mode (unknownNvext).
 type nvext struct {
 	overrideFields
+	dynamoOnly
 	BackendInstanceID    *uint64         `json:"backend_instance_id"`
 	DecodeWorkerID       *uint64         `json:"decode_worker_id"`
 	DPRank               *uint32         `json:"dp_rank"`
@@ -86,9 +94,27 @@ type nvext struct {
 	RouterConfigOverride *overrideFields `json:"router_config_override"`
 }
 
+// dynamoOnly are the nvext keys of Dynamo's that concern its preprocessor
+// or engines, not routing.
+type dynamoOnly struct {
+	GreedSampling      json.RawMessage `json:"greed_sampling"`
+	UseRawPrompt       json.RawMessage `json:"use_raw_prompt"`
+	Annotations        json.RawMessage `json:"annotations"`
+	MaxThinkingTokens  json.RawMessage `json:"max_thinking_tokens"`
+	RequestTimestampMS json.RawMessage `json:"request_timestamp_ms"`
+}
+
+// agentHints takes the router overrides too: Dynamo's newest
+// documentation puts the overlap credit there
+// (agent_hints.kv_overlap_score_credit).
 type agentHints struct {
+	overrideFields
 	Priority *float64 `json:"priority"`
 	OSL      *int     `json:"osl"`
+	// Dynamo's, accepted without effect: kvrouter's queue orders by
+	// priority, and it does not prefill ahead of a turn.
+	SpeculativePrefill json.RawMessage `json:"speculative_prefill"`
+	LatencySensitivity json.RawMessage `json:"latency_sensitivity"`
 }
 
 type sessionControl struct {
@@ -100,23 +126,67 @@ type sessionControl struct {
 // extras are what extra_fields asked for.
 type extras struct{ workerID, timing bool }
 
-// parseNvext reads raw (absent or null is fine) into the routing fields of
-// req and returns what the response should carry.
-func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (nvext, extras, *httpError) {
+// nvextInput is where a request carries the extension: nvext, and Dynamo's
+// router_config_override at the body's top level.
+type nvextInput struct {
+	nvext, override json.RawMessage
+	header          http.Header
+	// strict answers an unknown key 400 instead of warning about it.
+	strict bool
+}
+
+func requestNvext(top map[string]json.RawMessage, header http.Header, strict bool) nvextInput {
+	return nvextInput{nvext: top["nvext"], override: top["router_config_override"], header: header, strict: strict}
+}
+
+// WarningHeader carries what the router did not understand of a request
+// it served anyway, e.g. `unknown nvext key "foo"`.
+const WarningHeader = "X-Kvrouter-Warning"
+
+// warn adds the warnings to the response's headers, one header each.
+func warn(w http.ResponseWriter, warnings []string) {
+	for _, m := range warnings {
+		w.Header().Add(WarningHeader, m)
+	}
+}
+
+// parseNvext reads in (absent or null is fine) into the routing fields of
+// req and returns what the response should carry and the warnings to send
+// with it. When several places name a knob, the most specific wins: the
+// top-level router_config_override, then nvext's own keys, then
+// nvext.router_config_override, then nvext.agent_hints.
+func parseNvext(in nvextInput, req *router.Request) (nvext, extras, []string, *httpError) {
 	var n nvext
-	if len(raw) > 0 && string(raw) != "null" {
+	raw := in.nvext
+	if present(raw) {
 		if err := json.Unmarshal(raw, &n); err != nil {
-			return n, extras{}, badRequest("invalid_nvext", "nvext", "%s", jsonerr.Describe(err, &n, "nvext"))
+			return n, extras{}, nil, badRequest("invalid_nvext", "nvext", "%s", jsonerr.Describe(err, &n, "nvext"))
 		}
 	}
+	var top *overrideFields
+	if present(in.override) {
+		top = new(overrideFields)
+		if err := json.Unmarshal(in.override, top); err != nil {
+			return n, extras{}, nil, badRequest("invalid_router_config_override", "router_config_override", "%s", jsonerr.Describe(err, top, "router_config_override"))
+		}
+	}
+	warnings := unknownNvext(raw, in.override)
+	if in.strict && len(warnings) > 0 {
+		return n, extras{}, nil, badRequest("unknown_nvext_key", "nvext", "%s (this router runs with --strict-nvext)", strings.Join(warnings, "; "))
+	}
+	top.apply(&req.Overrides)
 	n.overrideFields.apply(&req.Overrides)
 	n.RouterConfigOverride.apply(&req.Overrides)
+	if n.AgentHints != nil {
+		n.AgentHints.overrideFields.apply(&req.Overrides)
+	}
+	header := in.header
 
 	target := first(n.BackendInstanceID, n.DecodeWorkerID)
 	if h := header.Get("x-worker-instance-id"); h != "" {
 		id, err := strconv.ParseUint(h, 10, 64)
 		if err != nil {
-			return n, extras{}, badRequest("invalid_header", "x-worker-instance-id", "x-worker-instance-id %q is not a worker id", h)
+			return n, extras{}, nil, badRequest("invalid_header", "x-worker-instance-id", "x-worker-instance-id %q is not a worker id", h)
 		}
 		target = &id
 	}
@@ -128,10 +198,10 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 		}
 		req.Target = &w
 	case n.DPRank != nil:
-		return n, extras{}, badRequest("invalid_nvext", "nvext.dp_rank", "nvext.dp_rank needs nvext.backend_instance_id")
+		return n, extras{}, nil, badRequest("invalid_nvext", "nvext.dp_rank", "nvext.dp_rank needs nvext.backend_instance_id")
 	}
 	if n.PrefillDPRank != nil && n.PrefillWorkerID == nil {
-		return n, extras{}, badRequest("invalid_nvext", "nvext.prefill_dp_rank", "nvext.prefill_dp_rank needs nvext.prefill_worker_id")
+		return n, extras{}, nil, badRequest("invalid_nvext", "nvext.prefill_dp_rank", "nvext.prefill_dp_rank needs nvext.prefill_worker_id")
 	}
 
 	if h := n.AgentHints; h != nil {
@@ -140,7 +210,7 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 		}
 		if h.OSL != nil {
 			if *h.OSL < 0 {
-				return n, extras{}, badRequest("invalid_nvext", "nvext.agent_hints.osl", "nvext.agent_hints.osl must be ≥ 0, got %d", *h.OSL)
+				return n, extras{}, nil, badRequest("invalid_nvext", "nvext.agent_hints.osl", "nvext.agent_hints.osl must be ≥ 0, got %d", *h.OSL)
 			}
 			req.OSL = *h.OSL
 		}
@@ -148,11 +218,11 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 
 	if s := n.SessionControl; s != nil {
 		if s.SessionID == "" {
-			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.session_id", "nvext.session_control needs a session_id")
+			return n, extras{}, nil, badRequest("invalid_nvext", "nvext.session_control.session_id", "nvext.session_control needs a session_id")
 		}
 		action, err := sched.ParseSessionAction(s.Action)
 		if err != nil {
-			return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.action", "nvext.session_control.action must be open, bind, close or absent, got %q", s.Action)
+			return n, extras{}, nil, badRequest("invalid_nvext", "nvext.session_control.action", "nvext.session_control.action must be open, bind, close or absent, got %q", s.Action)
 		}
 		sc := &sched.SessionControl{ID: s.SessionID, Action: action}
 		if s.Timeout != nil {
@@ -160,7 +230,7 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 			// to a duration from overflowing.
 			t := *s.Timeout
 			if math.IsNaN(t) || t < 0 || t > 1e9 {
-				return n, extras{}, badRequest("invalid_nvext", "nvext.session_control.timeout", "nvext.session_control.timeout must be a number of seconds ≥ 0, got %v", t)
+				return n, extras{}, nil, badRequest("invalid_nvext", "nvext.session_control.timeout", "nvext.session_control.timeout must be a number of seconds ≥ 0, got %v", t)
 			}
 			sc.Timeout = time.Duration(t * float64(time.Second))
 		}
@@ -176,7 +246,7 @@ func parseNvext(raw json.RawMessage, header http.Header, req *router.Request) (n
 			ex.timing = true
 		}
 	}
-	return n, ex, nil
+	return n, ex, warnings, nil
 }
 
 func (e extras) any() bool { return e.workerID || e.timing }
@@ -288,3 +358,57 @@ func injectNvext(obj, ext []byte) ([]byte, bool) {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// unknownNvext names the keys of nvext (and of its objects) and of a
+// top-level router_config_override that neither kvrouter nor Dynamo knows:
+// a misspelt override would otherwise be ignored without a word.
+func unknownNvext(raw, override json.RawMessage) []string {
+	var out []string
+	out = unknownKeys(raw, reflect.TypeFor[nvext](), "nvext", out)
+	return unknownKeys(override, reflect.TypeFor[overrideFields](), "router_config_override", out)
+}
+
+// unknownKeys appends, as `unknown nvext key "path.key"`, the keys of the
+// JSON object raw that no field of the struct t names, descending into
+// the fields that are structs themselves.
+func unknownKeys(raw json.RawMessage, t reflect.Type, path string, out []string) []string {
+	var obj map[string]json.RawMessage
+	if !present(raw) || json.Unmarshal(raw, &obj) != nil {
+		return out
+	}
+	fields := jsonFields(t)
+	keys := slices.Sorted(maps.Keys(obj))
+	for _, k := range keys {
+		ft, ok := fields[k]
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("unknown nvext key %q", path+"."+k))
+		case ft.Kind() == reflect.Struct:
+			out = unknownKeys(obj[k], ft, path+"."+k, out)
+		}
+	}
+	return out
+}
+
+// jsonFields maps the JSON names of t's fields, those of embedded structs
+// included, to their types (pointers followed).
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			maps.Copy(out, jsonFields(f.Type))
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		out[name] = ft
+	}
+	return out
+}

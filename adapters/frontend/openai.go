@@ -156,11 +156,12 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
-	n, ex, herr := parseNvext(top["nvext"], r.Header, &req)
+	n, ex, warnings, herr := parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req)
 	if herr != nil {
 		c.fail(herr)
 		return
 	}
+	warn(w, warnings)
 	c.ex, c.id = ex, req.ID
 	if n.PrefillWorkerID != nil {
 		c.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}
@@ -321,7 +322,9 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	_, _ = c.w.Write(data)
 	c.status = "200"
 	c.engineOK = true
-	c.observeEnd(elapsed, outputTokens(data, -1))
+	prompt, out := usageOf(data)
+	c.observeEnd(elapsed, out)
+	c.f.tokCheck.observe(c.label, c.worker.Name, c.isl, prompt)
 	return served, nil
 }
 
@@ -383,21 +386,29 @@ func withStringCode(obj []byte) ([]byte, bool) {
 	return out, err == nil
 }
 
-// outputTokens is usage.completion_tokens of a JSON answer or chunk, else
-// def.
-func outputTokens(data []byte, def int) int {
+// usageOf is usage.prompt_tokens and usage.completion_tokens of a JSON
+// answer or chunk, each -1 when absent.
+func usageOf(data []byte) (prompt, completion int) {
+	prompt, completion = -1, -1
 	if !bytes.Contains(data, []byte(`"usage"`)) {
-		return def
+		return
 	}
 	var u struct {
 		Usage *struct {
+			PromptTokens     *int `json:"prompt_tokens"`
 			CompletionTokens *int `json:"completion_tokens"`
 		} `json:"usage"`
 	}
-	if json.Unmarshal(data, &u) == nil && u.Usage != nil && u.Usage.CompletionTokens != nil {
-		return *u.Usage.CompletionTokens
+	if json.Unmarshal(data, &u) != nil || u.Usage == nil {
+		return
 	}
-	return def
+	if u.Usage.PromptTokens != nil {
+		prompt = *u.Usage.PromptTokens
+	}
+	if u.Usage.CompletionTokens != nil {
+		completion = *u.Usage.CompletionTokens
+	}
+	return
 }
 
 // isErrorChunk reports whether a JSON chunk is an error object.

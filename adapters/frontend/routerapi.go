@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -81,9 +82,11 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 		herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", req.Model)
 		return
 	}
-	if n, _, herr = parseNvext(top["nvext"], r.Header, &req); herr != nil {
+	var warnings []string
+	if n, _, warnings, herr = parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req); herr != nil {
 		return
 	}
+	warn(w, warnings)
 	if present(top["pool"]) {
 		var pool string
 		_ = json.Unmarshal(top["pool"], &pool)
@@ -260,7 +263,36 @@ func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (f *Frontend) listThresholds(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"thresholds": f.cfg.Router.Thresholds().List()})
+	writeJSON(w, http.StatusOK, map[string]any{"thresholds": thresholdsInForce(f.cfg.Router.Thresholds())})
+}
+
+// thresholdsInForce lists the models given thresholds at run time and,
+// first, under model "", the command line's (--active-*-threshold), which
+// every other model is held to: a GET must show what decides busyness, not
+// only what was changed.
+func thresholdsInForce(th *sched.Thresholds) []sched.ModelThreshold {
+	list := th.List()
+	if d := th.Defaults(); d.ActiveDecodeBlocks != nil || d.ActivePrefillTokens != nil {
+		list = append([]sched.ModelThreshold{{Model: "", BusyThreshold: d}}, list...)
+	}
+	return list
+}
+
+// servesModel tells whether an engine, in routing or not, serves model.
+func (f *Frontend) servesModel(model string) bool {
+	if f.cfg.Models != nil && slices.Contains(f.cfg.Models(), model) {
+		return true
+	}
+	_, serving := f.workersFor(model)
+	return len(serving) > 0
+}
+
+// thresholdValue shows a threshold in the log: its value, or off.
+func thresholdValue[T float64 | int](v *T) string {
+	if v == nil {
+		return "off"
+	}
+	return fmt.Sprint(*v)
 }
 
 // postThreshold sets the fields given for the model, switches off those
@@ -291,6 +323,10 @@ func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, badRequest("invalid_model", "model", "model is %d bytes long, at most %d are allowed", len(mt.Model), sched.MaxModelNameBytes))
 		return
 	}
+	if !f.servesModel(mt.Model) {
+		writeHTTPError(w, newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist: no engine of this router serves it (see /v1/models).", mt.Model))
+		return
+	}
 	isNull := func(key string) bool { raw, ok := top[key]; return ok && !present(raw) }
 	u := sched.ThresholdUpdate{
 		Set:        mt.BusyThreshold,
@@ -314,6 +350,6 @@ func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	f.log.Info("busy threshold set", "model", mt.Model, "decode", cur.ActiveDecodeBlocks, "prefill", cur.ActivePrefillTokens)
+	f.log.Info("busy threshold set", "model", mt.Model, "decode", thresholdValue(cur.ActiveDecodeBlocks), "prefill", thresholdValue(cur.ActivePrefillTokens))
 	writeJSON(w, http.StatusOK, sched.ModelThreshold{Model: mt.Model, BusyThreshold: cur})
 }

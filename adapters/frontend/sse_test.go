@@ -132,7 +132,7 @@ func TestParseNvext(t *testing.T) {
 		"session_control": {"session_id": "s", "action": "bind", "timeout": 2.5},
 		"extra_fields": ["timing", "unknown"], "greed_sampling": true}`
 	var req router.Request
-	_, ex, herr := parseNvext([]byte(raw), http.Header{}, &req)
+	_, ex, _, herr := parseNvext(nvextInput{nvext: []byte(raw)}, &req)
 	if herr != nil {
 		t.Fatal(herr)
 	}
@@ -152,11 +152,11 @@ func TestParseNvext(t *testing.T) {
 	}
 	// The header names the worker over the body.
 	req = router.Request{}
-	if _, _, herr := parseNvext([]byte(`{"backend_instance_id": 4}`), http.Header{"X-Worker-Instance-Id": {"9"}}, &req); herr != nil || req.Target.ID != 9 {
+	if _, _, _, herr := parseNvext(nvextInput{nvext: []byte(`{"backend_instance_id": 4}`), header: http.Header{"X-Worker-Instance-Id": {"9"}}}, &req); herr != nil || req.Target.ID != 9 {
 		t.Fatalf("%v %+v", herr, req.Target)
 	}
 	for _, bad := range []string{`[]`, `{"agent_hints": {"osl": -1}}`, `{"session_control": {"action": "open"}}`, `{"session_control": {"session_id": "s", "timeout": -1}}`} {
-		if _, _, herr := parseNvext([]byte(bad), http.Header{}, &router.Request{}); herr == nil || herr.status != 400 {
+		if _, _, _, herr := parseNvext(nvextInput{nvext: []byte(bad), header: http.Header{}}, &router.Request{}); herr == nil || herr.status != 400 {
 			t.Errorf("%s accepted", bad)
 		}
 	}

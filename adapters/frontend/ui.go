@@ -29,12 +29,17 @@ var uiPage []byte
 type EngineStatus struct {
 	ID     uint64
 	Name   string
+	URL    string
+	Events string // rank 0's KV-event endpoint, "" when unknown
 	Model  string
 	DPSize int
 	Role   string
 	// State is "up" (in routing), "down" (not answering its health probe)
 	// or "drained" (taken out by an operator).
 	State string
+	// Why the engine is not in routing, when it is not, e.g. "engine
+	// url=http://127.0.0.1:8109 unreachable: connection refused".
+	Why string
 	// Warnings say what is wrong with the engine's event stream, e.g.
 	// replay gaps that could not be closed.
 	Warnings []string
@@ -271,6 +276,7 @@ type (
 		Model     string   `json:"model"`
 		Role      string   `json:"role"`
 		State     string   `json:"state"`
+		Why       string   `json:"why,omitempty"` // not in routing, because
 		EventsPS  *float64 `json:"kv_events_per_s"`
 		Warnings  []string `json:"warnings"`
 		Ranks     []uiRank `json:"ranks"`
@@ -351,7 +357,7 @@ func (f *Frontend) uiState(w http.ResponseWriter, r *http.Request) {
 		AdminRequired: f.admin.set, Controls: f.cfg.SetDrained != nil,
 		Totals:     uiTotals{Decisions: st.Decisions, AllBusy: st.AllBusy, Active: st.Load.Active},
 		Queue:      uiQueue{Requests: st.QueuePending, Tokens: st.QueuePendingTokens},
-		Thresholds: rt.Thresholds().List(), Decisions: decisions, Next: next, Series: points,
+		Thresholds: thresholdsInForce(rt.Thresholds()), Decisions: decisions, Next: next, Series: points,
 		DecisionsPerS: f.ui.perSecond,
 	}
 	if st.PromptBlocks > 0 {
@@ -378,7 +384,7 @@ func (f *Frontend) engineStatuses() []EngineStatus {
 	}
 	var out []EngineStatus
 	for _, wk := range f.cfg.Workers() {
-		out = append(out, EngineStatus{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: wk.DPSize, State: "up"})
+		out = append(out, EngineStatus{ID: wk.ID, Name: wk.Name, URL: wk.BaseURL, Events: wk.Events, Model: wk.Model, DPSize: wk.DPSize, State: "up"})
 	}
 	return out
 }
@@ -399,7 +405,7 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 	}
 	out := make([]uiEngine, 0, len(engines))
 	for _, e := range engines {
-		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
+		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
 		if ue.Role == "" {
 			ue.Role = router.RoleBoth.String()
 		}
@@ -428,7 +434,7 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 				ev := rt.KVEvents(wk)
 				ur.KVEvents = ev.String()
 				if ev == router.EventsMissing {
-					ue.Warnings = append(ue.Warnings, fmt.Sprintf("no KV events from dp rank %d: routed by predicted caches", rank))
+					ue.Warnings = append(ue.Warnings, fmt.Sprintf("no KV events from dp rank %d: routed by predicted caches; %s", rank, KVEventsHint(e.Events)))
 				}
 			}
 			ue.Ranks = append(ue.Ranks, ur)

@@ -48,6 +48,10 @@ var dynamoFlagAliases = []flagAlias{
 	{name: "tls-cert-path", target: "tls-cert-file"},
 	{name: "tls-key-path", target: "tls-key-file"},
 	{name: "port", target: "http-port"},
+	// Dynamo's isl_bounding policy bypasses the prefill worker when the
+	// decode worker lacks fewer than this many tokens, as kvrouter's flag
+	// does (Dynamo also requires the uncached share below a ratio).
+	{name: "router-conditional-disagg-eff-isl-threshold", target: "disagg-min-uncached-tokens"},
 }
 
 // envAlias is an environment variable Dynamo reads for kvrouter's flag
@@ -84,6 +88,9 @@ func registerDynamoAliases(fs *pflag.FlagSet) {
 			fl.Value = noneMeansOff{fl.Value}
 		}
 	}
+	if target := fs.Lookup("disagg-min-uncached-tokens"); target != nil {
+		registerConditionalDisagg(fs, target)
+	}
 	for _, a := range dynamoFlagAliases {
 		target := fs.Lookup(a.target)
 		if target == nil {
@@ -98,6 +105,52 @@ func registerDynamoAliases(fs *pflag.FlagSet) {
 		_ = fs.MarkDeprecated(a.name, use+" (Dynamo's spelling, read as that)")
 	}
 }
+
+// registerConditionalDisagg takes Dynamo's switch of conditional
+// disaggregation, which kvrouter does by default: on leaves
+// --disagg-min-uncached-tokens as it is, off sets it to 0 (always
+// disaggregate, Dynamo's default). Of Dynamo's policies only isl_bounding
+// has kvrouter's meaning; the others fail.
+func registerConditionalDisagg(fs *pflag.FlagSet, minUncached *pflag.Flag) {
+	on := fs.VarPF(&conditionalDisagg{target: minUncached}, "router-conditional-disagg", "", "Dynamo's switch of conditional disaggregation")
+	on.NoOptDefVal = "true"
+	_ = fs.MarkDeprecated("router-conditional-disagg", "kvrouter disaggregates conditionally by default (--disagg-min-uncached-tokens; false sets it to 0); read as that")
+	fs.Var(conditionalDisaggPolicy{}, "router-conditional-disagg-policy", "Dynamo's conditional disaggregation policy; only isl_bounding")
+	_ = fs.MarkDeprecated("router-conditional-disagg-policy", "kvrouter's conditional disaggregation is isl_bounding's token threshold (--disagg-min-uncached-tokens); read as that")
+}
+
+type conditionalDisagg struct {
+	target *pflag.Flag
+	on     bool
+}
+
+func (v *conditionalDisagg) Set(s string) error {
+	b, err := parseDynamoBool(s)
+	if err != nil {
+		return err
+	}
+	v.on = b
+	if !b {
+		v.target.Changed = true
+		return v.target.Value.Set("0")
+	}
+	return nil
+}
+
+func (v *conditionalDisagg) String() string { return strconv.FormatBool(v != nil && v.on) }
+func (v *conditionalDisagg) Type() string   { return "bool" }
+
+type conditionalDisaggPolicy struct{}
+
+func (conditionalDisaggPolicy) Set(s string) error {
+	if s != "isl_bounding" {
+		return fmt.Errorf("%q: kvrouter's conditional disaggregation is the isl_bounding policy only (its token threshold, --disagg-min-uncached-tokens); prefill_load and isl_or_load are not supported", s)
+	}
+	return nil
+}
+
+func (conditionalDisaggPolicy) String() string { return "isl_bounding" }
+func (conditionalDisaggPolicy) Type() string   { return "string" }
 
 // aliasValue writes through to the target flag and marks it set, so that
 // DYN_<TARGET> does not override what the command line said.

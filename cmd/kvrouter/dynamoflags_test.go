@@ -285,3 +285,28 @@ func TestUpBlockSizeByEitherName(t *testing.T) {
 		t.Errorf("up: %v\n%s", err, out.String())
 	}
 }
+
+// Dynamo's conditional-disaggregation flags set kvrouter's where the
+// meaning is the same, and fail where it is not.
+func TestDynamoConditionalDisaggFlags(t *testing.T) {
+	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
+		for args, want := range map[string]string{
+			"--router-conditional-disagg-eff-isl-threshold=2048":                            "2048",
+			"--router-conditional-disagg":                                                   strconv.Itoa(defaultDisaggMinUncachedTokens),
+			"--router-conditional-disagg=false":                                             "0",
+			"--router-conditional-disagg-policy=isl_bounding":                               strconv.Itoa(defaultDisaggMinUncachedTokens),
+			"--router-conditional-disagg --router-conditional-disagg-eff-isl-threshold=100": "100",
+		} {
+			cmd, _, err := parsedCmd(t, newCmd, strings.Fields(args)...)
+			if err != nil {
+				t.Fatalf("%s: %v", args, err)
+			}
+			if got := cmd.Flags().Lookup("disagg-min-uncached-tokens").Value.String(); got != want {
+				t.Errorf("%s %s: --disagg-min-uncached-tokens %s, want %s", cmd.Name(), args, got, want)
+			}
+		}
+		if _, _, err := parsedCmd(t, newCmd, "--router-conditional-disagg-policy=prefill_load"); err == nil || !strings.Contains(err.Error(), "isl_bounding") {
+			t.Errorf("policy prefill_load: %v", err)
+		}
+	}
+}

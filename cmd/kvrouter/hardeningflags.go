@@ -25,6 +25,8 @@ type hardeningFlags struct {
 	headerTimeout   time.Duration
 	responseTimeout time.Duration
 	ejection        outlier.Config
+	strictNvext     bool
+	dynamoMetrics   bool
 }
 
 func (f *hardeningFlags) register(fs *pflag.FlagSet) {
@@ -37,6 +39,8 @@ func (f *hardeningFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.ejection.BaseEjection, "engine-ejection-base-time", outlier.DefaultBaseEjection, "an ejected engine stays out this long times its number of ejections")
 	fs.DurationVar(&f.ejection.MaxEjection, "engine-ejection-max-time", outlier.DefaultMaxEjection, "the longest an ejection lasts")
 	fs.IntVar(&f.ejection.MaxEjectionPercent, "engine-ejection-max-percent", outlier.DefaultMaxEjectionPercent, "the most engines of a pool (a model's decode-capable engines; for prefill engines, all of the model's) ejected at once, in percent: below 100 the last engine is never ejected")
+	fs.BoolVar(&f.dynamoMetrics, "metrics-dynamo-names", false, "also export the metrics Dynamo has under Dynamo's names (dynamo_frontend_*, dynamo_component_router_*; docs/dynamo-compat.md), for dashboards and alerts built for Dynamo")
+	fs.BoolVar(&f.strictNvext, "strict-nvext", false, "answer a request whose nvext has a key neither kvrouter nor Dynamo knows with 400 (default: serve it with an X-Kvrouter-Warning header naming the key)")
 }
 
 func (f *hardeningFlags) validate() error {

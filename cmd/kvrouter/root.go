@@ -12,6 +12,7 @@ already caches the most of their prompt, balanced against each engine's load.`,
 		Version:      versionString(), // --version, as "kvrouter version" prints it
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(suggestFlag) // inherited by every subcommand
 	addCommands(root)
 	return root
 }

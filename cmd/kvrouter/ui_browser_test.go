@@ -172,7 +172,24 @@ func TestUIInBrowser(t *testing.T) {
 	poll("explain a decision", `document.querySelector("#dec td.c") ? document.querySelector("#dec td.c").textContent : ""`, func(v json.RawMessage) bool {
 		var cost string
 		decode(v, &cost)
-		return regexp.MustCompile(`w\d+: [\d.,-]+ = [\d.,]+ − [\d.,]+ \+ [\d.,]+`).MatchString(cost)
+		// Named as the engine cards name them: "engine-0 #1".
+		return regexp.MustCompile(`\S+ #\d+: [\d.,-]+ = [\d.,]+ − [\d.,]+ \+ [\d.,]+`).MatchString(cost)
+	})
+	// The decisions name workers as the cards do, and the page says when
+	// decisions are recorded and what a negative cost means.
+	poll("name decisions as the cards", `({cards: [...document.querySelectorAll("#fleet [data-worker-id]")].map(e => e.querySelector(".name").textContent + " #" + e.dataset.workerId),
+		chosen: document.querySelector("#dec tr td:nth-child(3)").textContent})`, func(v json.RawMessage) bool {
+		var got struct {
+			Cards  []string
+			Chosen string
+		}
+		decode(v, &got)
+		return slices.ContainsFunc(got.Cards, func(c string) bool { return strings.HasPrefix(got.Chosen, c) })
+	})
+	poll("explain sampling and the cache credit", `document.getElementById("sampling").textContent + " | " + document.getElementById("legend").textContent`, func(v json.RawMessage) bool {
+		var text string
+		decode(v, &text)
+		return strings.Contains(text, "only while this page is open") && strings.Contains(text, "cost below zero")
 	})
 	poll("chart the hit rate", `document.querySelectorAll("#c-hit polyline").length`, func(v json.RawMessage) bool { return string(v) == "1" })
 

@@ -127,6 +127,9 @@ func (t *Thresholds) Get(model string) BusyThreshold {
 	return v.clone()
 }
 
+// Defaults are the thresholds of every model not Set.
+func (t *Thresholds) Defaults() BusyThreshold { return t.defaults.clone() }
+
 // ThresholdUpdate changes a model's thresholds: the non-nil fields of Set
 // take their value, the Off ones are switched off, the others are kept.
 type ThresholdUpdate struct {

@@ -609,15 +609,21 @@ func (d *doctor) reportEvents(w *rankWatch, name string, othersPublished bool) {
 	case w.stats.Connects == 0:
 		d.add(name, Fail, fmt.Sprintf("could not connect to %s within %v", w.events, d.cfg.Window),
 			fmt.Sprintf("check events= (host and port; rank r publishes on port + r) and that the engine binds it: \"endpoint\": \"tcp://*:%s\" in its --kv-events-config (vLLM connects instead of binding unless the host is *)", portOf(w.events)))
-	case len(w.replayed) > 0:
-		d.add(name, Fail, fmt.Sprintf("connected to %s but no batch arrived in %v, although the replay endpoint holds %d", w.events, d.cfg.Window, len(w.replayed)),
-			"events= and replay= probably belong to different engines or ranks; check the ports (rank r: events port + r, replay port + r)")
 	case othersPublished:
 		d.add(name, Warn, fmt.Sprintf("connected to %s, no batch in %v while other ranks published", w.events, d.cfg.Window),
 			"a rank publishes only for the requests it serves and the probe reaches one rank: rerun under traffic to see this rank's events")
 	case !d.probed:
-		d.add(name, Fail, fmt.Sprintf("connected to %s, no batch in %v", w.events, d.cfg.Window),
-			"an idle engine publishes nothing: rerun with --probe-request (one small completion that stores new blocks), or send a request while doctor watches")
+		// An idle engine publishes nothing, so silence proves nothing
+		// either way, even beside a replay buffer full of older batches.
+		detail := fmt.Sprintf("connected to %s, no batch in %v: with no traffic doctor cannot tell whether the engine publishes there", w.events, d.cfg.Window)
+		if len(w.replayed) > 0 {
+			detail = fmt.Sprintf("connected to %s, no batch in %v; the replay endpoint holds %d from earlier traffic: with no traffic doctor cannot tell whether events= is the same engine's", w.events, d.cfg.Window, len(w.replayed))
+		}
+		d.add(name, Warn, detail,
+			"rerun with --probe-request (one small completion that stores new blocks), or send a request while doctor watches")
+	case len(w.replayed) > 0:
+		d.add(name, Fail, fmt.Sprintf("connected to %s but no batch arrived in %v although a completion was sent, and the replay endpoint holds %d", w.events, d.cfg.Window, len(w.replayed)),
+			"events= and replay= probably belong to different engines or ranks; check the ports (rank r: events port + r, replay port + r)")
 	default:
 		d.add(name, Fail, fmt.Sprintf("connected to %s, no batch in %v although a completion was sent", w.events, d.cfg.Window),
 			"the engine does not publish KV events: vLLM needs --kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}' and prefix caching on; SGLang --kv-events-config '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}' (docs/engines.md)")

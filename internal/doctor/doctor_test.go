@@ -45,6 +45,7 @@ type fakeEngine struct {
 	dpRank                            *int   // the rank the batches name
 	onCompletion                      func() // replaces the publishing
 	encoding                          vllmevents.Encoding
+	servedBefore                      bool // published one batch before doctor starts
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -103,6 +104,9 @@ func (f *fakeEngine) start(t *testing.T) {
 	})
 	f.srv = httptest.NewServer(mux)
 	t.Cleanup(f.srv.Close)
+	if f.servedBefore {
+		f.publish(t)
+	}
 }
 
 func (f *fakeEngine) publish(t *testing.T) {
@@ -229,7 +233,9 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 		want  Status
 		says  []string
 	}{
-		{name: "idle engine without probe", fake: fakeEngine{}, check: "events", want: Fail, says: []string{"no batch", "--probe-request"}},
+		{name: "idle engine without probe", fake: fakeEngine{}, check: "events", want: Warn, says: []string{"no batch", "cannot tell", "--probe-request"}},
+		{name: "idle engine that served before, without probe", fake: fakeEngine{servedBefore: true}, check: "events", want: Warn,
+			says: []string{"no batch", "replay endpoint holds 1", "cannot tell", "--probe-request"}},
 		{name: "no events endpoint", fake: fakeEngine{}, edit: func(e *Engine) { e.Events = "" }, check: "events", want: Fail, says: []string{"no events endpoint", "--no-router-kv-events"}},
 		{name: "no events although probed", fake: fakeEngine{silent: true}, probe: true, check: "events", want: Fail,
 			says: []string{"although a completion was sent", `"enable_kv_cache_events": true`, `"publisher": "zmq"`}},

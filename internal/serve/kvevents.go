@@ -28,7 +28,7 @@ func (s *Server) watchKVEvents(ctx context.Context) {
 			now[e.Worker] = true
 			if !reported[e.Worker] {
 				s.log.Warn("engine sends no KV events: routing it by predicted cache (approximate) until they come",
-					"worker", s.workerName(e.Worker.ID), "dp_rank", e.Worker.DPRank, "serving_since", e.Served, "fix", frontend.KVEventsHint)
+					"worker", s.workerName(e.Worker.ID), "dp_rank", e.Worker.DPRank, "serving_since", e.Served, "fix", frontend.KVEventsHint(s.workerEvents(e.Worker.ID)))
 			}
 		}
 		for w := range reported {
@@ -67,6 +67,15 @@ func (s *Server) workerName(id uint64) string {
 		return w.spec.Name
 	}
 	return "worker-" + strconv.FormatUint(id, 10)
+}
+
+func (s *Server) workerEvents(id uint64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.workers[id]; w != nil {
+		return w.spec.Events
+	}
+	return ""
 }
 
 // queryWatch tells when an engine rank's prefix-cache query counter grows:

@@ -176,6 +176,11 @@ func TestEngineWithoutKVEventsIsReportedRoutedByPredictionAndSwitchesBack(t *tes
 		h.kvEvents(1) != "ok" || len(h.Reasons) != 1 || !strings.Contains(h.Reasons[0], "engine silent (2): kv events none received") {
 		t.Fatalf("after the grace period: %+v", h)
 	}
+	// The fix names the engine's own events port, not vLLM's usual one.
+	port := b.Events[strings.LastIndexByte(b.Events, ':')+1:]
+	if fix := `"endpoint": "tcp://*:` + port + `"`; !strings.Contains(h.kvEvents(2), fix) || !strings.Contains(h.kvEvents(2), "events="+b.Events) {
+		t.Errorf("the fix does not name the engine's port %s: %s", port, h.kvEvents(2))
+	}
 	if g1, g2 := missingGauge(t, s, 1), missingGauge(t, s, 2); g1 != 0 || g2 != 1 {
 		t.Fatalf("kv_events_missing gauges: worker 1 %v, worker 2 %v; want 0 and 1", g1, g2)
 	}
@@ -186,6 +191,9 @@ func TestEngineWithoutKVEventsIsReportedRoutedByPredictionAndSwitchesBack(t *tes
 		if got := completeOn(t, s, p, 0); got != uint64(1+i%2) {
 			t.Fatalf("conversation %d came back to worker %d; worker %d caches it", i, got, 1+i%2)
 		}
+	}
+	if !strings.Contains(logs.String(), `tcp://*:`+port) {
+		t.Errorf("the log's fix does not name port %s:\n%s", port, logs.String())
 	}
 	if n := strings.Count(logs.String(), "engine sends no KV events"); n != 1 {
 		t.Fatalf("warned %d times, want once:\n%s", n, logs.String())

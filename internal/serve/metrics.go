@@ -14,6 +14,8 @@ type sourceCollector struct {
 	s       *Server
 	counter *prometheus.Desc
 	up      *prometheus.Desc
+	// unroutable alerts on one series, whatever the engines' names.
+	unroutable *prometheus.Desc
 }
 
 func newSourceCollector(s *Server) *sourceCollector {
@@ -24,18 +26,25 @@ func newSourceCollector(s *Server) *sourceCollector {
 			[]string{"worker_id", "dp_rank", "what"}, nil),
 		up: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "up"),
 			"1 while the engine answers /health and takes part in routing.", []string{"worker_id", "name"}, nil),
+		unroutable: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "configured_workers_unroutable"),
+			"Engines the router knows of (configured with --worker, or drained) that are not in routing: unreachable, failing /health, or drained. /health says why.", nil, nil),
 	}
 }
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.counter
 	ch <- c.up
+	ch <- c.unroutable
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
+	unroutable := 0
 	for _, w := range c.s.workers {
+		if !w.up {
+			unroutable++
+		}
 		id := strconv.FormatUint(w.spec.ID, 10)
 		up := 0.0
 		if w.up {
@@ -61,4 +70,5 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.GaugeValue, float64(unroutable))
 }

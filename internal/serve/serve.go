@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,10 @@ type Config struct {
 	SilenceProbe time.Duration
 	// MaxBookings is frontend.Config.MaxBookings.
 	MaxBookings int
+	// StrictNvext is frontend.Config.StrictNvext.
+	StrictNvext bool
+	// DynamoMetricNames is frontend.Config.DynamoMetricNames.
+	DynamoMetricNames bool
 	// HTTP bounds the frontend's clients: body size, timeouts, concurrency.
 	HTTP HTTPLimits
 	// Plane, when set, adds the NATS plane: discovery, event plane,
@@ -150,13 +155,16 @@ type supervised struct {
 	wake    chan struct{}
 	// instance is a discovered engine's announcement, to re-admit it by.
 	instance natsplane.Instance
+	// why the engine is not in routing, "" while it is (guarded by
+	// Server.mu): /health, the dashboard and the log name it.
+	why string
 }
 
 func (w *WorkerSpec) validate() error {
 	if w.URL == "" {
 		return fmt.Errorf("serve: worker %q has no url", w.Name)
 	}
-	if _, err := url.Parse(w.URL); err != nil {
+	if err := w.CheckAddresses(); err != nil {
 		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
 	}
 	if w.DPSize <= 0 {
@@ -170,6 +178,59 @@ func (w *WorkerSpec) validate() error {
 	}
 	_, err := enginesource.RankEndpoint(w.Events, w.DPSize-1)
 	return err
+}
+
+// CheckAddresses reports a malformed url=, events=, replay= or dump= with
+// the fix: the commonest mistake, a missing scheme, otherwise surfaces as
+// "first path segment in URL cannot contain colon" or a connection that
+// never comes.
+func (w *WorkerSpec) CheckAddresses() error {
+	for _, a := range []struct{ key, val string }{{"url", w.URL}, {"dump", w.Dump}} {
+		if err := checkHTTPAddress(a.key, a.val); err != nil {
+			return err
+		}
+	}
+	for _, a := range []struct{ key, val string }{{"events", w.Events}, {"replay", w.Replay}} {
+		if err := checkZMQAddress(a.key, a.val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkHTTPAddress(key, v string) error {
+	if v == "" {
+		return nil
+	}
+	if !strings.Contains(v, "://") {
+		return fmt.Errorf("%s=%s has no scheme: add the scheme: %s=http://%s", key, v, key, v)
+	}
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s=%s: %w", key, v, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%s=%s: the scheme must be http:// or https://, e.g. %s=http://%s", key, v, key, v[strings.Index(v, "://")+3:])
+	case u.Host == "":
+		return fmt.Errorf("%s=%s has no host: write %s=http://HOST:PORT", key, v, key)
+	}
+	return nil
+}
+
+func checkZMQAddress(key, v string) error {
+	if v == "" {
+		return nil
+	}
+	scheme, rest, ok := strings.Cut(v, "://")
+	switch {
+	case !ok:
+		return fmt.Errorf("%s=%s has no scheme: add the scheme: %s=tcp://%s", key, v, key, v)
+	case scheme == "http" || scheme == "https":
+		return fmt.Errorf("%s=%s is an HTTP address; KV events are ZMQ: %s=tcp://%s", key, v, key, rest)
+	case scheme != "tcp" && scheme != "ipc":
+		return fmt.Errorf("%s=%s: the scheme must be tcp:// (or ipc://), e.g. %s=tcp://%s", key, v, key, rest)
+	}
+	return nil
 }
 
 // Start binds the listener and starts everything; engines join routing as
@@ -217,7 +278,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Models: s.models, APIKey: cfg.Access.APIKey, AdminToken: cfg.Access.AdminToken,
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
-		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings,
+		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext, DynamoMetricNames: cfg.DynamoMetricNames,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
 		Tokenizer: s.toks.of,
 		Engines:   s.engineStatuses, SetDrained: s.setDrained,
@@ -284,12 +345,23 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // Addr is the address the frontend listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// URL is the frontend's base URL, https with TLS.
-func (s *Server) URL() string {
-	if s.tls {
-		return "https://" + s.Addr()
+// URL is the frontend's base URL, https with TLS, as a client on this
+// machine reaches it (see browsable).
+func (s *Server) URL() string { return browsable(s.Addr(), s.tls) }
+
+// browsable is the URL of a listener's address: one on every address
+// (0.0.0.0, ::) is named 127.0.0.1, since "http://[::]:8000" is not an
+// address to browse to.
+func browsable(addr string, tls bool) string {
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
 	}
-	return "http://" + s.Addr()
+	if tls {
+		return "https://" + addr
+	}
+	return "http://" + addr
 }
 
 // Router is the routing engine, for inspection.
@@ -345,7 +417,7 @@ func (s *Server) liveWorkers() []frontend.Worker {
 	var out []frontend.Worker
 	for _, w := range s.workers {
 		if w.up {
-			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize})
+			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize, Events: w.spec.Events})
 		}
 	}
 	slices.SortFunc(out, func(a, b frontend.Worker) int { return int(a.ID) - int(b.ID) })
@@ -364,7 +436,8 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	client := &http.Client{Timeout: max(3*s.cfg.HealthInterval, 5*time.Second)}
 	failures := 0
 	for {
-		healthy := probe(ctx, client, w.spec.URL)
+		perr := probe(ctx, client, w.spec.URL)
+		healthy := perr == nil
 		s.mu.Lock()
 		up, drained := w.up, w.drained
 		s.mu.Unlock()
@@ -373,14 +446,17 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 		case healthy && !up:
 			failures = 0
 			if err := s.join(ctx, w); err != nil {
-				s.log.Warn("engine could not join routing", "worker", w.spec.Name, "err", err)
+				s.outOfRouting(w, fmt.Sprintf("engine url=%s could not join routing: %v", w.spec.URL, err))
 			}
 		case healthy:
 			failures = 0
 		case up:
 			if failures++; failures >= 2 {
 				s.leave(w, "stopped answering /health")
+				s.outOfRouting(w, unreachable(w.spec.URL, perr))
 			}
+		case ctx.Err() == nil:
+			s.outOfRouting(w, unreachable(w.spec.URL, perr))
 		}
 		select {
 		case <-ctx.Done():
@@ -392,18 +468,58 @@ func (s *Server) supervise(ctx context.Context, w *supervised) {
 	}
 }
 
-func probe(ctx context.Context, client *http.Client, base string) bool {
+// outOfRouting records why an engine is not in routing and logs it the
+// first time and whenever the reason changes: an engine that never
+// answers must not be silent, nor fill the log every probe.
+func (s *Server) outOfRouting(w *supervised, why string) {
+	s.mu.Lock()
+	changed := !w.up && w.why != why
+	if changed {
+		w.why = why
+	}
+	s.mu.Unlock()
+	if changed {
+		s.log.Warn("engine not in routing: "+why, "worker", w.spec.Name, "url", w.spec.URL)
+	}
+}
+
+// unreachable says why a health probe failed in the operator's words:
+// "connection refused" rather than the whole dial error.
+func unreachable(base string, err error) string {
+	var status *probeStatus
+	switch {
+	case errors.As(err, &status):
+		return fmt.Sprintf("engine url=%s is not healthy: GET /health answered %d", base, status.code)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("engine url=%s unreachable: connection refused (is it running, on this port?)", base)
+	}
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	return fmt.Sprintf("engine url=%s unreachable: %v", base, err)
+}
+
+type probeStatus struct{ code int }
+
+func (p *probeStatus) Error() string { return fmt.Sprintf("/health answered %d", p.code) }
+
+// probe is nil when the engine answers GET /health with 200.
+func probe(ctx context.Context, client *http.Client, base string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/health", nil)
 	if err != nil {
-		return false
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false
+		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	if resp.StatusCode != http.StatusOK {
+		return &probeStatus{code: resp.StatusCode}
+	}
+	return nil
 }
 
 // engineRefused takes an engine that refused a connection out of routing
@@ -456,7 +572,7 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 		}
 	}
 	s.mu.Lock()
-	w.up, w.sources = true, sources
+	w.up, w.sources, w.why = true, sources, ""
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize)
@@ -469,6 +585,9 @@ func (s *Server) leave(w *supervised, why string) {
 	s.mu.Lock()
 	up, sources := w.up, w.sources
 	w.up, w.sources = false, nil // the frontend stops sending to it now
+	if up {
+		w.why = "engine url=" + w.spec.URL + " " + why
+	}
 	s.mu.Unlock()
 	if !up {
 		return

@@ -13,12 +13,18 @@ func (s *Server) engineStatuses() []frontend.EngineStatus {
 	defer s.mu.Unlock()
 	out := make([]frontend.EngineStatus, 0, len(s.workers))
 	for _, w := range s.workers {
-		st := frontend.EngineStatus{ID: w.spec.ID, Name: w.spec.Name, Model: w.spec.Model, DPSize: w.spec.DPSize, Role: w.spec.Role, State: "down"}
+		st := frontend.EngineStatus{ID: w.spec.ID, Name: w.spec.Name, URL: w.spec.URL, Events: w.spec.Events, Model: w.spec.Model, DPSize: w.spec.DPSize, Role: w.spec.Role, State: "down"}
 		switch {
 		case w.drained:
 			st.State = "drained"
 		case w.up:
 			st.State = "up"
+		}
+		if !w.up {
+			st.Why = w.why
+			if st.Why == "" {
+				st.Why = "engine url=" + w.spec.URL + " has not answered its first health probe yet"
+			}
 		}
 		for rank, src := range w.sources {
 			ss := src.Stats()
@@ -78,7 +84,7 @@ func (s *Server) setDiscoveredDrained(w *supervised, drained bool) error {
 	was := w.drained
 	w.drained = drained
 	if drained {
-		w.up = false
+		w.up, w.why = false, "engine url="+w.spec.URL+" drained by an operator"
 	}
 	s.notifyLocked()
 	in := w.instance

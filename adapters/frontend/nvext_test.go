@@ -1,0 +1,72 @@
+package frontend
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Dynamo's overrides take effect wherever Dynamo accepts them: an overlap
+// credit out of [0, 1] is refused, so a 400 shows the router read it.
+func TestDynamoOverridesTakeEffectWhereDynamoPutsThem(t *testing.T) {
+	e := newEnv(t, envOpts{engines: 1})
+	e.settle()
+	for _, body := range []map[string]any{
+		{"nvext": map[string]any{"agent_hints": map[string]any{"kv_overlap_score_credit": 5}}},
+		{"nvext": map[string]any{"overlap_score_credit": 5}},
+		{"nvext": map[string]any{"router_config_override": map[string]any{"overlap_score_credit": 5}}},
+		{"router_config_override": map[string]any{"kv_overlap_score_credit": 5}},
+	} {
+		body["model"], body["prompt"], body["max_tokens"] = mockModel, tokens(32, 1), 2
+		resp, b := e.post("/v1/completions", body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "overlap") {
+			t.Errorf("%v: %d %s, want 400 naming the overlap credit", mustJSON(t, body), resp.StatusCode, b)
+		}
+	}
+	// In range, each is served.
+	resp, b := e.post("/v1/completions", map[string]any{"model": mockModel, "prompt": tokens(32, 2), "max_tokens": 2,
+		"nvext": map[string]any{"agent_hints": map[string]any{"kv_overlap_score_credit": 0.5, "osl": 8, "speculative_prefill": false}}})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(WarningHeader) != "" {
+		t.Errorf("%d %q %s", resp.StatusCode, resp.Header.Values(WarningHeader), b)
+	}
+}
+
+// An nvext key neither kvrouter nor Dynamo knows is served with a warning
+// header naming it, or refused under --strict-nvext; the engine gets
+// neither nvext nor router_config_override.
+func TestUnknownNvextKeysWarnOrAreRefused(t *testing.T) {
+	var mu sync.Mutex
+	var got string
+	e := newEnv(t, envOpts{})
+	e.fake(1, "m", 1, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = string(b)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"stop"}]}`)
+	})
+	body := map[string]any{"model": "m", "prompt": tokens(16, 1), "max_tokens": 1,
+		"nvext":                  map[string]any{"foo": 1, "greed_sampling": true, "agent_hints": map[string]any{"kv_overlap_score_credt": 0.5}},
+		"router_config_override": map[string]any{"router_temperature": 0}}
+	resp, b := e.post("/v1/completions", body)
+	warnings := resp.Header.Values(WarningHeader)
+	want := []string{`unknown nvext key "nvext.agent_hints.kv_overlap_score_credt"`, `unknown nvext key "nvext.foo"`}
+	if resp.StatusCode != http.StatusOK || strings.Join(warnings, "|") != strings.Join(want, "|") {
+		t.Fatalf("%d %q %s; want 200 with warnings %q", resp.StatusCode, warnings, b, want)
+	}
+	mu.Lock()
+	if strings.Contains(got, "nvext") || strings.Contains(got, "router_config_override") {
+		t.Errorf("the engine got the router's fields: %s", got)
+	}
+	mu.Unlock()
+
+	strict := newEnv(t, envOpts{frontend: func(c *Config) { c.StrictNvext = true }})
+	strict.fake(1, "m", 1, func(w http.ResponseWriter, r *http.Request) {})
+	resp, b = strict.post("/v1/completions", body)
+	if code := openAIError(t, resp, b, http.StatusBadRequest); code != "unknown_nvext_key" || !strings.Contains(string(b), `nvext.foo`) || !strings.Contains(string(b), "--strict-nvext") {
+		t.Errorf("strict: %s", b)
+	}
+}

@@ -231,3 +231,30 @@ func TestCrossSiteRequestsCannotChangeState(t *testing.T) {
 	}
 	e.settle()
 }
+
+// An engine configured but not in routing is named in /health with why,
+// and its URL, there and in the why, only to those who may see URLs.
+func TestHealthShowsAnUnroutableEnginesURLToTheAdminOnly(t *testing.T) {
+	const url = "http://127.0.0.1:8109"
+	e := newEnv(t, envOpts{engines: 1, adminToken: testAdmin, frontend: func(c *Config) {
+		c.Engines = func() []EngineStatus {
+			return []EngineStatus{{ID: 99, Name: "gone", URL: url, State: "unreachable", Why: "engine url=" + url + " unreachable: connection refused"}}
+		}
+	}})
+	for _, token := range []string{"", testAdmin} {
+		req := httptest.NewRequest(http.MethodGet, "/health", nil)
+		req.RemoteAddr = "192.0.2.7:5000"
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		e.fe.Handler().ServeHTTP(rec, req)
+		body := rec.Body.String()
+		if !strings.Contains(body, "gone") || !strings.Contains(body, "connection refused") {
+			t.Fatalf("token %q: the unroutable engine is not named with why: %s", token, body)
+		}
+		if shown := strings.Contains(body, "127.0.0.1:8109"); shown != (token != "") {
+			t.Errorf("token %q: URL shown %v: %s", token, shown, body)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -134,7 +135,14 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for _, e := range f.unroutable(ws) {
-		out = append(out, healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, BaseURL: e.URL, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why})
+		hw := healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why}
+		if urls {
+			hw.BaseURL = e.URL
+		} else if e.URL != "" {
+			e.Why = strings.ReplaceAll(e.Why, e.URL, "(its URL: shown to the admin)")
+			hw.Why = e.Why
+		}
+		out = append(out, hw)
 		degraded = append(degraded, fmt.Sprintf("engine %s (%d) is not in routing: %s", e.Name, e.ID, e.Why))
 	}
 	tokenizers, mismatched := f.tokCheck.health()

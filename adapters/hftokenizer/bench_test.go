@@ -3,7 +3,7 @@ package hftokenizer
 import (
 	"testing"
 
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 func BenchmarkEncodeLlama3(b *testing.B) { benchmarkEncode(b, "llama3") }

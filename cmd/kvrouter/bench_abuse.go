@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/abuse"
+	"github.com/kvrouter/kvrouter/lab/abuse"
 )
 
 func newBenchAbuseCmd() *cobra.Command {

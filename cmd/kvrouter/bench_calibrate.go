@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/replay"
-	"github.com/kvrouter/kvrouter/internal/sim"
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/sim"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 func newBenchCalibrateCmd() *cobra.Command {

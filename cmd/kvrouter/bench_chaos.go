@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/chaos"
+	"github.com/kvrouter/kvrouter/lab/chaos"
 )
 
 func newBenchChaosCmd() *cobra.Command {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/bench"
-	"github.com/kvrouter/kvrouter/internal/replay"
+	"github.com/kvrouter/kvrouter/lab/bench"
+	"github.com/kvrouter/kvrouter/lab/replay"
 )
 
 func newBenchHotSetCmd() *cobra.Command {

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvrouter/kvrouter/core/index"
-	"github.com/kvrouter/kvrouter/internal/bench"
-	"github.com/kvrouter/kvrouter/internal/trace"
+	"github.com/kvrouter/kvrouter/lab/bench"
+	"github.com/kvrouter/kvrouter/lab/trace"
 )
 
 func newBenchIndexCmd() *cobra.Command {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/lab/bench"
 )
 
 func newBenchMemoryCmd() *cobra.Command {

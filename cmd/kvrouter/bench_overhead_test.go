@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/lab/bench"
 )
 
 // TestBenchOverheadTextPrompts runs a tiny load of text and chat prompts:

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/bench"
+	"github.com/kvrouter/kvrouter/lab/bench"
 )
 
 func newBenchPlaneCmd() *cobra.Command {

@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/core/sched"
-	"github.com/kvrouter/kvrouter/internal/replay"
-	"github.com/kvrouter/kvrouter/internal/trace"
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/trace"
+	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 

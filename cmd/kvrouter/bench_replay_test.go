@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 func TestParseReplayModes(t *testing.T) {

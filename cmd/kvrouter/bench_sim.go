@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvrouter/kvrouter/internal/sim"
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/sim"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 // simBenchResult is one timed run of the simulator.

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
-	"github.com/kvrouter/kvrouter/internal/bench"
-	"github.com/kvrouter/kvrouter/internal/workload"
+	"github.com/kvrouter/kvrouter/lab/bench"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 func newBenchTokenizeCmd() *cobra.Command {

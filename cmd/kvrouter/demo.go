@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvrouter/kvrouter/core/sched"
-	"github.com/kvrouter/kvrouter/internal/demo"
-	"github.com/kvrouter/kvrouter/internal/trace"
+	"github.com/kvrouter/kvrouter/lab/demo"
+	"github.com/kvrouter/kvrouter/lab/trace"
 )
 
 const defaultDemoTrace = "../shared/traces/mooncake_conversation.jsonl"

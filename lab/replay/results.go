@@ -1,0 +1,392 @@
+package replay
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/lab/bench"
+	"github.com/kvrouter/kvrouter/lab/workload"
+)
+
+// Dist summarises a latency distribution in model milliseconds.
+type Dist struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+}
+
+// ModeResult is one mode's outcome, shaped as results.json's modes.<mode>.
+type ModeResult struct {
+	Requests         int     `json:"requests"`
+	Errors           int     `json:"errors"`
+	TTFT             Dist    `json:"ttft_ms"`
+	ITL              Dist    `json:"itl_ms"`
+	E2E              Dist    `json:"e2e_ms"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	RequestsPerS     float64 `json:"requests_per_s"`
+	// PrefixHitRate is cached prompt tokens / prompt tokens, as the engines
+	// reported them per request (usage.prompt_tokens_details).
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// CeilingHitRate is the same with one infinite cache seeing every
+	// request: no routing can do better.
+	CeilingHitRate float64            `json:"ceiling_hit_rate"`
+	WorkerShare    map[string]float64 `json:"worker_share"`
+	PeakActive     map[string]int     `json:"peak_active"`
+	DurationS      float64            `json:"duration_s"` // model time, first send to last completion
+	FirstError     string             `json:"first_error,omitempty"`
+	// EngineDrift is how much longer the engines' steps took than the
+	// timing model (divided by the speedup) says, as a fraction: above a
+	// few percent the machine could not keep up with --speedup, and every
+	// latency of the run is longer than the model's.
+	EngineDrift     float64 `json:"engine_drift"`
+	EngineLagResets uint64  `json:"engine_lag_resets"` // times an engine fell more than 50 ms behind and skipped ahead
+	// Disagg is a disaggregated setup's traffic between its pools; its
+	// PrefixHitRate is then DisaggResult.PrefillHitRate.
+	Disagg *DisaggResult `json:"disagg,omitempty"`
+}
+
+// RunConfig is results.json's config: what was run, to rerun it.
+type RunConfig struct {
+	Workload       string   `json:"workload"`
+	Requests       int      `json:"requests"`
+	Modes          []string `json:"modes"`
+	Workers        int      `json:"workers"`
+	Speedup        float64  `json:"speedup"`
+	ArrivalSpeedup float64  `json:"arrival_speedup"`
+	Seed           uint64   `json:"seed"`
+	Target         string   `json:"target,omitempty"`
+	Model          string   `json:"model"`
+	BlockSize      int      `json:"block_size"`
+	NumGPUBlocks   int      `json:"num_gpu_blocks"`
+	MaxBatched     int      `json:"max_num_batched_tokens"`
+	CeilingHitRate float64  `json:"ceiling_hit_rate"`
+	Command        string   `json:"command,omitempty"`
+	WallSeconds    float64  `json:"wall_seconds"`
+}
+
+// Results is every mode's outcome, in the order run.
+type Results struct {
+	Modes  map[string]*ModeResult `json:"modes"`
+	Order  []string               `json:"order"`
+	Config RunConfig              `json:"config"`
+	// records are kept for the plots.
+	records map[string][]Record
+}
+
+func (r *Results) add(mode string, m *ModeResult, recs []Record) {
+	r.Modes[mode] = m
+	r.Order = append(r.Order, mode)
+	if r.records == nil {
+		r.records = map[string][]Record{}
+	}
+	r.records[mode] = recs
+}
+
+// Records are the per-request records of a mode.
+func (r *Results) Records(mode string) []Record { return r.records[mode] }
+
+func (c *Config) describe(n int) RunConfig {
+	rc := RunConfig{
+		Requests: n, Workers: c.Workers, Speedup: c.Speedup, ArrivalSpeedup: c.ArrivalSpeedup,
+		Seed: c.Seed, Target: c.Target, Model: c.Model, BlockSize: c.Fleet.Engine.BlockSize,
+		NumGPUBlocks: c.Fleet.Engine.NumGPUBlocks, MaxBatched: c.Fleet.Engine.MaxNumBatchedTokens,
+	}
+	if rc.Model == "" {
+		rc.Model = c.Fleet.Server.Model
+	}
+	rc.Modes = append(rc.Modes, c.Modes...)
+	if c.Target != "" {
+		rc.Modes, rc.Workers = []string{"target"}, 0
+	}
+	return rc
+}
+
+// summarise turns records into a mode's result. names maps worker ids to
+// engine names so that every engine appears in the shares, even unused.
+func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint64]string) *ModeResult {
+	m := &ModeResult{Requests: len(recs), CeilingHitRate: ceiling, WorkerShare: map[string]float64{}, PeakActive: map[string]int{}, DurationS: dur.Seconds()}
+	for _, n := range names {
+		m.WorkerShare[n], m.PeakActive[n] = 0, 0
+	}
+	var ttft, itl, e2e []float64
+	var out, prompt, cached int
+	ok := 0
+	for i := range recs {
+		r := &recs[i]
+		if r.Err != "" {
+			m.Errors++
+			if m.FirstError == "" {
+				m.FirstError = r.Err
+			}
+			continue
+		}
+		ok++
+		ttft = append(ttft, r.TTFTMS)
+		e2e = append(e2e, r.E2EMS)
+		itl = append(itl, r.itl...)
+		out += r.OutputTokens
+		prompt += r.PromptTokens
+		cached += r.CachedTokens
+		if r.Worker != "" {
+			m.WorkerShare[r.Worker]++
+		}
+	}
+	for w := range m.WorkerShare {
+		if ok > 0 {
+			m.WorkerShare[w] /= float64(ok)
+		}
+	}
+	m.TTFT, m.ITL, m.E2E = DistOf(ttft), DistOf(itl), DistOf(e2e)
+	if s := dur.Seconds(); s > 0 {
+		m.OutputTokensPerS = float64(out) / s
+		m.RequestsPerS = float64(ok) / s
+	}
+	if prompt > 0 {
+		m.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	for w, p := range peakActive(recs) {
+		m.PeakActive[w] = p
+	}
+	return m
+}
+
+// DistOf summarises samples in model milliseconds; xs keeps its order.
+func DistOf(xs []float64) Dist {
+	s := slices.Clone(xs) // Percentile sorts in place; records keep their order
+	return Dist{Mean: bench.Mean(s), P50: bench.Percentile(s, 50), P90: bench.Percentile(s, 90), P99: bench.Percentile(s, 99)}
+}
+
+// peakActive is, per worker, the most requests it had in flight at once.
+func peakActive(recs []Record) map[string]int {
+	type edge struct {
+		at    float64
+		delta int
+	}
+	by := map[string][]edge{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Worker == "" || r.Err != "" {
+			continue
+		}
+		by[r.Worker] = append(by[r.Worker], edge{r.SentMS, 1}, edge{r.SentMS + r.E2EMS, -1})
+	}
+	out := map[string]int{}
+	for w, es := range by {
+		// Ends before starts at the same instant: a request finishing as
+		// another starts never overlaps it.
+		slices.SortFunc(es, func(a, b edge) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return a.delta - b.delta
+		})
+		cur, peak := 0, 0
+		for _, e := range es {
+			cur += e.delta
+			peak = max(peak, cur)
+		}
+		out[w] = peak
+	}
+	return out
+}
+
+// CeilingHitRate is the prefix-cache hit rate of one infinite cache that
+// sees every request in arrival order, counted as vLLM counts hits: the
+// leading full blocks already seen, and never the prompt's last token
+// (it is always computed, to produce the first output token).
+func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
+	c := NewCeiling(blockSize)
+	for _, i := range order {
+		c.Add(reqs[i].Tokens)
+	}
+	return c.Rate()
+}
+
+// Ceiling computes CeilingHitRate one prompt at a time, in arrival order,
+// for workloads whose prompts are materialised one by one.
+type Ceiling struct {
+	h           blockhash.Hasher
+	blockSize   int
+	seen        map[uint64]struct{}
+	local, seq  []uint64
+	hits, total int
+	lru         *lru // nil: the cache is infinite
+}
+
+// NewCeiling starts an empty infinite cache of blockSize-token blocks.
+func NewCeiling(blockSize int) *Ceiling {
+	return &Ceiling{h: blockhash.New(blockSize, ""), blockSize: blockSize, seen: map[uint64]struct{}{}}
+}
+
+// NewPooledCeiling starts an empty cache of capacity blocks that evicts the
+// least recently used: one cache holding as much as a whole fleet, the hit
+// rate no routing of the fleet's requests can beat by more than LRU's own
+// misjudgements (a router's engines each evict on their own, and a
+// request's blocks are one engine's). Blocks of a prompt are used last to
+// first, so that its prefix outlives its tail, as engines free them.
+func NewPooledCeiling(blockSize, capacity int) *Ceiling {
+	c := NewCeiling(blockSize)
+	c.seen = nil
+	c.lru = newLRU(capacity)
+	return c
+}
+
+// lru is a fixed-capacity set of keys in recency order, in arrays linked by
+// index: the pooled ceiling of a fleet holds millions of blocks.
+type lru struct {
+	at               map[uint64]int32
+	keys             []uint64
+	prev, next       []int32
+	head, tail, used int32 // head is the most recent; -1 when empty
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{at: make(map[uint64]int32, capacity), keys: make([]uint64, capacity),
+		prev: make([]int32, capacity), next: make([]int32, capacity), head: -1, tail: -1}
+}
+
+func (l *lru) has(k uint64) bool { _, ok := l.at[k]; return ok }
+
+func (l *lru) unlink(i int32) {
+	if p := l.prev[i]; p >= 0 {
+		l.next[p] = l.next[i]
+	} else {
+		l.head = l.next[i]
+	}
+	if n := l.next[i]; n >= 0 {
+		l.prev[n] = l.prev[i]
+	} else {
+		l.tail = l.prev[i]
+	}
+}
+
+func (l *lru) pushFront(i int32) {
+	l.prev[i], l.next[i] = -1, l.head
+	if l.head >= 0 {
+		l.prev[l.head] = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+// touch makes k the most recent key, evicting the least recent when full.
+func (l *lru) touch(k uint64) {
+	if len(l.keys) == 0 {
+		return
+	}
+	if i, ok := l.at[k]; ok {
+		l.unlink(i)
+		l.pushFront(i)
+		return
+	}
+	var i int32
+	if int(l.used) < len(l.keys) {
+		i = l.used
+		l.used++
+	} else {
+		i = l.tail
+		l.unlink(i)
+		delete(l.at, l.keys[i])
+	}
+	l.keys[i] = k
+	l.at[k] = i
+	l.pushFront(i)
+}
+
+// Add looks a prompt up and caches it.
+func (c *Ceiling) Add(toks []uint32) {
+	c.local, c.seq = c.h.AppendHashes(c.local[:0], c.seq[:0], toks)
+	hit := 0
+	for hit < len(c.seq) && c.cached(c.seq[hit]) {
+		hit++
+	}
+	c.hits += min(hit*c.blockSize, (len(toks)-1)/c.blockSize*c.blockSize)
+	c.total += len(toks)
+	if c.lru != nil {
+		for i := len(c.seq) - 1; i >= 0; i-- {
+			c.lru.touch(c.seq[i])
+		}
+		return
+	}
+	for _, s := range c.seq {
+		c.seen[s] = struct{}{}
+	}
+}
+
+func (c *Ceiling) cached(seq uint64) bool {
+	if c.lru != nil {
+		return c.lru.has(seq)
+	}
+	_, ok := c.seen[seq]
+	return ok
+}
+
+// Tokens are the prompt tokens added so far and those of them cached.
+func (c *Ceiling) Tokens() (hits, total int) { return c.hits, c.total }
+
+// Rate is the hit rate of the prompts added so far.
+func (c *Ceiling) Rate() float64 {
+	if c.total == 0 {
+		return 0
+	}
+	return float64(c.hits) / float64(c.total)
+}
+
+// progress draws one line per second: a bar of completed requests.
+type progress struct {
+	stopOnce sync.Once
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func newProgress(w io.Writer, name string, nth, of, total int, sent, done, bad *atomic.Int64) *progress {
+	p := &progress{done: make(chan struct{})}
+	if w == nil {
+		return p
+	}
+	start := time.Now()
+	draw := func() {
+		d := int(done.Load())
+		const width = 30
+		fill := width * d / max(total, 1)
+		fmt.Fprintf(w, "[%d/%d] %-20s [%s%s] %5d/%d done, %d sent, %d errors, %s\n", nth, of, name,
+			strings.Repeat("#", fill), strings.Repeat(".", width-fill), d, total, sent.Load(), bad.Load(),
+			time.Since(start).Round(time.Second))
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.done:
+				draw()
+				return
+			case <-t.C:
+				draw()
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) stop() {
+	p.stopOnce.Do(func() { close(p.done) })
+	p.wg.Wait()
+}

@@ -1,0 +1,1014 @@
+// Package sim replays a workload through kvrouter's real router
+// (core/router) and the mocker's real engine core (mocker/engine) in
+// virtual time: one discrete-event loop on one goroutine, no sockets, no
+// goroutine per request, no clock. It is what `kvrouter sim` runs, and it
+// answers in seconds what `kvrouter bench replay` answers in an hour of
+// wall time, with the same engines and the same router configuration per
+// mode (replay.ModeConfig).
+//
+// What reaches the router, and when, follows the live system (kvrouter
+// serve in front of mocker engines, as bench replay runs them):
+//   - a request is routed when it arrives (its workload time divided by
+//     the arrival speedup) and reaches its engine at once, or, when the
+//     router's admission queue holds it, when a later first token or
+//     stream end dispatches it (router.Submit);
+//   - an engine steps back to back while it has work, as the mocker's
+//     runner does: a step's outputs and KV events exist at the end of the
+//     step's model duration;
+//   - the first token is the prefill's completion (MarkPrefillCompleted),
+//     the last token the stream's end (Free), both at once: over loopback
+//     HTTP they take microseconds;
+//   - KV events reach the router KVEventDelay after their step ends (the
+//     ZMQ hop, the subscriber's decoding and batching);
+//   - the modes that score by engine-reported load read every engine's
+//     metrics every EngineMetricsInterval, as serve's poller does.
+//
+// The loop is deterministic: the same workload, Config and mode give the
+// same Point, whatever the machine.
+package sim
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/trace"
+	"github.com/kvrouter/kvrouter/lab/workload"
+	"github.com/kvrouter/kvrouter/mocker/engine"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// DefaultKVEventDelay is how long after an engine's step its KV events
+// reach the router by default. Measured on one host, a vLLM batch crosses
+// ZMQ and the router's decoding in well under a millisecond; across hosts
+// and under load, vLLM publishes from a background thread and the router
+// applies events in batches, which puts the usual lag at a few
+// milliseconds. 5 ms is that lag, about a quarter of a decode step: a
+// request arriving right after its prefix was stored may miss it, as it
+// would live.
+const DefaultKVEventDelay = 5 * time.Millisecond
+
+// Config is one simulated fleet behind one router.
+type Config struct {
+	Workers int
+	// DPSize is each engine's data-parallel ranks (the mocker's
+	// --data-parallel-size): the router routes to ranks, each rank is an
+	// engine core of its own; 0 means 1.
+	DPSize int
+	// Engine is every engine's configuration; each rank's seed is derived
+	// from Engine.Seed as the mocker's fleet derives it.
+	Engine engine.Config
+	// Router is the configuration every mode starts from
+	// (replay.ModeConfig sets the mode's part).
+	Router router.Config
+	Seed   uint64 // the router's tie-breaks and sampling
+	// KVEventDelay is the model time from a step's end to its KV events'
+	// arrival at the router.
+	KVEventDelay time.Duration
+	// EngineMetricsInterval is the model-time period at which the modes
+	// scoring by engine-reported load read the engines' metrics.
+	EngineMetricsInterval time.Duration
+	// Disagg splits the fleet into prefill and decode engines; with both
+	// of its pools empty the fleet is Workers aggregated engines.
+	Disagg Disagg
+}
+
+// DefaultConfig is bench replay's fleet: 8 engines with replay's KV
+// capacity, Dynamo's router defaults.
+func DefaultConfig() Config {
+	rc := replay.DefaultConfig()
+	return Config{
+		Workers: rc.Workers, Engine: rc.Fleet.Engine, Router: rc.Router, Seed: rc.Seed,
+		KVEventDelay: DefaultKVEventDelay, EngineMetricsInterval: rc.EngineMetricsInterval,
+		Disagg: Disagg{KVBytesPerToken: DefaultKVBytesPerToken, KVTransferBandwidth: DefaultKVTransferBandwidth},
+	}
+}
+
+// Workload is the requests of a run, indexed in arrival order (At never
+// decreases). Request may build the prompt on every call: the loop asks
+// for it once, when the request arrives, and keeps it only while the
+// request waits in the router's queue.
+type Workload interface {
+	Len() int
+	At(i int) time.Duration
+	Request(i int) workload.Request
+}
+
+// Requests is a materialised workload; FromRequests orders it.
+type Requests []workload.Request
+
+func (r Requests) Len() int                       { return len(r) }
+func (r Requests) At(i int) time.Duration         { return r[i].At }
+func (r Requests) Request(i int) workload.Request { return r[i] }
+
+// FromRequests orders reqs by arrival (stably, as bench replay sends them).
+func FromRequests(reqs []workload.Request) Requests {
+	out := slices.Clone(reqs)
+	slices.SortStableFunc(out, func(a, b workload.Request) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
+// Trace is a Mooncake trace whose prompts are built when they are sent:
+// the conversation trace's 12,031 prompts would take 580 MB at once.
+type Trace struct {
+	reqs []trace.Request
+}
+
+// FromTrace keeps the first max requests of tr (all with max <= 0). It
+// fails on a trace whose timestamps go back.
+func FromTrace(tr *trace.Trace, max int) (*Trace, error) {
+	reqs := tr.Requests
+	if max > 0 && max < len(reqs) {
+		reqs = reqs[:max]
+	}
+	for i := 1; i < len(reqs); i++ {
+		if reqs[i].Timestamp < reqs[i-1].Timestamp {
+			return nil, fmt.Errorf("sim: trace line %d goes back in time (%d ms after %d ms)", i+1, reqs[i].Timestamp, reqs[i-1].Timestamp)
+		}
+	}
+	return &Trace{reqs: reqs}, nil
+}
+
+func (t *Trace) Len() int { return len(t.reqs) }
+func (t *Trace) At(i int) time.Duration {
+	return time.Duration(t.reqs[i].Timestamp) * time.Millisecond
+}
+
+func (t *Trace) Request(i int) workload.Request { return workload.FromTraceRequest(&t.reqs[i]) }
+
+// Span is the workload's arrival span, first to last, in its own time.
+func Span(w Workload) time.Duration {
+	if w.Len() == 0 {
+		return 0
+	}
+	return w.At(w.Len()-1) - w.At(0)
+}
+
+// Ceiling is the workload's infinite-cache hit rate (replay.CeilingHitRate).
+func Ceiling(w Workload, blockSize int) float64 {
+	return ceilingOf(w, blockSize).Rate()
+}
+
+func ceilingOf(w Workload, blockSize int) *replay.Ceiling {
+	c, _ := ceilings(w, blockSize, 0)
+	return c
+}
+
+// ceilings are w's infinite-cache ceiling and, with fleetBlocks > 0, the
+// hit rate of one LRU cache of fleetBlocks blocks (replay.NewPooledCeiling),
+// in one pass over the prompts.
+func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.Ceiling) {
+	infinite = replay.NewCeiling(blockSize)
+	if fleetBlocks > 0 {
+		pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
+	}
+	for i := range w.Len() {
+		toks := w.Request(i).Tokens
+		infinite.Add(toks)
+		if pooled != nil {
+			pooled.Add(toks)
+		}
+	}
+	return infinite, pooled
+}
+
+// PrefillBoundRPS bounds the arrival rate any routing policy can sustain
+// on w: with every prompt token that one infinite cache would miss
+// prefilled once, at the engines' cheapest cost per token (the step size
+// that amortises the step's fixed cost best, within the batch budget),
+// spread perfectly over the fleet and nothing else to do, the engines
+// are saturated at this rate. Real fleets decode too, have finite caches
+// and imperfect balance, so every policy's goodput lies below it. 0 when
+// there is nothing to bound (no prompt token to compute).
+func PrefillBoundRPS(c *replay.Ceiling, requests, workers, maxBatched int) float64 {
+	hits, total := c.Tokens()
+	miss := float64(total - hits)
+	if miss <= 0 || workers <= 0 {
+		return 0
+	}
+	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / float64(workers)) // each engine's share
+	return float64(requests) / busy.Seconds()
+}
+
+// Point is what one run at one arrival speedup measured; latencies are in
+// model milliseconds.
+type Point struct {
+	ArrivalSpeedup float64 `json:"arrival_speedup"`
+	// ArrivalRPS is the offered load: requests per second of model time.
+	ArrivalRPS float64     `json:"arrival_rps"`
+	Requests   int         `json:"requests"`
+	Errors     int         `json:"errors"`
+	TTFT       replay.Dist `json:"ttft_ms"`
+	ITL        replay.Dist `json:"itl_ms"`
+	E2E        replay.Dist `json:"e2e_ms"`
+	// HitRate is cached prompt tokens / prompt tokens, as the engines
+	// counted them (replay's prefix_hit_rate).
+	HitRate     float64 `json:"hit_rate"`
+	FirstError  string  `json:"first_error,omitempty"`
+	Queued      uint64  `json:"queued"` // requests the router's admission queue held
+	Preemptions uint64  `json:"preemptions"`
+	// Steady is the window a run of closed-loop sessions is measured in;
+	// nil for open-loop arrivals and for sessions that all start at once,
+	// measured whole. ArrivalRPS, the
+	// latencies and HitRate then count the requests that arrived in it.
+	Steady *SteadyWindow `json:"steady_window,omitempty"`
+	// ModelS is the model time from the first arrival to the last token.
+	ModelS   float64 `json:"model_s"`
+	MeetsSLO bool    `json:"meets_slo"`
+	// Disagg is where prompts were prefilled and what crossed the network,
+	// on a disaggregated fleet only. There, HitRate counts the prefill
+	// engine's cache for a request prefilled remotely: the work its cache
+	// saved; the decode engine counts pulled blocks as cached.
+	Disagg *DisaggStats `json:"disagg,omitempty"`
+	// Engines says what the engines spent their time on: where a fleet's
+	// capacity went when a mode saturates it.
+	Engines EngineStats `json:"engines"`
+}
+
+// SteadyWindow is the part of a closed-loop run measured: from a quarter
+// of the way through the sessions' starts to the last start.
+//
+// Closed-loop sessions start at the workload's pace but each keeps a
+// request open, so the load builds up while sessions accumulate and drains
+// after the last one started. A run measured whole mixes the quiet build
+// up and drain with a peak that lasts only as long as the starts do, and
+// when the sessions start over a shorter time than one lasts, the peak is a
+// burst no fleet sustains: its rate and percentiles then describe the
+// burst, not what the fleet can carry. Between the build-up and the last
+// start, sessions start and end at the same pace, and the window measures
+// that steady state (SteadyWarmup is its build-up).
+type SteadyWindow struct {
+	FromS    float64 `json:"from_s"` // model seconds after the first arrival
+	ToS      float64 `json:"to_s"`
+	Requests int     `json:"requests"` // requests that arrived in it and finished
+}
+
+// SteadyWarmup is the part of the sessions' starts a closed-loop run is
+// not measured in: a quarter, a session's life or more at the loads where
+// the agentic workload's knees lie when it has 100,000 requests (about 90
+// s of a 400 s start span at 240 req/s).
+const SteadyWarmup = 0.25
+
+// EngineStats sums every engine's scheduler steps over a run.
+type EngineStats struct {
+	Steps int64 `json:"steps"`
+	// Busy is the engines' stepping time over the run's model time, per
+	// engine: 1 is a fleet that never idled.
+	Busy float64 `json:"busy"`
+	// KVUsageMean weighs each step's KV usage (blocks held by requests
+	// over the engine's blocks) by its duration; KVUsageMax is the highest.
+	KVUsageMean float64 `json:"kv_usage_mean"`
+	KVUsageMax  float64 `json:"kv_usage_max"`
+	// DecodeSeqsPerStep and PrefillTokensPerStep are per step that ran.
+	DecodeSeqsPerStep    float64 `json:"decode_seqs_per_step"`
+	PrefillTokensPerStep float64 `json:"prefill_tokens_per_step"`
+	// PrefillShare is the part of the stepping time the step-time model
+	// charges to prefill (the rest is decode).
+	PrefillShare float64 `json:"prefill_share"`
+}
+
+// engineTally accumulates EngineStats as steps run.
+type engineTally struct {
+	steps, decodeSeqs, prefillTokens int64
+	busy, prefill                    time.Duration
+	kvWeighted, kvMax                float64
+}
+
+func (t *engineTally) add(r *engine.StepResult) {
+	if r.Duration <= 0 {
+		return
+	}
+	t.steps++
+	t.busy += r.Duration
+	t.prefill += engine.PrefillTime(r.PrefillTokens)
+	t.decodeSeqs += int64(r.DecodeSeqs)
+	t.prefillTokens += int64(r.PrefillTokens)
+	t.kvWeighted += r.KVUsage * float64(r.Duration)
+	t.kvMax = max(t.kvMax, r.KVUsage)
+}
+
+func (t *engineTally) stats(engines int, span time.Duration) EngineStats {
+	if t.steps == 0 {
+		return EngineStats{}
+	}
+	st := EngineStats{
+		Steps: t.steps, KVUsageMax: t.kvMax,
+		KVUsageMean:          t.kvWeighted / float64(t.busy),
+		DecodeSeqsPerStep:    float64(t.decodeSeqs) / float64(t.steps),
+		PrefillTokensPerStep: float64(t.prefillTokens) / float64(t.steps),
+		PrefillShare:         float64(t.prefill) / float64(t.busy),
+	}
+	if span > 0 && engines > 0 {
+		st.Busy = float64(t.busy) / float64(span) / float64(engines)
+	}
+	return st
+}
+
+// Run simulates w in mode at arrivalSpeedup.
+func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, error) {
+	s, err := newSim(cfg, mode, w, arrivalSpeedup)
+	if err != nil {
+		return Point{}, err
+	}
+	if err := s.run(); err != nil {
+		return Point{}, err
+	}
+	return s.point(), nil
+}
+
+// Event kinds. Events due at the same instant run in the order they were
+// scheduled.
+const (
+	evArrival uint8 = iota
+	evStepStart
+	evStepDone
+	evKV
+	evPoll
+	evTransfer       // a disaggregated request's KV has reached its decode engine
+	evPrefillTimeout // a disaggregated request's prefill is due
+)
+
+type event struct {
+	at   int64  // model ns
+	seq  uint64 // FIFO among events due at the same instant
+	kind uint8
+	n    int32 // request (arrival) or engine
+}
+
+// eventQueue is a binary min-heap by (at, seq), by hand: container/heap's
+// interface calls box every event.
+type eventQueue []event
+
+func (q eventQueue) less(i, j int) bool {
+	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
+}
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h) && h.less(l, m) {
+			m = l
+		}
+		if r < len(h) && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
+	return top
+}
+
+type simEngine struct {
+	eng     *engine.Engine
+	w       kv.Worker
+	prefill bool                  // a prefill engine of a disaggregated fleet
+	stepped bool                  // a step is scheduled or under way
+	res     engine.StepResult     // the step under way, delivered at its end
+	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
+	zero    int                   // consecutive steps that took no time
+}
+
+// reqState is one request's life, in model ns.
+type reqState struct {
+	arrival, first, last, done int64
+	prompt, cached             int32
+	finished, failed           bool
+}
+
+// gapRun is n inter-token gaps of the same length.
+type gapRun struct {
+	ns int64
+	n  int
+}
+
+// gapQuantum is the resolution of inter-token gaps: counting them by the
+// microsecond keeps one counter per distinct gap (tens of thousands over a
+// trace) instead of one sample per token (millions), and reports in ms
+// never show the difference.
+const gapQuantum = int64(time.Microsecond)
+
+type sim struct {
+	cfg   Config
+	w     Workload
+	scale float64
+	base  time.Time
+	now   int64
+	seq   uint64
+	q     eventQueue
+
+	r       *router.Router
+	dp      int
+	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
+	reqs    []reqState
+	// held are the prompts the loop keeps: requests in the router's queue
+	// and disaggregated requests until their decode engine has them.
+	held map[int]workload.Request
+	// pd is each request's disaggregated life; nil on an aggregated fleet.
+	pd []pdState
+	// decodeOverrides route a decode after a remote prefill.
+	decodeOverrides sched.Overrides
+	// dispatched collects the queue's decisions while the router's lock
+	// is held; the loop acts on them after the call that made them.
+	dispatched []dispatch
+	queuedBy   [3]int // bookings the router's queue held, by dispatch kind
+	pollLoad   bool
+	// ownsPrompts: the workload builds each prompt for its request alone
+	// (a Trace) and the loop drops it once sent, so the engine may keep it.
+	ownsPrompts bool
+	remaining   int // requests not finished or failed
+	// after[i] is the request that waits for i to end (closed-loop
+	// sessions), -1 for none; waits[i] says i waits for another. Both nil
+	// when no request waits.
+	after []int32
+	waits []bool
+
+	// measureFrom and measureTo bound the arrivals a run is measured by
+	// (SteadyWindow) when windowed; every arrival otherwise: open-loop
+	// workloads, and sessions that all start at once.
+	measureFrom, measureTo int64
+	windowed               bool
+
+	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
+	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
+	// mostly share one gap, and a map update per token cost more than the
+	// rest of the loop's bookkeeping.
+	pendingQ int64
+	pendingN int
+	errors   int
+	firstErr error
+	tally    engineTally
+}
+
+type dispatch struct {
+	id   int
+	kind uint8 // which booking: dispAggregated, dispPrefill or dispDecode
+	d    router.Decision
+	err  error
+}
+
+// What a dispatched booking was for.
+const (
+	dispAggregated uint8 = iota // prefill and decode on one engine
+	dispPrefill                 // a disaggregated request's prefill
+	dispDecode                  // its decode, after the prefill
+)
+
+// maxZeroSteps bounds an engine's steps in a row that take no time (every
+// running request preempted): beyond, the engine cannot progress and the
+// run would never end.
+const maxZeroSteps = 1000
+
+func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
+	workers := cfg.Workers
+	if cfg.Disagg.Enabled() {
+		if err := cfg.Disagg.validate(); err != nil {
+			return nil, err
+		}
+		workers = cfg.Disagg.PrefillWorkers + cfg.Disagg.DecodeWorkers
+	}
+	switch {
+	case workers < 1:
+		return nil, fmt.Errorf("sim: need at least one worker, got %d", workers)
+	case scale <= 0:
+		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
+	case cfg.KVEventDelay < 0:
+		return nil, fmt.Errorf("sim: negative kv event delay %v", cfg.KVEventDelay)
+	case cfg.EngineMetricsInterval <= 0:
+		return nil, fmt.Errorf("sim: the engine metrics interval must be positive, got %v", cfg.EngineMetricsInterval)
+	case w.Len() == 0:
+		return nil, errors.New("sim: the workload has no requests")
+	}
+	rcfg, err := replay.ModeConfig(cfg.Router, mode, cfg.Engine.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}, gaps: map[int64]int{}}
+	rcfg.Now = func() time.Time { return s.base.Add(time.Duration(s.now)) }
+	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	if s.r, err = router.New(rcfg); err != nil {
+		return nil, err
+	}
+	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
+	_, s.ownsPrompts = w.(*Trace)
+	s.dp = max(cfg.DPSize, 1)
+	s.engines = make([]simEngine, workers*s.dp)
+	for i := range s.engines {
+		ecfg := cfg.Engine
+		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
+		eng, err := engine.New(ecfg)
+		if err != nil {
+			return nil, err
+		}
+		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
+		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}, prefill: cfg.Disagg.role(i/s.dp) == router.RolePrefill}
+	}
+	for id := range workers {
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
+	}
+	if cfg.Disagg.Enabled() {
+		s.pd = make([]pdState, w.Len())
+		s.decodeOverrides = router.RemoteDecodeOverrides(sched.Overrides{}, cfg.Disagg.NoAssumeKVReuse)
+	}
+	s.reqs = make([]reqState, w.Len())
+	s.remaining = w.Len()
+	return s, nil
+}
+
+func (s *sim) schedule(at int64, kind uint8, n int) {
+	s.seq++
+	s.q.push(event{at: at, seq: s.seq, kind: kind, n: int32(n)})
+}
+
+func (s *sim) arrivalAt(i int) int64 {
+	return int64(float64(s.w.At(i)-s.w.At(0)) / s.scale)
+}
+
+// linkSessions gives every request that waits for its session's previous
+// turn (see predecessors) that turn's after entry.
+func (s *sim) linkSessions() {
+	prev := predecessors(s.w)
+	if prev == nil {
+		return
+	}
+	s.after = make([]int32, len(prev))
+	for j := range s.after {
+		s.after[j] = -1
+	}
+	s.waits = make([]bool, len(prev))
+	for i, p := range prev {
+		if p >= 0 {
+			s.after[p] = int32(i)
+			s.waits[i] = true
+		}
+	}
+}
+
+// predecessors finds, in a materialised workload, the requests that wait
+// for their session's previous turn (workload.Request.Think): each gets
+// that turn's index, every other request -1. nil when no request waits; a
+// trace's requests never do.
+func predecessors(w Workload) []int32 {
+	reqs, ok := w.(Requests)
+	if !ok {
+		return nil
+	}
+	var prev []int32
+	last := map[string]int{}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Session == "" {
+			continue
+		}
+		if p, seen := last[r.Session]; seen && r.Think > 0 {
+			if prev == nil {
+				prev = make([]int32, len(reqs))
+				for j := range prev {
+					prev[j] = -1
+				}
+			}
+			prev[i] = int32(p)
+		}
+		last[r.Session] = i
+	}
+	return prev
+}
+
+// nextOpen is the first request after i that does not wait for another,
+// or -1.
+func (s *sim) nextOpen(i int) int {
+	for j := i + 1; j < s.w.Len(); j++ {
+		if s.waits == nil || !s.waits[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// release sends the request waiting for i, if any, its think time after
+// i ended (finished or failed): think times are the agent's and its
+// tools', not the workload's pace, so no arrival speedup shortens them.
+func (s *sim) release(i int) {
+	if s.after == nil || s.after[i] < 0 {
+		return
+	}
+	n := int(s.after[i])
+	s.schedule(s.now+int64(s.w.Request(n).Think), evArrival, n)
+}
+
+func (s *sim) run() error {
+	s.linkSessions()
+	s.measureFrom, s.measureTo = math.MinInt64, math.MaxInt64
+	if s.after != nil {
+		first, last := int64(-1), int64(0)
+		for i := range s.waits {
+			if !s.waits[i] {
+				if first < 0 {
+					first = s.arrivalAt(i)
+				}
+				last = s.arrivalAt(i)
+			}
+		}
+		if last > first {
+			s.measureFrom, s.measureTo = first+int64(float64(last-first)*SteadyWarmup), last
+			s.windowed = true
+		}
+	}
+	s.schedule(s.arrivalAt(0), evArrival, 0)
+	if s.pollLoad {
+		s.schedule(0, evPoll, 0)
+	}
+	for len(s.q) > 0 {
+		ev := s.q.pop()
+		s.now = ev.at
+		var err error
+		switch ev.kind {
+		case evArrival:
+			err = s.arrive(int(ev.n))
+		case evStepStart:
+			s.step(int(ev.n))
+		case evStepDone:
+			err = s.stepDone(int(ev.n))
+		case evKV:
+			s.deliverKV(int(ev.n))
+		case evPoll:
+			s.poll()
+		case evTransfer:
+			err = s.transferred(int(ev.n))
+		case evPrefillTimeout:
+			err = s.prefillTimedOut(int(ev.n))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if s.remaining != 0 {
+		return fmt.Errorf("sim: %d requests never finished", s.remaining)
+	}
+	return nil
+}
+
+func (s *sim) arrive(i int) error {
+	if s.waits == nil || !s.waits[i] {
+		if next := s.nextOpen(i); next >= 0 {
+			s.schedule(s.arrivalAt(next), evArrival, next)
+		}
+	}
+	req := s.w.Request(i)
+	rs := &s.reqs[i]
+	rs.arrival = s.now
+	rs.prompt = int32(len(req.Tokens))
+	if s.pd != nil {
+		s.arriveDisagg(i, &req)
+	} else {
+		s.submit(i, &req)
+	}
+	return s.flushDispatched()
+}
+
+// submit routes a request to be prefilled and decoded on one engine.
+func (s *sim) submit(i int, req *workload.Request) {
+	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL}, s.onDispatch(i, dispAggregated))
+	switch {
+	case err != nil:
+		s.fail(i, err)
+	case queued:
+		s.held[i] = *req
+		s.queuedBy[dispAggregated]++
+	default:
+		s.start(i, d.Worker, req)
+	}
+}
+
+// onDispatch records the decision on a booking the router's queue holds;
+// the loop acts on it after the router call that made it.
+func (s *sim) onDispatch(i int, kind uint8) func(router.Decision, error) {
+	return func(d router.Decision, err error) {
+		s.dispatched = append(s.dispatched, dispatch{id: i, kind: kind, d: d, err: err})
+	}
+}
+
+// engineOf is the index in engines of a routed rank.
+func (s *sim) engineOf(w kv.Worker) int { return (int(w.ID)-1)*s.dp + int(w.DPRank) }
+
+// start hands a routed request to its engine.
+func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
+	e := s.engineOf(w)
+	id := strconv.Itoa(i)
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: s.ownsPrompts}); err != nil {
+		s.r.Free(id)
+		s.fail(i, err)
+		return
+	}
+	s.wake(e)
+}
+
+// wake has an idle engine step.
+func (s *sim) wake(e int) {
+	if !s.engines[e].stepped {
+		s.engines[e].stepped = true
+		// Not now: requests arriving at this same instant join the step.
+		s.schedule(s.now, evStepStart, e)
+	}
+}
+
+func (s *sim) fail(i int, err error) {
+	rs := &s.reqs[i]
+	if rs.failed || rs.finished {
+		return
+	}
+	rs.failed = true
+	s.remaining--
+	s.release(i)
+	s.errors++
+	if s.firstErr == nil {
+		s.firstErr = fmt.Errorf("request %d: %w", i, err)
+	}
+}
+
+// flushDispatched starts the requests the router's queue let go during the
+// last router call.
+func (s *sim) flushDispatched() error {
+	for len(s.dispatched) > 0 {
+		batch := s.dispatched
+		s.dispatched = nil
+		for _, d := range batch {
+			switch d.kind {
+			case dispPrefill:
+				s.prefillRouted(d.id, d.d, d.err)
+				continue
+			case dispDecode:
+				s.decodeRouted(d.id, d.d, d.err)
+				continue
+			}
+			req := s.held[d.id]
+			delete(s.held, d.id)
+			if d.err != nil {
+				s.fail(d.id, d.err)
+				continue
+			}
+			s.start(d.id, d.d.Worker, &req)
+		}
+	}
+	return nil
+}
+
+func (s *sim) step(e int) {
+	se := &s.engines[e]
+	se.res = se.eng.Step()
+	s.tally.add(&se.res)
+	s.schedule(s.now+int64(se.res.Duration), evStepDone, e)
+}
+
+func (s *sim) stepDone(e int) error {
+	se := &s.engines[e]
+	res := se.res
+	se.res = engine.StepResult{}
+	if len(res.Events) > 0 {
+		if s.cfg.KVEventDelay == 0 {
+			s.applyKV(se, res.Events)
+		} else {
+			se.batches = append(se.batches, res.Events)
+			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
+		}
+	}
+	for _, o := range res.Outputs {
+		i, err := strconv.Atoi(o.ID)
+		if err != nil {
+			return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
+		}
+		if se.prefill {
+			if err := s.prefilled(i, o.CachedTokens); err != nil {
+				return err
+			}
+			continue
+		}
+		rs := &s.reqs[i]
+		if rs.finished {
+			return fmt.Errorf("sim: request %d produced a token after its last", i)
+		}
+		if o.Index == 0 {
+			rs.first = s.now
+			rs.cached = int32(o.CachedTokens)
+			s.r.MarkPrefillCompleted(o.ID)
+		} else if s.measured(rs) {
+			s.countGap((s.now - rs.last + gapQuantum/2) / gapQuantum)
+		}
+		rs.last = s.now
+		if o.Finished {
+			rs.finished, rs.done = true, s.now
+			s.remaining--
+			s.release(i)
+			s.r.Free(o.ID)
+		}
+	}
+	if err := s.flushDispatched(); err != nil {
+		return err
+	}
+	if se.eng.Idle() {
+		se.stepped = false
+		return nil
+	}
+	if res.Duration == 0 {
+		if se.prefill && res.Preempted == 0 && se.eng.Metrics().HeldBlocks > 0 {
+			// Nothing fits beside the blocks held for decode engines: the
+			// engine waits for a pull to release some (releaseHold wakes
+			// it), as the mocker's runner spins until one does.
+			se.stepped, se.zero = false, 0
+			return nil
+		}
+		if se.zero++; se.zero > maxZeroSteps {
+			return fmt.Errorf("sim: engine %v makes no progress", se.w)
+		}
+	} else {
+		se.zero = 0
+	}
+	s.step(e)
+	return nil
+}
+
+// measured reports whether the run's figures count rs.
+func (s *sim) measured(rs *reqState) bool {
+	return rs.arrival >= s.measureFrom && rs.arrival <= s.measureTo
+}
+
+func (s *sim) countGap(q int64) {
+	if s.pendingN > 0 && q == s.pendingQ {
+		s.pendingN++
+		return
+	}
+	s.flushGaps()
+	s.pendingQ, s.pendingN = q, 1
+}
+
+func (s *sim) flushGaps() {
+	if s.pendingN > 0 {
+		s.gaps[s.pendingQ] += s.pendingN
+		s.pendingN = 0
+	}
+}
+
+// deliverKV applies an engine's oldest batch in flight: every batch waits
+// the same delay, so they arrive in the order they left.
+func (s *sim) deliverKV(e int) {
+	se := &s.engines[e]
+	batch := se.batches[0]
+	se.batches[0] = nil
+	se.batches = se.batches[1:]
+	s.applyKV(se, batch)
+}
+
+func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
+	bs := s.cfg.Engine.BlockSize
+	for _, ev := range events {
+		switch ev.Kind {
+		case engine.Stored:
+			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs})
+		case engine.Removed:
+			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
+			_ = s.r.ApplyEvent(&kev)
+		case engine.Cleared:
+			kev := kv.Event{Worker: se.w, Kind: kv.KindCleared}
+			_ = s.r.ApplyEvent(&kev)
+		}
+	}
+}
+
+// poll reads every engine's metrics into the router, and keeps polling
+// while requests remain.
+func (s *sim) poll() {
+	for i := range s.engines {
+		m := s.engines[i].eng.Metrics()
+		s.r.SetEngineLoad(s.engines[i].w, sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage})
+	}
+	if s.remaining > 0 {
+		s.schedule(s.now+int64(s.cfg.EngineMetricsInterval), evPoll, 0)
+	}
+}
+
+func (s *sim) point() Point {
+	p := Point{ArrivalSpeedup: s.scale, Requests: len(s.reqs), Errors: s.errors}
+	if s.firstErr != nil {
+		p.FirstError = s.firstErr.Error()
+	}
+	if span := Span(s.w).Seconds() / s.scale; span > 0 {
+		p.ArrivalRPS = float64(len(s.reqs)) / span
+	}
+	ttft := make([]float64, 0, len(s.reqs))
+	e2e := make([]float64, 0, len(s.reqs))
+	var prompt, cached, end int64
+	for i := range s.reqs {
+		rs := &s.reqs[i]
+		if !rs.finished {
+			continue
+		}
+		end = max(end, rs.done)
+		if !s.measured(rs) {
+			continue
+		}
+		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
+		e2e = append(e2e, float64(rs.done-rs.arrival)/1e6)
+		prompt += int64(rs.prompt)
+		if s.pd != nil && s.pd[i].how == howRemote {
+			cached += int64(s.pd[i].pcached)
+		} else {
+			cached += int64(rs.cached)
+		}
+	}
+	if s.windowed {
+		// Closed-loop sessions arrive as fast as they are served: the
+		// offered load is what arrived in the window.
+		arrived := 0
+		for i := range s.reqs {
+			if rs := &s.reqs[i]; (rs.finished || rs.failed) && s.measured(rs) {
+				arrived++
+			}
+		}
+		p.Steady = &SteadyWindow{
+			FromS: float64(s.measureFrom) / 1e9, ToS: float64(s.measureTo) / 1e9, Requests: len(ttft),
+		}
+		p.ArrivalRPS = 0
+		if s.measureTo > s.measureFrom {
+			p.ArrivalRPS = float64(arrived) / (float64(s.measureTo-s.measureFrom) / 1e9)
+		}
+	}
+	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
+	s.flushGaps()
+	runs := make([]gapRun, 0, len(s.gaps))
+	for q, n := range s.gaps {
+		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})
+	}
+	p.ITL = gapDist(runs)
+	if prompt > 0 {
+		p.HitRate = float64(cached) / float64(prompt)
+	}
+	p.ModelS = float64(end-s.arrivalAt(0)) / 1e9
+	p.Engines = s.tally.stats(len(s.engines), time.Duration(end-s.arrivalAt(0)))
+	p.Queued = s.r.Stats().Queued
+	for i := range s.engines {
+		p.Preemptions += s.engines[i].eng.Metrics().Preemptions
+	}
+	if s.pd != nil {
+		p.Disagg = s.disaggStats()
+	}
+	return p
+}
+
+// gapDist is replay.DistOf over the gaps each run stands for, with its
+// nearest-rank percentiles; runs may come in any order.
+func gapDist(runs []gapRun) replay.Dist {
+	sorted := slices.Clone(runs)
+	// The sum below adds in sorted order, whatever order runs came in:
+	// floating-point sums depend on it.
+	slices.SortFunc(sorted, func(a, b gapRun) int { return cmp.Compare(a.ns, b.ns) })
+	var n int
+	var sum float64
+	for _, r := range sorted {
+		n += r.n
+		sum += float64(r.ns) * float64(r.n)
+	}
+	if n == 0 {
+		return replay.Dist{}
+	}
+	at := func(p float64) float64 {
+		i := min(max(int(float64(n)*p/100+0.5)-1, 0), n-1)
+		for _, r := range sorted {
+			if i < r.n {
+				return float64(r.ns) / 1e6
+			}
+			i -= r.n
+		}
+		return 0
+	}
+	return replay.Dist{Mean: sum / float64(n) / 1e6, P50: at(50), P90: at(90), P99: at(99)}
+}

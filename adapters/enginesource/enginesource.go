@@ -208,6 +208,10 @@ type Stats struct {
 	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 	Probes          uint64 // replay requests sent because the stream was silent
+
+	// Unsupported counts, by field name, the events or blocks whose field
+	// the router could not honour (see unsupported.go); nil when none.
+	Unsupported map[string]uint64
 }
 
 type counters struct {
@@ -245,6 +249,7 @@ type Source struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	st     counters
+	unsup  unsupportedFields
 
 	// Owned by the run goroutine.
 	started bool   // a batch has been applied since start or the last reset
@@ -374,7 +379,7 @@ func (s *Source) Stats() Stats {
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
 		Dumps: c.dumps.Load(), DumpErrors: c.dumpErrors.Load(), HistoryLost: c.historyLost.Load(),
 		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
-		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(),
+		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(), Unsupported: s.unsup.snapshot(),
 	}
 	// The position is read after the counters: a counter bumped after a
 	// position change (see restarted) then never shows beside the position
@@ -837,6 +842,7 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 func (s *Source) otherGroup() {
 	s.st.skipped.Add(1)
 	s.st.otherGroup.Add(1)
+	s.unsupported("group_idx")
 }
 
 // processed publishes the position for LastSeq/Synced/WaitSeq.

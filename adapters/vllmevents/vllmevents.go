@@ -111,6 +111,13 @@ type BlockStored struct {
 	// window), "" when nil or absent; KVCacheSpecSlidingWindow its window.
 	KVCacheSpecKind          string
 	KVCacheSpecSlidingWindow *int
+	// CacheSalt is the salt the blocks were computed under when the engine
+	// names it in a field of its own (SGLang), "" otherwise; vLLM carries
+	// it inside ExtraKeys instead.
+	CacheSalt string
+	// SessionID is the engine's session of the blocks (SGLang), "" when
+	// absent.
+	SessionID string
 }
 
 // BlockRemoved says the engine evicted these blocks.

@@ -11,6 +11,8 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"slices"
+	"strconv"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -33,11 +35,26 @@ const Seed uint64 = 1337
 // LoRASeed returns the seed for blocks computed under a LoRA adapter: 1337
 // plus XXH3-64(seed 0) of the adapter name, wrapping. The empty name is the
 // base model.
-func LoRASeed(adapter string) uint64 {
-	if adapter == "" {
-		return Seed
+func LoRASeed(adapter string) uint64 { return KeySeed(adapter, "") }
+
+// KeySeed returns the seed for blocks computed under a LoRA adapter and a
+// cache salt (vLLM's per-request cache_salt, SGLang's cache_salt): 1337,
+// plus XXH3-64(seed 0) of the adapter name when there is one, plus
+// XXH3-64(seed 1) of the salt when there is one, wrapping; Dynamo's
+// kv-hashing derives its seed the same way, so a salted block has the same
+// id in both. Engines mix the salt into the first block only and chain it
+// to the rest; seeding every block instead gives the same partition of
+// blocks (no salted block matches an unsalted or differently salted one)
+// without a special first block.
+func KeySeed(adapter, salt string) uint64 {
+	seed := Seed
+	if adapter != "" {
+		seed += xxh3.HashString(adapter)
 	}
-	return Seed + xxh3.HashString(adapter)
+	if salt != "" {
+		seed += xxh3.HashStringSeed(salt, 1)
+	}
+	return seed
 }
 
 // Hasher hashes token sequences for one block size and adapter. The zero
@@ -55,6 +72,14 @@ func New(blockSize int, adapter string) Hasher {
 		panic("blockhash: block size must be positive")
 	}
 	return Hasher{blockSize: blockSize, seed: LoRASeed(adapter)}
+}
+
+// NewKeyed returns a Hasher for blocks of blockSize tokens under a LoRA
+// adapter and a cache salt ("" for none); see KeySeed.
+func NewKeyed(blockSize int, adapter, salt string) Hasher {
+	h := New(blockSize, "")
+	h.seed = KeySeed(adapter, salt)
+	return h
 }
 
 // BlockSize is the number of tokens in one block.
@@ -80,6 +105,51 @@ func (h Hasher) LocalHash(block []uint32) uint64 {
 	b := make([]byte, len(block)*4)
 	putTokens(b, block)
 	return xxh3.HashSeed(b, h.seed)
+}
+
+// LocalHashMM hashes one block of tokens that holds (part of) multimodal
+// items, identified by mm (see HashMMIdentifier): the block's tokens as
+// little-endian uint32 followed by the identifiers, sorted, as
+// little-endian uint64, as Dynamo hashes a block with multimodal objects.
+// With no identifiers it is LocalHash.
+func (h Hasher) LocalHashMM(block []uint32, mm []uint64) uint64 {
+	if len(mm) == 0 {
+		return h.LocalHash(block)
+	}
+	b := make([]byte, 4*len(block), 4*len(block)+8*len(mm))
+	putTokens(b, block)
+	sorted := slices.Clone(mm)
+	slices.Sort(sorted)
+	for _, id := range sorted {
+		b = binary.LittleEndian.AppendUint64(b, id)
+	}
+	return xxh3.HashSeed(b, h.seed)
+}
+
+// HashMMIdentifier maps a multimodal item's identifier to the uint64 that
+// enters block hashes: a 64-hex-digit digest (vLLM's own identifiers) is
+// read from its first 16 hex digits, anything else is XXH3-64 of its bytes;
+// false for the empty identifier. Dynamo maps identifiers the same way.
+func HashMMIdentifier(id string) (uint64, bool) {
+	if id == "" {
+		return 0, false
+	}
+	if len(id) == 64 {
+		if v, err := strconv.ParseUint(id[:16], 16, 64); err == nil && isHex(id[16:]) {
+			return v, true
+		}
+	}
+	return xxh3.HashString(id), true
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
 }
 
 // AppendLocalHashes appends the local hash of every full block of tokens to

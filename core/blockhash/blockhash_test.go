@@ -2,6 +2,7 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -234,5 +235,54 @@ func BenchmarkTwoPassHashes8192(b *testing.B) {
 	for b.Loop() {
 		local = h.AppendLocalHashes(local[:0], tokens)
 		seq = AppendSequenceHashes(seq[:0], local)
+	}
+}
+
+func TestKeySeed(t *testing.T) {
+	if KeySeed("", "") != Seed || LoRASeed("a") != KeySeed("a", "") {
+		t.Fatal("KeySeed without a salt must be LoRASeed")
+	}
+	// Dynamo's kv-hashing: 1337 + xxh3(lora, 0) + xxh3(salt, 1), wrapping.
+	want := Seed + xxh3.HashString("sql-lora") + xxh3.HashStringSeed("tenant-a", 1)
+	if got := KeySeed("sql-lora", "tenant-a"); got != want {
+		t.Fatalf("KeySeed = %d, want %d", got, want)
+	}
+	seeds := map[uint64]string{}
+	for _, k := range [][2]string{{"", ""}, {"a", ""}, {"", "a"}, {"a", "a"}, {"a", "b"}, {"b", "a"}} {
+		s := KeySeed(k[0], k[1])
+		if prev, dup := seeds[s]; dup {
+			t.Fatalf("%v and %s share a seed", k, prev)
+		}
+		seeds[s] = fmt.Sprint(k)
+	}
+	toks := make([]uint32, 16)
+	if NewKeyed(16, "", "t").LocalHash(toks) == New(16, "").LocalHash(toks) {
+		t.Fatal("a salted block hashed like an unsalted one")
+	}
+}
+
+func TestLocalHashMM(t *testing.T) {
+	h := New(4, "")
+	block := []uint32{1, 2, 3, 4}
+	if h.LocalHashMM(block, nil) != h.LocalHash(block) {
+		t.Fatal("no identifiers must hash as a text block")
+	}
+	// tokens LE u32, then sorted identifiers LE u64
+	b := []byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0}
+	if got, want := h.LocalHashMM(block, []uint64{9, 5}), xxh3.HashSeed(b, Seed); got != want {
+		t.Fatalf("LocalHashMM = %d, want %d", got, want)
+	}
+	if h.LocalHashMM(block, []uint64{5}) == h.LocalHashMM(block, []uint64{6}) {
+		t.Fatal("different images, same block id")
+	}
+	digest := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	if v, ok := HashMMIdentifier(digest); !ok || v != 0x9f86d081884c7d65 {
+		t.Fatalf("digest: %x %v", v, ok)
+	}
+	if v, ok := HashMMIdentifier("img-1"); !ok || v != xxh3.HashString("img-1") {
+		t.Fatalf("opaque id: %x", v)
+	}
+	if _, ok := HashMMIdentifier(""); ok {
+		t.Fatal("empty identifier accepted")
 	}
 }

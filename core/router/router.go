@@ -129,7 +129,13 @@ type Request struct {
 	ID     string
 	Tokens []uint32
 	LoRA   string // adapter name; "" = base model
-	Model  string
+	// CacheSalt is the request's cache_salt (vLLM, SGLang): its blocks
+	// match only blocks cached under the same salt. "" = none.
+	CacheSalt string
+	// MM places the request's multimodal items on its tokens; blocks that
+	// hold part of an item are matched by its identifier too.
+	MM    []MMItem
+	Model string
 	// Priority and OSL are nvext.agent_hints.
 	Priority  float64
 	OSL       int
@@ -149,6 +155,18 @@ type Request struct {
 	// engine does no decode and hands its KV over. Otherwise the request
 	// goes to a decode-capable worker (RoleBoth or RoleDecode).
 	Prefill bool
+}
+
+// MMItem is one multimodal item (image, audio clip) of a prompt: its
+// placeholder tokens are Tokens[Offset : Offset+Length].
+type MMItem struct {
+	Offset, Length int
+	// Hash is the item's identifier (blockhash.HashMMIdentifier); Known
+	// false means the router could not compute the identifier the engine
+	// will use, and the request is matched only up to the first block that
+	// holds part of the item.
+	Hash  uint64
+	Known bool
 }
 
 // Decision is where a request goes and what the router knew when it chose.
@@ -587,6 +605,11 @@ type EngineStored struct {
 	Tokens       []uint32 // all tokens of all blocks, in order
 	BlockSize    int      // the engine's block size
 	LoRA         string   // adapter name; "" = base model
+	Salt         string   // cache salt the blocks were computed under; "" = none
+	// MM holds, per block, the identifiers (blockhash.HashMMIdentifier) of
+	// the multimodal items the block holds part of; nil, or a nil entry,
+	// for blocks without any.
+	MM [][]uint64
 }
 
 // ErrMisSizedBlocks reports blocks dropped because the event's tokens do

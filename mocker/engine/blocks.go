@@ -53,6 +53,9 @@ type blockManager struct {
 	tokens  [][]uint32
 	freeIdx []int32 // unused indices into blocks
 	byHash  blockMap
+	// extra holds the adapter and extra keys of the cached blocks that
+	// have any, for CachedBlocks; most blocks have none.
+	extra map[int32]slotKeys
 
 	lruHead, lruTail int32
 	numActive        int // full blocks with ref > 0
@@ -94,6 +97,7 @@ type seqBlocks struct {
 	blocks  []int32  // slot indices of the full blocks held, in order
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
+	keys    *requestKeys
 }
 
 // ensureHashes makes s.hashes cover the first n full blocks of s.tokens.
@@ -103,6 +107,9 @@ func (m *blockManager) ensureHashes(s *seqBlocks, n int) {
 		var parent uint64
 		if i > 0 {
 			parent = s.hashes[i-1]
+		}
+		if s.keys != nil {
+			parent ^= foldKeys(s.keys.block(i, bs))
 		}
 		s.hashes = append(s.hashes, hashBlock(m.seed, parent, s.tokens[i*bs:(i+1)*bs]))
 	}
@@ -220,6 +227,7 @@ func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
 				m.blocks[idx].parent = s.hashes[i-1]
 			}
 			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs])
+			m.setKeys(idx, s.keys, i)
 			m.byHash.put(s.hashes[i], idx)
 			m.numActive++
 			s.blocks[i] = idx
@@ -258,6 +266,10 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				p := s.hashes[start-1]
 				ev.Parent = &p
 			}
+			if s.keys != nil {
+				ev.LoRAName = s.keys.lora
+				ev.ExtraKeys = blockKeys(s.keys, start, i, bs)
+			}
 			m.events = append(m.events, ev)
 			start = -1
 		}
@@ -277,6 +289,7 @@ func (m *blockManager) makeRoom() {
 	m.lruRemove(idx)
 	h := m.blocks[idx].hash
 	m.byHash.delete(h)
+	delete(m.extra, idx)
 	m.numInactive--
 	m.freeIdx = append(m.freeIdx, idx)
 	m.evicted = append(m.evicted, h)
@@ -344,6 +357,7 @@ func (m *blockManager) reset() {
 	m.blocks = m.blocks[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
+	clear(m.extra)
 	m.lruHead, m.lruTail = noBlock, noBlock
 	m.numInactive = 0
 }
@@ -380,6 +394,10 @@ type CachedBlock struct {
 	Hash   uint64
 	Parent *uint64 // nil for a first block
 	Tokens []uint32
+	// LoRAName and ExtraKeys are the block's adapter and extra keys, as
+	// its Stored event had them (ExtraKeys nil when none).
+	LoRAName  string
+	ExtraKeys []any
 }
 
 // cached lists the cached blocks, every block after its parent (when that
@@ -411,6 +429,9 @@ func (m *blockManager) cached() []CachedBlock {
 	for _, idx := range order {
 		b := &m.blocks[idx]
 		cb := CachedBlock{Hash: b.hash, Tokens: m.blockTokens(idx)}
+		if x, ok := m.extra[idx]; ok {
+			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
+		}
 		if !b.root {
 			p := b.parent
 			cb.Parent = &p

@@ -134,6 +134,12 @@ type Request struct {
 	// request recomputes from its own cache like any other, since the
 	// pulled copy is gone. At most len(Tokens)/BlockSize.
 	KVLoadedBlocks int
+	// LoRA, CacheSalt and MM key the prompt's blocks apart from the same
+	// tokens under another adapter, salt or multimodal item (see
+	// extrakeys.go). MM must be sorted by Offset and lie within the prompt.
+	LoRA      string
+	CacheSalt string
+	MM        []MMFeature
 }
 
 // Output is one generated token.
@@ -178,6 +184,10 @@ type BlockEvent struct {
 	BlockHashes []uint64 // the engine's own opaque block ids
 	Parent      *uint64  // Stored: id of the parent of the first block, nil at the root
 	TokenIDs    []uint32 // Stored: the tokens of all blocks, len = len(BlockHashes) × BlockSize
+	// Stored: the blocks' adapter and, per block, their extra keys as vLLM
+	// publishes them (nil when no block has any; see requestKeys.block).
+	LoRAName  string
+	ExtraKeys [][]any
 }
 
 // StepResult is what one Step did.
@@ -314,6 +324,8 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has an empty prompt", ErrInvalid, r.ID)
 	case r.MaxTokens <= 0:
 		return fmt.Errorf("%w: request %q asks for %d tokens (must be > 0)", ErrInvalid, r.ID, r.MaxTokens)
+	case !validMM(r.MM, len(r.Tokens)):
+		return fmt.Errorf("%w: request %q: multimodal items must be sorted, non-empty spans within the prompt", ErrInvalid, r.ID)
 	case r.KVLoadedBlocks < 0 || r.KVLoadedBlocks > len(r.Tokens)/e.cfg.BlockSize:
 		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
 			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
@@ -336,7 +348,7 @@ func (e *Engine) Add(r Request) error {
 		copy(toks, r.Tokens)
 	}
 	s := &seq{
-		seqBlocks:    seqBlocks{tokens: toks},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r)},
 		id:           r.ID,
 		numPrompt:    len(r.Tokens),
 		maxTokens:    r.MaxTokens,

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
@@ -250,7 +251,8 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 		for _, ev := range events {
 			switch ev.Kind {
 			case engine.Stored:
-				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: ev.BlockHashes, ParentBlockHash: ev.Parent, TokenIDs: ev.TokenIDs, BlockSize: blockSize, Medium: "GPU"})
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: ev.BlockHashes, ParentBlockHash: ev.Parent, TokenIDs: ev.TokenIDs, BlockSize: blockSize, Medium: "GPU",
+					LoRAName: ev.LoRAName, ExtraKeys: encodeExtraKeys(ev.ExtraKeys)})
 			case engine.Removed:
 				batch.Events = append(batch.Events, &vllmevents.BlockRemoved{BlockHashes: ev.BlockHashes, Medium: "GPU"})
 			case engine.Cleared:
@@ -278,7 +280,12 @@ func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(con
 			next = n
 			batch := vllmevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: &rank}
 			for _, b := range blocks {
-				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU"})
+				var keys [][]any
+				if b.ExtraKeys != nil {
+					keys = [][]any{b.ExtraKeys}
+				}
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU",
+					LoRAName: b.LoRAName, ExtraKeys: encodeExtraKeys(keys)})
 			}
 			payload, err = vllmevents.EncodeBatch(&batch, enc)
 		})
@@ -389,4 +396,19 @@ func zmqDropped(engine string, pubs []*zmqevents.Publisher) []prometheus.Collect
 		counter("kvrouter_zmq_bad_handshakes_total", "ZMQ peers disconnected for a malformed or stalled handshake.",
 			func(st zmqevents.PublisherStats) uint64 { return st.BadHandshakes }),
 	}
+}
+
+// encodeExtraKeys writes a Stored event's per-block extra keys as vLLM's
+// msgspec does: a list with one entry per block, nil or an array (a tuple;
+// a multimodal item is an (identifier, offset) pair). nil when there are
+// none.
+func encodeExtraKeys(keys [][]any) []byte {
+	if keys == nil {
+		return nil
+	}
+	b, err := msgpack.Marshal(keys)
+	if err != nil { // strings, ints and nested slices of them always encode
+		panic(err)
+	}
+	return b
 }

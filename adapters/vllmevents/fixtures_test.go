@@ -361,11 +361,19 @@ func TestDecodeMalformedBatch(t *testing.T) {
 
 func TestTier(t *testing.T) {
 	for m, want := range map[Medium]string{
-		"": "device", "GPU": "device", "gpu": "device", "CPU": "host_pinned", "CPU_PINNED": "host_pinned",
-		"cpu_tier1": "host_pinned", "DISK": "disk", "NVME": "disk", "nvme0": "disk", "S3": "external", "LMCACHE": "external",
+		"": "device", "GPU": "device", "gpu": "device", "DEVICE": "device",
+		"CPU": "host_pinned", "CPU_PINNED": "host_pinned", "cpu_tier1": "host_pinned", "CPU_TIER1": "host_pinned",
+		"CPU_TIER2": "disk", "DISK": "disk", "NVME": "disk", "STORAGE": "disk",
+		"EXTERNAL": "external", "NETWORK": "external", "REMOTE": "external", "SHARED": "external",
 	} {
-		if got := string(m.Tier()); got != want {
-			t.Errorf("Tier(%q) = %s, want %s", m, got, want)
+		if got, ok := m.Tier(); !ok || string(got) != want {
+			t.Errorf("Tier(%q) = %s, %v; want %s", m, got, ok, want)
+		}
+	}
+	// A medium Tier does not know is not guessed from its prefix.
+	for _, m := range []Medium{"nvme0", "S3", "LMCACHE", "GPU_HBM", "CPU_TIER3", " GPU"} {
+		if got, ok := m.Tier(); ok {
+			t.Errorf("Tier(%q) = %s, want not ok", m, got)
 		}
 	}
 }

@@ -191,7 +191,7 @@ type Stats struct {
 	Clears        uint64 // AllBlocksCleared events passed on
 
 	Malformed  uint64 // payloads that did not decode, skipped whole
-	Skipped    uint64 // events skipped: malformed, unknown type, group != 0, or unknown medium
+	Skipped    uint64 // events skipped: malformed, unknown type, group != 0, unknown medium, not local
 	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
 
 	Gaps         uint64 // live seqs above the one expected, after the first batch
@@ -806,7 +806,7 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				continue
 			}
 			tier, ok := s.tier(e.Medium)
-			if !ok {
+			if !ok || !s.local(e.Locality) {
 				continue
 			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
@@ -856,6 +856,24 @@ func (s *Source) tier(m vllmevents.Medium) (kv.StorageTier, bool) {
 		s.unsupported("medium=unknown")
 	}
 	return t, ok
+}
+
+// local says whether stored blocks are the engine's own. Blocks stored
+// away from it (locality REMOTE: vLLM's shared storage tiers) are not
+// credited to it, as Dynamo does not credit them; a locality nobody knows
+// is not guessed either. Their removals need no filter: they name blocks
+// the index never held.
+func (s *Source) local(locality string) bool {
+	switch strings.ToUpper(locality) {
+	case "", "LOCAL":
+		return true
+	case "REMOTE":
+		s.unsupported("locality=remote")
+	default:
+		s.unsupported("locality=unknown")
+	}
+	s.st.skipped.Add(1)
+	return false
 }
 
 func (s *Source) otherGroup() {

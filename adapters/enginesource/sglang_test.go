@@ -12,7 +12,8 @@ import (
 // blocks, its media map to tiers as Dynamo maps them, a medium nobody knows
 // is neither guessed nor applied but counted under one label, and a
 // session id is decoded and left alone (session affinity comes from
-// requests, not events).
+// requests, not events). Blocks stored away from the engine (vLLM's
+// locality) are not credited to it, and counted.
 func TestSGLangEventsReachTheSink(t *testing.T) {
 	sink := &recSink{}
 	w := kv.Worker{ID: 4}
@@ -25,6 +26,8 @@ func TestSGLangEventsReachTheSink(t *testing.T) {
 			&vllmevents.BlockStored{BlockHashes: []uint64{3}, TokenIDs: a, BlockSize: bs, Medium: "GPU_HBM"},
 			&vllmevents.BlockRemoved{BlockHashes: []uint64{2}, Medium: "CPU_TIER1"},
 			&vllmevents.BlockRemoved{BlockHashes: []uint64{3}, Medium: "s3://bucket"},
+			&vllmevents.BlockStored{BlockHashes: []uint64{4}, TokenIDs: a, BlockSize: bs, Medium: "STORAGE", Locality: "REMOTE"},
+			&vllmevents.BlockStored{BlockHashes: []uint64{5}, TokenIDs: a, BlockSize: bs, Medium: "STORAGE", Locality: "NEARBY"},
 		}}, enc), false)
 	}
 	sink.mu.Lock()
@@ -43,11 +46,11 @@ func TestSGLangEventsReachTheSink(t *testing.T) {
 			t.Fatalf("events %+v", sink.events)
 		}
 	}
-	if got, want := s.unsup.snapshot(), map[string]uint64{"medium=unknown": 4}; !maps.Equal(got, want) {
+	if got, want := s.unsup.snapshot(), map[string]uint64{"medium=unknown": 4, "locality=remote": 2, "locality=unknown": 2}; !maps.Equal(got, want) {
 		t.Fatalf("unsupported %v, want %v", got, want)
 	}
-	if n := s.st.skipped.Load(); n != 4 {
-		t.Fatalf("skipped %d, want 4", n)
+	if n := s.st.skipped.Load(); n != 8 {
+		t.Fatalf("skipped %d, want 8", n)
 	}
 }
 

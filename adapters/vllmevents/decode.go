@@ -171,7 +171,7 @@ func (r *reader) mapKey() (string, error) {
 var (
 	storedFields = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
 		"lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-		"kv_cache_spec_sliding_window"}
+		"kv_cache_spec_sliding_window", "locality"}
 	removedFields = []string{"type", "block_hashes", "medium", "group_idx"}
 )
 
@@ -337,6 +337,11 @@ func decodeStored(f map[string][]byte, opts DecodeOptions) (*BlockStored, error)
 			return nil, eventErr("kv_cache_spec_sliding_window", err)
 		}
 		ev.KVCacheSpecSlidingWindow = &v
+	}
+	if r := field(f, "locality"); r != nil {
+		if ev.Locality, err = r.readString(); err != nil {
+			return nil, eventErr("locality", err)
+		}
 	}
 	return &ev, nil
 }

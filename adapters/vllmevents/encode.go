@@ -195,6 +195,7 @@ func (w *writer) event(ev Event, asMap bool) error {
 			{name: "group_idx", hasDflt: true, isDefault: ev.GroupIdx == 0, write: func() { w.int(int64(ev.GroupIdx)) }},
 			{name: "kv_cache_spec_kind", hasDflt: true, isDefault: ev.KVCacheSpecKind == "", write: func() { w.optStr(ev.KVCacheSpecKind) }},
 			{name: "kv_cache_spec_sliding_window", hasDflt: true, isDefault: ev.KVCacheSpecSlidingWindow == nil, write: func() { w.optInt(ev.KVCacheSpecSlidingWindow) }},
+			{name: "locality", hasDflt: true, isDefault: ev.Locality == "", write: func() { w.optStr(ev.Locality) }},
 		}
 		if ev.CacheSalt != "" || ev.SessionID != "" {
 			if !asMap {

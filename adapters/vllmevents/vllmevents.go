@@ -20,7 +20,8 @@
 //
 // Positional field order is BlockStored: type, block_hashes,
 // parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
-// extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window;
+// extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
+// locality;
 // BlockRemoved: type, block_hashes, medium, group_idx; AllBlocksCleared:
 // type. SGLang (0.5.18 on) puts a map {"cache_salt", "session_id"} at
 // lora_name's position of a salted or session-attributed BlockStored, and
@@ -119,6 +120,10 @@ type BlockStored struct {
 	// window), "" when nil or absent; KVCacheSpecSlidingWindow its window.
 	KVCacheSpecKind          string
 	KVCacheSpecSlidingWindow *int
+	// Locality is where the blocks are stored relative to the engine,
+	// "LOCAL" or "REMOTE", when it says (vLLM's storage tiers, v0.26 on);
+	// "" when absent.
+	Locality string
 	// CacheSalt is the salt the blocks were computed under when the engine
 	// names it in a field of its own (SGLang), "" otherwise; vLLM carries
 	// it inside ExtraKeys instead.

@@ -392,3 +392,12 @@ func TestDecodeLocality(t *testing.T) {
 		checkBatch(t, b, &Batch{TS: 1, Events: []Event{&BlockStored{BlockHashes: []uint64{5}, BlockSize: tc.blockSize, Medium: "STORAGE", Locality: "REMOTE"}}})
 	}
 }
+
+// TestDecodeVLLM026: a batch vLLM 0.26 published, as reported by a user.
+func TestDecodeVLLM026(t *testing.T) {
+	checkBatch(t, mustDecode(t, readFixture(t, "vllm/v0.26-map-events.hx"), DecodeOptions{}), &Batch{TS: 1789095808.8378847, DPRank: iptr(0), Events: []Event{
+		&BlockStored{BlockHashes: []uint64{15760518052499183552}, BlockSize: 16, Medium: "GPU", ExtraKeys: []byte{0x91, 0xc0},
+			KVCacheSpecKind: "full_attention",
+			TokenIDs:        []uint32{151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198, 151667}},
+	}})
+}

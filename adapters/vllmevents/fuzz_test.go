@@ -12,7 +12,7 @@ func FuzzDecodeBatch(f *testing.F) {
 	for _, src := range []string{fixArray3, fixArray2Neg, fixBin, fixMapBatch, fixSGLang, fixTrailingMissing, fixExtraTrailing, fixUnknown} {
 		f.Add(hx(f, src))
 	}
-	for _, name := range []string{"positional-metadata.hx", "tagged-map.hx"} {
+	for _, name := range []string{"sglang/positional-metadata.hx", "sglang/tagged-map.hx", "vllm/v0.26-map-events.hx"} {
 		f.Add(readFixture(f, name))
 	}
 	for _, b := range []*Batch{smallBatch(), fullBatch()} {

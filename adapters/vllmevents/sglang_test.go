@@ -91,7 +91,7 @@ func TestSGLangSaltedBlockHashes(t *testing.T) {
 
 func readFixture(t testing.TB, name string) []byte {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("testdata", "sglang", name))
+	raw, err := os.ReadFile(filepath.Join("testdata", filepath.FromSlash(name)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,14 +112,14 @@ func TestDecodeSGLangFixtures(t *testing.T) {
 		file string
 		want *Batch
 	}{
-		{"positional-metadata.hx", &Batch{TS: 1.5, DPRank: iptr(0), Events: []Event{
+		{"sglang/positional-metadata.hx", &Batch{TS: 1.5, DPRank: iptr(0), Events: []Event{
 			&BlockStored{BlockHashes: a, TokenIDs: toks, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a"},
 			&BlockStored{BlockHashes: u[:1], TokenIDs: toks[:2], BlockSize: 2, Medium: "GPU"},
 			&BlockStored{BlockHashes: b, TokenIDs: toks, BlockSize: 2, Medium: "CPU_TIER1", CacheSalt: "tenant-b", SessionID: "sess-7"},
 			&BlockStored{BlockHashes: u[1:], ParentBlockHash: u64(u[0]), TokenIDs: toks[2:], BlockSize: 2, Medium: "GPU", SessionID: "sess-9"},
 			&BlockRemoved{BlockHashes: a[1:], Medium: "CPU_TIER2"},
 		}}},
-		{"tagged-map.hx", &Batch{TS: 1.5, DPRank: iptr(1), Events: []Event{
+		{"sglang/tagged-map.hx", &Batch{TS: 1.5, DPRank: iptr(1), Events: []Event{
 			&BlockStored{BlockHashes: a, TokenIDs: toks, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a", SessionID: "sess-7"},
 			&BlockStored{BlockHashes: u[:1], TokenIDs: toks[:2], BlockSize: 2, Medium: "GPU"},
 			&BlockRemoved{BlockHashes: b[1:], Medium: "CPU_TIER2"},

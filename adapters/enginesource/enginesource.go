@@ -191,7 +191,7 @@ type Stats struct {
 	Clears        uint64 // AllBlocksCleared events passed on
 
 	Malformed  uint64 // payloads that did not decode, skipped whole
-	Skipped    uint64 // events skipped: malformed, unknown type, or group != 0
+	Skipped    uint64 // events skipped: malformed, unknown type, group != 0, unknown medium, not local
 	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
 
 	Gaps         uint64 // live seqs above the one expected, after the first batch
@@ -299,11 +299,8 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 		return nil, fmt.Errorf("enginesource: %w", err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	s := &Source{
-		cfg: cfg, sink: sink, log: logger, opts: vllmevents.DecodeOptions{HashBytes: cfg.HashBytes},
-		sub: sub, client: client, ctx: sctx, cancel: cancel, done: make(chan struct{}),
-		ranks: map[uint32]struct{}{}, recent: make([]recent, recentSize),
-	}
+	s := detached(cfg, sink)
+	s.log, s.sub, s.client, s.ctx, s.cancel = logger, sub, client, sctx, cancel
 	go s.run()
 	return s, nil
 }
@@ -808,19 +805,28 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				s.otherGroup()
 				continue
 			}
+			tier, ok := s.tier(e.Medium)
+			if !ok || !s.local(e.Locality) {
+				continue
+			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
-				Worker: w, EventID: seq, Tier: e.Medium.Tier(), Parent: e.ParentBlockHash,
+				Worker: w, EventID: seq, Tier: tier, Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
+				Salt: e.CacheSalt,
 			})
 		case *vllmevents.BlockRemoved:
 			if e.GroupIdx != 0 {
 				s.otherGroup()
 				continue
 			}
+			tier, ok := s.tier(e.Medium)
+			if !ok {
+				continue
+			}
 			s.st.blocksRemoved.Add(uint64(len(e.BlockHashes)))
 			kev := kv.RemovedEvent(w, seq, e.BlockHashes...)
-			kev.Tier = e.Medium.Tier()
+			kev.Tier = tier
 			err = s.sink.ApplyEvent(&kev)
 		case *vllmevents.AllBlocksCleared:
 			s.st.clears.Add(1)
@@ -837,6 +843,37 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 			s.log.Debug("sink refused a kv event", "seq", seq, "type", ev.Type(), "err", err)
 		}
 	}
+}
+
+// tier places an event's blocks. A medium the router does not know is not
+// guessed: the event is skipped and counted under the one label
+// "medium=unknown", whatever the engine sent (the value is input, and
+// metric labels must stay a bounded set).
+func (s *Source) tier(m vllmevents.Medium) (kv.StorageTier, bool) {
+	t, ok := m.Tier()
+	if !ok {
+		s.st.skipped.Add(1)
+		s.unsupported("medium=unknown")
+	}
+	return t, ok
+}
+
+// local says whether stored blocks are the engine's own. Blocks stored
+// away from it (locality REMOTE: vLLM's shared storage tiers) are not
+// credited to it, as Dynamo does not credit them; a locality nobody knows
+// is not guessed either. Their removals need no filter: they name blocks
+// the index never held.
+func (s *Source) local(locality string) bool {
+	switch strings.ToUpper(locality) {
+	case "", "LOCAL":
+		return true
+	case "REMOTE":
+		s.unsupported("locality=remote")
+	default:
+		s.unsupported("locality=unknown")
+	}
+	s.st.skipped.Add(1)
+	return false
 }
 
 func (s *Source) otherGroup() {

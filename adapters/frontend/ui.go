@@ -43,6 +43,9 @@ type EngineStatus struct {
 	// Warnings say what is wrong with the engine's event stream, e.g.
 	// replay gaps that could not be closed.
 	Warnings []string
+	// Unsupported counts, by field, the events (or blocks) of all its
+	// ranks whose field the router could not honour; nil when none.
+	Unsupported map[string]uint64
 }
 
 // ErrUnknownEngine is Config.SetDrained's answer for an id no engine has.
@@ -281,6 +284,9 @@ type (
 		Warnings  []string `json:"warnings"`
 		Ranks     []uiRank `json:"ranks"`
 		BlockSize int      `json:"block_size"`
+		// Unsupported lists the KV event fields the router does not
+		// honour (unsupported.go), [] when none.
+		Unsupported []uiUnsupported `json:"kv_events_unsupported"`
 	}
 	uiRank struct {
 		DPRank              uint32  `json:"dp_rank"`
@@ -405,7 +411,8 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 	}
 	out := make([]uiEngine, 0, len(engines))
 	for _, e := range engines {
-		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
+		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize(),
+			Unsupported: unsupportedList(e.Unsupported)}
 		if ue.Role == "" {
 			ue.Role = router.RoleBoth.String()
 		}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -39,6 +40,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
+	"github.com/kvrouter/kvrouter/core/kv"
 )
 
 // Defaults of Config's zero values.
@@ -232,6 +234,7 @@ func (d *doctor) run(ctx context.Context) {
 	ranks := d.watchEvents(ctx)
 	d.checkReplay(ctx, ranks)
 	d.checkBlockSize(ranks)
+	d.checkFields(ranks)
 	ranksInMetrics := d.checkMetrics(ctx)
 	d.checkRanks(ranks, ranksInMetrics)
 }
@@ -372,6 +375,8 @@ type rankWatch struct {
 	badTokens  []string       // BlockStored whose token count does not fit its blocks
 	otherGroup int
 	dpRanks    map[int]int // batches by the dp rank they name
+	// fields counts what serve would not honour in these events.
+	fields *enginesource.Inspector
 
 	stats    zmqevents.SubscriberStats
 	replayed []zmqevents.Message
@@ -381,6 +386,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 	b, err := vllmevents.DecodeBatch(m.Payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.fields.Apply(m.Payload)
 	if err != nil {
 		if live {
 			w.undecoded++
@@ -433,7 +439,8 @@ func (d *doctor) watchEvents(ctx context.Context) []*rankWatch {
 	dp := max(d.e.DPSize, 1)
 	ranks := make([]*rankWatch, dp)
 	for r := range dp {
-		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, dpRanks: map[int]int{}}
+		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, dpRanks: map[int]int{},
+			fields: enginesource.NewInspector(enginesource.Config{Worker: kv.Worker{DPRank: uint32(r)}})}
 		ranks[r] = w
 		var err error
 		if w.events, err = enginesource.RankEndpoint(d.e.Events, r); err != nil {
@@ -690,6 +697,33 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	default:
 		d.add("block_size", OK, fmt.Sprintf("events carry %d-token blocks: start serve with --kv-cache-block-size %d%s", keys[0], keys[0], note), "")
 	}
+}
+
+// checkFields reports what the events seen (live and replayed) carried
+// that serve would not honour, counted by the code serve counts it with.
+func (d *doctor) checkFields(ranks []*rankWatch) {
+	counts := map[string]uint64{}
+	seen := 0
+	for _, w := range ranks {
+		w.mu.Lock()
+		for field, n := range w.fields.Unsupported() {
+			counts[field] += n
+		}
+		seen += w.counts[vllmevents.TypeBlockStored] + len(w.replayed)
+		w.mu.Unlock()
+	}
+	if len(counts) == 0 {
+		if seen > 0 {
+			d.add("kv_fields", OK, "the router honours every field of the events seen", "")
+		}
+		return
+	}
+	parts := make([]string, 0, len(counts))
+	for _, field := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s (%d)", field, counts[field]))
+	}
+	d.add("kv_fields", Warn, "events carry what the router does not honour, and routes without: "+strings.Join(parts, ", "),
+		"docs/engines.md says what kvrouter does with each field and which engine settings send it; serve counts them in kvrouter_worker_kv_events_unsupported_total and lists them in /health")
 }
 
 // checkMetrics reports the load metrics kvrouter reads and returns the dp

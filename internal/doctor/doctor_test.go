@@ -46,6 +46,7 @@ type fakeEngine struct {
 	onCompletion                      func() // replaces the publishing
 	encoding                          vllmevents.Encoding
 	servedBefore                      bool // published one batch before doctor starts
+	medium                            vllmevents.Medium
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -118,7 +119,7 @@ func (f *fakeEngine) publish(t *testing.T) {
 	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{
 		TS:     1,
 		DPRank: f.dpRank,
-		Events: []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs}},
+		Events: []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs, Medium: f.medium}},
 	}, f.encoding)
 	if err != nil {
 		t.Error(err)
@@ -197,7 +198,7 @@ func TestMockerPassesEveryCheck(t *testing.T) {
 			t.Errorf("%s: %s: %s (fix: %s)", c.Name, c.Status, c.Detail, c.Fix)
 		}
 	}
-	for _, name := range []string{"http", "models", "tokenize", "probe", "events", "replay", "block_size", "metrics", "dp_ranks"} {
+	for _, name := range []string{"http", "models", "tokenize", "probe", "events", "replay", "block_size", "kv_fields", "metrics", "dp_ranks"} {
 		if _, ok := r.Find("mock", name); !ok {
 			t.Errorf("no %s check", name)
 		}
@@ -269,6 +270,8 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 		{name: "more ranks in the metrics than dp", fake: fakeEngine{metricsBody: vllmMetrics + `vllm:num_requests_running{engine="1",model_name="m"} 0` + "\n"}, probe: true,
 			check: "dp_ranks", want: Fail, says: []string{"2 data-parallel ranks, the worker dp=1", "set dp=2"}},
 		{name: "events naming another rank", fake: fakeEngine{dpRank: &rank1}, probe: true, check: "dp_ranks", want: Fail, says: []string{"carries rank 1"}},
+		{name: "a medium the router does not know", fake: fakeEngine{medium: "TAPE"}, probe: true, check: "kv_fields", want: Warn,
+			says: []string{"does not honour", "medium=unknown (", "docs/engines.md", "kvrouter_worker_kv_events_unsupported_total"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -367,11 +368,13 @@ type rankWatch struct {
 	mu         sync.Mutex
 	batches    int
 	undecoded  int
-	counts     map[string]int // events by type
-	blockSizes map[int]int    // BlockStored events by block_size
-	badTokens  []string       // BlockStored whose token count does not fit its blocks
-	otherGroup int
-	dpRanks    map[int]int // batches by the dp rank they name
+	counts     map[string]int           // events by type
+	blockSizes map[int]int              // BlockStored events by block_size
+	badTokens  []string                 // BlockStored whose token count does not fit its blocks
+	otherGroup int                      // events of KV-cache groups the router does not index
+	groups     enginesource.GroupFilter // which group the router would index
+	unhonoured map[string]int           // skipped events the router cannot honour, by field
+	dpRanks    map[int]int              // batches by the dp rank they name
 
 	stats    zmqevents.SubscriberStats
 	replayed []zmqevents.Message
@@ -393,6 +396,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 			countBounded(w.dpRanks, *b.DPRank)
 		}
 	}
+	w.groups.Learn(b.Events)
 	for _, ev := range b.Events {
 		if live {
 			w.counts[ev.Type()]++
@@ -401,8 +405,11 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 		if !ok {
 			continue
 		}
-		if st.GroupIdx != 0 {
+		if v, field := w.groups.Stored(st.GroupIdx, st.KVCacheSpecKind); v != enginesource.GroupIndexed {
 			w.otherGroup++
+			if field != "" {
+				w.unhonoured[field]++
+			}
 			continue
 		}
 		countBounded(w.blockSizes, st.BlockSize)
@@ -433,7 +440,7 @@ func (d *doctor) watchEvents(ctx context.Context) []*rankWatch {
 	dp := max(d.e.DPSize, 1)
 	ranks := make([]*rankWatch, dp)
 	for r := range dp {
-		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, dpRanks: map[int]int{}}
+		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, unhonoured: map[string]int{}, dpRanks: map[int]int{}}
 		ranks[r] = w
 		var err error
 		if w.events, err = enginesource.RankEndpoint(d.e.Events, r); err != nil {
@@ -650,6 +657,8 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	sizes := map[int]int{}
 	var bad []string
 	other := 0
+	indexed := ""
+	unhonoured := map[string]int{}
 	for _, w := range ranks {
 		w.mu.Lock()
 		for s, n := range w.blockSizes {
@@ -657,6 +666,12 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 		}
 		bad = append(bad, w.badTokens...)
 		other += w.otherGroup
+		if g, kind, ok := w.groups.Indexed(); ok && indexed == "" {
+			indexed = fmt.Sprintf("group %d (%s)", g, kind)
+		}
+		for f, n := range w.unhonoured {
+			unhonoured[f] += n
+		}
 		w.mu.Unlock()
 	}
 	keys := make([]int, 0, len(sizes))
@@ -666,9 +681,19 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	slices.Sort(keys)
 	note := ""
 	if other > 0 {
-		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips)", other)
+		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips", other)
+		if indexed != "" {
+			note += "; it indexes " + indexed
+		}
+		if len(unhonoured) > 0 && len(keys) > 0 {
+			note += "; not honoured: " + strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")
+		}
+		note += ")"
 	}
 	switch {
+	case len(keys) == 0 && len(unhonoured) > 0:
+		d.add("block_size", Fail, "no KV-cache group the router can index, only "+strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")+note,
+			"the router matches prefixes on a full-attention group (docs/engines.md, Hybrid models); route this engine without KV events (--no-router-kv-events)")
 	case len(keys) == 0:
 		d.add("block_size", Warn, "no BlockStored event seen: the block size is not checked"+note,
 			"rerun with --probe-request, or while the engine serves requests")

@@ -61,6 +61,8 @@ type blockManager struct {
 	numAnon          int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
+	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
+	groups  []*sideGroup // the hybrid model's other groups (groups.go)
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
 	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
 }
@@ -94,6 +96,8 @@ type seqBlocks struct {
 	blocks  []int32  // slot indices of the full blocks held, in order
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
+
+	groups []sideSeq // blocks in the side groups, by blockManager.groups
 }
 
 // ensureHashes makes s.hashes cover the first n full blocks of s.tokens.
@@ -125,10 +129,10 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	return n
 }
 
-// allocate makes s hold the blocks for its first upTo tokens (upTo never
+// allocateOwn makes s hold the blocks for its first upTo tokens (upTo never
 // decreases while s holds blocks). It changes nothing and reports false when
 // the blocks do not fit even after evicting every inactive block.
-func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
+func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 	bs := m.blockSize
 	full := upTo / bs
 	part := upTo%bs != 0
@@ -251,6 +255,7 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 		if !isNew && start >= 0 {
 			ev := BlockEvent{
 				Kind:        Stored,
+				Group:       m.group,
 				BlockHashes: s.hashes[start:i:i],
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
 			}
@@ -288,7 +293,7 @@ func (m *blockManager) flushEvicted() {
 	if len(m.evicted) == 0 {
 		return
 	}
-	m.events = append(m.events, BlockEvent{Kind: Removed, BlockHashes: append([]uint64(nil), m.evicted...)})
+	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append([]uint64(nil), m.evicted...)})
 	m.evicted = m.evicted[:0]
 }
 
@@ -320,6 +325,7 @@ func (m *blockManager) release(s *seqBlocks) { m.releaseTail(s, 0) }
 // releaseTail returns the blocks s holds after its first keep full blocks,
 // tail first, and its partial or anonymous blocks.
 func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
+	m.releaseGroups(s)
 	for i := len(s.blocks) - 1; i >= keep; i-- {
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
@@ -346,6 +352,7 @@ func (m *blockManager) reset() {
 	m.byHash.clear()
 	m.lruHead, m.lruTail = noBlock, noBlock
 	m.numInactive = 0
+	m.resetGroups()
 }
 
 func (m *blockManager) lruPushBack(idx int32) {

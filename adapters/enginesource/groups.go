@@ -76,23 +76,37 @@ func (f *GroupFilter) Learn(events []vllmevents.Event) {
 	best := -1
 	for _, ev := range events {
 		st, ok := ev.(*vllmevents.BlockStored)
-		if !ok || st.KVCacheSpecKind == "" || st.GroupIdx < 0 {
-			continue
-		}
-		if _, known := f.kinds[st.GroupIdx]; !known && len(f.kinds) >= maxGroups {
-			continue
-		}
-		if f.kinds == nil {
-			f.kinds = map[int]string{}
-		}
-		f.kinds[st.GroupIdx] = st.KVCacheSpecKind
-		if MainAttention(st.KVCacheSpecKind) && (best < 0 || st.GroupIdx < best) {
+		if ok && f.learn(st.GroupIdx, st.KVCacheSpecKind) && (best < 0 || st.GroupIdx < best) {
 			best = st.GroupIdx
 		}
 	}
 	if f.chosen == 0 && best >= 0 {
 		f.chosen = best + 1
 	}
+}
+
+// LearnGroup is Learn for one BlockStored of group idx announcing kind, for
+// a caller that has no decoded batch: a main-attention group is chosen at
+// once when none is yet.
+func (f *GroupFilter) LearnGroup(idx int, kind string) {
+	if f.learn(idx, kind) && f.chosen == 0 {
+		f.chosen = idx + 1
+	}
+}
+
+// learn remembers group idx's kind and reports whether it is main attention.
+func (f *GroupFilter) learn(idx int, kind string) bool {
+	if kind == "" || idx < 0 {
+		return false
+	}
+	if _, known := f.kinds[idx]; !known && len(f.kinds) >= maxGroups {
+		return false
+	}
+	if f.kinds == nil {
+		f.kinds = map[int]string{}
+	}
+	f.kinds[idx] = kind
+	return MainAttention(kind)
 }
 
 // Stored judges a BlockStored event of group idx announcing kind ("" when

@@ -147,6 +147,13 @@ func (c Config) Group(idx int) KVCacheGroup {
 	return g
 }
 
+// OwnGroup is the group_idx of the engine's own blocks (those of
+// CachedBlocks): the first main-attention group, 0 for a plain model.
+func (c Config) OwnGroup() int {
+	i, _ := mainGroup(c.KVCacheGroups)
+	return i
+}
+
 // setupGroups checks cfg.KVCacheGroups and gives m the groups beside its own.
 func (m *blockManager) setupGroups(cfg Config) error {
 	if len(cfg.KVCacheGroups) == 0 {

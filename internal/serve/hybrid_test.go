@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ func TestHybridMockersAreRoutedOnTheFullAttentionGroup(t *testing.T) {
 		st := s.Sources(id)[0].Stats()
 		if st.OtherGroup == 0 || st.Unsupported["kv_cache_spec_kind=mamba"] == 0 || len(st.Unsupported) != 1 {
 			t.Errorf("engine %d: other groups %d, unsupported %v: want the sliding and mamba groups skipped, mamba counted", id, st.OtherGroup, st.Unsupported)
+		}
+		if line := fmt.Sprintf(`kvrouter_engine_kv_event_stream_total{dp_rank="0",what="other_group",worker_id="%d"} %d`, id, st.OtherGroup); !metricsHave(t, s, line) {
+			t.Errorf("/metrics lacks %s", line)
 		}
 	}
 

@@ -121,6 +121,9 @@ as before, whatever the role.`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
+			if len(cfg.Engine.KVCacheGroups) > 0 {
+				fmt.Fprintf(out, "a hybrid model: KV-cache groups %s, by group_idx\n\n", kvCacheGroupsFlag{&cfg.Engine.KVCacheGroups})
+			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -169,7 +169,7 @@ func (m *blockManager) setupGroups(cfg Config) error {
 		}
 		if i == own {
 			if g.BlockSize != 0 && g.BlockSize != cfg.BlockSize {
-				return fmt.Errorf("%w: kv-cache group %d (%s) has %d-token blocks, the engine %d (--block-size)", ErrInvalid, i, g.Kind, g.BlockSize, cfg.BlockSize)
+				return fmt.Errorf("%w: kv-cache group %d (%s) has %d-token blocks, the engine's block size is %d", ErrInvalid, i, g.Kind, g.BlockSize, cfg.BlockSize)
 			}
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -75,5 +76,33 @@ func TestHybridMockersAreRoutedOnTheFullAttentionGroup(t *testing.T) {
 	follow(s2, 1, 9)
 	if got := s2.Router().WorkerBlockSize(1); got != 16 {
 		t.Errorf("after the dump, engine matched with %d-token blocks, want 16", got)
+	}
+}
+
+// On the NATS plane the agent next to a hybrid engine forwards its
+// full-attention group only: routers match the engine with that group's
+// blocks and block size.
+func TestPlaneHybridEngineIsRoutedOnTheFullAttentionGroup(t *testing.T) {
+	srv := natsServer(t, t.TempDir(), 0)
+	defer srv.Shutdown()
+	groups, err := engine.ParseKVCacheGroups("sliding_window:32:128,full_attention:16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := engineFleetWith(t, func(cfg *fleet.Config) { cfg.SpeedupRatio, cfg.Engine.KVCacheGroups = 100, groups })
+	a := startAgent(t, srv.URL(), 1, f)
+	defer a.Close()
+	s := planeServer(t, srv.URL(), "r1", false, false)
+	waitLive(t, s, 1)
+
+	conv := prompt(0, 4, 640)
+	completeOn(t, s, conv, 0)
+	testwait.Until(t, 10*time.Second, "the engine's full-attention blocks reached the router", func() bool { return blocksOf(s, 1) >= 40 })
+	d, err := s.Router().BestWorker(context.Background(), &router.Request{Tokens: tokens32(append(conv, prompt(0, 9, 100)...))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.ID != 1 || d.OverlapBlocks != 40 || s.Router().WorkerBlockSize(1) != 16 {
+		t.Fatalf("follow-up: %+v with %d-token blocks, want the 40 full-attention blocks of 16 tokens", d, s.Router().WorkerBlockSize(1))
 	}
 }

@@ -368,13 +368,17 @@ type rankWatch struct {
 	mu         sync.Mutex
 	batches    int
 	undecoded  int
-	counts     map[string]int           // events by type
-	blockSizes map[int]int              // BlockStored events by block_size
-	badTokens  []string                 // BlockStored whose token count does not fit its blocks
-	otherGroup int                      // events of KV-cache groups the router does not index
-	groups     enginesource.GroupFilter // which group the router would index
-	unhonoured map[string]int           // skipped events the router cannot honour, by field
-	dpRanks    map[int]int              // batches by the dp rank they name
+	counts     map[string]int // events by type
+	blockSizes map[int]int    // BlockStored events by block_size
+	badTokens  []string       // BlockStored whose token count does not fit its blocks
+	otherGroup int
+	dpRanks    map[int]int // batches by the dp rank they name
+
+	// groups judges the KV-cache groups as the router does: otherGroup
+	// counts the events of those it does not index, unhonoured those it
+	// cannot honour, by field.
+	groups     enginesource.GroupFilter
+	unhonoured map[string]int
 
 	stats    zmqevents.SubscriberStats
 	replayed []zmqevents.Message

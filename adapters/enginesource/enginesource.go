@@ -12,10 +12,13 @@
 // except that a dp rank carried by the batch overrides Worker.DPRank. The
 // batch's sequence number is the events' EventID.
 //
-// Only KV-cache group 0 is indexed: on hybrid models (full attention plus
-// sliding window, mamba, ...) vLLM reports one group per attention kind and
-// group 0 is the full-attention group whose prefix the router matches;
-// events of other groups are skipped and counted (Stats.OtherGroup).
+// Only one KV-cache group is indexed: on hybrid models (full attention plus
+// sliding window, mamba, ...) vLLM reports one group per attention kind, and
+// the router matches prefixes on the first main-attention group, chosen by
+// kv_cache_spec_kind (group 0 when the engine does not say; see
+// GroupFilter). Events of other groups are skipped and counted
+// (Stats.OtherGroup); those the router cannot honour also under
+// Stats.Unsupported.
 //
 // A payload that does not decode is skipped whole and counted
 // (Stats.Malformed); a malformed or unknown event inside a good batch is
@@ -191,8 +194,8 @@ type Stats struct {
 	Clears        uint64 // AllBlocksCleared events passed on
 
 	Malformed  uint64 // payloads that did not decode, skipped whole
-	Skipped    uint64 // events skipped: malformed, unknown type, group != 0, unknown medium, not local
-	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
+	Skipped    uint64 // events skipped: malformed, unknown type, another group, unknown medium, not local
+	OtherGroup uint64 // of Skipped, events of a KV-cache group the router does not index (see GroupFilter)
 
 	Gaps         uint64 // live seqs above the one expected, after the first batch
 	Recovered    uint64 // gaps closed by replay or dump
@@ -250,6 +253,7 @@ type Source struct {
 	done   chan struct{}
 	st     counters
 	unsup  unsupportedFields
+	groups GroupFilter // owned by the run goroutine
 
 	// Owned by the run goroutine.
 	started bool   // a batch has been applied since start or the last reset
@@ -762,6 +766,7 @@ func (s *Source) restarted() {
 	s.mu.Unlock()
 	s.rebuild("engine restarted")
 	s.started, s.next = false, 0
+	s.groups.Reset()
 	clear(s.recent)
 	s.st.resets.Add(1)
 }
@@ -797,12 +802,12 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 	if b.DPRank != nil {
 		w.DPRank = uint32(*b.DPRank)
 	}
+	s.groups.Learn(b.Events)
 	for _, ev := range b.Events {
 		var err error
 		switch e := ev.(type) {
 		case *vllmevents.BlockStored:
-			if e.GroupIdx != 0 {
-				s.otherGroup()
+			if s.otherGroup(s.groups.Stored(e.GroupIdx, e.KVCacheSpecKind)) {
 				continue
 			}
 			tier, ok := s.tier(e.Medium)
@@ -816,8 +821,7 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				Salt: e.CacheSalt,
 			})
 		case *vllmevents.BlockRemoved:
-			if e.GroupIdx != 0 {
-				s.otherGroup()
+			if s.otherGroup(s.groups.Removed(e.GroupIdx)) {
 				continue
 			}
 			tier, ok := s.tier(e.Medium)
@@ -876,10 +880,18 @@ func (s *Source) local(locality string) bool {
 	return false
 }
 
-func (s *Source) otherGroup() {
+// otherGroup counts an event of a group the router does not index, and
+// reports whether it is one.
+func (s *Source) otherGroup(v GroupVerdict, field string) bool {
+	if v == GroupIndexed {
+		return false
+	}
 	s.st.skipped.Add(1)
 	s.st.otherGroup.Add(1)
-	s.unsupported("group_idx")
+	if field != "" {
+		s.unsupported(field)
+	}
+	return true
 }
 
 // processed publishes the position for LastSeq/Synced/WaitSeq.

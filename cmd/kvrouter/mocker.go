@@ -90,6 +90,9 @@ as before, whatever the role.`,
 			default:
 				return fmt.Errorf("--kv-events-encoding must be array, map or map-batch, got %q", encoding)
 			}
+			if err := adoptOwnBlockSize(cmd.Flags(), &cfg.Engine, "block-size"); err != nil {
+				return err
+			}
 			roles := strings.Split(role, ",")
 			switch {
 			case len(roles) == 1:
@@ -118,6 +121,9 @@ as before, whatever the role.`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
+			if len(cfg.Engine.KVCacheGroups) > 0 {
+				fmt.Fprintf(out, "a hybrid model: KV-cache groups %s, by group_idx\n\n", kvCacheGroupsFlag{&cfg.Engine.KVCacheGroups})
+			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -158,6 +164,7 @@ as before, whatever the role.`,
 	fl.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fl.IntVar(&cfg.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
+	registerKVCacheGroups(fl, &cfg.Engine)
 	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
 	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer ("+tokenizerRef+"; .gz files accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer; announced in discovery with --nats-url")
 	registerModelPath(fl)

@@ -101,7 +101,10 @@ flags.`,
 				tokenizers = map[string]*modeltok.Model{mock.Server.Model: m}
 			}
 			// The router and the engines it starts share one block size,
-			// given by either name.
+			// given by either name, or by the engine's own group.
+			if err := adoptOwnBlockSize(cmd.Flags(), &mock.Engine, "block-size", "kv-cache-block-size"); err != nil {
+				return err
+			}
 			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
 				if fs.Changed("block-size") && rcfg.BlockSize != mock.Engine.BlockSize {
 					return fmt.Errorf("--kv-cache-block-size %d and --block-size %d differ: up's engines and router use one block size", rcfg.BlockSize, mock.Engine.BlockSize)
@@ -199,6 +202,7 @@ flags.`,
 	fs.IntVar(&mock.DataParallelSize, "data-parallel-size", mock.DataParallelSize, "data-parallel ranks per engine")
 	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
 	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")
+	registerKVCacheGroups(fs, &mock.Engine)
 	fs.IntVar(&mock.Engine.NumGPUBlocks, "num-gpu-blocks", mock.Engine.NumGPUBlocks, "KV blocks per engine rank")
 	fs.IntVar(&mock.Engine.MaxNumSeqs, "max-num-seqs", mock.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")

@@ -378,6 +378,12 @@ type rankWatch struct {
 	// fields counts what serve would not honour in these events.
 	fields *enginesource.Inspector
 
+	// groups judges the KV-cache groups as the router does: otherGroup
+	// counts the events of those it does not index, unhonoured those it
+	// cannot honour, by field.
+	groups     enginesource.GroupFilter
+	unhonoured map[string]int
+
 	stats    zmqevents.SubscriberStats
 	replayed []zmqevents.Message
 }
@@ -399,6 +405,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 			countBounded(w.dpRanks, *b.DPRank)
 		}
 	}
+	w.groups.Learn(b.Events)
 	for _, ev := range b.Events {
 		if live {
 			w.counts[ev.Type()]++
@@ -407,8 +414,11 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 		if !ok {
 			continue
 		}
-		if st.GroupIdx != 0 {
+		if v, field := w.groups.Stored(st.GroupIdx, st.KVCacheSpecKind); v != enginesource.GroupIndexed {
 			w.otherGroup++
+			if field != "" {
+				w.unhonoured[field]++
+			}
 			continue
 		}
 		countBounded(w.blockSizes, st.BlockSize)
@@ -439,7 +449,7 @@ func (d *doctor) watchEvents(ctx context.Context) []*rankWatch {
 	dp := max(d.e.DPSize, 1)
 	ranks := make([]*rankWatch, dp)
 	for r := range dp {
-		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, dpRanks: map[int]int{},
+		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, unhonoured: map[string]int{}, dpRanks: map[int]int{},
 			fields: enginesource.NewInspector(enginesource.Config{Worker: kv.Worker{DPRank: uint32(r)}})}
 		ranks[r] = w
 		var err error
@@ -657,6 +667,8 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	sizes := map[int]int{}
 	var bad []string
 	other := 0
+	indexed := ""
+	unhonoured := map[string]int{}
 	for _, w := range ranks {
 		w.mu.Lock()
 		for s, n := range w.blockSizes {
@@ -664,6 +676,12 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 		}
 		bad = append(bad, w.badTokens...)
 		other += w.otherGroup
+		if g, kind, ok := w.groups.Indexed(); ok && indexed == "" {
+			indexed = fmt.Sprintf("group %d (%s)", g, kind)
+		}
+		for f, n := range w.unhonoured {
+			unhonoured[f] += n
+		}
 		w.mu.Unlock()
 	}
 	keys := make([]int, 0, len(sizes))
@@ -673,9 +691,19 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	slices.Sort(keys)
 	note := ""
 	if other > 0 {
-		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips)", other)
+		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips", other)
+		if indexed != "" {
+			note += "; it indexes " + indexed
+		}
+		if len(unhonoured) > 0 && len(keys) > 0 {
+			note += "; not honoured: " + strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")
+		}
+		note += ")"
 	}
 	switch {
+	case len(keys) == 0 && len(unhonoured) > 0:
+		d.add("block_size", Fail, "no KV-cache group the router can index, only "+strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")+note,
+			"the router matches prefixes on a full-attention group (docs/engines.md, Hybrid models); route this engine without KV events (--no-router-kv-events)")
 	case len(keys) == 0:
 		d.add("block_size", Warn, "no BlockStored event seen: the block size is not checked"+note,
 			"rerun with --probe-request, or while the engine serves requests")

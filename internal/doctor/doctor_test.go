@@ -47,6 +47,9 @@ type fakeEngine struct {
 	encoding                          vllmevents.Encoding
 	servedBefore                      bool // published one batch before doctor starts
 	medium                            vllmevents.Medium
+	// groups, when set, makes it a hybrid model: each completion stores
+	// two blocks in each group, group_idx i of groups[i].
+	groups []fakeGroup
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -116,11 +119,14 @@ func (f *fakeEngine) publish(t *testing.T) {
 		bs = 16
 	}
 	tokens := make([]uint32, 2*bs-f.tokenShortfall)
-	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{
-		TS:     1,
-		DPRank: f.dpRank,
-		Events: []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs, Medium: f.medium}},
-	}, f.encoding)
+	events := []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs, Medium: f.medium}}
+	if f.groups != nil {
+		events = events[:0]
+		for i, g := range f.groups {
+			events = append(events, &vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: make([]uint32, 2*g.blockSize), BlockSize: g.blockSize, GroupIdx: i, KVCacheSpecKind: g.kind})
+		}
+	}
+	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{TS: 1, DPRank: f.dpRank, Events: events}, f.encoding)
 	if err != nil {
 		t.Error(err)
 		return
@@ -128,6 +134,11 @@ func (f *fakeEngine) publish(t *testing.T) {
 	if _, err := f.pub.Publish(payload); err != nil {
 		t.Error(err)
 	}
+}
+
+type fakeGroup struct {
+	kind      string
+	blockSize int
 }
 
 func (f *fakeEngine) engine() Engine {
@@ -252,6 +263,10 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 			says: []string{"32-token blocks, the router uses 16", "--kv-cache-block-size 32", "--block-size 16", "--page-size 16"}},
 		{name: "token ids that do not fill the blocks", fake: fakeEngine{tokenShortfall: 5}, probe: true, check: "block_size", want: Fail,
 			says: []string{"2 blocks of 16 tokens with 27 token ids"}},
+		{name: "hybrid model", fake: fakeEngine{groups: []fakeGroup{{"sliding_window", 32}, {"full_attention", 16}, {"mamba", 64}}}, probe: true, check: "block_size", want: OK,
+			says: []string{"16-token blocks, as the router", "it indexes group 1 (full_attention)", "not honoured: kv_cache_spec_kind=mamba"}},
+		{name: "sliding window only", fake: fakeEngine{groups: []fakeGroup{{"sliding_window", 16}}}, probe: true, check: "block_size", want: Fail,
+			says: []string{"no KV-cache group the router can index, only kv_cache_spec_kind=sliding_window", "--no-router-kv-events"}},
 		{name: "no block stored seen", fake: fakeEngine{silent: true}, probe: true, check: "block_size", want: Warn, says: []string{"not checked"}},
 		{name: "no /tokenize", fake: fakeEngine{tokenize: http.StatusNotFound}, probe: true, check: "tokenize", want: Fail,
 			says: []string{"status 404", "answers them 502", "token-id prompts"}},

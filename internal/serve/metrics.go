@@ -75,7 +75,7 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 				{"dumps", st.Dumps}, {"dump_errors", st.DumpErrors}, {"history_lost", st.HistoryLost},
 				{"oversized", st.Oversized},
 				{"bad_handshakes", st.BadHandshakes}, {"replay_truncated", st.ReplayTruncated},
-				{"probes", st.Probes},
+				{"probes", st.Probes}, {"other_group", st.OtherGroup},
 			} {
 				ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(kv.v), id, r, kv.what)
 			}

@@ -37,6 +37,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -397,6 +398,7 @@ type simEngine struct {
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
 	zero    int                   // consecutive steps that took no time
+	groups  enginesource.GroupFilter
 }
 
 // reqState is one request's life, in model ns.
@@ -890,7 +892,11 @@ func (s *sim) deliverKV(e int) {
 
 func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 	bs := s.cfg.Engine.BlockSize
+	hybrid := len(s.cfg.Engine.KVCacheGroups) > 0
 	for _, ev := range events {
+		if hybrid && !se.indexed(ev, s.cfg.Engine) {
+			continue
+		}
 		switch ev.Kind {
 		case engine.Stored:
 			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs})

@@ -90,6 +90,9 @@ type Config struct {
 	// VocabSize bounds generated token ids: each is in [0, VocabSize).
 	// 0 means 128000 (the range of the trace's synthesised tokens).
 	VocabSize uint32
+	// KVCacheGroups makes the engine a hybrid model's, in group_idx order
+	// (--kv-cache-groups; see groups.go); nil is a plain model.
+	KVCacheGroups []KVCacheGroup
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -181,6 +184,7 @@ func (k EventKind) String() string {
 // other events: treat them as read-only.
 type BlockEvent struct {
 	Kind        EventKind
+	Group       int      // the KV-cache group's group_idx (Config.Group describes it)
 	BlockHashes []uint64 // the engine's own opaque block ids
 	Parent      *uint64  // Stored: id of the parent of the first block, nil at the root
 	TokenIDs    []uint32 // Stored: the tokens of all blocks, len = len(BlockHashes) × BlockSize
@@ -304,9 +308,13 @@ func New(cfg Config) (*Engine, error) {
 	case cfg.MaxNumBatchedTokens <= 0:
 		return nil, fmt.Errorf("%w: max num batched tokens %d", ErrInvalid, cfg.MaxNumBatchedTokens)
 	}
+	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
+	if err := bm.setupGroups(cfg); err != nil {
+		return nil, err
+	}
 	return &Engine{
 		cfg:  cfg,
-		bm:   newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed),
+		bm:   bm,
 		byID: make(map[string]*seq),
 		held: make(map[string]*seq),
 	}, nil

@@ -126,6 +126,7 @@ type Fleet struct {
 	pubErrs []error // per rank: the last publish error, for diagnosis
 	errMu   sync.Mutex
 	silent  []*atomic.Bool // per engine: publishes no KV events
+	engine  engine.Config  // every rank's, for the KV-cache groups of its events
 }
 
 func port(base, offset int) int {
@@ -172,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		cfg.Server.Tokenizer = tok
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Fleet{cancel: cancel}
+	f := &Fleet{cancel: cancel, engine: cfg.Engine}
 	defer func() {
 		if err != nil {
 			f.Close()
@@ -259,6 +260,7 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 				batch.Events = append(batch.Events, &vllmevents.AllBlocksCleared{})
 			}
 		}
+		labelGroups(batch.Events, func(i int) int { return events[i].Group }, f.engine)
 		payload, err := vllmevents.EncodeBatch(&batch, enc)
 		if err == nil {
 			_, err = pub.Publish(payload)
@@ -287,6 +289,7 @@ func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(con
 				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU",
 					LoRAName: b.LoRAName, ExtraKeys: encodeExtraKeys(keys)})
 			}
+			labelGroups(batch.Events, func(int) int { return f.engine.OwnGroup() }, f.engine)
 			payload, err = vllmevents.EncodeBatch(&batch, enc)
 		})
 		return next, payload, cmp.Or(ierr, err)

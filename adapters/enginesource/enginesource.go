@@ -256,6 +256,11 @@ type Source struct {
 	next    uint64 // the seq expected next
 	ranks   map[uint32]struct{}
 	recent  []recent
+	// salts carries each rank's cache salts down its salted chains;
+	// offsetMM is set once the engine has sent multimodal items as
+	// (identifier, offset) pairs, so bare strings are never items.
+	salts    map[uint32]*router.SaltChains
+	offsetMM bool
 
 	mu       sync.Mutex
 	last     uint64 // the last seq processed (applied or given up on)
@@ -740,6 +745,7 @@ func (s *Source) rebuild(why string) {
 
 func (s *Source) clearRanks(seq uint64) {
 	for rank := range s.ranks {
+		s.removedSalts(rank, nil, true)
 		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, seq)
 		if err := s.sink.ApplyEvent(&ev); err != nil {
 			s.st.applyErrors.Add(1)
@@ -809,9 +815,12 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				continue
 			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
+			keys, kerr := vllmevents.ParseExtraKeys(e.ExtraKeys)
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
 				Worker: w, EventID: seq, Tier: e.Medium.Tier(), Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
+				Salt: s.storedSalt(w.DPRank, e, keys),
+				MM:   withMarks(nil, s.apartMarks(e, keys, kerr != nil)),
 			})
 		case *vllmevents.BlockRemoved:
 			if e.GroupIdx != 0 {
@@ -819,11 +828,13 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				continue
 			}
 			s.st.blocksRemoved.Add(uint64(len(e.BlockHashes)))
+			s.removedSalts(w.DPRank, e.BlockHashes, false)
 			kev := kv.RemovedEvent(w, seq, e.BlockHashes...)
 			kev.Tier = e.Medium.Tier()
 			err = s.sink.ApplyEvent(&kev)
 		case *vllmevents.AllBlocksCleared:
 			s.st.clears.Add(1)
+			s.removedSalts(w.DPRank, nil, true)
 			kev := kv.ClearedEvent(w, seq)
 			err = s.sink.ApplyEvent(&kev)
 		default:

@@ -256,11 +256,8 @@ type Source struct {
 	next    uint64 // the seq expected next
 	ranks   map[uint32]struct{}
 	recent  []recent
-	// salts carries each rank's cache salts down its salted chains;
-	// offsetMM is set once the engine has sent multimodal items as
-	// (identifier, offset) pairs, so bare strings are never items.
-	salts    map[uint32]*router.SaltChains
-	offsetMM bool
+	// salts carries each rank's cache salts down its salted chains.
+	salts map[uint32]*router.SaltChains
 
 	mu       sync.Mutex
 	last     uint64 // the last seq processed (applied or given up on)

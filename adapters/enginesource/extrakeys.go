@@ -16,10 +16,12 @@ const maxSaltedBlocks = 1 << 22
 // vLLM writes in the first block's extra keys, else SGLang's cache_salt
 // field, else the salt of the block the event continues.
 func (s *Source) storedSalt(rank uint32, e *vllmevents.BlockStored, keys [][]vllmevents.ExtraKey) string {
-	if !s.offsetMM && vllmevents.HasOffsetMM(keys) {
-		s.offsetMM = true
+	own := ""
+	if e.ParentBlockHash == nil {
+		// Only a request's first block carries its salt, and it has no
+		// parent.
+		own = vllmevents.CacheSalt(keys, e.LoRAName)
 	}
-	own := vllmevents.CacheSalt(keys, e.LoRAName, !s.offsetMM)
 	if own == "" {
 		own = e.CacheSalt
 	}
@@ -51,8 +53,10 @@ func (s *Source) removedSalts(rank uint32, hashes []uint64, all bool) {
 }
 
 // apartMarks returns, for each block of the event whose extra keys the
-// router cannot honour (prompt-embedding digests, shapes no engine sends
-// today, or extra_keys that do not decode), a marker to hash the block
+// router cannot honour (prompt-embedding digests, bare strings that are
+// neither the adapter nor the salt, as vLLM wrote multimodal identifiers
+// before 0.19, shapes no engine sends today, or extra_keys that do not
+// decode), a marker to hash the block
 // with as if it held a multimodal item of its own: derived from the
 // block's engine hash, it is an identifier no request carries, so such a
 // block and every block below it match nothing. Blocks the router can key
@@ -75,6 +79,10 @@ func (s *Source) apartMarks(e *vllmevents.BlockStored, keys [][]vllmevents.Extra
 		}
 		if i >= len(keys) {
 			break
+		}
+		if vllmevents.StrayStrings(keys[i], e.LoRAName, i == 0 && e.ParentBlockHash == nil) {
+			mark(i, "extra_keys=bare_identifier")
+			continue
 		}
 		for _, k := range keys[i] {
 			if f := unsupportedKey(k.Kind); f != "" {

@@ -176,10 +176,10 @@ func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.
 		pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
 	}
 	for i := range w.Len() {
-		toks := w.Request(i).Tokens
-		infinite.Add(toks)
+		r := w.Request(i)
+		infinite.AddSalted(r.Tokens, r.CacheSalt)
 		if pooled != nil {
-			pooled.Add(toks)
+			pooled.AddSalted(r.Tokens, r.CacheSalt)
 		}
 	}
 	return infinite, pooled

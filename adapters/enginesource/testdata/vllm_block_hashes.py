@@ -94,8 +94,11 @@ def main():
     doc = {"block_size": BLOCK_SIZE, "none_hash": NONE_HASH.hex(), "requests": out}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_block_hashes.json")
     with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        # One request a line: the vectors diff line by line.
+        head = json.dumps({k: v for k, v in doc.items() if k != "requests"})[:-1]
+        f.write(head + ', "requests": [\n')
+        f.write(",\n".join(json.dumps(r) for r in doc["requests"]))
+        f.write("\n]}\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 package enginesource
 
 import (
+	"bytes"
+	"encoding/json"
+	"net/http"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -66,5 +69,35 @@ func TestSaltsFromExtraKeysFollowTheChain(t *testing.T) {
 	wait(t, s, p.publish(t, empty(t), true))
 	if s.salts[0].Len() != 0 || s.salts[1].Len() != 4 {
 		t.Errorf("salted blocks remembered after rank 0's clear: %d and %d, want 0 and 4", s.salts[0].Len(), s.salts[1].Len())
+	}
+}
+
+// A router that starts after the engine cached a salted conversation
+// learns it from the engine's dump (one event per block, each naming its
+// parent, the salt in the extra keys of the conversation's first block
+// only): the salt reaches every block, and only the tenant is credited.
+func TestSaltedBlocksFromTheEnginesDump(t *testing.T) {
+	e := startFleet(t, 1, vllmevents.EncodingArray)
+	p := toks(10, 4)
+	for _, n := range []int{6, 10} {
+		b, _ := json.Marshal(map[string]any{"prompt": p[:n*bs], "max_tokens": 2, "cache_salt": "tenant-a"})
+		resp, err := http.Post(e.HTTPURL+"/v1/completions", "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	r := newRouter(t, router.WorkerInfo{ID: 4})
+	s := start(t, Config{Worker: kv.Worker{ID: 4}, Events: e.Ranks[0].Events, Dump: e.HTTPURL + "/kv_events/dump"}, r)
+	waitFor(t, s, "the dump", func(st Stats) bool { return st.Dumps >= 1 })
+	for salt, want := range map[string]int{"tenant-a": 10, "tenant-b": 0, "": 0} {
+		for _, l := range r.PotentialLoadsFor(&router.Request{Tokens: p, CacheSalt: salt}) {
+			if l.OverlapBlocks != want {
+				t.Errorf("salt %q: %d blocks credited, want %d", salt, l.OverlapBlocks, want)
+			}
+		}
 	}
 }

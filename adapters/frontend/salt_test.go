@@ -69,3 +69,37 @@ func TestCacheSaltKeysTheRequestsBlocks(t *testing.T) {
 	}
 	e.settle()
 }
+
+// The prefill half of a disaggregated request is routed by its salt too,
+// and reaches the prefill engine with it.
+func TestDisaggPrefillIsRoutedByTheCacheSalt(t *testing.T) {
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.PredictedTTL = 0 }})
+	plain, salted, decode := &seenBodies{}, &seenBodies{}, &seenBodies{}
+	e.fakeRole(1, router.RolePrefill, fakeVLLMPrefill(plain, http.StatusOK))
+	e.fakeRole(3, router.RolePrefill, fakeVLLMPrefill(salted, http.StatusOK))
+	e.fakeRole(2, router.RoleDecode, fakeVLLMDecode(decode))
+	prompt := tokens(64, 9)
+	for id, salt := range map[uint64]string{1: "", 3: "tenant-a"} {
+		if err := e.router.ApplyEngineStored(&router.EngineStored{
+			Worker: kv.Worker{ID: id}, EngineHashes: []uint64{id<<8 | 1, id<<8 | 2, id<<8 | 3, id<<8 | 4}, Tokens: prompt, BlockSize: 16, Salt: salt,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, salt := range []string{"tenant-a", "", "tenant-a"} {
+		body := map[string]any{"model": "m", "prompt": prompt, "max_tokens": 4}
+		if salt != "" {
+			body["cache_salt"] = salt
+		}
+		if resp, got := e.post("/v1/completions", body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, got)
+		}
+	}
+	e.settle()
+	if len(salted.prefill) != 2 || len(plain.prefill) != 1 {
+		t.Fatalf("prefills: %d on the salted engine (want 2), %d on the plain one (want 1)", len(salted.prefill), len(plain.prefill))
+	}
+	if salted.prefill[0]["cache_salt"] != "tenant-a" || plain.prefill[0]["cache_salt"] != nil {
+		t.Fatalf("prefill bodies %v and %v", salted.prefill[0], plain.prefill[0])
+	}
+}

@@ -210,7 +210,7 @@ func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
 	c := NewCeiling(blockSize)
 	for _, i := range order {
-		c.Add(reqs[i].Tokens)
+		c.AddSalted(reqs[i].Tokens, reqs[i].CacheSalt)
 	}
 	return c.Rate()
 }

@@ -39,8 +39,8 @@ func (s *Source) storedSalt(rank uint32, e *vllmevents.BlockStored, keys [][]vll
 	return c.Stored(e.ParentBlockHash, e.BlockHashes, own)
 }
 
-// removedSalts forgets removed blocks' salts; a nil hashes forgets the
-// rank's.
+// removedSalts forgets the salts of removed blocks, or, with all, every
+// salt of the rank.
 func (s *Source) removedSalts(rank uint32, hashes []uint64, all bool) {
 	c := s.salts[rank]
 	switch {
@@ -56,11 +56,11 @@ func (s *Source) removedSalts(rank uint32, hashes []uint64, all bool) {
 // router cannot honour (prompt-embedding digests, bare strings that are
 // neither the adapter nor the salt, as vLLM wrote multimodal identifiers
 // before 0.19, shapes no engine sends today, or extra_keys that do not
-// decode), a marker to hash the block
-// with as if it held a multimodal item of its own: derived from the
-// block's engine hash, it is an identifier no request carries, so such a
-// block and every block below it match nothing. Blocks the router can key
-// get nil. The whole result is nil when there is none to mark.
+// decode), a marker to hash the block with as if it held a multimodal item
+// of its own. Derived from the block's engine hash, it is an identifier no
+// request carries, so such a block and every block below it match
+// nothing. Blocks the router can key get nil; the whole result is nil when
+// no block needs a marker. Each marked block is counted as unsupported.
 func (s *Source) apartMarks(e *vllmevents.BlockStored, keys [][]vllmevents.ExtraKey, malformed bool) [][]uint64 {
 	var marks [][]uint64
 	mark := func(i int, field string) {

@@ -260,6 +260,8 @@ type Source struct {
 	next    uint64 // the seq expected next
 	ranks   map[uint32]struct{}
 	recent  []recent
+	// salts carries each rank's cache salts down its salted chains.
+	salts map[uint32]*router.SaltChains
 
 	mu       sync.Mutex
 	last     uint64 // the last seq processed (applied or given up on)
@@ -741,6 +743,7 @@ func (s *Source) rebuild(why string) {
 
 func (s *Source) clearRanks(seq uint64) {
 	for rank := range s.ranks {
+		s.removedSalts(rank, nil, true)
 		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, seq)
 		if err := s.sink.ApplyEvent(&ev); err != nil {
 			s.st.applyErrors.Add(1)
@@ -815,10 +818,12 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				continue
 			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
+			keys, kerr := vllmevents.ParseExtraKeys(e.ExtraKeys)
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
 				Worker: w, EventID: seq, Tier: tier, Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
-				Salt: e.CacheSalt,
+				Salt: s.storedSalt(w.DPRank, e, keys),
+				MM:   withMarks(nil, s.apartMarks(e, keys, kerr != nil)),
 			})
 		case *vllmevents.BlockRemoved:
 			if s.otherGroup(s.groups.Removed(e.GroupIdx)) {
@@ -829,11 +834,13 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				continue
 			}
 			s.st.blocksRemoved.Add(uint64(len(e.BlockHashes)))
+			s.removedSalts(w.DPRank, e.BlockHashes, false)
 			kev := kv.RemovedEvent(w, seq, e.BlockHashes...)
 			kev.Tier = tier
 			err = s.sink.ApplyEvent(&kev)
 		case *vllmevents.AllBlocksCleared:
 			s.st.clears.Add(1)
+			s.removedSalts(w.DPRank, nil, true)
 			kev := kv.ClearedEvent(w, seq)
 			err = s.sink.ApplyEvent(&kev)
 		default:

@@ -156,6 +156,10 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
+	if req.CacheSalt, herr = cacheSalt(top); herr != nil {
+		c.fail(herr)
+		return
+	}
 	n, ex, warnings, herr := parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req)
 	if herr != nil {
 		c.fail(herr)

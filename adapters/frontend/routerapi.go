@@ -45,6 +45,21 @@ func stringField(top map[string]json.RawMessage, key string) (string, *httpError
 	return s, nil
 }
 
+// cacheSalt reads vLLM's top-level cache_salt: the request's blocks are
+// cached apart from every other salt's (and from unsalted ones), so the
+// router matches them only against blocks of the same salt. Like vLLM, a
+// salt that is not a non-empty string is refused.
+func cacheSalt(top map[string]json.RawMessage) (string, *httpError) {
+	if !present(top["cache_salt"]) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(top["cache_salt"], &s); err != nil || s == "" {
+		return "", badRequest("invalid_cache_salt", "cache_salt", "cache_salt must be a non-empty string")
+	}
+	return s, nil
+}
+
 // MaxRequestIDBytes bounds a client's request_id: a booking holds it
 // until it is freed or expires.
 const MaxRequestIDBytes = 256
@@ -72,6 +87,9 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 		return
 	}
 	if req.LoRA, herr = stringField(top, "lora_name"); herr != nil {
+		return
+	}
+	if req.CacheSalt, herr = cacheSalt(top); herr != nil {
 		return
 	}
 	if herr = checkPrompt(top, kindAny); herr != nil {
@@ -194,7 +212,7 @@ func (f *Frontend) potentialLoads(w http.ResponseWriter, r *http.Request) {
 		models[in.ID] = in.Model
 	}
 	out := []potentialLoad{}
-	for _, l := range f.cfg.Router.PotentialLoads(req.Tokens, req.LoRA) {
+	for _, l := range f.cfg.Router.PotentialLoadsFor(&req) {
 		if m := models[l.Worker.ID]; req.Model != "" && m != "" && m != req.Model {
 			continue
 		}

@@ -182,6 +182,7 @@ size's).`,
 	f.DurationVar(&cfg.Sim.KVEventDelay, "kv-event-delay", cfg.Sim.KVEventDelay, "model time from an engine's step to its KV events' arrival at the router")
 	f.DurationVar(&cfg.Sim.EngineMetricsInterval, "engine-metrics-interval", cfg.Sim.EngineMetricsInterval, "model-time interval of engine-load reads for modes scoring by engine load")
 	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")
+	f.BoolVar(&cfg.Sim.IgnoreCacheSalt, "ignore-cache-salt", false, "the router ignores requests' cache_salt and the salts in KV events (keys blocks by tokens alone); the engines still cache each salt apart")
 	f.Uint64Var(&cfg.Sim.Seed, "seed", cfg.Sim.Seed, "seed of the router's tie-breaks and of the synthetic workload")
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")

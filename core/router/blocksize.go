@@ -129,7 +129,7 @@ func (p *prepared) hashesFor(size int) *altHashes {
 	}
 	a := &p.alt[len(p.alt)-1]
 	a.size = size
-	a.local, a.seq = blockhash.New(size, p.req.LoRA).AppendHashes(a.local[:0], a.seq[:0], p.req.Tokens)
+	a.local, a.seq = blockhash.NewKeyed(size, p.req.LoRA, p.req.CacheSalt).AppendHashes(a.local[:0], a.seq[:0], p.req.Tokens)
 	return a
 }
 

@@ -605,7 +605,11 @@ type EngineStored struct {
 	Tokens       []uint32 // all tokens of all blocks, in order
 	BlockSize    int      // the engine's block size
 	LoRA         string   // adapter name; "" = base model
-	Salt         string   // cache salt the blocks were computed under; "" = none
+	// Salt is the cache salt the blocks' request was salted with, for every
+	// block of its chain: engines mix it into the request's first block
+	// only, so the event source carries it over to the blocks that
+	// continue a salted parent. "" = none.
+	Salt string
 	// MM holds, per block, the identifiers (blockhash.HashMMIdentifier) of
 	// the multimodal items the block holds part of; nil, or a nil entry,
 	// for blocks without any.
@@ -646,7 +650,10 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 // with defaultBlockSize for an event that does not say; agents use it too,
 // so what they publish is what a router would have computed. Blocks whose
 // tokens are missing are dropped, together with every later block of the
-// event, since they hang below them; dropped counts them.
+// event, since they hang below them; dropped counts them. Blocks are
+// keyed as requests are (see Request): by the adapter and the salt of the
+// whole chain (every block of a salted request carries it, not only the
+// first one the engine mixes it into) and by their multimodal items.
 func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, dropped int, err error) {
 	size := es.BlockSize
 	if size <= 0 {
@@ -658,10 +665,15 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 		dropped = n - whole
 		err = fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMisSizedBlocks, len(es.Tokens), n, size)
 	}
-	h := blockhash.New(size, es.LoRA)
+	h := blockhash.NewKeyed(size, es.LoRA, es.Salt)
 	blocks := make([]kv.Block, whole)
 	for i := range blocks {
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*size : (i+1)*size])}
+		toks := es.Tokens[i*size : (i+1)*size]
+		if i < len(es.MM) && len(es.MM[i]) > 0 {
+			blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHashMM(toks, es.MM[i])}
+			continue
+		}
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(toks)}
 	}
 	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
 	if es.Tier != "" {
@@ -821,7 +833,7 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	}
 	start := tick()
 	p := preparedPool.Get().(*prepared)
-	local, seq := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	local, seq := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
 	lap := tick()
 	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
@@ -1104,7 +1116,14 @@ type WorkerLoad struct {
 // PotentialLoads returns, for every rank, its load now and as it would be
 // if a request with these tokens went there.
 func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
-	p, err := r.prepare(&Request{Tokens: tokens, LoRA: lora})
+	return r.PotentialLoadsFor(&Request{Tokens: tokens, LoRA: lora})
+}
+
+// PotentialLoadsFor is PotentialLoads for a request's tokens and the keys
+// of its blocks' identity (adapter, cache salt, multimodal items); nothing
+// is booked.
+func (r *Router) PotentialLoadsFor(req *Request) []WorkerLoad {
+	p, err := r.prepare(&Request{Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM})
 	if err != nil {
 		return nil
 	}

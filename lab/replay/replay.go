@@ -399,6 +399,10 @@ func RequestBody(model string, r *workload.Request) []byte {
 	}
 	b = append(b, `],"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(r.OSL), 10)
+	if r.CacheSalt != "" {
+		b = append(b, `,"cache_salt":`...)
+		b = strconv.AppendQuote(b, r.CacheSalt)
+	}
 	b = append(b, `,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"nvext":{"extra_fields":["worker_id"]}}`...)
 	return b
 }

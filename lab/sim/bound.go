@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
@@ -38,7 +39,9 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 		return 0
 	}
 	owners := requestOwners(w)
-	h := blockhash.New(eng.BlockSize, "")
+	// Each prompt is hashed under its cache salt: salted copies of one
+	// prefix are different blocks.
+	hasher := func(r *workload.Request) blockhash.Hasher { return blockhash.NewKeyed(eng.BlockSize, "", r.CacheSalt) }
 	// Two passes hash every prompt twice: keeping the first pass's hashes
 	// instead would take 8 bytes per block of the workload (half a GB for
 	// the agentic one), for a bound computed once per sweep.
@@ -48,7 +51,8 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 	ownerOf := map[uint64]int32{}
 	var local, seq []uint64
 	for i := range n {
-		local, seq = h.AppendHashes(local[:0], seq[:0], w.Request(i).Tokens)
+		r := w.Request(i)
+		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
 		for _, b := range seq {
 			if o, ok := ownerOf[b]; !ok {
 				ownerOf[b] = owners[i]
@@ -66,7 +70,7 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 		if steps == 0 {
 			continue
 		}
-		local, seq = h.AppendHashes(local[:0], seq[:0], r.Tokens)
+		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
 		private := 0
 		for _, b := range seq {
 			if ownerOf[b] == owners[i] {

@@ -205,6 +205,9 @@ type commonParams struct {
 	// KVTransferParams makes the request one half of a disaggregated
 	// prefill/decode pair.
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	// CacheSalt keys the prompt's blocks apart from other salts' (vLLM's
+	// cache_salt).
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type completionRequest struct {
@@ -259,6 +262,7 @@ type job struct {
 	rank      *int
 	chat      bool
 	kv        *kvTransferParams
+	salt      string
 }
 
 func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint32) (job, bool) {
@@ -293,7 +297,14 @@ func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint3
 		badRequest(w, "data_parallel_rank %d out of range [0, %d)", *p.DPRank, len(s.ranks))
 		return job{}, false
 	}
+	if p.CacheSalt != nil && *p.CacheSalt == "" {
+		badRequest(w, "cache_salt must be a non-empty string")
+		return job{}, false
+	}
 	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams}
+	if p.CacheSalt != nil {
+		j.salt = *p.CacheSalt
+	}
 	if s.consumes(j) {
 		if err := checkKVParams(j.kv); err != nil {
 			badRequest(w, "%v", err)
@@ -442,7 +453,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens}
+	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt}
 	var opts SubmitOptions
 	if s.produces(j) {
 		opts.HoldFor = s.cfg.KVTransfer.Timeout

@@ -808,10 +808,15 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 				s.otherGroup()
 				continue
 			}
+			mm, ok := s.blockMM(e)
+			if !ok {
+				continue
+			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
 				Worker: w, EventID: seq, Tier: e.Medium.Tier(), Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
+				MM: mm,
 			})
 		case *vllmevents.BlockRemoved:
 			if e.GroupIdx != 0 {

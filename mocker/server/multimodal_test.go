@@ -89,8 +89,8 @@ func TestChatMediaThatDoesNotPairIsRefused(t *testing.T) {
 	cfg := DefaultConfig()
 	srv, _ := startConfig(t, 256, 100, RealClock{}, cfg)
 	for name, msgs := range map[string]any{
-		"placeholder without item": []any{map[string]any{"role": "user", "content": "look: <image>"}},
-		"item without placeholder": []any{map[string]any{"role": "user", "content": "<audio>"}},
+		"image placeholder without item": []any{map[string]any{"role": "user", "content": "look: <image>"}},
+		"audio placeholder without item": []any{map[string]any{"role": "user", "content": "<audio>"}},
 	} {
 		resp, out := post(t, srv.URL+"/v1/chat/completions", map[string]any{"messages": msgs})
 		if resp.StatusCode != http.StatusBadRequest {

@@ -819,11 +819,18 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
 			keys, kerr := vllmevents.ParseExtraKeys(e.ExtraKeys)
+			if kerr == nil && keys != nil && len(keys) != len(e.BlockHashes) {
+				kerr = errMisalignedExtraKeys
+			}
+			var mm [][]uint64
+			if kerr == nil {
+				mm = mmIdentifiers(keys, e.LoRAName)
+			}
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
 				Worker: w, EventID: seq, Tier: tier, Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
 				Salt: s.storedSalt(w.DPRank, e, keys),
-				MM:   withMarks(nil, s.apartMarks(e, keys, kerr != nil)),
+				MM:   withMarks(mm, s.apartMarks(e, keys, kerr != nil)),
 			})
 		case *vllmevents.BlockRemoved:
 			if s.otherGroup(s.groups.Removed(e.GroupIdx)) {

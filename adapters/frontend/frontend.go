@@ -334,6 +334,12 @@ type Config struct {
 	// nil: that model's text and chat prompts are then tokenized by an
 	// engine's /tokenize.
 	Tokenizer func(model string) *modeltok.Model
+	// MMPlaceholders is the placeholder token id of each modality ("image",
+	// "audio", "video") of the models served, where a model's in-process
+	// tokenizer does not name its own (config.json): where a chat's media
+	// items are in its prompt. Without one, a chat with media of that
+	// modality is matched only up to its first placeholder, or not at all.
+	MMPlaceholders map[string]uint32
 	// Engines, optional, lists every configured engine with its state for
 	// the dashboard (/ui); nil shows the engines of Workers.
 	Engines func() []EngineStatus

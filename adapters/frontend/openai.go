@@ -174,7 +174,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		}
 	}
 	t0 := time.Now()
-	req.Tokens, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
+	req.Tokens, req.MM, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
 	if herr != nil {
 		if ctx.Err() != nil {
 			c.stopped()

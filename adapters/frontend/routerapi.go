@@ -123,7 +123,7 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 			return
 		}
 	}
-	req.Tokens, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
+	req.Tokens, req.MM, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
 	if herr == nil && r.Context().Err() != nil {
 		herr = errCancelled(r.Context())
 	}

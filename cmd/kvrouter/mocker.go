@@ -169,6 +169,7 @@ as before, whatever the role.`,
 	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer ("+tokenizerRef+"; .gz files accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer; announced in discovery with --nats-url")
 	registerModelPath(fl)
 	fl.IntVar(&cfg.Server.MaxModelLen, "max-model-len", cfg.Server.MaxModelLen, "longest prompt + completion accepted, in tokens")
+	fl.IntVar(&cfg.Server.MMTokensPerItem, "mm-tokens-per-item", cfg.Server.MMTokensPerItem, "placeholder tokens each image or audio item of a chat expands to, as a LLaVA-1.5-style model's fixed count; 0 refuses media")
 	fl.StringVar(&cfg.Host, "host", cfg.Host, "address to bind")
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")

@@ -101,6 +101,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
+			placeholders, err := tf.placeholders()
+			if err != nil {
+				return err
+			}
 			shutdownTimeout, err := hf.timeout()
 			if err != nil {
 				return err
@@ -120,7 +124,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders})
 			if err != nil {
 				return err
 			}

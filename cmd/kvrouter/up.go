@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/mocker/tokenizer"
 )
 
 // pdFleet lays out a disaggregated fleet of prefill then decode engines
@@ -93,12 +94,15 @@ flags.`,
 			// Engines and router tokenize with the same files, so the router
 			// hashes the ids the engines cache.
 			var tokenizers map[string]*modeltok.Model
+			// The engines' own tokenizer writes media as its placeholders.
+			placeholders := map[string]uint32{"image": tokenizer.Image, "audio": tokenizer.Audio}
 			if mock.Tokenizer != "" {
 				m, err := modeltok.Load(mock.Tokenizer)
 				if err != nil {
 					return err
 				}
 				tokenizers = map[string]*modeltok.Model{mock.Server.Model: m}
+				placeholders = nil
 			}
 			// The router and the engines it starts share one block size,
 			// given by either name, or by the engine's own group.
@@ -143,7 +147,7 @@ flags.`,
 			}
 			defer stopAgents()
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, MMPlaceholders: placeholders})
 			if err != nil {
 				return err
 			}

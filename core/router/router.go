@@ -668,12 +668,7 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 	h := blockhash.NewKeyed(size, es.LoRA, es.Salt)
 	blocks := make([]kv.Block, whole)
 	for i := range blocks {
-		toks := es.Tokens[i*size : (i+1)*size]
-		if i < len(es.MM) && len(es.MM[i]) > 0 {
-			blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHashMM(toks, es.MM[i])}
-			continue
-		}
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(toks)}
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: engineLocalHash(h, es, i)}
 	}
 	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
 	if es.Tier != "" {
@@ -699,6 +694,9 @@ type prepared struct {
 	params     sched.Params
 	warning    string
 	local, seq []uint64
+	// matchable is how many leading blocks of seq may be credited as
+	// cached (see appendMMHashes); seq beyond it is booked, never matched.
+	matchable int
 	// alt are the request's hashes in the other block sizes of the fleet.
 	alt      []altHashes
 	hashTime time.Duration
@@ -831,11 +829,16 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	if warning == "" {
 		warning = r.warning
 	}
+	if err := checkMM(req.MM, len(req.Tokens)); err != nil {
+		return nil, err
+	}
 	start := tick()
 	p := preparedPool.Get().(*prepared)
-	local, seq := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	h := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt)
+	local, seq := h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	matchable := appendMMHashes(h, req.Tokens, req.MM, local, seq)
 	lap := tick()
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
 }
 
@@ -873,20 +876,21 @@ func release(p *prepared) {
 func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	t0 := p.lap
 	p.overlaps = p.overlaps[:0]
+	seq := p.seq[:p.matchable]
 	if r.exact != nil {
-		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
+		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, seq)...)
 		if f := r.fleet.Load(); len(f.sizes) > 0 {
 			r.matchOtherSizes(p, sc, f)
 		}
 	}
 	if r.approx != nil {
-		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
+		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, seq)...)
 	}
 	if r.predicted != nil {
-		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, p.seq, now)...)
+		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, seq, now)...)
 	}
 	if missing := r.watch.missingAt(now); len(missing) > 0 {
-		for _, o := range r.watch.predicted.FindMatches(&sc.m, p.seq) {
+		for _, o := range r.watch.predicted.FindMatches(&sc.m, seq) {
 			if _, ok := missing[o.Worker]; ok {
 				p.overlaps = append(p.overlaps, o)
 			}
@@ -1011,12 +1015,15 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		if r.recovery.active.Load() > 0 {
 			r.recovery.booked(choice.Worker, p.localFor(r.fleet.Load(), choice.Worker.ID))
 		}
-		r.watch.booked(p.req.ID, choice.Worker, p.local, p.seq)
+		// What the worker is predicted to cache is what may be matched:
+		// blocks past an unknown multimodal item must never be credited.
+		local, seq := p.local[:p.matchable], p.seq[:p.matchable]
+		r.watch.booked(p.req.ID, choice.Worker, local, seq)
 		if r.approx != nil {
-			r.approx.Insert(choice.Worker, p.local, p.seq)
+			r.approx.Insert(choice.Worker, local, seq)
 		}
 		if r.predicted != nil {
-			r.predicted.Add(p.req.ID, choice.Worker, p.seq, now)
+			r.predicted.Add(p.req.ID, choice.Worker, seq, now)
 		}
 		r.stats.booked.Add(1)
 		d.Timings.Book = tick() - tb

@@ -102,6 +102,9 @@ type Config struct {
 	// tokenized by its engines' /tokenize, unless an engine announces one
 	// in discovery or TokenizerCacheLookup finds one.
 	Tokenizers map[string]*modeltok.Model
+	// MMPlaceholders is the frontend's placeholder token id per modality
+	// (frontend.Config.MMPlaceholders).
+	MMPlaceholders map[string]uint32
 	// TokenizerCacheLookup looks a model without a tokenizer up by its name
 	// (org/name) in the local Hugging Face cache.
 	TokenizerCacheLookup bool
@@ -280,8 +283,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext, DynamoMetricNames: cfg.DynamoMetricNames,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
-		Tokenizer: s.toks.of,
-		Engines:   s.engineStatuses, SetDrained: s.setDrained,
+		Tokenizer: s.toks.of, MMPlaceholders: cfg.MMPlaceholders,
+		Engines: s.engineStatuses, SetDrained: s.setDrained,
 		HeaderTimeout: cfg.EngineHeaderTimeout, ResponseTimeout: cfg.EngineResponseTimeout, Outlier: cfg.Outlier,
 	})
 	if err != nil {

@@ -49,12 +49,16 @@ type Config struct {
 	// with a model's real tokenizer and chat template instead of the
 	// mocker's own (mocker/tokenizer).
 	Tokenizer *Tokenizer
+	// MMTokensPerItem is the placeholder tokens each image or audio item
+	// of a chat expands to with the mocker's own tokenizer, as a LLaVA-1.5
+	// style model's fixed count (see multimodal.go); 0 takes no media.
+	MMTokensPerItem int
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
 func DefaultConfig() Config {
 	return Config{Model: "kvrouter-mock", Name: "engine-0", MaxModelLen: 131072, DefaultMaxTokens: 16, MaxBodyBytes: 16 << 20,
-		Role: RoleBoth, KVTransfer: DefaultKVTransferConfig()}
+		Role: RoleBoth, KVTransfer: DefaultKVTransferConfig(), MMTokensPerItem: DefaultMMTokensPerItem}
 }
 
 // Server is the HTTP face of one engine with one runner per
@@ -88,7 +92,7 @@ func New(cfg Config, ranks []*Runner) *Server {
 	cfg.KVTransfer.Bandwidth = cmp.Or(cfg.KVTransfer.Bandwidth, def.Bandwidth)
 	cfg.KVTransfer.BytesPerToken = cmp.Or(cfg.KVTransfer.BytesPerToken, def.BytesPerToken)
 	cfg.KVTransfer.Timeout = cmp.Or(cfg.KVTransfer.Timeout, def.Timeout)
-	var c codec = fakeCodec{}
+	var c codec = fakeCodec{mmTokens: cfg.MMTokensPerItem}
 	if cfg.Tokenizer != nil {
 		c = cfg.Tokenizer
 	}
@@ -261,6 +265,7 @@ type job struct {
 	usage     bool
 	rank      *int
 	chat      bool
+	mm        []engine.MMFeature
 	kv        *kvTransferParams
 	salt      string
 }
@@ -349,7 +354,7 @@ type chatParams struct {
 
 // chatTokens tokenizes a chat prompt; add_generation_prompt defaults to
 // true, as in vLLM.
-func (s *Server) chatTokens(p *chatParams) ([]uint32, error) {
+func (s *Server) chatTokens(p *chatParams) ([]uint32, []engine.MMFeature, error) {
 	return s.codec.encodeChat(chatInput{
 		messages:            p.Messages,
 		addGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt,
@@ -364,18 +369,22 @@ type chatRequest struct {
 	chatParams
 }
 
-func messagesText(raw []json.RawMessage) ([]tokenizer.Message, error) {
+// messagesText renders messages as the mocker's chat template sees them: a
+// media part becomes its modality's placeholder (<image>, <audio>) where
+// it stands, and its item is listed, in order.
+func messagesText(raw []json.RawMessage) ([]tokenizer.Message, []mediaItem, error) {
 	if len(raw) == 0 {
-		return nil, errors.New("messages must not be empty")
+		return nil, nil, errors.New("messages must not be empty")
 	}
 	out := make([]tokenizer.Message, len(raw))
+	var items []mediaItem
 	for i, r := range raw {
 		var m chatMessage
 		if err := json.Unmarshal(r, &m); err != nil {
-			return nil, errors.New(jsonerr.Describe(err, &m, fmt.Sprintf("messages[%d]", i)))
+			return nil, nil, errors.New(jsonerr.Describe(err, &m, fmt.Sprintf("messages[%d]", i)))
 		}
 		if m.Role == "" {
-			return nil, fmt.Errorf("messages[%d].role is required", i)
+			return nil, nil, fmt.Errorf("messages[%d].role is required", i)
 		}
 		out[i].Role = m.Role
 		var text string
@@ -383,23 +392,26 @@ func messagesText(raw []json.RawMessage) ([]tokenizer.Message, error) {
 			out[i].Content = text
 			continue
 		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
+		var parts []contentPart
 		if err := json.Unmarshal(m.Content, &parts); err != nil {
-			return nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
+			return nil, nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
 		}
 		var sb strings.Builder
-		for _, p := range parts {
-			if p.Type != "text" {
-				return nil, fmt.Errorf("messages[%d]: content part of type %q is not supported", i, p.Type)
+		for j, p := range parts {
+			if p.Type == "text" {
+				sb.WriteString(p.Text)
+				continue
 			}
-			sb.WriteString(p.Text)
+			it, err := p.media()
+			if err != nil {
+				return nil, nil, fmt.Errorf("messages[%d].content[%d]: %v", i, j, err)
+			}
+			sb.WriteString(tokenizer.Word(it.placeholder))
+			items = append(items, it)
 		}
 		out[i].Content = sb.String()
 	}
-	return out, nil
+	return out, items, nil
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -410,13 +422,13 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !s.checkModel(w, req.Model) {
 		return
 	}
-	prompt, err := s.chatTokens(&req.chatParams)
+	prompt, mm, err := s.chatTokens(&req.chatParams)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
 	if j, ok := s.validate(w, &req.commonParams, prompt); ok {
-		j.chat = true
+		j.chat, j.mm = true, mm
 		s.serve(w, r, j)
 	}
 }
@@ -453,7 +465,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt}
+	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt, MM: j.mm}
 	var opts SubmitOptions
 	if s.produces(j) {
 		opts.HoldFor = s.cfg.KVTransfer.Timeout
@@ -681,7 +693,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	var err error
 	if req.Messages != nil {
-		ids, err = s.chatTokens(&req.chatParams)
+		ids, _, err = s.chatTokens(&req.chatParams)
 	} else {
 		ids, err = s.promptTokens(req.Prompt, req.AddSpecialTokens)
 	}

@@ -56,9 +56,10 @@ type loraLoads struct {
 }
 
 type loraLoad struct {
-	done   chan struct{}
-	worker Worker
-	err    *httpError
+	done    chan struct{}
+	waiters int // requests waiting for it, guarded by loraLoads.mu
+	worker  Worker
+	err     *httpError
 }
 
 // isAdapter reports whether model names an adapter rather than a model:
@@ -81,6 +82,17 @@ func (f *Frontend) isAdapter(model string, all []Worker) bool {
 	return true
 }
 
+// unknownModel is the 404 of a model no engine serves, neither as its
+// model nor as a LoRA adapter, and the router may not load.
+func (f *Frontend) unknownModel(model string) *httpError {
+	hint := "with --lora-dynamic-loading and --lora-modules " + model + "=PATH kvrouter loads it on an engine"
+	if f.cfg.LoRA.DynamicLoading {
+		hint = "kvrouter has no path for it: add --lora-modules " + model + "=PATH"
+	}
+	return newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"The model `%s` does not exist: no engine serves it, nor has a LoRA adapter of that name loaded (if it is an adapter, %s).", model, hint)
+}
+
 // adapterHolders returns the engines that hold adapter and their model.
 func adapterHolders(adapter string, all []Worker) (base string, holders []Worker) {
 	for _, w := range all {
@@ -100,14 +112,11 @@ func (f *Frontend) adapterWorkers(ctx context.Context, adapter string, all []Wor
 	if base, holders = adapterHolders(adapter, all); len(holders) > 0 {
 		return base, holders, nil
 	}
-	mod, known := f.cfg.LoRA.Modules[adapter]
-	switch {
-	case !f.cfg.LoRA.DynamicLoading:
+	// isAdapter holds: an engine lists it, or it is one of Modules.
+	mod := f.cfg.LoRA.Modules[adapter]
+	if !f.cfg.LoRA.DynamicLoading {
 		return "", nil, newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"The model `%s` does not exist: no engine has the LoRA adapter `%s` loaded. Load it on an engine (POST /v1/load_lora_adapter), or let kvrouter load it: --lora-dynamic-loading --lora-modules %s=PATH.", adapter, adapter, adapter)
-	case !known:
-		return "", nil, newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-			"The model `%s` does not exist: no engine has the LoRA adapter `%s` loaded and kvrouter has no path for it: add --lora-modules %s=PATH.", adapter, adapter, adapter)
+			"The model `%s` does not exist: no engine has the LoRA adapter `%s` loaded. Load it on an engine (POST /v1/load_lora_adapter), or let kvrouter load it: --lora-dynamic-loading.", adapter, adapter)
 	}
 	w, herr := f.loadOnce(ctx, mod, all)
 	if herr != nil {
@@ -134,6 +143,7 @@ func (f *Frontend) loadOnce(ctx context.Context, mod LoRAModule, all []Worker) (
 		l = &loraLoad{done: make(chan struct{})}
 		f.loras.pending[mod.Name] = l
 	}
+	l.waiters++
 	f.loras.mu.Unlock()
 	if first {
 		// The load outlives the client that asked first: the others wait

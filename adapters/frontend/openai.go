@@ -153,7 +153,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 			return
 		}
 	case len(serving) == 0:
-		c.fail(newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", model))
+		c.fail(f.unknownModel(model))
 		return
 	}
 	c.model, c.base, c.lora, c.label = model, base, adapter, f.modelLabel(model)

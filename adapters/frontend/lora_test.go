@@ -255,3 +255,29 @@ func TestAnEngineThatCannotLoadAdaptersIsExplained(t *testing.T) {
 		t.Fatalf("the message does not say how to enable loading: %s", body)
 	}
 }
+
+func TestRouterAPIRoutesAnAdapterToItsHolders(t *testing.T) {
+	le := newLoRAEnv(t, 3, map[uint64][]string{3: {"sql-lora"}}, LoRA{})
+	for _, body := range []map[string]any{
+		{"model": "sql-lora", "tokens": tokens(64, 1)},
+		{"model": "base", "lora_name": "sql-lora", "tokens": tokens(64, 2)},
+	} {
+		resp, out := le.post("/router/best_worker", body)
+		var d struct {
+			WorkerID uint64 `json:"worker_id"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &d) != nil || d.WorkerID != 3 {
+			t.Fatalf("best_worker %v: %d %s, want engine 3, the only holder", body, resp.StatusCode, out)
+		}
+		resp, out = le.post("/router/potential_loads", body)
+		var loads []struct {
+			WorkerID uint64 `json:"worker_id"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &loads) != nil || len(loads) != 1 || loads[0].WorkerID != 3 {
+			t.Fatalf("potential_loads %v: %d %s, want engine 3 only", body, resp.StatusCode, out)
+		}
+	}
+	if resp, out := le.post("/router/best_worker", map[string]any{"model": "chat-lora", "tokens": tokens(8, 1)}); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("an adapter no engine holds: %d %s, want 404", resp.StatusCode, out)
+	}
+}

@@ -79,9 +79,24 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 		return
 	}
 	all, serving := f.workersFor(req.Model)
-	if req.Model != "" && len(all) > 0 && len(serving) == 0 {
-		herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", req.Model)
+	if req.Model != "" && f.isAdapter(req.Model, all) {
+		// The model is an adapter: routed as /v1 routes it, but never
+		// loaded, since this only asks where a request would go.
+		req.LoRA = req.Model
+		req.Model, serving = adapterHolders(req.LoRA, all)
+		if len(serving) == 0 {
+			herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist: no engine has the LoRA adapter loaded.", req.LoRA)
+			return
+		}
+		req.Only = workerIDs(serving)
+	} else if req.Model != "" && len(all) > 0 && len(serving) == 0 {
+		herr = f.unknownModel(req.Model)
 		return
+	}
+	if _, holders := adapterHolders(req.LoRA, serving); req.LoRA != "" && len(holders) > 0 {
+		// Engines that list no adapters (SGLang, older vLLM) are not
+		// known not to hold it: only a listed one restricts the choice.
+		serving, req.Only = holders, workerIDs(holders)
 	}
 	var warnings []string
 	if n, _, warnings, herr = parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req); herr != nil {
@@ -197,6 +212,9 @@ func (f *Frontend) potentialLoads(w http.ResponseWriter, r *http.Request) {
 	out := []potentialLoad{}
 	for _, l := range f.cfg.Router.PotentialLoads(req.Tokens, req.LoRA) {
 		if m := models[l.Worker.ID]; req.Model != "" && m != "" && m != req.Model {
+			continue
+		}
+		if req.Only != nil && !slices.Contains(req.Only, l.Worker.ID) {
 			continue
 		}
 		out = append(out, potentialLoad{

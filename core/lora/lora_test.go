@@ -90,7 +90,13 @@ func TestScoreKeysNameAndEngine(t *testing.T) {
 	if Score("ab", 1) == Score("ab", 2) || Score("ab", 1) == Score("ac", 1) {
 		t.Fatal("the score ignores the adapter or the engine")
 	}
-	if Score("ab", 1) != Score("ab", 1) {
-		t.Fatal("the score is not deterministic")
+	// Every router replica must compute the same placement: the score is
+	// pinned, not only stable within a process.
+	if got := Score("adapter-a", 7); got != scoreAdapterA7 {
+		t.Fatalf("Score(adapter-a, 7) = %#x, want %#x", got, scoreAdapterA7)
 	}
 }
+
+// scoreAdapterA7 is XXH3-64 of "adapter-a" followed by 7 as 8
+// little-endian bytes.
+const scoreAdapterA7 uint64 = 0x916f02c1bd88d307

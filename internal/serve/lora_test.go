@@ -61,12 +61,6 @@ func newLoRAEngine(t *testing.T, base string, adapters ...string) *loraEngine {
 	return e
 }
 
-func (e *loraEngine) setAdapters(names ...string) {
-	e.mu.Lock()
-	e.adapters = names
-	e.mu.Unlock()
-}
-
 func (e *loraEngine) servedModels() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()

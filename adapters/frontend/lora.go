@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/lora"
+	"github.com/kvrouter/kvrouter/core/router"
 )
 
 // LoRA configures the serving of LoRA adapters. A request whose model is
@@ -167,9 +168,20 @@ func (f *Frontend) loadOnce(ctx context.Context, mod LoRAModule, all []Worker) (
 // load places mod on the engine rendezvous hashing chooses among those
 // serving its base model, loads it there and has the registry re-read.
 func (f *Frontend) load(mod LoRAModule, all []Worker) (Worker, *httpError) {
+	// A prefill engine serves no request whole: an adapter placed there
+	// alone could not be routed.
+	prefill := map[uint64]bool{}
+	for _, in := range f.cfg.Router.Workers() {
+		if in.Role == router.RolePrefill {
+			prefill[in.ID] = true
+		}
+	}
 	var candidates []Worker
 	models := map[string]bool{}
 	for _, w := range all {
+		if prefill[w.ID] {
+			continue
+		}
 		if mod.Base == "" || w.Model == "" || w.Model == mod.Base {
 			candidates = append(candidates, w)
 			models[w.Model] = true

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/lora"
+	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
@@ -279,5 +280,17 @@ func TestRouterAPIRoutesAnAdapterToItsHolders(t *testing.T) {
 	}
 	if resp, out := le.post("/router/best_worker", map[string]any{"model": "chat-lora", "tokens": tokens(8, 1)}); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("an adapter no engine holds: %d %s, want 404", resp.StatusCode, out)
+	}
+}
+
+func TestDynamicLoadingNeverPlacesAnAdapterOnAPrefillEngine(t *testing.T) {
+	le := newLoRAEnv(t, 2, nil, LoRA{DynamicLoading: true, Modules: map[string]LoRAModule{"sql-lora": {Name: "sql-lora", Path: "/adapters/sql"}}})
+	hashed, _ := lora.Choose("sql-lora", []uint64{1, 2})
+	le.router.AddWorker(router.WorkerInfo{ID: hashed, Model: "base", DPSize: 1, TotalKVBlocks: 4096, Role: router.RolePrefill})
+	if resp, body := le.complete("sql-lora", 1); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if _, loads, _ := le.fakes[hashed-1].snapshot(); len(loads) != 0 {
+		t.Fatalf("the adapter was loaded on engine %d, a prefill engine", hashed)
 	}
 }

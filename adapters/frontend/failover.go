@@ -297,7 +297,7 @@ func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]jso
 		next[k] = json.RawMessage(strconv.Itoa(n))
 	}
 	ctx := c.ctx
-	_, serving := c.f.workersFor(c.model)
+	serving := c.servingNow()
 	text := rs.generated.String()
 	if c.ep.kind == kindChat {
 		var msgs []json.RawMessage
@@ -326,11 +326,22 @@ func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]jso
 			next["prompt"], _ = json.Marshal(append(ids, gen...))
 		}
 	}
-	tokens, items, herr := c.f.promptTokens(ctx, next, c.ep.kind, c.model, serving, nil)
+	tokens, items, herr := c.f.promptTokens(ctx, next, c.ep.kind, c.base, serving, nil)
 	if herr != nil {
 		return nil, nil, nil, herr
 	}
 	return next, tokens, items, nil
+}
+
+// servingNow returns the engines serving the call's model now: those
+// holding its adapter, for an adapter.
+func (c *call) servingNow() []Worker {
+	if c.lora != "" {
+		_, holders := adapterHolders(c.lora, c.f.cfg.Workers())
+		return holders
+	}
+	_, serving := c.f.workersFor(c.model)
+	return serving
 }
 
 // singlePrompt reads a completions prompt that is one prompt: text, token

@@ -266,6 +266,9 @@ type Worker struct {
 	// Events is rank 0's KV-event endpoint, "" when unknown: fix texts name
 	// its port.
 	Events string
+	// Adapters are the LoRA adapters the engine has loaded (its
+	// /v1/models entries with a parent).
+	Adapters []string
 }
 
 // Config configures a Frontend.
@@ -368,6 +371,8 @@ type Config struct {
 	// Outlier configures the ejection of engines that keep failing
 	// requests (see package outlier); zero fields take its defaults.
 	Outlier outlier.Config
+	// LoRA configures the serving and loading of LoRA adapters.
+	LoRA LoRA
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -404,6 +409,7 @@ type Frontend struct {
 	outliers *outlier.Detector
 	om       *outlierMetrics
 	tokCheck *tokenizerCheck
+	loras    loraLoads
 }
 
 // New checks cfg and registers the metrics.

@@ -27,6 +27,7 @@ func newMockerCmd() *cobra.Command {
 	role := string(server.RoleBoth)
 	var pf planeFlags
 	var serveConfig string
+	var loraModules []string
 	cmd := &cobra.Command{
 		Use:   "mocker",
 		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
@@ -74,12 +75,26 @@ prefill engine (POST /kv_transfer/pull on the prefill's HTTP port), waits
 blocks × block size × --kv-bytes-per-token ÷ --kv-transfer-bandwidth
 (÷ --speedup-ratio), and decodes without prefilling them; if the pull fails
 it prefills them itself. A request without the parameters is served whole,
-as before, whatever the role.`,
+as before, whatever the role.
+
+LoRA adapters: --lora-modules name=path (repeatable) loads adapters at start,
+as vLLM's flag does; GET /v1/models lists each with the base model as its
+parent, and POST /v1/load_lora_adapter {"lora_name", "lora_path"} and POST
+/v1/unload_lora_adapter {"lora_name"} answer as vLLM's (which serves them
+only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; the mocker always does). A
+request whose model is a loaded adapter runs with its blocks keyed by the
+adapter's name (their KV events carry it as lora_name); one naming an
+adapter not loaded gets vLLM's 404.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			mods, err := mockerLoRAModules(loraModules)
+			if err != nil {
+				return err
+			}
+			cfg.Server.LoRAModules = mods
 			switch encoding {
 			case "array":
 				cfg.Encoding = vllmevents.EncodingArray
@@ -166,6 +181,7 @@ as before, whatever the role.`,
 	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
 	registerKVCacheGroups(fl, &cfg.Engine)
 	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
+	fl.StringArrayVar(&loraModules, "lora-modules", nil, "LoRA adapters every engine loads at start, as vLLM's --lora-modules: name=path (repeatable); more are loaded at run time through POST /v1/load_lora_adapter")
 	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer ("+tokenizerRef+"; .gz files accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer; announced in discovery with --nats-url")
 	registerModelPath(fl)
 	fl.IntVar(&cfg.Server.MaxModelLen, "max-model-len", cfg.Server.MaxModelLen, "longest prompt + completion accepted, in tokens")

@@ -44,6 +44,7 @@ func newUpCmd() *cobra.Command {
 		hard hardeningFlags
 		mock = fleet.DefaultConfig()
 		df   disaggFlags
+		lora loraFlags
 
 		prefillWorkers, decodeWorkers int
 		host                          string
@@ -90,6 +91,18 @@ flags.`,
 			}
 			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers")); err != nil {
 				return err
+			}
+			loraCfg, loraPoll, err := lora.config()
+			if err != nil {
+				return err
+			}
+			if !lora.dynamic {
+				// Without dynamic loading the adapters are the engines'
+				// own, loaded at start as vLLM's --lora-modules does;
+				// with it the router places each on first use.
+				if mock.Server.LoRAModules, err = mockerLoRAModules(lora.modules); err != nil {
+					return err
+				}
 			}
 			// Engines and router tokenize with the same files, so the router
 			// hashes the ids the engines cache.
@@ -147,7 +160,7 @@ flags.`,
 			}
 			defer stopAgents()
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, MMPlaceholders: placeholders})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err
 			}
@@ -203,6 +216,7 @@ flags.`,
 	fs.Float64Var(&mock.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", mock.Server.KVTransfer.Bandwidth, "disaggregated fleet: bytes per second of the link decode engines pull KV over")
 	fs.IntVar(&mock.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", mock.Server.KVTransfer.BytesPerToken, "disaggregated fleet: KV bytes of one token over all layers, sizing a transfer")
 	df.register(fs)
+	lora.register(fs)
 	fs.IntVar(&mock.DataParallelSize, "data-parallel-size", mock.DataParallelSize, "data-parallel ranks per engine")
 	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
 	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")

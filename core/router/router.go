@@ -150,6 +150,9 @@ type Request struct {
 	// Exclude names engines this request must not go to: they already
 	// failed it, and the registry may not have caught up yet.
 	Exclude []uint64
+	// Only, when not nil, names the only engines the request may go to:
+	// those holding its LoRA adapter.
+	Only []uint64
 	// Prefill routes the prefill half of a disaggregated request among the
 	// model's prefill workers, booked without active blocks: a prefill
 	// engine does no decode and hands its KV over. Otherwise the request
@@ -932,7 +935,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	// and a composite literal or an appended local is built on the stack
 	// and copied, which cost a thousand-worker decision about 10 µs.
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
-	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0
+	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0 || p.req.Only != nil
 	k := 0
 	for i := range sc.pots {
 		info := &f.rinfo[i]
@@ -941,6 +944,9 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 				continue
 			}
 			if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
+				continue
+			}
+			if p.req.Only != nil && !slices.Contains(p.req.Only, info.ID) {
 				continue
 			}
 			if (info.Role == RolePrefill) != p.req.Prefill {

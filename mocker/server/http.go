@@ -53,6 +53,10 @@ type Config struct {
 	// of a chat expands to with the mocker's own tokenizer, as a LLaVA-1.5
 	// style model's fixed count (see multimodal.go); 0 takes no media.
 	MMTokensPerItem int
+	// LoRAModules are the LoRA adapters loaded at start (vLLM's
+	// --lora-modules); more are loaded and unloaded at run time through
+	// /v1/load_lora_adapter and /v1/unload_lora_adapter.
+	LoRAModules []LoRAModule
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
@@ -75,6 +79,7 @@ type Server struct {
 	// a pull from an engine that accepted the connection and hung: the
 	// request then falls back to a local prefill.
 	pullClient *http.Client
+	loras      loras
 }
 
 // MustRegister adds collectors to the engine's /metrics.
@@ -97,6 +102,9 @@ func New(cfg Config, ranks []*Runner) *Server {
 		c = cfg.Tokenizer
 	}
 	s := &Server{cfg: cfg, codec: c, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry(), pullClient: &http.Client{Timeout: 30 * time.Second}}
+	for _, m := range cfg.LoRAModules {
+		s.loras.load(m, true)
+	}
 	s.m = newServerMetrics(s)
 	return s
 }
@@ -113,6 +121,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /kv_events/dump", s.kvEventsDump)
 	mux.HandleFunc("POST /kv_transfer/pull", s.kvTransferPull)
 	mux.HandleFunc("GET /role", s.role)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.loadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.unloadLoRA)
 	return mux
 }
 
@@ -186,12 +196,17 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
-	if model != "" && model != s.cfg.Model {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
-		return false
+// checkModel answers 404 as vLLM does for a model that is neither the
+// base model nor a loaded adapter; lora is the adapter's name.
+func (s *Server) checkModel(w http.ResponseWriter, model string) (lora string, ok bool) {
+	if model == "" || model == s.cfg.Model {
+		return "", true
 	}
-	return true
+	if s.loras.has(model) {
+		return model, true
+	}
+	writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
+	return "", false
 }
 
 type streamOptions struct {
@@ -268,10 +283,12 @@ type job struct {
 	mm        []engine.MMFeature
 	kv        *kvTransferParams
 	salt      string
+	lora      string // the adapter the request runs under, "" for the base model
 }
 
 func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint32) (job, bool) {
-	if !s.checkModel(w, p.Model) {
+	lora, ok := s.checkModel(w, p.Model)
+	if !ok {
 		return job{}, false
 	}
 	if p.N != nil && *p.N != 1 {
@@ -306,7 +323,7 @@ func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint3
 		badRequest(w, "cache_salt must be a non-empty string")
 		return job{}, false
 	}
-	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams}
+	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams, lora: lora}
 	if p.CacheSalt != nil {
 		j.salt = *p.CacheSalt
 	}
@@ -324,7 +341,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	if !s.checkModel(w, req.Model) {
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
 	prompt, err := s.promptTokens(req.Prompt, req.AddSpecialTokens)
@@ -419,7 +436,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	if !s.checkModel(w, req.Model) {
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
 	prompt, mm, err := s.chatTokens(&req.chatParams)
@@ -465,7 +482,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt, MM: j.mm}
+	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt, MM: j.mm, LoRA: j.lora}
 	var opts SubmitOptions
 	if s.produces(j) {
 		opts.HoldFor = s.cfg.KVTransfer.Timeout
@@ -575,7 +592,16 @@ func (o *responder) object(stream bool) string {
 }
 
 func (o *responder) envelope(stream bool, choices any) map[string]any {
-	return map[string]any{"id": o.id, "object": o.object(stream), "created": o.created, "model": o.s.cfg.Model, "choices": choices}
+	return map[string]any{"id": o.id, "object": o.object(stream), "created": o.created, "model": o.model(), "choices": choices}
+}
+
+// model is the model the answer names: the adapter's name for an
+// adapter's request, as vLLM does.
+func (o *responder) model() string {
+	if o.j.lora != "" {
+		return o.j.lora
+	}
+	return o.s.cfg.Model
 }
 
 func (o *responder) startStream() {
@@ -608,7 +634,7 @@ func (o *responder) flush() {
 // speeds a mocker streams over 100,000 tokens a second.
 func (o *responder) chunk(text string, last bool) error {
 	if o.head == nil {
-		o.head = []byte(`data: {"id":` + quote(o.id) + `,"object":` + quote(o.object(true)) + `,"created":` + strconv.FormatInt(o.created, 10) + `,"model":` + quote(o.s.cfg.Model) + `,"choices":[{"index":0,`)
+		o.head = []byte(`data: {"id":` + quote(o.id) + `,"object":` + quote(o.object(true)) + `,"created":` + strconv.FormatInt(o.created, 10) + `,"model":` + quote(o.model()) + `,"choices":[{"index":0,`)
 	}
 	b := append(o.buf[:0], o.head...)
 	switch {
@@ -666,15 +692,21 @@ func (o *responder) whole(text string, u usage) {
 	_ = json.NewEncoder(o.w).Encode(env)
 }
 
+// models lists the base model and, as vLLM does, every loaded adapter
+// with the base model as its parent.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	data := []any{map[string]any{
+		"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "kvrouter",
+		"root": s.cfg.Model, "parent": nil, "max_model_len": s.cfg.MaxModelLen,
+	}}
+	for _, m := range s.loras.list() {
+		data = append(data, map[string]any{
+			"id": m.Name, "object": "model", "created": s.created, "owned_by": "kvrouter",
+			"root": m.Path, "parent": s.cfg.Model, "max_model_len": nil,
+		})
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "kvrouter",
-			"root": s.cfg.Model, "max_model_len": s.cfg.MaxModelLen,
-		}},
-	})
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
 type tokenizeRequest struct {
@@ -687,7 +719,10 @@ type tokenizeRequest struct {
 // the chat template applied.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req tokenizeRequest
-	if !s.decode(w, r, &req) || !s.checkModel(w, req.Model) {
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
 	var ids []uint32

@@ -26,7 +26,7 @@ func imageChat(image, uuid string) map[string]any {
 	}}
 }
 
-func cachedTokens(t *testing.T, url string, body map[string]any) (prompt, cached int) {
+func chatCachedTokens(t *testing.T, url string, body map[string]any) (prompt, cached int) {
 	t.Helper()
 	resp, out := post(t, url+"/v1/chat/completions", body)
 	var c struct {
@@ -68,19 +68,19 @@ func TestChatImagesKeyTheirBlocks(t *testing.T) {
 	}
 	imageBlock := first / 16 * 16 // tokens before the image's first block
 
-	prompt, cached := cachedTokens(t, srv.URL, imageChat("data:image/png;base64,AAAA", ""))
+	prompt, cached := chatCachedTokens(t, srv.URL, imageChat("data:image/png;base64,AAAA", ""))
 	if prompt != len(tk.Tokens) || cached != 0 {
 		t.Fatalf("first chat: %d prompt tokens, %d cached", prompt, cached)
 	}
-	if _, cached = cachedTokens(t, srv.URL, imageChat("data:image/png;base64,BBBB", "")); cached != imageBlock {
+	if _, cached = chatCachedTokens(t, srv.URL, imageChat("data:image/png;base64,BBBB", "")); cached != imageBlock {
 		t.Fatalf("another image: %d cached tokens, want the %d before the image's block", cached, imageBlock)
 	}
-	if _, cached = cachedTokens(t, srv.URL, imageChat("data:image/png;base64,AAAA", "")); cached != (prompt-1)/16*16 {
+	if _, cached = chatCachedTokens(t, srv.URL, imageChat("data:image/png;base64,AAAA", "")); cached != (prompt-1)/16*16 {
 		t.Fatalf("the same image: %d cached tokens, want %d", cached, (prompt-1)/16*16)
 	}
 	// A uuid is the item's identity, whatever the data.
-	cachedTokens(t, srv.URL, imageChat("https://example.com/a.png", "cat-1"))
-	if _, cached = cachedTokens(t, srv.URL, imageChat("https://example.com/other.png", "cat-1")); cached != (prompt-1)/16*16 {
+	chatCachedTokens(t, srv.URL, imageChat("https://example.com/a.png", "cat-1"))
+	if _, cached = chatCachedTokens(t, srv.URL, imageChat("https://example.com/other.png", "cat-1")); cached != (prompt-1)/16*16 {
 		t.Fatalf("the same uuid: %d cached tokens, want %d", cached, (prompt-1)/16*16)
 	}
 }

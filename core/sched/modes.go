@@ -76,7 +76,11 @@ func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 		best, ties, lo := 0, 0, math.Inf(1)
 		for i := range cands {
 			c := &cands[i]
-			switch cost := p.total(p.prefill(c, req.ISL, req.BlockSize), p.affinity(c, req.BlockSize, lightest), c.PotentialDecodeBlocks); {
+			own, shared := p.OverlapCredit*float64(c.OverlapBlocks), 0.0
+			if !p.deviceOnly(c) {
+				own, shared = p.wholeCredit(c, req.ISL, req.BlockSize, lightest)
+			}
+			switch cost := p.total(p.prefill(c, req.ISL, req.BlockSize, own+shared), p.affinity(c, req.BlockSize, lightest, own), c); {
 			case cost < lo:
 				best, ties, lo = i, 1, cost
 			case cost == lo:

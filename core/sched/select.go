@@ -12,15 +12,20 @@ import (
 // loads; the Potential* fields are the loads as they would be if this
 // request went to this worker.
 type Candidate struct {
-	Worker                 kv.Worker
-	OverlapBlocks          int // leading prompt blocks cached on the worker
-	ActiveDecodeBlocks     float64
-	ActivePrefillTokens    int
-	PotentialDecodeBlocks  float64
-	PotentialPrefillTokens int
-	TotalKVBlocks          int // capacity; 0 when the worker has not said
-	MaxNumBatchedTokens    int // per-step token budget; 0 when unknown
-	ActiveRequests         int
+	Worker        kv.Worker
+	OverlapBlocks int // leading prompt blocks cached on the worker
+	// HostBlocks and DiskBlocks are the cumulative overlaps on the host
+	// tier and on disk: the longest prompt prefix held on that tier or a
+	// faster one (OverlapBlocks ≤ HostBlocks ≤ DiskBlocks). SharedBlocks is
+	// the overlap held in an external (shared) cache beyond OverlapBlocks.
+	HostBlocks, DiskBlocks, SharedBlocks int
+	ActiveDecodeBlocks                   float64
+	ActivePrefillTokens                  int
+	PotentialDecodeBlocks                float64
+	PotentialPrefillTokens               int
+	TotalKVBlocks                        int // capacity; 0 when the worker has not said
+	MaxNumBatchedTokens                  int // per-step token budget; 0 when unknown
+	ActiveRequests                       int
 	// Engine is the load the engine last reported about itself, for the
 	// policies that score by it (llm-d, the Gateway API Inference
 	// Extension); kvrouter's own kv mode predicts load instead of reading it.

@@ -90,6 +90,9 @@ as before, whatever the role.`,
 			default:
 				return fmt.Errorf("--kv-events-encoding must be array, map or map-batch, got %q", encoding)
 			}
+			if err := fleetCount(cmd.Flags(), "num-workers", cfg.Specs, &cfg.NumWorkers); err != nil {
+				return err
+			}
 			roles := strings.Split(role, ",")
 			switch {
 			case len(roles) == 1:
@@ -152,6 +155,7 @@ as before, whatever the role.`,
 	fl := cmd.Flags()
 	fl.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "simulated engines in this process")
 	fl.IntVar(&cfg.DataParallelSize, "data-parallel-size", cfg.DataParallelSize, "data-parallel ranks per engine, each with its own KV cache and event socket")
+	registerFleetFlag(fl, &cfg.Specs)
 	fl.Float64Var(&cfg.SpeedupRatio, "speedup-ratio", cfg.SpeedupRatio, "divide every simulated step time by this")
 	fl.IntVar(&cfg.Engine.BlockSize, "block-size", cfg.Engine.BlockSize, "tokens per KV block")
 	fl.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Engine.NumGPUBlocks, "KV blocks per rank")

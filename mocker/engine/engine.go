@@ -76,6 +76,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -90,6 +91,9 @@ type Config struct {
 	// VocabSize bounds generated token ids: each is in [0, VocabSize).
 	// 0 means 128000 (the range of the trace's synthesised tokens).
 	VocabSize uint32
+	// Speed divides every step's model time: 0.5 is an engine half as
+	// fast (an older GPU, a smaller tensor-parallel group). 0 means 1.
+	Speed float64
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -294,7 +298,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.VocabSize == 0 {
 		cfg.VocabSize = 128000
 	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 1
+	}
 	switch {
+	case !(cfg.Speed > 0) || math.IsInf(cfg.Speed, 1):
+		return nil, fmt.Errorf("%w: speed %v", ErrInvalid, cfg.Speed)
 	case cfg.BlockSize <= 0:
 		return nil, fmt.Errorf("%w: block size %d", ErrInvalid, cfg.BlockSize)
 	case cfg.NumGPUBlocks <= 0:
@@ -570,6 +579,9 @@ func (e *Engine) Step() StepResult {
 	}
 	res.KVUsage = e.KVUsage()
 	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+	if e.cfg.Speed != 1 {
+		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
+	}
 
 	res.Outputs = e.outputs[:0]
 	finished := 0

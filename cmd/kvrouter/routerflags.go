@@ -27,7 +27,7 @@ type routerFlags struct {
 	hostWeight, diskWeight        float64
 	sharedMult, creditDecay       float64
 	requestWeight                 float64
-	sharedType                    string
+	sharedType, prefillModel      string
 	decodeThreshold               float64
 	prefillThreshold              int
 	queueThreshold, queuePolicy   string
@@ -42,7 +42,7 @@ func newRouterFlags() *routerFlags {
 	cfg := router.DefaultConfig()
 	return &routerFlags{
 		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: sched.DefaultPrefillLoadScale, affinity: sched.DefaultCacheAffinity,
-		hostWeight: sched.DefaultHostHitWeight, diskWeight: sched.DefaultDiskHitWeight, sharedMult: sched.DefaultSharedMultiplier, sharedType: "none",
+		hostWeight: sched.DefaultHostHitWeight, diskWeight: sched.DefaultDiskHitWeight, sharedMult: sched.DefaultSharedMultiplier, sharedType: "none", prefillModel: "none",
 		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
 		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
 		kvEventsGraceSecs: cfg.KVEventsGrace.Seconds(), predictedTTLSecs: cfg.PredictedTTL.Seconds(),
@@ -61,6 +61,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.diskWeight, "router-disk-cache-hit-weight", f.diskWeight, "prefill blocks credited per prefix block held only on a worker's disk tier, in [0, 1]")
 	fs.StringVar(&f.sharedType, "shared-cache-type", f.sharedType, "shared KV cache credited beyond each worker's device prefix: none, or hicache (blocks engines publish on an external medium)")
 	fs.Float64Var(&f.sharedMult, "shared-cache-multiplier", f.sharedMult, "prefill blocks credited per shared-cache block beyond the device prefix, in [0, 1] (with --shared-cache-type)")
+	fs.StringVar(&f.prefillModel, "router-prefill-load-model", f.prefillModel, "prompt-side load: none counts a prompt's tokens until its first token; learned fits each engine's prefill time from the requests it serves and prices load in time (aic is not available: use learned)")
 	fs.Float64Var(&f.requestWeight, "router-decode-active-request-weight", 0, "blocks of cost per request a worker already runs; 0 = off")
 	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
 	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
@@ -178,6 +179,10 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	if f.noTrackPrefill {
 		cfg.Routing.TrackPrefillTokens = new(bool)
 	}
+	if _, err := router.ParsePrefillLoadModel(f.prefillModel); err != nil {
+		return cfg, err
+	}
+	cfg.PrefillLoadModel = f.prefillModel
 	cfg.KVEvents = !f.noKVEvents
 	if cfg.MaxIndexedPairs == 0 {
 		cfg.IndexBudgetPairs = serve.IndexBudgetPairs(serve.MemoryLimit())

@@ -127,3 +127,16 @@ func testDynamoCostDefaults(t *testing.T) {
 		}
 	}
 }
+
+func TestPrefillLoadModelFlag(t *testing.T) {
+	rf, fs, _, err := parseRouterFlags(t, map[string]string{"DYN_ROUTER_PREFILL_LOAD_MODEL": "learned"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := rf.config(fs, func(string) {}); err != nil || cfg.PrefillLoadModel != "learned" {
+		t.Fatalf("%q %v", cfg.PrefillLoadModel, err)
+	}
+	if _, _, _, err := parseRouterFlags(t, nil, "--router-prefill-load-model", "aic"); err == nil || !strings.Contains(err.Error(), "learned") {
+		t.Fatalf("aic: %v, want a refusal naming learned", err)
+	}
+}

@@ -123,9 +123,11 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // whole credit (see credit) and the cost adds request_weight ×
 // active_requests; the affinity counts the worker's own credit, not the
 // shared cache's, which every worker can read.
+//
+// With a learned prefill time (Candidate.Prefill) the load terms are in
+// time, counted in blocks of the fastest candidate (see timed).
 func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
-	own, shared := p.credit(c, isl, blockSize, fleet)
-	return p.total(p.prefill(c, isl, blockSize, own+shared), p.affinity(c, blockSize, fleet, own), c)
+	return p.Terms(c, isl, blockSize, fleet).Total
 }
 
 // A worker running more than ImbalanceRatio × the fewest requests of any
@@ -147,6 +149,8 @@ type Lightest struct {
 	PrefillTokens int     // fewest prompt tokens awaiting prefill
 	DecodeBlocks  float64 // fewest active decode blocks
 	Requests      int     // fewest active requests
+	// SecondsPerToken is the fastest learned prefill, 0 without one.
+	SecondsPerToken float64
 }
 
 // LightestOf summarises cands for Cost.
@@ -160,6 +164,17 @@ func LightestOf(cands []Candidate) Lightest {
 		l.PrefillTokens = min(l.PrefillTokens, c.ActivePrefillTokens)
 		l.DecodeBlocks = min(l.DecodeBlocks, c.ActiveDecodeBlocks)
 		l.Requests = min(l.Requests, c.ActiveRequests)
+	}
+	if cands[0].Prefill.Known {
+		l.SecondsPerToken = math.Inf(1)
+		for i := range cands {
+			if s := cands[i].Prefill.SecondsPerToken; s > 0 {
+				l.SecondsPerToken = min(l.SecondsPerToken, s)
+			}
+		}
+		if math.IsInf(l.SecondsPerToken, 1) {
+			l.SecondsPerToken = 0
+		}
 	}
 	return l
 }
@@ -321,9 +336,30 @@ type CostTerms struct {
 // Terms is Cost with its terms apart: Cost is Terms(...).Total.
 func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
 	own, shared := p.credit(c, isl, blockSize, fleet)
+	if c.Prefill.Known && fleet.SecondsPerToken > 0 {
+		return p.timed(c, isl, blockSize, fleet, own, shared)
+	}
 	prefill, affinity := p.prefill(c, isl, blockSize, own+shared), p.affinity(c, blockSize, fleet, own)
 	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: p.decode(c)}
 	t.Total = p.total(prefill, affinity, c)
+	return t
+}
+
+// timed is the cost in time: the prompt work is the learned prefill the
+// request would wait for there, the backlog ahead of it and its own
+// prefill (the fixed part and its uncached blocks after the credit), and
+// the decode blocks weigh as much more as the worker's token is dearer.
+// Everything is counted in blocks of the fastest candidate (fleet's
+// SecondsPerToken), so on a fleet of one speed the prompt terms keep the
+// scale of the blocks they replace, and a worker twice as slow counts
+// twice.
+func (p *Params) timed(c *Candidate, isl, blockSize int, fleet Lightest, own, shared float64) CostTerms {
+	rel := c.Prefill.SecondsPerToken / fleet.SecondsPerToken
+	perBlock := fleet.SecondsPerToken * float64(blockSize)
+	prefill := max(float64(isl)/float64(blockSize)-own-shared, 0)*rel + (c.Prefill.Backlog+c.Prefill.Fixed)/perBlock
+	affinity := p.affinity(c, blockSize, fleet, own)
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: rel * p.decode(c)}
+	t.Total = p.PrefillLoadScale*(prefill-affinity) + t.Decode
 	return t
 }
 

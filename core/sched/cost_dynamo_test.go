@@ -148,3 +148,40 @@ func TestTierOverridesValidated(t *testing.T) {
 		t.Errorf("request's multiplier: %+v, %v", p, err)
 	}
 }
+
+// With learned prefill times the cost is in time: of two idle workers
+// holding nothing, the one whose token costs half is half the prompt
+// cost, and a backlog counts by the seconds it holds, in blocks of the
+// fastest worker.
+func TestLearnedPrefillCostsTime(t *testing.T) {
+	p := dynamoWhole(nil)
+	const bs, isl = 16, 1600 // 100 blocks
+	cands := []Candidate{
+		{Prefill: PrefillTime{Known: true, SecondsPerToken: 2e-4}, PotentialDecodeBlocks: 100},
+		{Prefill: PrefillTime{Known: true, SecondsPerToken: 1e-4}, PotentialDecodeBlocks: 100},
+	}
+	l := LightestOf(cands)
+	if l.SecondsPerToken != 1e-4 {
+		t.Fatalf("fastest %v", l.SecondsPerToken)
+	}
+	slow, fast := p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l)
+	if math.Abs(slow-400) > 1e-9 || math.Abs(fast-200) > 1e-9 {
+		t.Fatalf("slow %v, fast %v: want 2 × (100 + 100) and 100 + 100", slow, fast)
+	}
+	// 0.32 s of backlog on the fast worker is 200 of its blocks: the slow
+	// one wins now.
+	cands[1].Prefill.Backlog = 0.32
+	if c := p.Cost(&cands[1], isl, bs, l); math.Abs(c-400) > 1e-6 {
+		t.Fatalf("fast with backlog %v", c)
+	}
+	cands[1].Prefill.Backlog = 0.33
+	req := &Request{ISL: isl, BlockSize: bs, Params: p}
+	if got, _ := (kvPolicy{}).pick(req, cands, rand.New(rand.NewPCG(1, 1))); got != 0 {
+		t.Fatalf("picked %d, want the idle slow worker", got)
+	}
+	// The device credit takes uncached blocks off at the worker's rate.
+	cands[0].OverlapBlocks = 50
+	if c := p.Cost(&cands[0], isl, bs, l); math.Abs(c-(2*50+2*100)) > 1e-9 {
+		t.Fatalf("cached half: %v", c)
+	}
+}

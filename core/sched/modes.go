@@ -70,6 +70,11 @@ type kvPolicy struct{}
 func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
 	lightest := LightestOf(cands)
+	if p.Temperature == 0 && lightest.SecondsPerToken > 0 {
+		return pickMin(len(cands), func(i int) float64 {
+			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)
+		}, rng), nil
+	}
 	if p.Temperature == 0 {
 		// pickMin's closure would cost a call per worker of every
 		// decision: find the cheapest inline, and leave ties to pickMin.

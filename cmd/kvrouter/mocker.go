@@ -121,6 +121,9 @@ as before, whatever the role.`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
+			if len(cfg.Specs) > 0 {
+				fmt.Fprintf(out, "unequal engines: --fleet %s (COUNTxSPEED[:KV])\n\n", fleet.SpecsString(cfg.Specs))
+			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))

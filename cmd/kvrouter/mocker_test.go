@@ -29,6 +29,9 @@ func TestMockerRoles(t *testing.T) {
 		{"real tokenizer", []string{"--tokenizer", "../../adapters/hftokenizer/testdata/qwen3"}, "ENGINE    RANK", false},
 		{"tokenizer missing", []string{"--tokenizer", "/nonexistent/tokenizer.json"}, "/nonexistent/tokenizer.json", true},
 		{"tokenizer that does not load", []string{"--tokenizer", broken}, broken, true},
+		{"unequal engines", []string{"--fleet", "1x1,1x0.5:0.5"}, "engine-1", false},
+		{"unequal engines named", []string{"--fleet", "2x1,1x0.5:0.5"}, "--fleet 2x1,1x0.5:0.5", false},
+		{"fleet and engine count differ", []string{"--fleet", "2x1", "--num-workers", "3"}, "disagree", true},
 		{"negative bandwidth", []string{"--role", "decode", "--kv-transfer-bandwidth", "-1"}, "bandwidth must be positive", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

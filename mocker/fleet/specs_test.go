@@ -49,3 +49,15 @@ func TestHalfSpeedEngineStepsTwiceAsLong(t *testing.T) {
 		t.Fatal("negative speed accepted")
 	}
 }
+
+func TestEngineConfigBySpec(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NumWorkers, cfg.Engine.NumGPUBlocks = 3, 1000
+	cfg.Specs = []EngineSpec{{Speed: 1, KV: 1}, {Speed: 0.5, KV: 0.5}}
+	if e := cfg.EngineConfig(1); e.NumGPUBlocks != 500 || e.Speed != 0.5 {
+		t.Errorf("engine 1: %+v", e)
+	}
+	if e := cfg.EngineConfig(2); e.NumGPUBlocks != 1000 || e.Speed != 0 {
+		t.Errorf("engine past the specs: %+v", e)
+	}
+}

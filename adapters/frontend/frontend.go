@@ -165,6 +165,7 @@
 //	  temperature:        router_temperature
 //	  reuse assumption:   assume_kv_reuse, router_assume_kv_reuse
 //	  prefill tracking:   track_prefill_tokens, router_track_prefill_tokens
+//	  shared cache:       shared_cache_multiplier
 //	extra_fields ["worker_id", "timing"]
 //
 // extra_fields adds an "nvext" object to the response:

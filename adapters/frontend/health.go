@@ -27,6 +27,29 @@ type healthWorker struct {
 	// Unsupported counts, by field, what its KV events carried that the
 	// router does not honour (unsupported.go).
 	Unsupported map[string]uint64 `json:"kv_events_unsupported,omitempty"`
+	// LearnedPrefill is each rank's learned prefill rate
+	// (--router-prefill-load-model learned).
+	LearnedPrefill []healthPrefill `json:"learned_prefill,omitempty"`
+}
+
+type healthPrefill struct {
+	DPRank uint32 `json:"dp_rank"`
+	// TokensPerSecond is 0 while too few first tokens have come to fit it.
+	TokensPerSecond float64 `json:"tokens_per_second"`
+	FixedMS         float64 `json:"fixed_ms"`
+	Samples         int     `json:"samples"`
+	Pending         int     `json:"pending"`
+}
+
+// learnedPrefill groups the router's prefill fits by engine.
+func (f *Frontend) learnedPrefill() map[uint64][]healthPrefill {
+	out := map[uint64][]healthPrefill{}
+	for _, fit := range f.cfg.Router.PrefillFits() {
+		out[fit.Worker.ID] = append(out[fit.Worker.ID], healthPrefill{
+			DPRank: fit.Worker.DPRank, TokensPerSecond: fit.TokensPerSecond, FixedMS: fit.FixedSeconds * 1000, Samples: fit.Samples, Pending: fit.Pending,
+		})
+	}
+	return out
 }
 
 type healthBound struct {
@@ -122,8 +145,9 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	for _, ob := range f.cfg.Router.OverBound() {
 		over[ob.Worker.ID] = append(over[ob.Worker.ID], healthBound{DPRank: ob.Worker.DPRank, Bound: ob.Bound, Blocks: ob.Blocks, Refused: ob.Refused})
 	}
+	prefill := f.learnedPrefill()
 	for i, wk := range ws {
-		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID], LearnedPrefill: prefill[wk.ID]}
 		if urls {
 			out[i].BaseURL = wk.BaseURL
 		}

@@ -297,6 +297,9 @@ type (
 		ActiveRequests      int     `json:"active_requests"`
 		Busy                bool    `json:"busy"`
 		KVEvents            string  `json:"kv_events"`
+		// LearnedPrefillTPS is the learned prefill rate in tokens per
+		// second, 0 while fitting; absent without the learned model.
+		LearnedPrefillTPS *float64 `json:"learned_prefill_tokens_per_s,omitempty"`
 	}
 	uiDecision struct {
 		Seq           uint64        `json:"seq"`
@@ -405,6 +408,10 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 	for _, l := range rt.Loads() {
 		loads[l.Worker] = l
 	}
+	prefill := map[kv.Worker]float64{}
+	for _, fit := range rt.PrefillFits() {
+		prefill[fit.Worker] = round2(fit.TokensPerSecond)
+	}
 	sizes := map[uint64]int{}
 	for _, s := range rt.WorkerBlockSizes() {
 		sizes[s.ID] = s.BlockSize
@@ -437,6 +444,9 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 				ur.ActiveDecodeBlocks = round2(l.ActiveDecodeBlocks)
 				ur.ActivePrefillTokens = l.ActivePrefillTokens
 				ur.ActiveRequests = l.ActiveRequests
+				if v, ok := prefill[wk]; ok {
+					ur.LearnedPrefillTPS = &v
+				}
 				ur.Busy = busy.Busy(&sched.Candidate{ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActivePrefillTokens: l.ActivePrefillTokens, TotalKVBlocks: info.TotalKVBlocks})
 				ev := rt.KVEvents(wk)
 				ur.KVEvents = ev.String()

@@ -108,6 +108,9 @@ adapter not loaded gets vLLM's 404.`,
 			if err := adoptOwnBlockSize(cmd.Flags(), &cfg.Engine, "block-size"); err != nil {
 				return err
 			}
+			if err := fleetCount(cmd.Flags(), "num-workers", cfg.Specs, &cfg.NumWorkers); err != nil {
+				return err
+			}
 			roles := strings.Split(role, ",")
 			switch {
 			case len(roles) == 1:
@@ -138,6 +141,9 @@ adapter not loaded gets vLLM's 404.`,
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
 			if len(cfg.Engine.KVCacheGroups) > 0 {
 				fmt.Fprintf(out, "a hybrid model: KV-cache groups %s, by group_idx\n\n", kvCacheGroupsFlag{&cfg.Engine.KVCacheGroups})
+			}
+			if len(cfg.Specs) > 0 {
+				fmt.Fprintf(out, "unequal engines: --fleet %s (COUNTxSPEED[:KV])\n\n", fleet.SpecsString(cfg.Specs))
 			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {
@@ -173,6 +179,7 @@ adapter not loaded gets vLLM's 404.`,
 	fl := cmd.Flags()
 	fl.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "simulated engines in this process")
 	fl.IntVar(&cfg.DataParallelSize, "data-parallel-size", cfg.DataParallelSize, "data-parallel ranks per engine, each with its own KV cache and event socket")
+	registerFleetFlag(fl, &cfg.Specs)
 	fl.Float64Var(&cfg.SpeedupRatio, "speedup-ratio", cfg.SpeedupRatio, "divide every simulated step time by this")
 	fl.IntVar(&cfg.Engine.BlockSize, "block-size", cfg.Engine.BlockSize, "tokens per KV block")
 	fl.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Engine.NumGPUBlocks, "KV blocks per rank")

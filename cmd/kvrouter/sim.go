@@ -102,6 +102,14 @@ size's).`,
 			if len(workers) > 1 {
 				cfg.WorkerCounts = workers
 			}
+			if len(cfg.Sim.Specs) > 0 {
+				if len(workers) > 1 {
+					return fmt.Errorf("--fleet sizes the fleet: it cannot sweep --workers %v", workers)
+				}
+				if err := fleetCount(cmd.Flags(), "workers", cfg.Sim.Specs, &cfg.Sim.Workers); err != nil {
+					return err
+				}
+			}
 			if err := disaggConfig(cmd.Flags(), &cfg.Sim, rf.noAssumeReuse); err != nil {
 				return err
 			}
@@ -173,6 +181,7 @@ size's).`,
 	rf.register(f)
 	registerWorkloadFlags(f, "simulate", &tracePath, &synthetic, &modes)
 	f.IntSliceVar(&workers, "workers", []int{cfg.Sim.Workers}, "simulated engines; several (4,8,16) sweep the fleet size")
+	registerFleetFlag(f, &cfg.Sim.Specs)
 	f.IntVar(&cfg.Sim.DPSize, "data-parallel-size", 1, "data-parallel ranks per engine, routed to separately")
 	f.Float64SliceVar(&cfg.ArrivalSpeedups, "arrival-speedup", []float64{1, 2, 4, 8, 12, 16}, "loads to run: divide the workload's arrival times by each")
 	f.DurationVar(&cfg.SLOTTFTP90, "slo-ttft-p90", cfg.SLOTTFTP90, "goodput objective: p90 time to first token (model time)")
@@ -230,8 +239,8 @@ func disaggConfig(f *pflag.FlagSet, c *sim.Config, noAssumeReuse bool) error {
 	if d.PrefillWorkers < 1 || d.DecodeWorkers < 1 {
 		return fmt.Errorf("--prefill-workers %d --decode-workers %d: a disaggregated fleet needs both", d.PrefillWorkers, d.DecodeWorkers)
 	}
-	if f.Changed("workers") {
-		return fmt.Errorf("give --workers (aggregated) or --prefill-workers and --decode-workers, not both")
+	if f.Changed("workers") || f.Changed("fleet") {
+		return fmt.Errorf("give --workers or --fleet (aggregated) or --prefill-workers and --decode-workers, not both")
 	}
 	c.Workers = d.PrefillWorkers + d.DecodeWorkers
 	return nil

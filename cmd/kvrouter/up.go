@@ -89,7 +89,10 @@ flags.`,
 			if err != nil {
 				return err
 			}
-			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers")); err != nil {
+			if err := fleetCount(cmd.Flags(), "workers", mock.Specs, &mock.NumWorkers); err != nil {
+				return err
+			}
+			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers") || len(mock.Specs) > 0); err != nil {
 				return err
 			}
 			loraCfg, loraPoll, err := lora.config()
@@ -211,6 +214,7 @@ flags.`,
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
 	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")
+	registerFleetFlag(fs, &mock.Specs)
 	fs.IntVar(&prefillWorkers, "prefill-workers", 0, "disaggregated fleet: this many prefill engines (with --decode-workers; replaces --workers)")
 	fs.IntVar(&decodeWorkers, "decode-workers", 0, "disaggregated fleet: this many decode engines (with --prefill-workers)")
 	fs.Float64Var(&mock.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", mock.Server.KVTransfer.Bandwidth, "disaggregated fleet: bytes per second of the link decode engines pull KV over")

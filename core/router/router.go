@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,11 @@ type Config struct {
 	// legacy --kv-overlap-score-weight, --router-temperature,
 	// --no-router-assume-kv-reuse, --no-router-track-prefill-tokens.
 	Routing sched.Overrides
+	// PrefillLoadModel is --router-prefill-load-model: "none" (or "")
+	// counts a prompt's tokens until its first token; "learned" learns
+	// each worker's prefill time from the requests it serves
+	// (load.PrefillModel) and prices kv mode's load in time.
+	PrefillLoadModel string
 
 	KVEvents        bool   // false: --no-router-kv-events (approximate mode)
 	EventThreads    int    // --router-event-threads
@@ -215,6 +221,7 @@ type Router struct {
 	predicted *index.Predicted
 
 	tracker    *load.Tracker
+	prefill    *load.PrefillModel // nil unless --router-prefill-load-model learned
 	scheduler  *sched.Scheduler
 	sessions   *sched.Sessions
 	thresholds *sched.Thresholds
@@ -337,6 +344,13 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
+	learned, err := ParsePrefillLoadModel(cfg.PrefillLoadModel)
+	if err != nil {
+		return nil, err
+	}
+	if learned && !params.TrackPrefillTokens {
+		return nil, errors.New("router: --router-prefill-load-model learned needs prompt tokens tracked (drop --no-router-track-prefill-tokens)")
+	}
 	if cfg.KVEventsGrace < 0 {
 		return nil, fmt.Errorf("router: the kv events grace period must not be negative, got %v", cfg.KVEventsGrace)
 	}
@@ -376,6 +390,9 @@ func New(cfg Config) (*Router, error) {
 		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
 		queues: newQueues(policy), waiters: map[string]waiter{},
 		recovery: newRecovery(cfg.RecoveryWindow, cfg.Now),
+	}
+	if learned {
+		r.prefill = load.NewPrefillModel()
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
 	// With no overlap credit the cost ignores caches: no index at all.
@@ -472,6 +489,9 @@ func (r *Router) RemoveWorker(id uint64) {
 	}
 	for rank := 0; rank < info.DPSize; rank++ {
 		r.tracker.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
+		if r.prefill != nil {
+			r.prefill.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
+		}
 	}
 	r.forgetEngineLoad(id)
 }
@@ -971,7 +991,49 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		}
 	}
 	sc.cands = sc.cands[:k]
+	if r.prefill != nil && p.params.TrackPrefillTokens && r.cfg.Mode == sched.ModeKV {
+		r.learnedPrefill(sc.cands, p.matchedAt)
+	}
 	return sc.cands
+}
+
+// learnedPrefill gives every candidate its learned prefill time, or none
+// of them one while no worker is fitted: a decision's costs share a unit.
+func (r *Router) learnedPrefill(cands []sched.Candidate, now time.Time) {
+	for i := range cands {
+		c := &cands[i]
+		e := r.prefill.Estimate(c.Worker, now, c.OverlapBlocks*r.cfg.BlockSize, c.ActiveRequests)
+		if !e.Known {
+			for j := range cands[:i] {
+				cands[j].Prefill = sched.PrefillTime{}
+			}
+			return
+		}
+		c.Prefill = sched.PrefillTime{Known: true, SecondsPerToken: e.SecondsPerToken, Fixed: e.Fixed, Backlog: e.Backlog}
+	}
+}
+
+// PrefillFits are the learned prefill fits (nil unless
+// --router-prefill-load-model learned), for /health and the dashboard.
+func (r *Router) PrefillFits() []load.WorkerFit {
+	if r.prefill == nil {
+		return nil
+	}
+	return r.prefill.Fits()
+}
+
+// ParsePrefillLoadModel reads --router-prefill-load-model: whether it asks
+// for the learned model.
+func ParsePrefillLoadModel(s string) (learned bool, err error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "none":
+		return false, nil
+	case "learned":
+		return true, nil
+	case "aic":
+		return false, errors.New("--router-prefill-load-model aic needs NVIDIA's AI Configurator database, which kvrouter does not ship: use learned, which fits each engine's prefill time from the requests it serves")
+	}
+	return false, fmt.Errorf("--router-prefill-load-model %q: want none or learned", s)
 }
 
 // decide scores the candidates and, with book, records the request's load,
@@ -1018,6 +1080,12 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
 		r.observeAdd(lr)
+		if r.prefill != nil && p.params.TrackPrefillTokens {
+			cached := min(c.OverlapBlocks*r.cfg.BlockSize, lr.ISL)
+			r.prefill.Start(p.req.ID, choice.Worker, now, load.PrefillSample{
+				Uncached: lr.ISL - cached, Cached: cached, Waiting: c.ActivePrefillTokens, Running: c.ActiveRequests,
+			})
+		}
 		if r.recovery.active.Load() > 0 {
 			r.recovery.booked(choice.Worker, p.localFor(r.fleet.Load(), choice.Worker.ID))
 		}
@@ -1093,6 +1161,9 @@ func (r *Router) drainOne(k queueKey, sc *scratch) {
 // prompt stops counting as prefill work.
 func (r *Router) MarkPrefillCompleted(id string) bool {
 	ok := r.tracker.MarkPrefillCompleted(id)
+	if r.prefill != nil {
+		r.prefill.Done(id, r.now())
+	}
 	if ok {
 		r.watch.prefillDone(id)
 		r.settlePrediction(id)
@@ -1108,6 +1179,9 @@ func (r *Router) AddOutputTokens(id string, n int) bool { return r.tracker.AddOu
 // Free ends a booked request; safe to call more than once.
 func (r *Router) Free(id string) bool {
 	ok := r.tracker.Free(id)
+	if r.prefill != nil {
+		r.prefill.Drop(id, r.now())
+	}
 	if ok {
 		r.watch.freed(id)
 		r.settlePrediction(id)

@@ -132,9 +132,11 @@ func ModeConfig(base router.Config, name string, blockSize int) (router.Config, 
 		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
 	}
 	if mode != sched.ModeKV || strings.TrimSpace(name) == DynamoKV {
-		// Predict-on-route is kvrouter's; the policies compared with it see
-		// what the routers they stand for see.
+		// Predict-on-route and the learned prefill model are kvrouter's;
+		// the policies compared with it see what the routers they stand
+		// for see.
 		rcfg.PredictedTTL = 0
+		rcfg.PrefillLoadModel = ""
 	}
 	if mode != sched.ModeKV {
 		// The admission queue is kvrouter's; the policies compared with it

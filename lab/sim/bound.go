@@ -34,8 +34,18 @@ import (
 // their hits, generated tokens' blocks, queueing and imbalance: real
 // goodputs lie below it. 0 when there is nothing to bound.
 func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers int) float64 {
+	return unequalEngineBound(c, w, eng, float64(workers))
+}
+
+// unequalEngineBound is EngineBoundRPS on a fleet of unequal engines: speed is
+// the engines counted by their speed (the fleet does speed configured
+// engines' work per second), and eng.NumGPUBlocks the most blocks of any
+// engine, whose decode steps read a held block most cheaply. Charging
+// every step at the fastest rate and every block at the cheapest keeps
+// it a bound whichever engines the work goes to.
+func unequalEngineBound(c *replay.Ceiling, w Workload, eng engine.Config, speed float64) float64 {
 	n := w.Len()
-	if n == 0 || workers <= 0 || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
+	if n == 0 || !(speed > 0) || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
 		return 0
 	}
 	owners := requestOwners(w)
@@ -81,7 +91,7 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 	}
 	hits, total := c.Tokens()
 	prefill := float64(total-hits) * cheapestPrefillPerToken(eng.MaxNumBatchedTokens)
-	busy := (prefill + decode) / float64(workers) / float64(time.Second) // each engine's share
+	busy := (prefill + decode) / speed / float64(time.Second) // each engine's share
 	if busy <= 0 {
 		return 0
 	}

@@ -91,6 +91,10 @@ func Markdown(w io.Writer, res *Results) error {
 		}
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
+	if c.Fleet != "" {
+		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed "+
+			"and charge held blocks at the largest engine's KV size.\n", c.Fleet)
+	}
 	if c.PrefillBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+
 			"prefilled at the cheapest cost per token and nothing else to do (the prefill bound).\n", c.PrefillBoundRPS, c.Workers)

@@ -85,6 +85,35 @@ type Config struct {
 	// the salts in the engines' KV events: a router that keys blocks by
 	// their tokens alone. The engines still cache each salt apart.
 	IgnoreCacheSalt bool
+	// Specs sizes engine i (every rank of it) by Specs[i]: its speed and
+	// KV blocks relative to Engine (--fleet). Engines past its end are
+	// Engine.
+	Specs []fleet.EngineSpec
+}
+
+// engineConfig is engine i's configuration.
+func (c *Config) engineConfig(i int) engine.Config {
+	if i < len(c.Specs) {
+		return c.Specs[i].Apply(c.Engine)
+	}
+	return c.Engine
+}
+
+// fleetSize is what the bounds need of a fleet of workers engines: its
+// speed in configured engines (an engine at half speed counts half), the
+// most GPU blocks of any rank, and the blocks of every rank together.
+func (c *Config) fleetSize(workers int) (speed float64, maxBlocks, totalBlocks int) {
+	dp := max(c.DPSize, 1)
+	for i := range workers {
+		e := c.engineConfig(i)
+		if e.Speed == 0 {
+			e.Speed = 1
+		}
+		speed += e.Speed * float64(dp)
+		maxBlocks = max(maxBlocks, e.NumGPUBlocks)
+		totalBlocks += e.NumGPUBlocks * dp
+	}
+	return speed, maxBlocks, totalBlocks
 }
 
 // DefaultConfig is bench replay's fleet: 8 engines with replay's KV
@@ -194,13 +223,16 @@ func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.
 // are saturated at this rate. Real fleets decode too, have finite caches
 // and imperfect balance, so every policy's goodput lies below it. 0 when
 // there is nothing to bound (no prompt token to compute).
-func PrefillBoundRPS(c *replay.Ceiling, requests, workers, maxBatched int) float64 {
+//
+// speed is the fleet's engines counted by their speed (an engine at half
+// speed counts half): the fleet does speed engines' work per second.
+func PrefillBoundRPS(c *replay.Ceiling, requests int, speed float64, maxBatched int) float64 {
 	hits, total := c.Tokens()
 	miss := float64(total - hits)
-	if miss <= 0 || workers <= 0 {
+	if miss <= 0 || !(speed > 0) {
 		return 0
 	}
-	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / float64(workers)) // each engine's share
+	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / speed) // each engine's share
 	return float64(requests) / busy.Seconds()
 }
 
@@ -517,6 +549,8 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	switch {
 	case workers < 1:
 		return nil, fmt.Errorf("sim: need at least one worker, got %d", workers)
+	case len(cfg.Specs) > 0 && len(cfg.Specs) != workers:
+		return nil, fmt.Errorf("sim: %d engine specs for %d engines", len(cfg.Specs), workers)
 	case scale <= 0:
 		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
 	case cfg.KVEventDelay < 0:
@@ -541,7 +575,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.dp = max(cfg.DPSize, 1)
 	s.engines = make([]simEngine, workers*s.dp)
 	for i := range s.engines {
-		ecfg := cfg.Engine
+		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
 		eng, err := engine.New(ecfg)
 		if err != nil {
@@ -552,7 +586,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 			salts: router.NewSaltChains(2 * cfg.Engine.NumGPUBlocks)}
 	}
 	for id := range workers {
-		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
 	}
 	if cfg.Disagg.Enabled() {
 		s.pd = make([]pdState, w.Len())

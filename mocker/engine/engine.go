@@ -76,6 +76,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -93,6 +94,9 @@ type Config struct {
 	// KVCacheGroups makes the engine a hybrid model's, in group_idx order
 	// (--kv-cache-groups; see groups.go); nil is a plain model.
 	KVCacheGroups []KVCacheGroup
+	// Speed divides every step's model time: 0.5 is an engine half as
+	// fast (an older GPU, a smaller tensor-parallel group). 0 means 1.
+	Speed float64
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -298,7 +302,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.VocabSize == 0 {
 		cfg.VocabSize = 128000
 	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 1
+	}
 	switch {
+	case !(cfg.Speed > 0) || math.IsInf(cfg.Speed, 1):
+		return nil, fmt.Errorf("%w: speed %v", ErrInvalid, cfg.Speed)
 	case cfg.BlockSize <= 0:
 		return nil, fmt.Errorf("%w: block size %d", ErrInvalid, cfg.BlockSize)
 	case cfg.NumGPUBlocks <= 0:
@@ -578,6 +587,9 @@ func (e *Engine) Step() StepResult {
 	}
 	res.KVUsage = e.KVUsage()
 	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+	if e.cfg.Speed != 1 {
+		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
+	}
 
 	res.Outputs = e.outputs[:0]
 	finished := 0

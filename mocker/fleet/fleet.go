@@ -49,6 +49,9 @@ type Config struct {
 	// both the prefill and the decode engines of a disaggregated pair;
 	// engines past its end take Server.Role.
 	Roles []server.Role
+	// Specs sizes engine i by Specs[i] (--fleet): its speed and KV blocks
+	// relative to Engine; engines past its end are Engine.
+	Specs []EngineSpec
 	Host  string // address to bind, 127.0.0.1 by default
 	// Engine i serves HTTP on HTTPPort+i; rank r of engine i publishes KV
 	// events on KVEventsPort + i×dp + r and answers replay requests on
@@ -148,6 +151,9 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
+	if len(cfg.Specs) > cfg.NumWorkers {
+		return nil, fmt.Errorf("fleet: %d engine specs for %d engines", len(cfg.Specs), cfg.NumWorkers)
+	}
 	if len(cfg.Roles) > cfg.NumWorkers {
 		return nil, fmt.Errorf("fleet: %d roles for %d engines", len(cfg.Roles), cfg.NumWorkers)
 	}
@@ -187,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		f.silent = append(f.silent, silent)
 		var runners []*server.Runner
 		for r := range dp {
-			ecfg := cfg.Engine
+			ecfg := cfg.EngineConfig(i)
 			ecfg.Seed = RankSeed(cfg.Engine.Seed, i*dp+r)
 			eng, err := engine.New(ecfg)
 			if err != nil {

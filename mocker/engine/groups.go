@@ -215,15 +215,17 @@ func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
 			s.groups = make([]sideSeq, len(m.groups))
 		}
 		for i, g := range m.groups {
-			m.events = g.allocate(&s.groups[i], s.tokens, upTo, m.events)
+			m.events = g.allocate(&s.groups[i], s.tokens, s.keys, upTo, m.events)
 		}
 	}
 	return true
 }
 
 // allocate stores the blocks s's first upTo tokens fill and drops those
-// that left the window, appending the events to evs.
-func (g *sideGroup) allocate(s *sideSeq, tokens []uint32, upTo int, evs []BlockEvent) []BlockEvent {
+// that left the window, appending the events to evs. keys are the
+// request's extra keys: a group keys its blocks by them as the engine's
+// own group does.
+func (g *sideGroup) allocate(s *sideSeq, tokens []uint32, keys *requestKeys, upTo int, evs []BlockEvent) []BlockEvent {
 	bs := g.BlockSize
 	from, full := len(s.hashes), upTo/bs
 	start := -1 // first new block of the current run
@@ -236,6 +238,10 @@ func (g *sideGroup) allocate(s *sideSeq, tokens []uint32, upTo int, evs []BlockE
 			p := s.hashes[start-1]
 			ev.Parent = &p
 		}
+		if keys != nil {
+			ev.LoRAName = keys.lora
+			ev.ExtraKeys = blockKeys(keys, start, end, bs)
+		}
 		evs = append(evs, ev)
 		start = -1
 	}
@@ -243,6 +249,9 @@ func (g *sideGroup) allocate(s *sideSeq, tokens []uint32, upTo int, evs []BlockE
 		var parent uint64
 		if i > 0 {
 			parent = s.hashes[i-1]
+		}
+		if keys != nil {
+			parent ^= foldKeys(keys.block(i, bs))
 		}
 		h := hashBlock(g.seed, parent, tokens[i*bs:(i+1)*bs])
 		s.hashes = append(s.hashes, h)

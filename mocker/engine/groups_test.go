@@ -220,3 +220,33 @@ func TestHybridRandomStreams(t *testing.T) {
 		t.Errorf("dropped %d sliding blocks, reset %v: the test does not exercise them", dropped, reset)
 	}
 }
+
+// A side group keys its blocks by the request's extra keys too, and
+// publishes them, as the engine's own group does.
+func TestSideGroupKeysBlocksByExtraKeys(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.KVCacheGroups = []KVCacheGroup{{Kind: "full_attention"}, {Kind: "sliding_window", BlockSize: 8, SlidingWindow: 64}}
+	e := mustNew(t, cfg)
+	side := func(stored []BlockEvent) []BlockEvent {
+		var out []BlockEvent
+		for _, ev := range stored {
+			if ev.Group == 1 {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	_, a := runOne(t, e, Request{ID: "a", Tokens: seqTokens(1, 16), MaxTokens: 1, CacheSalt: "t1"})
+	_, b := runOne(t, e, Request{ID: "b", Tokens: seqTokens(1, 16), MaxTokens: 1, CacheSalt: "t2"})
+	sa, sb := side(a), side(b)
+	if len(sa) != 1 || len(sb) != 1 {
+		t.Fatalf("side group events: %+v / %+v", sa, sb)
+	}
+	if sa[0].BlockHashes[0] == sb[0].BlockHashes[0] {
+		t.Fatal("two salts share a side-group block")
+	}
+	if !reflect.DeepEqual(sa[0].ExtraKeys, [][]any{{"t1"}, nil}) {
+		t.Fatalf("side group's extra keys: %v", sa[0].ExtraKeys)
+	}
+}

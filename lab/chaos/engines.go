@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -32,14 +33,38 @@ type engineSlot struct {
 	startedAt                time.Time
 }
 
+// freePort picks a port an engine can be restarted on later. Ports the
+// kernel hands out for ":0" come from the ephemeral range, where any
+// outgoing connection may take one in the meantime and make the restart
+// fail with "address already in use"; so the pick is below that range
+// (Linux's default starts at 32768), from a random start so that test
+// processes running side by side do not walk the same sequence.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	const low, high = 20000, 32000
+	portMu.Lock()
+	defer portMu.Unlock()
+	if nextPort == 0 {
+		nextPort = low + rand.IntN(high-low)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	for range high - low {
+		p := nextPort
+		if nextPort++; nextPort >= high {
+			nextPort = low
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return p, nil
+	}
+	return 0, fmt.Errorf("no free port in %d-%d", low, high)
 }
+
+var (
+	portMu   sync.Mutex
+	nextPort int
+)
 
 func startPool(ctx context.Context, base fleet.Config, n int) (_ *enginePool, err error) {
 	p := &enginePool{base: base}

@@ -54,6 +54,11 @@ type LoadReport struct {
 	Running     int     `json:"num_requests_running"`
 	KVUsage     float64 `json:"kv_cache_usage_perc"`
 	LastEventID uint64  `json:"last_event_id"`
+	// Unsupported is the rank's count of KV-event fields the router does
+	// not honour, by field, as the agent's event source counted them
+	// (kvrouter_worker_kv_events_unsupported_total on a router that reads
+	// the engine itself).
+	Unsupported map[string]uint64 `json:"kv_events_unsupported,omitempty"`
 }
 
 // PublisherConfig configures a worker's side of the event plane.

@@ -121,6 +121,11 @@ type Subscriber struct {
 	snapshotting atomic.Bool
 	snapshots    sync.WaitGroup
 
+	// unsupportedMu guards unsupported, written by the run goroutine and
+	// read by metrics and /health; it is a leaf: nothing is locked under it.
+	unsupportedMu sync.Mutex
+	unsupported   map[kv.Worker]map[string]uint64
+
 	stats struct {
 		applied, applyErrors, malformed, duplicates atomic.Uint64
 		gaps, ranges, dumps, recoveryFailures       atomic.Uint64
@@ -160,6 +165,7 @@ func NewSubscriber(nc *nats.Conn, cfg SubscriberConfig, sink Sink) (*Subscriber,
 		ctl: make(chan control, 4096), done: make(chan struct{}),
 		known: map[uint64]Instance{}, cursor: eventlog.NewCursor(),
 		reported: map[kv.Worker]uint64{}, dirty: map[kv.Worker]bool{}, held: map[uint64][]kv.Event{},
+		unsupported: map[kv.Worker]map[string]uint64{},
 	}, nil
 }
 
@@ -287,6 +293,9 @@ func (s *Subscriber) control(c control) {
 		drop := func(w kv.Worker, _ bool) bool { return w.ID == c.remove }
 		maps.DeleteFunc(s.dirty, drop)
 		maps.DeleteFunc(s.reported, func(w kv.Worker, _ uint64) bool { return w.ID == c.remove })
+		s.unsupportedMu.Lock()
+		maps.DeleteFunc(s.unsupported, func(w kv.Worker, _ map[string]uint64) bool { return w.ID == c.remove })
+		s.unsupportedMu.Unlock()
 		s.heldN -= len(s.held[c.remove])
 		delete(s.held, c.remove)
 		return
@@ -480,6 +489,7 @@ func (s *Subscriber) onLoadReport(data []byte) {
 	if r.LoadKnown {
 		s.sink.SetEngineLoad(w, sched.EngineLoad{Known: true, Waiting: r.Waiting, Running: r.Running, KVUsage: r.KVUsage})
 	}
+	s.noteUnsupported(w, r.Unsupported)
 	if s.cfg.Durable {
 		return
 	}
@@ -493,6 +503,56 @@ func (s *Subscriber) onLoadReport(data []byte) {
 		s.recover(w, prev)
 	}
 	s.reported[w] = r.LastEventID
+}
+
+// The fields an agent reports become metric labels: only a bounded number
+// of short ones are kept, whatever the agent sends.
+const (
+	maxUnsupportedFields   = 32
+	maxUnsupportedFieldLen = 64
+)
+
+func (s *Subscriber) noteUnsupported(w kv.Worker, reported map[string]uint64) {
+	var kept map[string]uint64
+	for field, n := range reported {
+		if len(kept) == maxUnsupportedFields {
+			break
+		}
+		if n == 0 || field == "" || len(field) > maxUnsupportedFieldLen {
+			continue
+		}
+		if kept == nil {
+			kept = map[string]uint64{}
+		}
+		kept[field] = n
+	}
+	s.unsupportedMu.Lock()
+	defer s.unsupportedMu.Unlock()
+	if kept == nil {
+		delete(s.unsupported, w)
+		return
+	}
+	s.unsupported[w] = kept
+}
+
+// Unsupported is a worker's KV-event fields the router does not honour,
+// its ranks summed, as its agent last reported them.
+func (s *Subscriber) Unsupported(worker uint64) map[string]uint64 {
+	s.unsupportedMu.Lock()
+	defer s.unsupportedMu.Unlock()
+	var out map[string]uint64
+	for w, fields := range s.unsupported {
+		if w.ID != worker {
+			continue
+		}
+		if out == nil {
+			out = map[string]uint64{}
+		}
+		for field, n := range fields {
+			out[field] += n
+		}
+	}
+	return out
 }
 
 // EnsureStream creates (or updates) the durable event stream.

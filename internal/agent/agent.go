@@ -174,6 +174,9 @@ func (a *Agent) report(ctx context.Context) {
 		a.mu.Unlock()
 		for rank := range a.cfg.Instance.DPSize {
 			r := natsplane.LoadReport{DPRank: uint32(rank)}
+			if rank < len(a.sources) {
+				r.Unsupported = a.sources[rank].Stats().Unsupported
+			}
 			if s, ok := samples[rank]; ok && fresh {
 				r.LoadKnown, r.Waiting, r.Running, r.KVUsage = true, s.Waiting, s.Running, s.KVUsage
 			}

@@ -2,7 +2,9 @@ package serve
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,11 +87,13 @@ func TestHybridMockersAreRoutedOnTheFullAttentionGroup(t *testing.T) {
 
 // On the NATS plane the agent next to a hybrid engine forwards its
 // full-attention group only: routers match the engine with that group's
-// blocks and block size.
+// blocks and block size. The agent's count of the group it cannot use
+// (mamba) reaches the router in its load reports and shows in /metrics
+// and /health as for an engine the router reads itself.
 func TestPlaneHybridEngineIsRoutedOnTheFullAttentionGroup(t *testing.T) {
 	srv := natsServer(t, t.TempDir(), 0)
 	defer srv.Shutdown()
-	groups, err := engine.ParseKVCacheGroups("sliding_window:32:128,full_attention:16")
+	groups, err := engine.ParseKVCacheGroups("sliding_window:32:128,full_attention:16,mamba:64")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,5 +112,16 @@ func TestPlaneHybridEngineIsRoutedOnTheFullAttentionGroup(t *testing.T) {
 	}
 	if d.Worker.ID != 1 || d.OverlapBlocks != 40 || s.Router().WorkerBlockSize(1) != 16 {
 		t.Fatalf("follow-up: %+v with %d-token blocks, want the 40 full-attention blocks of 16 tokens", d, s.Router().WorkerBlockSize(1))
+	}
+	testwait.Until(t, 10*time.Second, "the agent's count reached /metrics", func() bool {
+		return strings.Contains(getBody(t, s.URL()+"/metrics"), `kvrouter_worker_kv_events_unsupported_total{field="kv_cache_spec_kind=mamba",worker_id="1"}`)
+	})
+	var h struct {
+		Workers []struct {
+			Unsupported map[string]uint64 `json:"kv_events_unsupported"`
+		} `json:"workers"`
+	}
+	if body := getBody(t, s.URL()+"/health"); json.Unmarshal([]byte(body), &h) != nil || len(h.Workers) != 1 || h.Workers[0].Unsupported["kv_cache_spec_kind=mamba"] == 0 {
+		t.Fatalf("/health: %s", body)
 	}
 }

@@ -58,12 +58,8 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, id, w.spec.Name)
-		unsupported := map[string]uint64{}
 		for rank, src := range w.sources {
 			st := src.Stats()
-			for field, n := range st.Unsupported {
-				unsupported[field] += n
-			}
 			r := strconv.Itoa(rank)
 			for _, kv := range []struct {
 				what string
@@ -80,9 +76,31 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(kv.v), id, r, kv.what)
 			}
 		}
-		for field, n := range unsupported {
+		for field, n := range c.s.unsupportedLocked(w) {
 			ch <- prometheus.MustNewConstMetric(c.unsupported, prometheus.CounterValue, float64(n), id, field)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.GaugeValue, float64(unroutable))
+}
+
+// unsupportedLocked is an engine's KV-event fields the router does not
+// honour, its ranks summed: counted by the router's own event sources, or
+// by the engine's agent and carried in its load reports. s.mu is held.
+func (s *Server) unsupportedLocked(w *supervised) map[string]uint64 {
+	var out map[string]uint64
+	add := func(fields map[string]uint64) {
+		for field, n := range fields {
+			if out == nil {
+				out = map[string]uint64{}
+			}
+			out[field] += n
+		}
+	}
+	for _, src := range w.sources {
+		add(src.Stats().Unsupported)
+	}
+	if w.discovered && s.plane != nil && s.plane.sub != nil {
+		add(s.plane.sub.Unsupported(w.spec.ID))
+	}
+	return out
 }

@@ -187,7 +187,7 @@ size's).`,
 	f.DurationVar(&cfg.SLOTTFTP90, "slo-ttft-p90", cfg.SLOTTFTP90, "goodput objective: p90 time to first token (model time)")
 	f.DurationVar(&cfg.SLOITLP90, "slo-itl-p90", 0, "goodput objective: p90 inter-token latency (model time); 0 = none")
 	f.IntVar(&cfg.BisectSteps, "bisect-steps", cfg.BisectSteps, "runs that refine each mode's goodput, each halving the interval")
-	f.IntVar(&cfg.Parallel, "parallel", 0, "modes simulated at once (0 = one per core)")
+	f.IntVar(&cfg.Parallel, "parallel", 0, "runs simulated at once (0 = one per core); the results are the same for any value")
 	f.DurationVar(&cfg.Sim.KVEventDelay, "kv-event-delay", cfg.Sim.KVEventDelay, "model time from an engine's step to its KV events' arrival at the router")
 	f.DurationVar(&cfg.Sim.EngineMetricsInterval, "engine-metrics-interval", cfg.Sim.EngineMetricsInterval, "model-time interval of engine-load reads for modes scoring by engine load")
 	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")

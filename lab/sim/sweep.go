@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -28,7 +29,7 @@ type SweepConfig struct {
 	// is then the highest tested speedup meeting the SLO below the first
 	// missing it (DefaultBisectSteps is the command's default).
 	BisectSteps int
-	// Parallel bounds the modes simulated at once; 0 = GOMAXPROCS.
+	// Parallel bounds the runs simulated at once; 0 = GOMAXPROCS.
 	Parallel int
 	// Progress receives one line per run; it is called from the modes'
 	// goroutines, one call at a time.
@@ -127,9 +128,10 @@ type Results struct {
 	WallS float64 `json:"wall_s"`
 }
 
-// Sweep runs cfg over w. The modes run in parallel, each on its own
-// goroutine; within a mode runs are sequential, and each run is the
-// single-threaded loop of Run.
+// Sweep runs cfg over w on up to cfg.Parallel cores: every mode's tested
+// loads in parallel, then each mode's bisection, whose runs depend on each
+// other, beside the other modes'. Each run is the single-threaded loop of
+// Run, so a sweep's results do not depend on how many ran at once.
 func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	start := time.Now()
 	if len(cfg.Modes) == 0 || len(cfg.ArrivalSpeedups) == 0 {
@@ -165,17 +167,18 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	// mode j%nm.
 	results := make([]*ModeResult, len(fleets)*nm)
 	errs := make([]error, len(results))
+	// The semaphore bounds runs, not modes: a mode's loads run side by
+	// side, then its bisection one run at a time, each run the
+	// deterministic loop of Run, so the results are the serial sweep's.
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
 	for j := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
 			fc := cfg
 			fc.Sim.Workers = fleets[j/nm]
-			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar)
+			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar, sem)
 		}()
 	}
 	var ceiling, pooled *replay.Ceiling
@@ -232,9 +235,11 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, bar *progressBar) (*ModeResult, error) {
+func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, bar *progressBar, sem chan struct{}) (*ModeResult, error) {
 	mr := &ModeResult{}
 	run := func(s float64, what string) (Point, error) {
+		sem <- struct{}{}
+		defer func() { <-sem }()
 		t0 := time.Now()
 		p, err := Run(cfg.Sim, mode, w, s)
 		if err != nil {
@@ -245,12 +250,19 @@ func sweepMode(cfg *SweepConfig, mode string, w Workload, speedups []float64, ba
 			mode, cfg.Sim.Workers, what, s, p.ArrivalRPS, p.TTFT.P50, p.TTFT.P90, p.ITL.P90, p.HitRate, yes(p.MeetsSLO), p.ModelS, time.Since(t0).Seconds())
 		return p, nil
 	}
-	for _, s := range speedups {
-		p, err := run(s, "point")
-		if err != nil {
-			return nil, err
-		}
-		mr.Points = append(mr.Points, p)
+	mr.Points = make([]Point, len(speedups))
+	errs := make([]error, len(speedups))
+	var wg sync.WaitGroup
+	for i, s := range speedups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mr.Points[i], errs[i] = run(s, "point")
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	bisected := 0
 	g, err := Goodput(mr.Points, func(s float64) (bool, error) {

@@ -92,11 +92,11 @@ func TestCarriedRate(t *testing.T) {
 	}
 }
 
-func sweepJSON(t *testing.T, w Workload) []byte {
+func sweepJSON(t *testing.T, w Workload, parallel int) []byte {
 	t.Helper()
 	res, err := Sweep(SweepConfig{
 		Sim: smallConfig(), Modes: []string{"kv", "round-robin", "llm-d-precise"},
-		ArrivalSpeedups: []float64{1, 4}, SLOTTFTP90: 200 * time.Millisecond, BisectSteps: 2,
+		ArrivalSpeedups: []float64{1, 4}, SLOTTFTP90: 200 * time.Millisecond, BisectSteps: 2, Parallel: parallel,
 	}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -109,12 +109,13 @@ func sweepJSON(t *testing.T, w Workload) []byte {
 	return b
 }
 
-// The same inputs give the same bytes, modes running in parallel or not.
+// The same inputs give the same bytes, one run at a time or every load
+// of every mode at once.
 func TestSweepIsDeterministic(t *testing.T) {
 	w := synthetic(t, 160)
-	a, b := sweepJSON(t, w), sweepJSON(t, w)
+	a, b := sweepJSON(t, w, 1), sweepJSON(t, w, 8)
 	if !bytes.Equal(a, b) {
-		t.Fatalf("two sweeps differ:\n%s\n%s", a, b)
+		t.Fatalf("serial and parallel sweeps differ:\n%s\n%s", a, b)
 	}
 	var res Results
 	if err := json.Unmarshal(a, &res); err != nil {

@@ -29,6 +29,7 @@ func newSimCmd() *cobra.Command {
 		out         string
 		asJSON      bool
 		quiet       bool
+		cpuProfile  string
 		workers     []int
 	)
 	cmd := &cobra.Command{
@@ -144,7 +145,12 @@ size's).`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "simulating %d requests of %s (span %.0f s) in %d modes at arrival speedups %v\n",
 					w.Len(), name, sim.Span(w).Seconds(), len(cfg.Modes), cfg.ArrivalSpeedups)
 			}
+			stopProfile, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
+			}
 			res, err := sim.Sweep(cfg, w)
+			stopProfile()
 			if err != nil {
 				return err
 			}
@@ -197,6 +203,7 @@ size's).`,
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")
 	f.BoolVar(&asJSON, "json", false, "print results.json to stdout")
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep to this file (go tool pprof)")
 	registerEngineFlags(f, &cfg.Sim.Engine)
 	registerSimDisaggFlags(f, &cfg.Sim.Disagg)
 	registerSyntheticFlags(f, &syn)

@@ -319,19 +319,26 @@ func (c *Ceiling) AddSalted(toks []uint32, salt string) {
 		h = blockhash.NewKeyed(c.blockSize, "", salt)
 	}
 	c.local, c.seq = h.AppendHashes(c.local[:0], c.seq[:0], toks)
+	c.AddHashes(c.seq, len(toks))
+}
+
+// AddHashes adds a prompt of n tokens by its full blocks' chained hashes
+// (blockhash.Hasher.AppendHashes under the prompt's salt), for a caller
+// that has hashed it already.
+func (c *Ceiling) AddHashes(seq []uint64, n int) {
 	hit := 0
-	for hit < len(c.seq) && c.cached(c.seq[hit]) {
+	for hit < len(seq) && c.cached(seq[hit]) {
 		hit++
 	}
-	c.hits += min(hit*c.blockSize, (len(toks)-1)/c.blockSize*c.blockSize)
-	c.total += len(toks)
+	c.hits += min(hit*c.blockSize, (n-1)/c.blockSize*c.blockSize)
+	c.total += n
 	if c.lru != nil {
-		for i := len(c.seq) - 1; i >= 0; i-- {
-			c.lru.touch(c.seq[i])
+		for i := len(seq) - 1; i >= 0; i-- {
+			c.lru.touch(seq[i])
 		}
 		return
 	}
-	for _, s := range c.seq {
+	for _, s := range seq {
 		c.seen[s] = struct{}{}
 	}
 }

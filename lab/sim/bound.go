@@ -34,7 +34,7 @@ import (
 // their hits, generated tokens' blocks, queueing and imbalance: real
 // goodputs lie below it. 0 when there is nothing to bound.
 func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers int) float64 {
-	return unequalEngineBound(c, w, eng, float64(workers))
+	return engineBound(c, decodeStatsOf(w, eng.BlockSize), eng, float64(workers))
 }
 
 // unequalEngineBound is EngineBoundRPS on a fleet of unequal engines: speed is
@@ -44,58 +44,97 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 // every step at the fastest rate and every block at the cheapest keeps
 // it a bound whichever engines the work goes to.
 func unequalEngineBound(c *replay.Ceiling, w Workload, eng engine.Config, speed float64) float64 {
-	n := w.Len()
-	if n == 0 || !(speed > 0) || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
+	return engineBound(c, decodeStatsOf(w, eng.BlockSize), eng, speed)
+}
+
+func engineBound(c *replay.Ceiling, d decodeStats, eng engine.Config, speed float64) float64 {
+	if d.requests == 0 || !(speed > 0) || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
 		return 0
-	}
-	owners := requestOwners(w)
-	// Each prompt is hashed under its cache salt: salted copies of one
-	// prefix are different blocks.
-	hasher := func(r *workload.Request) blockhash.Hasher { return blockhash.NewKeyed(eng.BlockSize, "", r.CacheSalt) }
-	// Two passes hash every prompt twice: keeping the first pass's hashes
-	// instead would take 8 bytes per block of the workload (half a GB for
-	// the agentic one), for a bound computed once per sweep.
-	// ownerOf is each full block's owner, or sharedBlock once two owners
-	// have it.
-	const sharedBlock = -1
-	ownerOf := map[uint64]int32{}
-	var local, seq []uint64
-	for i := range n {
-		r := w.Request(i)
-		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
-		for _, b := range seq {
-			if o, ok := ownerOf[b]; !ok {
-				ownerOf[b] = owners[i]
-			} else if o != owners[i] {
-				ownerOf[b] = sharedBlock
-			}
-		}
 	}
 	d0 := float64(engine.DecodeTime(0))
 	slope := float64(engine.DecodeTime(1)) - d0
-	var decode float64 // ns
-	for i := range n {
-		r := w.Request(i)
-		steps := float64(max(r.OSL-1, 0))
-		if steps == 0 {
-			continue
-		}
-		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
-		private := 0
-		for _, b := range seq {
-			if ownerOf[b] == owners[i] {
-				private++
-			}
-		}
-		decode += steps * (d0/float64(eng.MaxNumSeqs) + slope*float64(private)/float64(eng.NumGPUBlocks))
-	}
+	decode := float64(d.steps)*d0/float64(eng.MaxNumSeqs) + slope*float64(d.privateBlockSteps)/float64(eng.NumGPUBlocks) // ns
 	hits, total := c.Tokens()
 	prefill := float64(total-hits) * cheapestPrefillPerToken(eng.MaxNumBatchedTokens)
 	busy := (prefill + decode) / speed / float64(time.Second) // each engine's share
 	if busy <= 0 {
 		return 0
 	}
-	return float64(n) / busy
+	return float64(d.requests) / busy
+}
+
+// decodeStats is what the engine bound needs of a workload's decode steps.
+type decodeStats struct {
+	requests int
+	steps    int64 // every request's OSL−1, summed
+	// privateBlockSteps is, summed over requests, the decode steps times
+	// the request's private prompt blocks (see EngineBoundRPS).
+	privateBlockSteps int64
+}
+
+// ownership finds each request's private blocks in one pass: a block's
+// decode steps accumulate while one owner's prompts hold it and count only
+// if no other owner's prompt ever does. Summed over blocks, that is each
+// request's private blocks times its steps, summed over requests, without
+// keeping any prompt's hashes for a second pass (8 bytes per block of the
+// workload: half a GB for the agentic one).
+type ownership struct {
+	owners []int32
+	blocks map[uint64]blockOwner
+	stats  decodeStats
+}
+
+type blockOwner struct {
+	owner int32 // sharedBlock once two owners' prompts hold it
+	steps uint32
+}
+
+const sharedBlock = -1
+
+func newOwnership(w Workload) *ownership {
+	return &ownership{owners: requestOwners(w), blocks: map[uint64]blockOwner{}}
+}
+
+// add takes request i's full blocks (its prompt's chained hashes).
+func (o *ownership) add(i int, r *workload.Request, seq []uint64) {
+	steps := uint32(max(r.OSL-1, 0))
+	o.stats.requests++
+	o.stats.steps += int64(steps)
+	own := o.owners[i]
+	for _, b := range seq {
+		switch bo, ok := o.blocks[b]; {
+		case !ok:
+			o.blocks[b] = blockOwner{owner: own, steps: steps}
+		case bo.owner == own:
+			bo.steps += steps
+			o.blocks[b] = bo
+		case bo.owner != sharedBlock:
+			o.blocks[b] = blockOwner{owner: sharedBlock}
+		}
+	}
+}
+
+func (o *ownership) result() decodeStats {
+	d := o.stats
+	for _, bo := range o.blocks {
+		if bo.owner != sharedBlock {
+			d.privateBlockSteps += int64(bo.steps)
+		}
+	}
+	return d
+}
+
+// decodeStatsOf hashes every prompt under its cache salt: salted copies of
+// one prefix are different blocks.
+func decodeStatsOf(w Workload, blockSize int) decodeStats {
+	o := newOwnership(w)
+	var local, seq []uint64
+	for i := range w.Len() {
+		r := w.Request(i)
+		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
+		o.add(i, &r, seq)
+	}
+	return o.result()
 }
 
 // requestOwners gives the requests that can never run at once the same

@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -193,26 +194,38 @@ func Ceiling(w Workload, blockSize int) float64 {
 }
 
 func ceilingOf(w Workload, blockSize int) *replay.Ceiling {
-	c, _ := ceilings(w, blockSize, 0)
-	return c
+	return measure(w, blockSize, 0).infinite
 }
 
-// ceilings are w's infinite-cache ceiling and, with fleetBlocks > 0, the
-// hit rate of one LRU cache of fleetBlocks blocks (replay.NewPooledCeiling),
-// in one pass over the prompts.
-func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.Ceiling) {
-	infinite = replay.NewCeiling(blockSize)
+// workloadBounds is what a sweep's bounds and ceilings need of a workload.
+type workloadBounds struct {
+	// infinite is the infinite-cache ceiling; pooled, for a fleet of
+	// fleetBlocks > 0 blocks, the hit rate of one LRU cache that large
+	// (replay.NewPooledCeiling).
+	infinite, pooled *replay.Ceiling
+	decode           decodeStats
+}
+
+// measure takes every prompt once, in arrival order, hashed once under its
+// cache salt, for the ceilings and the engine bound's decode steps.
+func measure(w Workload, blockSize, fleetBlocks int) workloadBounds {
+	b := workloadBounds{infinite: replay.NewCeiling(blockSize)}
 	if fleetBlocks > 0 {
-		pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
+		b.pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
 	}
+	own := newOwnership(w)
+	var local, seq []uint64
 	for i := range w.Len() {
 		r := w.Request(i)
-		infinite.AddSalted(r.Tokens, r.CacheSalt)
-		if pooled != nil {
-			pooled.AddSalted(r.Tokens, r.CacheSalt)
+		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
+		b.infinite.AddHashes(seq, len(r.Tokens))
+		if b.pooled != nil {
+			b.pooled.AddHashes(seq, len(r.Tokens))
 		}
+		own.add(i, &r, seq)
 	}
-	return infinite, pooled
+	b.decode = own.result()
+	return b
 }
 
 // PrefillBoundRPS bounds the arrival rate any routing policy can sustain

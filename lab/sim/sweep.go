@@ -182,15 +182,16 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		}()
 	}
 	var ceiling, pooled *replay.Ceiling
-	var engineBound float64
+	var engineRPS float64
 	speed, maxBlocks, totalBlocks := cfg.Sim.fleetSize(fleets[0])
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, totalBlocks)
+		m := measure(w, cfg.Sim.Engine.BlockSize, totalBlocks)
+		ceiling, pooled = m.infinite, m.pooled
 		eng := cfg.Sim.Engine
 		eng.NumGPUBlocks = maxBlocks
-		engineBound = unequalEngineBound(ceiling, w, eng, speed)
+		engineRPS = engineBound(ceiling, m.decode, eng, speed)
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -219,7 +220,7 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
 		CeilingHitRate: ceiling.Rate(), FleetCeilingHitRate: pooled.Rate(),
 		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), speed, cfg.Sim.Engine.MaxNumBatchedTokens),
-		EngineBoundRPS:  engineBound,
+		EngineBoundRPS:  engineRPS,
 		Fleet:           fleet.SpecsString(cfg.Sim.Specs),
 	}
 	if len(fleets) > 1 {

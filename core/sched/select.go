@@ -21,6 +21,11 @@ type Candidate struct {
 	TotalKVBlocks          int // capacity; 0 when the worker has not said
 	MaxNumBatchedTokens    int // per-step token budget; 0 when unknown
 	ActiveRequests         int
+	// HostBlocks and DiskBlocks are the cumulative overlaps on the lower
+	// tiers: the longest prefix held on that tier or a faster one, so
+	// OverlapBlocks <= HostBlocks <= DiskBlocks. SharedBlocks is the
+	// overlap held in an external (shared) cache beyond OverlapBlocks.
+	HostBlocks, DiskBlocks, SharedBlocks int
 	// Engine is the load the engine last reported about itself, for the
 	// policies that score by it (llm-d, the Gateway API Inference
 	// Extension); kvrouter's own kv mode predicts load instead of reading it.

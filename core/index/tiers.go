@@ -1,0 +1,271 @@
+package index
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/kvrouter/kvrouter/core/kv"
+)
+
+// Tiers. Engines that offload KV blocks (vLLM's offloading connector,
+// SGLang's HiCache, LMCache) publish the same events for their host, disk
+// and shared caches, with the medium that holds the block. The device
+// tier is the shard's own tree, unchanged; each lower tier is another
+// tree of the same shard, made when the first event of that tier comes.
+// A (block, worker) pair thus holds a set of tiers: a block evicted from
+// the GPU and kept on the host (Removed on the device, Stored on the host)
+// stays matched, on the host tier, and a removal names one tier only. An
+// index fed by device events alone has no lower tree and looks up exactly
+// as before.
+//
+// An offloading engine stores a block on a lower tier below a parent it
+// may hold on another tier only (the host pool receives a request's
+// blocks as they complete, while their prefix stays on the GPU). Such a
+// parent is placed in the lower tree by its sequence hash alone, as a
+// node below the root that the worker does not hold (see parentSeq): its
+// descendants chain from it exactly, and the tree, which knows the worker
+// holds a block without its parent, walks level by level.
+
+// ErrUnknownTier is returned by Apply for an event of a storage tier the
+// index does not know. The event is counted (Stats.UnknownTier) and
+// skipped; a medium is never guessed.
+var ErrUnknownTier = errors.New("index: event of an unknown storage tier")
+
+// The lower tiers, fastest first.
+const (
+	tierHost = iota
+	tierDisk
+	tierShared
+	lowerTiers
+)
+
+var lowerTierNames = [lowerTiers]kv.StorageTier{kv.TierHostPinned, kv.TierDisk, kv.TierExternal}
+
+// lowerOf is the lower tier of an event's tier, -1 for the device.
+func lowerOf(t kv.StorageTier) (int, bool) {
+	switch t {
+	case kv.TierDevice, "":
+		return -1, true
+	case kv.TierHostPinned:
+		return tierHost, true
+	case kv.TierDisk:
+		return tierDisk, true
+	case kv.TierExternal:
+		return tierShared, true
+	}
+	return 0, false
+}
+
+// TierOverlap is one worker's match on every tier, when the index holds
+// lower tiers. Host and Disk are cumulative, as Dynamo's indexer reports
+// them: the device match continued on the host tier, then on disk, so
+// Device <= Host <= Disk. Shared is the run of blocks held in the shared
+// (external) cache by any worker right after the device match: a shared
+// pool serves every worker alike.
+type TierOverlap struct {
+	Worker                     kv.Worker
+	Device, Host, Disk, Shared uint32
+}
+
+// tierScratch is FindMatches' working memory for the lower tiers.
+type tierScratch struct {
+	out  []TierOverlap
+	seen map[kv.Worker]struct{}
+	// pool caches, per position of the request, whether the shared tier
+	// holds it (0 unknown, 1 yes, 2 no).
+	pool       []uint8
+	sharedRoot uint32
+}
+
+// Tiers returns, after FindMatches, every matched worker's overlaps on
+// every tier: the workers FindMatches returned and those that hold the
+// request's first block on a lower tier only. Empty while the index holds
+// no lower tier. Valid until the next call on m.
+func (m *Matcher) Tiers() []TierOverlap { return m.tiers.out }
+
+// SharedRoot is, after FindMatches, the shared cache's run from the
+// request's first block: the Shared of a worker that matched nothing.
+func (m *Matcher) SharedRoot() uint32 { return m.tiers.sharedRoot }
+
+// tree returns the shard's tree of lower tier i, -1 for the device.
+func (sh *shard) tree(i int) *tree {
+	if i < 0 {
+		return sh.t
+	}
+	return sh.lower[i]
+}
+
+// lowerTree returns the shard's tree of lower tier i, making it.
+func (ix *Index) lowerTree(sh *shard, i int) *tree {
+	if t := sh.lower[i]; t != nil {
+		return t
+	}
+	t := newTree(sh.t.lru)
+	t.foreign = func(w kv.Worker, h uint64) (uint64, bool) { return sh.parentSeq(t, w, h) }
+	sh.lower[i] = t
+	sh.hasLower = true
+	ix.hasLower.Store(true)
+	return t
+}
+
+// parentSeq is the sequence hash of the block worker w holds under
+// engine id h on a tier other than self's (the device first).
+func (sh *shard) parentSeq(self *tree, w kv.Worker, h uint64) (uint64, bool) {
+	for i := -1; i < lowerTiers; i++ {
+		t := sh.tree(i)
+		if t == nil || t == self {
+			continue
+		}
+		if s, ok := t.slotOf[w]; ok {
+			if n, ok := t.workers[s].blocks.Get(h); ok {
+				return t.nodes.at(n).seq(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// pairs counts the shard's pairs on every tier.
+func (sh *shard) pairs() uint64 {
+	n := sh.t.pairs
+	for _, t := range sh.lower {
+		if t != nil {
+			n += t.pairs
+		}
+	}
+	return n
+}
+
+// evictTo brings the shard's pairs on every tier down to target, from the
+// slowest tier up: a block the worker would have to load is worth less
+// than one it holds on the device.
+func (sh *shard) evictTo(target uint64) {
+	total := sh.pairs()
+	for i := lowerTiers - 1; i >= -1 && total > target; i-- {
+		t := sh.tree(i)
+		if t == nil {
+			continue
+		}
+		other := total - t.pairs
+		t.evictTo(target - min(target, other))
+		total = other + t.pairs
+	}
+}
+
+// findLower appends to m.tiers the shard's workers' overlaps on every
+// tier; dev are the device overlaps the shard's find returned.
+func (m *Matcher) findLower(sh *shard, seq []uint64, dev []Overlap) {
+	sc := &m.tiers
+	start := len(sc.out)
+	for _, o := range dev {
+		sc.out = append(sc.out, TierOverlap{Worker: o.Worker, Device: o.Blocks, Host: o.Blocks, Disk: o.Blocks})
+	}
+	if !sh.hasLower || len(seq) == 0 {
+		return
+	}
+	// Workers holding the first block on a lower tier only.
+	clear(sc.seen)
+	if sc.seen == nil {
+		sc.seen = make(map[kv.Worker]struct{})
+	}
+	for _, o := range dev {
+		sc.seen[o.Worker] = struct{}{}
+	}
+	var one [1]uint32
+	for _, t := range sh.lower[:tierShared] {
+		if t == nil {
+			continue
+		}
+		if n, ok := t.bySeq.get(seq[0], &t.nodes); ok {
+			for _, s := range t.workerSet(t.nodes.at(n), &one) {
+				w := t.workers[s].id
+				if _, ok := sc.seen[w]; !ok {
+					sc.seen[w] = struct{}{}
+					sc.out = append(sc.out, TierOverlap{Worker: w})
+				}
+			}
+		}
+	}
+	host, disk := sh.lower[tierHost], sh.lower[tierDisk]
+	for i := start; i < len(sc.out); i++ {
+		o := &sc.out[i]
+		o.Host = host.extend(o.Worker, seq, o.Device)
+		o.Disk = disk.extend(o.Worker, seq, o.Host)
+	}
+}
+
+// extend is from plus the run of seq's blocks from position from that w
+// holds in t (nil: none).
+func (t *tree) extend(w kv.Worker, seq []uint64, from uint32) uint32 {
+	if t == nil {
+		return from
+	}
+	s, ok := t.slotOf[w]
+	if !ok {
+		return from
+	}
+	var tick uint32
+	if t.lru {
+		tick = t.tick.Add(1)
+	}
+	for int(from) < len(seq) {
+		n, ok := t.bySeq.get(seq[from], &t.nodes)
+		if !ok || !t.holds(t.nodes.at(n), s) {
+			break
+		}
+		t.touch(n, tick)
+		from++
+	}
+	return from
+}
+
+// findShared fills the Shared overlaps of m.tiers: the shared pool's run
+// after each worker's device match. The pool spans every shard.
+func (ix *Index) findShared(m *Matcher, seq []uint64) {
+	sc := &m.tiers
+	sc.sharedRoot = 0
+	any := false
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		any = any || sh.lower[tierShared] != nil
+		sh.mu.RUnlock()
+	}
+	if !any {
+		return
+	}
+	sc.pool = slices.Grow(sc.pool[:0], len(seq))[:len(seq)]
+	clear(sc.pool)
+	run := func(from uint32) uint32 {
+		for int(from) < len(seq) && ix.pooled(sc, seq, int(from)) {
+			from++
+		}
+		return from
+	}
+	sc.sharedRoot = run(0)
+	for i := range sc.out {
+		o := &sc.out[i]
+		o.Shared = run(o.Device) - o.Device
+	}
+}
+
+// pooled says whether any worker holds seq[i] on the shared tier.
+func (ix *Index) pooled(sc *tierScratch, seq []uint64, i int) bool {
+	if sc.pool[i] == 0 {
+		sc.pool[i] = 2
+		for j := range ix.shards {
+			sh := &ix.shards[j]
+			sh.mu.RLock()
+			if t := sh.lower[tierShared]; t != nil {
+				if n, ok := t.bySeq.get(seq[i], &t.nodes); ok && t.nodes.at(n).held() {
+					sc.pool[i] = 1
+				}
+			}
+			sh.mu.RUnlock()
+			if sc.pool[i] == 1 {
+				break
+			}
+		}
+	}
+	return sc.pool[i] == 1
+}

@@ -404,3 +404,33 @@ func TestEmbeddedServerOnAPortInUseSaysSo(t *testing.T) {
 		t.Fatalf("want a clear error, got %v", err)
 	}
 }
+
+// A snapshot carries each block's storage tier: a replica rebuilt from it
+// credits host and disk blocks as the engines published them.
+func TestDumpCodecCarriesTheTier(t *testing.T) {
+	var evs []kv.Event
+	for i, tier := range []kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal} {
+		st := kv.StoredEvent(kv.Worker{ID: 3}, 0, kv.Ptr(uint64(i)), kv.Block{EngineHash: uint64(10 + i), LocalHash: 1})
+		rm := kv.RemovedEvent(kv.Worker{ID: 3}, 0, uint64(i))
+		st.Tier, rm.Tier = tier, tier
+		evs = append(evs, st, rm)
+	}
+	b, err := EncodeDump(nil, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []kv.StorageTier
+	if err := DecodeDump(b, func(ev *kv.Event) error { got = append(got, ev.Tier); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i := range evs {
+		if got[i] != evs[i].Tier {
+			t.Fatalf("event %d: tier %q, want %q", i, got[i], evs[i].Tier)
+		}
+	}
+	bad := evs[0]
+	bad.Tier = "floppy"
+	if _, err := EncodeDump(nil, []kv.Event{bad}); err == nil {
+		t.Fatal("unknown tier encoded")
+	}
+}

@@ -12,10 +12,13 @@
 // except that a dp rank carried by the batch overrides Worker.DPRank. The
 // batch's sequence number is the events' EventID.
 //
-// Only KV-cache group 0 is indexed: on hybrid models (full attention plus
-// sliding window, mamba, ...) vLLM reports one group per attention kind and
-// group 0 is the full-attention group whose prefix the router matches;
-// events of other groups are skipped and counted (Stats.OtherGroup).
+// Only one KV-cache group is indexed: on hybrid models (full attention plus
+// sliding window, mamba, ...) vLLM reports one group per attention kind, and
+// the router matches prefixes on the first main-attention group, chosen by
+// kv_cache_spec_kind (group 0 when the engine does not say; see
+// GroupFilter). Events of other groups are skipped and counted
+// (Stats.OtherGroup); those the router cannot honour also under
+// Stats.Unsupported.
 //
 // A payload that does not decode is skipped whole and counted
 // (Stats.Malformed); a malformed or unknown event inside a good batch is
@@ -191,8 +194,8 @@ type Stats struct {
 	Clears        uint64 // AllBlocksCleared events passed on
 
 	Malformed  uint64 // payloads that did not decode, skipped whole
-	Skipped    uint64 // events skipped: malformed, unknown type, or group != 0
-	OtherGroup uint64 // of Skipped, events of a KV-cache group other than 0
+	Skipped    uint64 // events skipped: malformed, unknown type, another group, unknown medium, not local
+	OtherGroup uint64 // of Skipped, events of a KV-cache group the router does not index (see GroupFilter)
 
 	Gaps         uint64 // live seqs above the one expected, after the first batch
 	Recovered    uint64 // gaps closed by replay or dump
@@ -250,12 +253,15 @@ type Source struct {
 	done   chan struct{}
 	st     counters
 	unsup  unsupportedFields
+	groups GroupFilter // owned by the run goroutine
 
 	// Owned by the run goroutine.
 	started bool   // a batch has been applied since start or the last reset
 	next    uint64 // the seq expected next
 	ranks   map[uint32]struct{}
 	recent  []recent
+	// salts carries each rank's cache salts down its salted chains.
+	salts map[uint32]*router.SaltChains
 
 	mu       sync.Mutex
 	last     uint64 // the last seq processed (applied or given up on)
@@ -299,11 +305,8 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 		return nil, fmt.Errorf("enginesource: %w", err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	s := &Source{
-		cfg: cfg, sink: sink, log: logger, opts: vllmevents.DecodeOptions{HashBytes: cfg.HashBytes},
-		sub: sub, client: client, ctx: sctx, cancel: cancel, done: make(chan struct{}),
-		ranks: map[uint32]struct{}{}, recent: make([]recent, recentSize),
-	}
+	s := detached(cfg, sink)
+	s.log, s.sub, s.client, s.ctx, s.cancel = logger, sub, client, sctx, cancel
 	go s.run()
 	return s, nil
 }
@@ -740,6 +743,7 @@ func (s *Source) rebuild(why string) {
 
 func (s *Source) clearRanks(seq uint64) {
 	for rank := range s.ranks {
+		s.removedSalts(rank, nil, true)
 		ev := kv.ClearedEvent(kv.Worker{ID: s.cfg.Worker.ID, DPRank: rank}, seq)
 		if err := s.sink.ApplyEvent(&ev); err != nil {
 			s.st.applyErrors.Add(1)
@@ -765,6 +769,7 @@ func (s *Source) restarted() {
 	s.mu.Unlock()
 	s.rebuild("engine restarted")
 	s.started, s.next = false, 0
+	s.groups.Reset()
 	clear(s.recent)
 	s.st.resets.Add(1)
 }
@@ -800,30 +805,49 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 	if b.DPRank != nil {
 		w.DPRank = uint32(*b.DPRank)
 	}
+	s.groups.Learn(b.Events)
 	for _, ev := range b.Events {
 		var err error
 		switch e := ev.(type) {
 		case *vllmevents.BlockStored:
-			if e.GroupIdx != 0 {
-				s.otherGroup()
+			if s.otherGroup(s.groups.Stored(e.GroupIdx, e.KVCacheSpecKind)) {
+				continue
+			}
+			tier, ok := s.tier(e.Medium)
+			if !ok || !s.local(e.Locality) {
 				continue
 			}
 			s.st.blocksStored.Add(uint64(len(e.BlockHashes)))
+			keys, kerr := vllmevents.ParseExtraKeys(e.ExtraKeys)
+			if kerr == nil && keys != nil && len(keys) != len(e.BlockHashes) {
+				kerr = errMisalignedExtraKeys
+			}
+			var mm [][]uint64
+			if kerr == nil {
+				mm = mmIdentifiers(keys, e.LoRAName)
+			}
 			err = s.sink.ApplyEngineStored(&router.EngineStored{
-				Worker: w, EventID: seq, Tier: e.Medium.Tier(), Parent: e.ParentBlockHash,
+				Worker: w, EventID: seq, Tier: tier, Parent: e.ParentBlockHash,
 				EngineHashes: e.BlockHashes, Tokens: e.TokenIDs, BlockSize: e.BlockSize, LoRA: e.LoRAName,
+				Salt: s.storedSalt(w.DPRank, e, keys),
+				MM:   withMarks(mm, s.apartMarks(e, keys, kerr != nil)),
 			})
 		case *vllmevents.BlockRemoved:
-			if e.GroupIdx != 0 {
-				s.otherGroup()
+			if s.otherGroup(s.groups.Removed(e.GroupIdx)) {
+				continue
+			}
+			tier, ok := s.tier(e.Medium)
+			if !ok {
 				continue
 			}
 			s.st.blocksRemoved.Add(uint64(len(e.BlockHashes)))
+			s.removedSalts(w.DPRank, e.BlockHashes, false)
 			kev := kv.RemovedEvent(w, seq, e.BlockHashes...)
-			kev.Tier = e.Medium.Tier()
+			kev.Tier = tier
 			err = s.sink.ApplyEvent(&kev)
 		case *vllmevents.AllBlocksCleared:
 			s.st.clears.Add(1)
+			s.removedSalts(w.DPRank, nil, true)
 			kev := kv.ClearedEvent(w, seq)
 			err = s.sink.ApplyEvent(&kev)
 		default:
@@ -839,10 +863,49 @@ func (s *Source) applyBatch(seq uint64, b *vllmevents.Batch) {
 	}
 }
 
-func (s *Source) otherGroup() {
+// tier places an event's blocks. A medium the router does not know is not
+// guessed: the event is skipped and counted under the one label
+// "medium=unknown", whatever the engine sent (the value is input, and
+// metric labels must stay a bounded set).
+func (s *Source) tier(m vllmevents.Medium) (kv.StorageTier, bool) {
+	t, ok := m.Tier()
+	if !ok {
+		s.st.skipped.Add(1)
+		s.unsupported("medium=unknown")
+	}
+	return t, ok
+}
+
+// local says whether stored blocks are the engine's own. Blocks stored
+// away from it (locality REMOTE: vLLM's shared storage tiers) are not
+// credited to it, as Dynamo does not credit them; a locality nobody knows
+// is not guessed either. Their removals need no filter: they name blocks
+// the index never held.
+func (s *Source) local(locality string) bool {
+	switch strings.ToUpper(locality) {
+	case "", "LOCAL":
+		return true
+	case "REMOTE":
+		s.unsupported("locality=remote")
+	default:
+		s.unsupported("locality=unknown")
+	}
+	s.st.skipped.Add(1)
+	return false
+}
+
+// otherGroup counts an event of a group the router does not index, and
+// reports whether it is one.
+func (s *Source) otherGroup(v GroupVerdict, field string) bool {
+	if v == GroupIndexed {
+		return false
+	}
 	s.st.skipped.Add(1)
 	s.st.otherGroup.Add(1)
-	s.unsupported("group_idx")
+	if field != "" {
+		s.unsupported(field)
+	}
+	return true
 }
 
 // processed publishes the position for LastSeq/Synced/WaitSeq.

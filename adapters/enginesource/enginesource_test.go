@@ -47,11 +47,7 @@ func stored(t testing.TB, rank *int, tokens []uint32, base uint64, from, to int)
 
 func encode(t testing.TB, b *vllmevents.Batch) []byte {
 	t.Helper()
-	p, err := vllmevents.EncodeBatch(b, vllmevents.EncodingArray)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return encodeWith(t, b, vllmevents.EncodingArray)
 }
 
 func empty(t testing.TB) []byte { return encode(t, &vllmevents.Batch{TS: 1}) }

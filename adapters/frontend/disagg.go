@@ -140,7 +140,7 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	defer cancel()
 	start := time.Now()
 	preq := router.Request{
-		ID: req.ID + "-prefill", Tokens: req.Tokens, LoRA: req.LoRA, Model: req.Model,
+		ID: req.ID + "-prefill", Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM, Model: req.Model,
 		Priority: req.Priority, Overrides: req.Overrides, Target: c.prefillTarget,
 		OverrideBusy: req.OverrideBusy, Prefill: true,
 	}

@@ -138,14 +138,14 @@ func (c *call) serve(req *router.Request) {
 				c.endStream(errorEvent("engine_stream_error", "%v", lastErr))
 				return
 			}
-			next, tokens, err := c.continuation(prompt)
+			next, tokens, items, err := c.continuation(prompt, req.MM)
 			if err != nil {
 				c.endStream(errorEvent("engine_stream_error", "%v; it could not be continued: %v", lastErr, err))
 				return
 			}
 			c.rs.migrations++
 			c.f.m.migrations.WithLabelValues(c.label, "ongoing_request").Inc()
-			top, raw, req.Tokens = next, nil, tokens
+			top, raw, req.Tokens, req.MM = next, nil, tokens, items
 		}
 		req.Exclude = append(req.Exclude, c.worker.ID)
 	}
@@ -271,17 +271,17 @@ func engineBody(top map[string]json.RawMessage, raw []byte, members []member, wk
 // far (for chat, as an assistant message the engine continues), with
 // max_tokens reduced by what was generated. prompt is the original
 // prompt's tokens. It returns the request and the tokens to route it by.
-func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint32, error) {
+func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]json.RawMessage, []uint32, []router.MMItem, error) {
 	rs := c.rs
 	switch {
 	case !rs.resumable:
-		return nil, nil, errors.New("the stream is not one a continuation can reproduce")
+		return nil, nil, nil, errors.New("the stream is not one a continuation can reproduce")
 	case rs.finished:
-		return nil, nil, errors.New("the engine had already finished")
+		return nil, nil, nil, errors.New("the engine had already finished")
 	}
 	next := maps.Clone(c.top)
 	if rs.genTokens == 0 && rs.generated.Len() == 0 {
-		return next, prompt, nil
+		return next, prompt, mm, nil
 	}
 	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
 		if !present(next[k]) {
@@ -289,20 +289,20 @@ func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint
 		}
 		var n int
 		if err := json.Unmarshal(next[k], &n); err != nil {
-			return nil, nil, fmt.Errorf("%s is not an integer", k)
+			return nil, nil, nil, fmt.Errorf("%s is not an integer", k)
 		}
 		if n -= rs.genTokens; n < 1 {
-			return nil, nil, errors.New("every token asked for was generated")
+			return nil, nil, nil, errors.New("every token asked for was generated")
 		}
 		next[k] = json.RawMessage(strconv.Itoa(n))
 	}
 	ctx := c.ctx
-	_, serving := c.f.workersFor(c.model)
+	serving := c.servingNow()
 	text := rs.generated.String()
 	if c.ep.kind == kindChat {
 		var msgs []json.RawMessage
 		if err := json.Unmarshal(c.top["messages"], &msgs); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": text})
 		next["messages"], _ = json.Marshal(append(msgs, msg))
@@ -312,7 +312,7 @@ func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint
 		ids, prefix, ok := singlePrompt(c.top["prompt"])
 		switch {
 		case !ok:
-			return nil, nil, errors.New("a batch of prompts")
+			return nil, nil, nil, errors.New("a batch of prompts")
 		case prefix != nil:
 			next["prompt"], _ = json.Marshal(*prefix + text)
 		default:
@@ -321,16 +321,27 @@ func (c *call) continuation(prompt []uint32) (map[string]json.RawMessage, []uint
 			payload, _ := json.Marshal(map[string]any{"model": c.model, "prompt": text, "add_special_tokens": false})
 			gen, herr := c.f.tokenize(ctx, serving, pieces{payload})
 			if herr != nil {
-				return nil, nil, herr
+				return nil, nil, nil, herr
 			}
 			next["prompt"], _ = json.Marshal(append(ids, gen...))
 		}
 	}
-	tokens, herr := c.f.promptTokens(ctx, next, c.ep.kind, c.model, serving, nil)
+	tokens, items, herr := c.f.promptTokens(ctx, next, c.ep.kind, c.base, serving, nil)
 	if herr != nil {
-		return nil, nil, herr
+		return nil, nil, nil, herr
 	}
-	return next, tokens, nil
+	return next, tokens, items, nil
+}
+
+// servingNow returns the engines serving the call's model now: those
+// holding its adapter, for an adapter.
+func (c *call) servingNow() []Worker {
+	if c.lora != "" {
+		_, holders := adapterHolders(c.lora, c.f.cfg.Workers())
+		return holders
+	}
+	_, serving := c.f.workersFor(c.model)
+	return serving
 }
 
 // singlePrompt reads a completions prompt that is one prompt: text, token

@@ -165,6 +165,7 @@
 //	  temperature:        router_temperature
 //	  reuse assumption:   assume_kv_reuse, router_assume_kv_reuse
 //	  prefill tracking:   track_prefill_tokens, router_track_prefill_tokens
+//	  shared cache:       shared_cache_multiplier
 //	extra_fields ["worker_id", "timing"]
 //
 // extra_fields adds an "nvext" object to the response:
@@ -266,6 +267,9 @@ type Worker struct {
 	// Events is rank 0's KV-event endpoint, "" when unknown: fix texts name
 	// its port.
 	Events string
+	// Adapters are the LoRA adapters the engine has loaded (its
+	// /v1/models entries with a parent).
+	Adapters []string
 }
 
 // Config configures a Frontend.
@@ -334,6 +338,12 @@ type Config struct {
 	// nil: that model's text and chat prompts are then tokenized by an
 	// engine's /tokenize.
 	Tokenizer func(model string) *modeltok.Model
+	// MMPlaceholders is the placeholder token id of each modality ("image",
+	// "audio", "video") of the models served, where a model's in-process
+	// tokenizer does not name its own (config.json): where a chat's media
+	// items are in its prompt. Without one, a chat with media of that
+	// modality is matched only up to its first placeholder, or not at all.
+	MMPlaceholders map[string]uint32
 	// Engines, optional, lists every configured engine with its state for
 	// the dashboard (/ui); nil shows the engines of Workers.
 	Engines func() []EngineStatus
@@ -362,6 +372,8 @@ type Config struct {
 	// Outlier configures the ejection of engines that keep failing
 	// requests (see package outlier); zero fields take its defaults.
 	Outlier outlier.Config
+	// LoRA configures the serving and loading of LoRA adapters.
+	LoRA LoRA
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -398,6 +410,7 @@ type Frontend struct {
 	outliers *outlier.Detector
 	om       *outlierMetrics
 	tokCheck *tokenizerCheck
+	loras    loraLoads
 }
 
 // New checks cfg and registers the metrics.

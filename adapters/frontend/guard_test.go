@@ -125,7 +125,7 @@ func TestNoTokenizingForAClientThatLeft(t *testing.T) {
 	for _, model := range []string{"local", "remote"} {
 		top := map[string]json.RawMessage{"model": json.RawMessage(`"` + model + `"`), "prompt": json.RawMessage(`"` + strings.Repeat("hello ", 1000) + `"`)}
 		_, serving := e.fe.workersFor(model)
-		ids, herr := e.fe.promptTokens(ctx, top, kindCompletion, model, serving, nil)
+		ids, _, herr := e.fe.promptTokens(ctx, top, kindCompletion, model, serving, nil)
 		if herr == nil || herr.Code != "cancelled" {
 			t.Fatalf("%s: %d ids, error %v: want cancelled", model, len(ids), herr)
 		}

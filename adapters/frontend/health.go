@@ -24,6 +24,32 @@ type healthWorker struct {
 	// OverBound lists the ranks whose events claimed more blocks than
 	// their capacity allows (index.RankBound).
 	OverBound []healthBound `json:"kv_index_over_bound,omitempty"`
+	// Unsupported counts, by field, what its KV events carried that the
+	// router does not honour (unsupported.go).
+	Unsupported map[string]uint64 `json:"kv_events_unsupported,omitempty"`
+	// LearnedPrefill is each rank's learned prefill rate
+	// (--router-prefill-load-model learned).
+	LearnedPrefill []healthPrefill `json:"learned_prefill,omitempty"`
+}
+
+type healthPrefill struct {
+	DPRank uint32 `json:"dp_rank"`
+	// TokensPerSecond is 0 while too few first tokens have come to fit it.
+	TokensPerSecond float64 `json:"tokens_per_second"`
+	FixedMS         float64 `json:"fixed_ms"`
+	Samples         int     `json:"samples"`
+	Pending         int     `json:"pending"`
+}
+
+// learnedPrefill groups the router's prefill fits by engine.
+func (f *Frontend) learnedPrefill() map[uint64][]healthPrefill {
+	out := map[uint64][]healthPrefill{}
+	for _, fit := range f.cfg.Router.PrefillFits() {
+		out[fit.Worker.ID] = append(out[fit.Worker.ID], healthPrefill{
+			DPRank: fit.Worker.DPRank, TokensPerSecond: fit.TokensPerSecond, FixedMS: fit.FixedSeconds * 1000, Samples: fit.Samples, Pending: fit.Pending,
+		})
+	}
+	return out
 }
 
 type healthBound struct {
@@ -97,13 +123,20 @@ func (f *Frontend) notReady(ws []Worker, known map[uint64]bool) []string {
 // health is the detailed view: "unavailable" (503) when the router is not
 // ready, "degraded" (200: requests are served) when an engine is not
 // known to the router or a dependency is not "ok", else "ok" (200). The
-// reasons say why.
+// reasons say why; notes say what is worth knowing without degrading,
+// e.g. KV event fields the router does not honour (unsupported.go).
 //
 // The engines' URLs are for the admin (seesEngineURLs): they are where to
 // reach an engine around the router's keys and limits.
 func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	known := f.registered()
 	ws := f.cfg.Workers()
+	engines := f.engineStatuses()
+	statuses := make(map[uint64]EngineStatus, len(engines))
+	for _, e := range engines {
+		statuses[e.ID] = e
+	}
+	var notes []string
 	out := make([]healthWorker, len(ws))
 	urls := f.seesEngineURLs(r)
 	var degraded []string
@@ -112,8 +145,9 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	for _, ob := range f.cfg.Router.OverBound() {
 		over[ob.Worker.ID] = append(over[ob.Worker.ID], healthBound{DPRank: ob.Worker.DPRank, Bound: ob.Bound, Blocks: ob.Blocks, Refused: ob.Refused})
 	}
+	prefill := f.learnedPrefill()
 	for i, wk := range ws {
-		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID]}
+		out[i] = healthWorker{ID: wk.ID, Name: wk.Name, Model: wk.Model, DPSize: max(wk.DPSize, 1), Registered: known[wk.ID], LearnedPrefill: prefill[wk.ID]}
 		if urls {
 			out[i].BaseURL = wk.BaseURL
 		}
@@ -128,14 +162,21 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 		if out[i].KVEvents, eventless = f.kvEventsHealth(wk); eventless {
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): kv events %s", wk.Name, wk.ID, out[i].KVEvents))
 		}
+		if e, ok := statuses[wk.ID]; ok && len(e.Unsupported) > 0 {
+			out[i].Unsupported = e.Unsupported
+			notes = append(notes, unsupportedNote(e))
+		}
 		if ob := over[wk.ID]; len(ob) > 0 {
 			slices.SortFunc(ob, func(a, b healthBound) int { return int(a.DPRank) - int(b.DPRank) })
 			out[i].OverBound = ob
 			degraded = append(degraded, fmt.Sprintf("engine %s (%d): its KV events claimed more blocks than its capacity; %d refused on rank %d (bound %d)", wk.Name, wk.ID, ob[0].Refused, ob[0].DPRank, ob[0].Bound))
 		}
 	}
-	for _, e := range f.unroutable(ws) {
-		hw := healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why}
+	for _, e := range unroutable(ws, engines) {
+		hw := healthWorker{ID: e.ID, Name: e.Name, Model: e.Model, DPSize: max(e.DPSize, 1), State: e.State, Why: e.Why, Unsupported: e.Unsupported}
+		if len(e.Unsupported) > 0 {
+			notes = append(notes, unsupportedNote(e))
+		}
 		if urls {
 			hw.BaseURL = e.URL
 		} else if e.URL != "" {
@@ -176,17 +217,17 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	if reasons = append(reasons, degraded...); len(reasons) > 0 {
 		body["reasons"] = reasons
 	}
+	if len(notes) > 0 {
+		body["notes"] = notes
+	}
 	writeJSON(w, code, body)
 }
 
 // unroutable lists the configured engines missing from ws, the engines in
 // routing: an engine that never answered or died must show, not vanish.
-func (f *Frontend) unroutable(ws []Worker) []EngineStatus {
-	if f.cfg.Engines == nil {
-		return nil
-	}
+func unroutable(ws []Worker, engines []EngineStatus) []EngineStatus {
 	var out []EngineStatus
-	for _, e := range f.cfg.Engines() {
+	for _, e := range engines {
 		if !slices.ContainsFunc(ws, func(wk Worker) bool { return wk.ID == e.ID }) {
 			out = append(out, e)
 		}

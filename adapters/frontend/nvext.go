@@ -36,6 +36,7 @@ type overrideFields struct {
 	RouterAssumeKVReuse        *bool    `json:"router_assume_kv_reuse"`
 	TrackPrefillTokens         *bool    `json:"track_prefill_tokens"`
 	RouterTrackPrefillTokens   *bool    `json:"router_track_prefill_tokens"`
+	SharedCacheMultiplier      *float64 `json:"shared_cache_multiplier"`
 }
 
 func first[T any](ps ...*T) *T {
@@ -72,6 +73,9 @@ func (o *overrideFields) apply(out *sched.Overrides) {
 	}
 	if v := first(o.TrackPrefillTokens, o.RouterTrackPrefillTokens); v != nil {
 		out.TrackPrefillTokens = v
+	}
+	if o.SharedCacheMultiplier != nil {
+		out.SharedMultiplier = o.SharedCacheMultiplier
 	}
 }
 

@@ -38,6 +38,8 @@ type call struct {
 	start    time.Time
 	sent     time.Time // when the request left for the engine
 	model    string    // "" until known to be served
+	base     string    // the model the engines serve: model, or an adapter's base model
+	lora     string    // model when it names a LoRA adapter
 	label    string    // the model as metrics label it (modelLabel)
 	status   string    // requests_total's status label
 	id       string    // booking id
@@ -139,15 +141,22 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	all, serving := f.workersFor(model)
+	base, adapter := model, ""
 	switch {
 	case len(all) == 0:
 		c.fail(newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no workers are registered"))
 		return
+	case f.isAdapter(model, all):
+		adapter = model
+		if base, serving, herr = f.adapterWorkers(ctx, model, all); herr != nil {
+			c.fail(herr)
+			return
+		}
 	case len(serving) == 0:
-		c.fail(newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", model))
+		c.fail(f.unknownModel(model))
 		return
 	}
-	c.model, c.label = model, f.modelLabel(model)
+	c.model, c.base, c.lora, c.label = model, base, adapter, f.modelLabel(model)
 	f.m.inflight.WithLabelValues(c.label).Inc()
 	defer f.m.inflight.WithLabelValues(c.label).Dec()
 
@@ -155,7 +164,14 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		c.fail(herr)
 		return
 	}
-	req := router.Request{ID: f.newID(), Model: model, OverrideBusy: f.isAdmin(r)}
+	req := router.Request{ID: f.newID(), Model: base, LoRA: adapter, OverrideBusy: f.isAdmin(r)}
+	if adapter != "" {
+		req.Only = workerIDs(serving)
+	}
+	if req.CacheSalt, herr = cacheSalt(top); herr != nil {
+		c.fail(herr)
+		return
+	}
 	n, ex, warnings, herr := parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req)
 	if herr != nil {
 		c.fail(herr)
@@ -170,7 +186,7 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		}
 	}
 	t0 := time.Now()
-	req.Tokens, herr = f.promptTokens(ctx, top, ep.kind, model, serving, n.TokenData)
+	req.Tokens, req.MM, herr = f.promptTokens(ctx, top, ep.kind, base, serving, n.TokenData)
 	if herr != nil {
 		if ctx.Err() != nil {
 			c.stopped()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -45,6 +46,21 @@ func stringField(top map[string]json.RawMessage, key string) (string, *httpError
 	return s, nil
 }
 
+// cacheSalt reads vLLM's top-level cache_salt: the request's blocks are
+// cached apart from every other salt's (and from unsalted ones), so the
+// router matches them only against blocks of the same salt. Like vLLM, a
+// salt that is not a non-empty string is refused.
+func cacheSalt(top map[string]json.RawMessage) (string, *httpError) {
+	if !present(top["cache_salt"]) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(top["cache_salt"], &s); err != nil || s == "" {
+		return "", badRequest("invalid_cache_salt", "cache_salt", "cache_salt must be a non-empty string")
+	}
+	return s, nil
+}
+
 // MaxRequestIDBytes bounds a client's request_id: a booking holds it
 // until it is freed or expires.
 const MaxRequestIDBytes = 256
@@ -74,13 +90,31 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 	if req.LoRA, herr = stringField(top, "lora_name"); herr != nil {
 		return
 	}
+	if req.CacheSalt, herr = cacheSalt(top); herr != nil {
+		return
+	}
 	if herr = checkPrompt(top, kindAny); herr != nil {
 		return
 	}
 	all, serving := f.workersFor(req.Model)
-	if req.Model != "" && len(all) > 0 && len(serving) == 0 {
-		herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist.", req.Model)
+	if req.Model != "" && f.isAdapter(req.Model, all) {
+		// The model is an adapter: routed as /v1 routes it, but never
+		// loaded, since this only asks where a request would go.
+		req.LoRA = req.Model
+		req.Model, serving = adapterHolders(req.LoRA, all)
+		if len(serving) == 0 {
+			herr = newError(http.StatusNotFound, "invalid_request_error", "model_not_found", "model", "The model `%s` does not exist: no engine has the LoRA adapter loaded.", req.LoRA)
+			return
+		}
+		req.Only = workerIDs(serving)
+	} else if req.Model != "" && len(all) > 0 && len(serving) == 0 {
+		herr = f.unknownModel(req.Model)
 		return
+	}
+	if _, holders := adapterHolders(req.LoRA, serving); req.LoRA != "" && len(holders) > 0 {
+		// Engines that list no adapters (SGLang, older vLLM) are not
+		// known not to hold it: only a listed one restricts the choice.
+		serving, req.Only = holders, workerIDs(holders)
 	}
 	var warnings []string
 	if n, _, warnings, herr = parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req); herr != nil {
@@ -105,7 +139,7 @@ func (f *Frontend) routeQuery(w http.ResponseWriter, r *http.Request) (top map[s
 			return
 		}
 	}
-	req.Tokens, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
+	req.Tokens, req.MM, herr = f.promptTokens(r.Context(), top, kindAny, req.Model, serving, n.TokenData)
 	if herr == nil && r.Context().Err() != nil {
 		herr = errCancelled(r.Context())
 	}
@@ -194,8 +228,11 @@ func (f *Frontend) potentialLoads(w http.ResponseWriter, r *http.Request) {
 		models[in.ID] = in.Model
 	}
 	out := []potentialLoad{}
-	for _, l := range f.cfg.Router.PotentialLoads(req.Tokens, req.LoRA) {
+	for _, l := range f.cfg.Router.PotentialLoadsFor(&req) {
 		if m := models[l.Worker.ID]; req.Model != "" && m != "" && m != req.Model {
+			continue
+		}
+		if req.Only != nil && !slices.Contains(req.Only, l.Worker.ID) {
 			continue
 		}
 		out = append(out, potentialLoad{
@@ -233,13 +270,28 @@ func (f *Frontend) free(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// models lists the distinct models of the workers; workers serving every
-// model ("") add none.
+// models lists the distinct models of the workers (workers serving every
+// model ("") add none) and, as vLLM does, the LoRA adapters they hold and
+// those the router may load, each with its base model as parent.
 func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
+	workers := f.cfg.Workers()
 	var names []string
-	for _, wk := range f.cfg.Workers() {
+	parents := map[string]string{}
+	for _, wk := range workers {
 		if wk.Model != "" && !slices.Contains(names, wk.Model) {
 			names = append(names, wk.Model)
+		}
+		for _, a := range wk.Adapters {
+			if _, ok := parents[a]; !ok {
+				parents[a] = wk.Model
+			}
+		}
+	}
+	if f.cfg.LoRA.DynamicLoading {
+		for name, m := range f.cfg.LoRA.Modules {
+			if _, ok := parents[name]; !ok {
+				parents[name] = m.Base
+			}
 		}
 	}
 	slices.Sort(names)
@@ -248,16 +300,25 @@ func (f *Frontend) models(w http.ResponseWriter, _ *http.Request) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
+		// Parent is an adapter's base model ("" when the engines serve
+		// any), null for a model.
+		Parent *string `json:"parent"`
 		// Tokenizer says who tokenizes the model's text and chat prompts.
 		Tokenizer string `json:"tokenizer"`
 	}
-	data := make([]model, len(names))
-	for i, n := range names {
-		where := "engine"
-		if f.cfg.Tokenizer != nil && f.cfg.Tokenizer(n) != nil {
-			where = "in-process"
+	where := func(m string) string {
+		if f.cfg.Tokenizer != nil && f.cfg.Tokenizer(m) != nil {
+			return "in-process"
 		}
-		data[i] = model{ID: n, Object: "model", Created: f.created, OwnedBy: "kvrouter", Tokenizer: where}
+		return "engine"
+	}
+	data := make([]model, 0, len(names)+len(parents))
+	for _, n := range names {
+		data = append(data, model{ID: n, Object: "model", Created: f.created, OwnedBy: "kvrouter", Tokenizer: where(n)})
+	}
+	for _, a := range slices.Sorted(maps.Keys(parents)) {
+		p := parents[a]
+		data = append(data, model{ID: a, Object: "model", Created: f.created, OwnedBy: "kvrouter", Parent: &p, Tokenizer: where(p)})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

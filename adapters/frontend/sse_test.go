@@ -127,7 +127,7 @@ func TestInjectNvext(t *testing.T) {
 func TestParseNvext(t *testing.T) {
 	raw := `{"overlap_score_credit": 0.5, "kv_overlap_score_credit": 0.9, "prefill_load_scale": 2,
 		"router_cache_affinity": 3, "router_temperature": 0.3, "assume_kv_reuse": false, "router_track_prefill_tokens": false,
-		"router_config_override": {"overlap_score_weight": 1.5, "router_temperature": 0.7},
+		"router_config_override": {"overlap_score_weight": 1.5, "router_temperature": 0.7, "shared_cache_multiplier": 0.2},
 		"backend_instance_id": 4, "dp_rank": 1, "agent_hints": {"priority": 3, "osl": 128},
 		"session_control": {"session_id": "s", "action": "bind", "timeout": 2.5},
 		"extra_fields": ["timing", "unknown"], "greed_sampling": true}`
@@ -138,7 +138,7 @@ func TestParseNvext(t *testing.T) {
 	}
 	o := req.Overrides
 	if *o.OverlapCredit != 0.5 || *o.PrefillLoadScale != 2 || *o.CacheAffinity != 3 || *o.LegacyOverlapWeight != 1.5 || *o.Temperature != 0.7 ||
-		*o.AssumeKVReuse || *o.TrackPrefillTokens {
+		*o.AssumeKVReuse || *o.TrackPrefillTokens || *o.SharedMultiplier != 0.2 {
 		t.Fatalf("overrides %+v", o)
 	}
 	if *req.Target != (kv.Worker{ID: 4, DPRank: 1}) || req.Priority != 3 || req.OSL != 128 {

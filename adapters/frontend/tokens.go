@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kvrouter/kvrouter/adapters/chattemplate"
+	"github.com/kvrouter/kvrouter/core/router"
 )
 
 // promptKind says where a request's prompt is.
@@ -114,10 +115,26 @@ func completionPrompt(raw json.RawMessage) (ids []uint32, text json.RawMessage, 
 	return ids, nil, herr
 }
 
-// promptTokens finds the token ids the router hashes: tokenData if given
+// promptTokens finds the token ids the router hashes, and the multimodal
+// items of a chat's media parts placed on them (see multimodal.go).
+func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMessage, kind promptKind, model string, serving []Worker, tokenData []uint32) ([]uint32, []router.MMItem, *httpError) {
+	chat := kind == kindChat || (kind == kindAny && present(top["messages"]))
+	var parts []mmPart
+	if chat {
+		parts = chatMMParts(top["messages"])
+	}
+	ids, herr := f.promptTokenIDs(ctx, top, kind, chat, len(parts) > 0, model, serving, tokenData)
+	if herr != nil {
+		return nil, nil, herr
+	}
+	return ids, mmItems(ids, parts, f.mmPlaceholders(model), present(top["mm_processor_kwargs"])), nil
+}
+
+// promptTokenIDs finds the token ids: tokenData if given
 // (nvext.token_data), token ids in the request, or an engine's
-// tokenization of its text or messages.
-func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMessage, kind promptKind, model string, serving []Worker, tokenData []uint32) ([]uint32, *httpError) {
+// tokenization of its text or messages. A chat with media is always
+// tokenized by an engine, which places its items' placeholders.
+func (f *Frontend) promptTokenIDs(ctx context.Context, top map[string]json.RawMessage, kind promptKind, chat, media bool, model string, serving []Worker, tokenData []uint32) ([]uint32, *httpError) {
 	if tokenData != nil {
 		return tokenData, nil
 	}
@@ -129,8 +146,7 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 		// megabytes is not tokenized for no one.
 		return nil, errCancelled(ctx)
 	}
-	chat := kind == kindChat || (kind == kindAny && present(top["messages"]))
-	if ids, herr, done := f.tokenizeInProcess(top, chat, model); done {
+	if ids, herr, done := f.tokenizeInProcess(top, !media, chat, model); done {
 		if herr == nil && ctx.Err() != nil {
 			return nil, errCancelled(ctx)
 		}
@@ -167,8 +183,8 @@ func (f *Frontend) promptTokens(ctx context.Context, top map[string]json.RawMess
 // tokenizeInProcess tokenizes the prompt with the model's own tokenizer
 // when it has one and the request needs nothing only an engine does; done
 // is false when the engine's /tokenize must answer.
-func (f *Frontend) tokenizeInProcess(top map[string]json.RawMessage, chat bool, model string) (ids []uint32, herr *httpError, done bool) {
-	if f.cfg.Tokenizer == nil {
+func (f *Frontend) tokenizeInProcess(top map[string]json.RawMessage, inProcess, chat bool, model string) (ids []uint32, herr *httpError, done bool) {
+	if f.cfg.Tokenizer == nil || !inProcess {
 		return nil, nil, false
 	}
 	m := f.cfg.Tokenizer(model)

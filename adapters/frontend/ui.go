@@ -43,6 +43,9 @@ type EngineStatus struct {
 	// Warnings say what is wrong with the engine's event stream, e.g.
 	// replay gaps that could not be closed.
 	Warnings []string
+	// Unsupported counts, by field, the events (or blocks) of all its
+	// ranks whose field the router could not honour; nil when none.
+	Unsupported map[string]uint64
 }
 
 // ErrUnknownEngine is Config.SetDrained's answer for an id no engine has.
@@ -281,6 +284,9 @@ type (
 		Warnings  []string `json:"warnings"`
 		Ranks     []uiRank `json:"ranks"`
 		BlockSize int      `json:"block_size"`
+		// Unsupported lists the KV event fields the router does not
+		// honour (unsupported.go), [] when none.
+		Unsupported []uiUnsupported `json:"kv_events_unsupported"`
 	}
 	uiRank struct {
 		DPRank              uint32  `json:"dp_rank"`
@@ -291,6 +297,9 @@ type (
 		ActiveRequests      int     `json:"active_requests"`
 		Busy                bool    `json:"busy"`
 		KVEvents            string  `json:"kv_events"`
+		// LearnedPrefillTPS is the learned prefill rate in tokens per
+		// second, 0 while fitting; absent without the learned model.
+		LearnedPrefillTPS *float64 `json:"learned_prefill_tokens_per_s,omitempty"`
 	}
 	uiDecision struct {
 		Seq           uint64        `json:"seq"`
@@ -399,13 +408,18 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 	for _, l := range rt.Loads() {
 		loads[l.Worker] = l
 	}
+	prefill := map[kv.Worker]float64{}
+	for _, fit := range rt.PrefillFits() {
+		prefill[fit.Worker] = round2(fit.TokensPerSecond)
+	}
 	sizes := map[uint64]int{}
 	for _, s := range rt.WorkerBlockSizes() {
 		sizes[s.ID] = s.BlockSize
 	}
 	out := make([]uiEngine, 0, len(engines))
 	for _, e := range engines {
-		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize()}
+		ue := uiEngine{WorkerID: e.ID, Name: e.Name, Model: e.Model, Role: e.Role, State: e.State, Why: e.Why, Warnings: slices.Clone(e.Warnings), BlockSize: rt.BlockSize(),
+			Unsupported: unsupportedList(e.Unsupported)}
 		if ue.Role == "" {
 			ue.Role = router.RoleBoth.String()
 		}
@@ -430,6 +444,9 @@ func (f *Frontend) uiEngines(engines []EngineStatus, rates map[uint64]float64) [
 				ur.ActiveDecodeBlocks = round2(l.ActiveDecodeBlocks)
 				ur.ActivePrefillTokens = l.ActivePrefillTokens
 				ur.ActiveRequests = l.ActiveRequests
+				if v, ok := prefill[wk]; ok {
+					ur.LearnedPrefillTPS = &v
+				}
 				ur.Busy = busy.Busy(&sched.Candidate{ActiveDecodeBlocks: l.ActiveDecodeBlocks, ActivePrefillTokens: l.ActivePrefillTokens, TotalKVBlocks: info.TotalKVBlocks})
 				ev := rt.KVEvents(wk)
 				ur.KVEvents = ev.String()

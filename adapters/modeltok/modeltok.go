@@ -27,6 +27,7 @@ type Model struct {
 	tok       *hftokenizer.Tokenizer
 	chat      *chattemplate.Template // nil without a chat template
 	cache     *prefixCache
+	mm        map[string]uint32 // placeholder token per modality
 }
 
 // Load reads a Hugging Face tokenizer from path, a model directory or its
@@ -57,7 +58,7 @@ func load(path string) (*Model, error) {
 	if st, err := os.Stat(resolved); err != nil || !st.IsDir() {
 		dir = filepath.Dir(resolved)
 	}
-	m := &Model{Path: path, Dir: dir, tok: tok, cache: newPrefixCache()}
+	m := &Model{Path: path, Dir: dir, tok: tok, cache: newPrefixCache(), mm: readMMPlaceholders(dir)}
 	if err := checkGenerationConfig(dir); err != nil {
 		return nil, err
 	}

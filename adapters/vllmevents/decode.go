@@ -171,9 +171,14 @@ func (r *reader) mapKey() (string, error) {
 var (
 	storedFields = []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
 		"lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-		"kv_cache_spec_sliding_window"}
+		"kv_cache_spec_sliding_window", "locality"}
 	removedFields = []string{"type", "block_hashes", "medium", "group_idx"}
 )
+
+// sglangMetadataPos is where SGLang's positional BlockStored carries its
+// metadata map ({"cache_salt": ..., "session_id": ...}): vLLM's lora_name
+// position, which SGLang never fills. A map there is SGLang's.
+const sglangMetadataPos = 7
 
 // decodeEvent decodes one event from its raw bytes. It returns the type name
 // whenever one could be read, for error reports.
@@ -209,7 +214,11 @@ func decodeEvent(raw []byte, opts DecodeOptions) (Event, string, error) {
 				return nil, typ, eventErr("fields", err)
 			}
 			if i < len(names) {
-				fields[names[i]] = v
+				name := names[i]
+				if i == sglangMetadataPos && typ == TypeBlockStored && isMap(v[0]) {
+					name = "metadata"
+				}
+				fields[name] = v
 			}
 		}
 	case isMap(c):
@@ -308,6 +317,9 @@ func decodeStored(f map[string][]byte, opts DecodeOptions) (*BlockStored, error)
 			return nil, eventErr("lora_name", err)
 		}
 	}
+	if err := sglangMetadata(f, &ev); err != nil {
+		return nil, err
+	}
 	if r := field(f, "extra_keys"); r != nil {
 		ev.ExtraKeys = append([]byte(nil), r.b...)
 	}
@@ -326,7 +338,59 @@ func decodeStored(f map[string][]byte, opts DecodeOptions) (*BlockStored, error)
 		}
 		ev.KVCacheSpecSlidingWindow = &v
 	}
+	if r := field(f, "locality"); r != nil {
+		if ev.Locality, err = r.readString(); err != nil {
+			return nil, eventErr("locality", err)
+		}
+	}
 	return &ev, nil
+}
+
+// sglangMetadata reads SGLang's cache_salt and session_id: top-level keys
+// of a map event (SGLang after its PR #37482), or keys of the metadata map
+// of a positional one (SGLang 0.5.18 on); a top-level value wins.
+func sglangMetadata(f map[string][]byte, ev *BlockStored) error {
+	if r := field(f, "metadata"); r != nil {
+		n, err := r.readMapLen()
+		if err != nil {
+			return eventErr("metadata", err)
+		}
+		meta := map[string][]byte{}
+		for range n {
+			k, err := r.mapKey()
+			if err != nil {
+				return eventErr("metadata", err)
+			}
+			v, err := r.skip()
+			if err != nil {
+				return eventErr("metadata", err)
+			}
+			meta[k] = v
+		}
+		if err := readStrings(meta, ev); err != nil {
+			return err
+		}
+	}
+	return readStrings(f, ev)
+}
+
+// readStrings sets ev's CacheSalt and SessionID from the fields present.
+func readStrings(f map[string][]byte, ev *BlockStored) error {
+	for _, s := range []struct {
+		name string
+		to   *string
+	}{{"cache_salt", &ev.CacheSalt}, {"session_id", &ev.SessionID}} {
+		r := field(f, s.name)
+		if r == nil {
+			continue
+		}
+		v, err := r.readString()
+		if err != nil {
+			return eventErr(s.name, err)
+		}
+		*s.to = v
+	}
+	return nil
 }
 
 func decodeRemoved(f map[string][]byte, opts DecodeOptions) (*BlockRemoved, error) {

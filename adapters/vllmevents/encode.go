@@ -44,7 +44,10 @@ func (e Encoding) String() string {
 // integers (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES), a nil DPRank is
 // omitted, "" strings (Medium, LoRAName, KVCacheSpecKind) are written as nil
 // and GroupIdx 0 counts as the default. ExtraKeys, when set, must hold one
-// msgpack value and is written verbatim. b.Skipped is ignored.
+// msgpack value and is written verbatim. CacheSalt and SessionID, when set,
+// are written as SGLang writes them: keys of a map event, or the metadata
+// map at position 7 of an array event (ErrNoPosition when the event also
+// has a LoRAName or a field after it). b.Skipped is ignored.
 func EncodeBatch(b *Batch, enc Encoding) ([]byte, error) {
 	if b == nil {
 		return nil, errors.New("vllmevents: nil batch")
@@ -192,6 +195,15 @@ func (w *writer) event(ev Event, asMap bool) error {
 			{name: "group_idx", hasDflt: true, isDefault: ev.GroupIdx == 0, write: func() { w.int(int64(ev.GroupIdx)) }},
 			{name: "kv_cache_spec_kind", hasDflt: true, isDefault: ev.KVCacheSpecKind == "", write: func() { w.optStr(ev.KVCacheSpecKind) }},
 			{name: "kv_cache_spec_sliding_window", hasDflt: true, isDefault: ev.KVCacheSpecSlidingWindow == nil, write: func() { w.optInt(ev.KVCacheSpecSlidingWindow) }},
+			{name: "locality", hasDflt: true, isDefault: ev.Locality == "", write: func() { w.optStr(ev.Locality) }},
+		}
+		if ev.CacheSalt != "" || ev.SessionID != "" {
+			if !asMap {
+				return w.sglangPositional(ev, fields)
+			}
+			fields = append(fields,
+				encField{name: "cache_salt", hasDflt: true, isDefault: ev.CacheSalt == "", write: func() { w.str(ev.CacheSalt) }},
+				encField{name: "session_id", hasDflt: true, isDefault: ev.SessionID == "", write: func() { w.str(ev.SessionID) }})
 		}
 	case *BlockRemoved:
 		if ev == nil {
@@ -243,6 +255,40 @@ func (w *writer) event(ev Event, asMap bool) error {
 	w.str(typ)
 	for _, f := range fields[:last] {
 		f.write()
+	}
+	return w.err
+}
+
+// ErrNoPosition: the event has CacheSalt or SessionID and a field past
+// medium, and the array shape has no position for both (SGLang's metadata
+// map takes vLLM's lora_name position).
+var ErrNoPosition = errors.New("vllmevents: cache_salt or session_id beside lora_name or a later field has no array position")
+
+// sglangPositional writes a BlockStored carrying CacheSalt or SessionID as
+// SGLang's array_like BlockStoredWithMetadata: the fields up to medium, then
+// the metadata map, whose unset keys are left out.
+func (w *writer) sglangPositional(ev *BlockStored, fields []encField) error {
+	const medium = 6 // block_hashes .. medium
+	for _, f := range fields[medium:] {
+		if f.name == "lora_name" && ev.LoRAName != "" || f.hasDflt && !f.isDefault {
+			return ErrNoPosition
+		}
+	}
+	w.arrayLen(1 + medium + 1)
+	w.str(TypeBlockStored)
+	for _, f := range fields[:medium] {
+		f.write()
+	}
+	var meta []string
+	if ev.CacheSalt != "" {
+		meta = append(meta, "cache_salt", ev.CacheSalt)
+	}
+	if ev.SessionID != "" {
+		meta = append(meta, "session_id", ev.SessionID)
+	}
+	w.mapLen(len(meta) / 2)
+	for _, s := range meta {
+		w.str(s)
 	}
 	return w.err
 }

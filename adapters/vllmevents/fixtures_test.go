@@ -222,16 +222,17 @@ const (
     92 ac 'BlockRemoved' 91 05
     82 a4 'type' ab 'BlockStored' ac 'block_hashes' 91 06
 `
-	// Extra trailing elements everywhere: 14-field BlockStored, 5-field
+	// Extra trailing elements everywhere: 15-field BlockStored, 5-field
 	// BlockRemoved, AllBlocksCleared with a payload, a 4-element batch.
 	fixExtraTrailing = `
 94 cb 3f f8 00 00 00 00 00 00
   93
-    9e ab 'BlockStored'
+    9f ab 'BlockStored'
       91 05 c0 92 01 02 02 c0 a3 'GPU' c0 c0
       03                            # group_idx 3
       a6 'window'
       cd 01 00                      # sliding window 256
+      a5 'LOCAL'                    # locality
       a5 'extra' 81 a1 'k' 92 01 02 # two extra trailing elements
     95 ac 'BlockRemoved' 91 05 a3 'GPU' 03 c3
     92 b0 'AllBlocksCleared' 07
@@ -293,7 +294,7 @@ func TestDecodeFixtures(t *testing.T) {
 		}}},
 		{"extra-trailing", fixExtraTrailing, DecodeOptions{}, &Batch{TS: 1.5, DPRank: iptr(4), Events: []Event{
 			&BlockStored{BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", GroupIdx: 3,
-				KVCacheSpecKind: "window", KVCacheSpecSlidingWindow: iptr(256)},
+				KVCacheSpecKind: "window", KVCacheSpecSlidingWindow: iptr(256), Locality: "LOCAL"},
 			&BlockRemoved{BlockHashes: []uint64{5}, Medium: "GPU", GroupIdx: 3},
 			&AllBlocksCleared{},
 		}}},
@@ -361,11 +362,42 @@ func TestDecodeMalformedBatch(t *testing.T) {
 
 func TestTier(t *testing.T) {
 	for m, want := range map[Medium]string{
-		"": "device", "GPU": "device", "gpu": "device", "CPU": "host_pinned", "CPU_PINNED": "host_pinned",
-		"cpu_tier1": "host_pinned", "DISK": "disk", "NVME": "disk", "nvme0": "disk", "S3": "external", "LMCACHE": "external",
+		"": "device", "GPU": "device", "gpu": "device", "DEVICE": "device",
+		"CPU": "host_pinned", "CPU_PINNED": "host_pinned", "cpu_tier1": "host_pinned", "CPU_TIER1": "host_pinned",
+		"CPU_TIER2": "disk", "DISK": "disk", "NVME": "disk", "STORAGE": "disk",
+		"EXTERNAL": "external", "NETWORK": "external", "REMOTE": "external", "SHARED": "external",
 	} {
-		if got := string(m.Tier()); got != want {
-			t.Errorf("Tier(%q) = %s, want %s", m, got, want)
+		if got, ok := m.Tier(); !ok || string(got) != want {
+			t.Errorf("Tier(%q) = %s, %v; want %s", m, got, ok, want)
 		}
 	}
+	// A medium Tier does not know is not guessed from its prefix.
+	for _, m := range []Medium{"nvme0", "S3", "LMCACHE", "GPU_HBM", "CPU_TIER3", " GPU"} {
+		if got, ok := m.Tier(); ok {
+			t.Errorf("Tier(%q) = %s, want not ok", m, got)
+		}
+	}
+}
+
+// vLLM 0.26 on names the locality of its storage tiers' blocks.
+func TestDecodeLocality(t *testing.T) {
+	for _, tc := range []struct {
+		src       string
+		blockSize int
+	}{
+		{`92 01 91 84 a4 'type' ab 'BlockStored' ac 'block_hashes' 91 05 a6 'medium' a7 'STORAGE' a8 'locality' a6 'REMOTE'`, 0},
+		{`92 01 91 9d ab 'BlockStored' 91 05 c0 90 02 c0 a7 'STORAGE' c0 c0 c0 c0 c0 a6 'REMOTE'`, 2},
+	} {
+		b := mustDecode(t, hx(t, tc.src), DecodeOptions{})
+		checkBatch(t, b, &Batch{TS: 1, Events: []Event{&BlockStored{BlockHashes: []uint64{5}, BlockSize: tc.blockSize, Medium: "STORAGE", Locality: "REMOTE"}}})
+	}
+}
+
+// TestDecodeVLLM026: a batch vLLM 0.26 published, as reported by a user.
+func TestDecodeVLLM026(t *testing.T) {
+	checkBatch(t, mustDecode(t, readFixture(t, "vllm/v0.26-map-events.hx"), DecodeOptions{}), &Batch{TS: 1789095808.8378847, DPRank: iptr(0), Events: []Event{
+		&BlockStored{BlockHashes: []uint64{15760518052499183552}, BlockSize: 16, Medium: "GPU", ExtraKeys: []byte{0x91, 0xc0},
+			KVCacheSpecKind: "full_attention",
+			TokenIDs:        []uint32{151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198, 151667}},
+	}})
 }

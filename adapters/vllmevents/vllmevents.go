@@ -20,9 +20,13 @@
 //
 // Positional field order is BlockStored: type, block_hashes,
 // parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
-// extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window;
+// extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
+// locality;
 // BlockRemoved: type, block_hashes, medium, group_idx; AllBlocksCleared:
-// type. Trailing fields may be missing (msgspec omits trailing defaults) and
+// type. SGLang (0.5.18 on) puts a map {"cache_salt", "session_id"} at
+// lora_name's position of a salted or session-attributed BlockStored, and
+// after its PR #37482 sends map events with both as top-level keys; either
+// way they become BlockStored.CacheSalt and SessionID. Trailing fields may be missing (msgspec omits trailing defaults) and
 // take their zero value; extra trailing elements and unknown map keys are
 // ignored; nil reads as the zero value everywhere except block_hashes,
 // which is required.
@@ -65,24 +69,29 @@ const (
 // none and means GPU.
 type Medium string
 
-// Tier maps a medium to the router's storage tier: "" and GPU* → device,
-// CPU* → host_pinned, DISK* and NVME* → disk, anything else → external.
-// Matching is case-insensitive.
-func Tier(m Medium) kv.StorageTier {
-	u := strings.ToUpper(string(m))
-	switch {
-	case u == "" || strings.HasPrefix(u, "GPU"):
-		return kv.TierDevice
-	case strings.HasPrefix(u, "CPU"):
-		return kv.TierHostPinned
-	case strings.HasPrefix(u, "DISK") || strings.HasPrefix(u, "NVME"):
-		return kv.TierDisk
+// Tier maps a medium to the router's storage tier, as Dynamo does: "" (no
+// medium: old vLLM, meaning GPU), GPU and DEVICE → device; CPU, CPU_PINNED
+// and CPU_TIER1 → host_pinned; CPU_TIER2 (SGLang's and vLLM's second host
+// tier, on disk in Dynamo's reading), DISK, NVME and STORAGE → disk;
+// EXTERNAL, NETWORK, REMOTE and SHARED → external. Matching ignores case.
+// Any other medium is not guessed: ok is false, and the caller does not
+// place the event's blocks in any tier.
+func Tier(m Medium) (tier kv.StorageTier, ok bool) {
+	switch strings.ToUpper(string(m)) {
+	case "", "GPU", "DEVICE":
+		return kv.TierDevice, true
+	case "CPU", "CPU_PINNED", "CPU_TIER1":
+		return kv.TierHostPinned, true
+	case "CPU_TIER2", "DISK", "NVME", "STORAGE":
+		return kv.TierDisk, true
+	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+		return kv.TierExternal, true
 	}
-	return kv.TierExternal
+	return "", false
 }
 
 // Tier is Tier(m).
-func (m Medium) Tier() kv.StorageTier { return Tier(m) }
+func (m Medium) Tier() (kv.StorageTier, bool) { return Tier(m) }
 
 // Event is one decoded event: *BlockStored, *BlockRemoved or
 // *AllBlocksCleared. The set is closed.
@@ -111,6 +120,10 @@ type BlockStored struct {
 	// window), "" when nil or absent; KVCacheSpecSlidingWindow its window.
 	KVCacheSpecKind          string
 	KVCacheSpecSlidingWindow *int
+	// Locality is where the blocks are stored relative to the engine,
+	// "LOCAL" or "REMOTE", when it says (vLLM's storage tiers, v0.26 on);
+	// "" when absent.
+	Locality string
 	// CacheSalt is the salt the blocks were computed under when the engine
 	// names it in a field of its own (SGLang), "" otherwise; vLLM carries
 	// it inside ExtraKeys instead.

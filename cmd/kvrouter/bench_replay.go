@@ -203,6 +203,9 @@ func loadWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max
 		reqs, err := workload.Synthetic(syn)
 		name := fmt.Sprintf("synthetic (%d groups × %d system tokens, %d question and %d output tokens, %d turns, %g req/s)",
 			syn.Groups, syn.SystemTokens, syn.QuestionTokens, syn.OutputTokens, syn.Turns, syn.Rate)
+		if syn.Tenants > 0 {
+			name = strings.TrimSuffix(name, ")") + fmt.Sprintf(", %d salted tenants)", syn.Tenants)
+		}
 		return reqs, name, err
 	case path == "":
 		return nil, "", fmt.Errorf("give --trace FILE or --synthetic")
@@ -255,6 +258,7 @@ func registerSyntheticFlags(f *pflag.FlagSet, syn *workload.SyntheticConfig) {
 	f.Float64Var(&syn.Rate, "rate", syn.Rate, "synthetic: requests per second")
 	f.IntVar(&syn.Turns, "turns", syn.Turns, "synthetic: turns per session")
 	f.DurationVar(&syn.ThinkTime, "think-time", syn.ThinkTime, "synthetic: mean time between a session's turns")
+	f.IntVar(&syn.Tenants, "tenants", syn.Tenants, "synthetic: tenants, each session one's, whose requests carry its cache_salt (0 = no salts)")
 }
 
 // registerEngineFlags binds the simulated engines' sizes.
@@ -262,4 +266,5 @@ func registerEngineFlags(f *pflag.FlagSet, e *engine.Config) {
 	f.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", e.NumGPUBlocks, "KV blocks per engine")
 	f.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", e.MaxNumBatchedTokens, "engines' token budget per step")
 	f.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "engines' most running requests")
+	registerKVCacheGroups(f, e)
 }

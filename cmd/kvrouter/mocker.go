@@ -27,6 +27,7 @@ func newMockerCmd() *cobra.Command {
 	role := string(server.RoleBoth)
 	var pf planeFlags
 	var serveConfig string
+	var loraModules []string
 	cmd := &cobra.Command{
 		Use:   "mocker",
 		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
@@ -74,12 +75,26 @@ prefill engine (POST /kv_transfer/pull on the prefill's HTTP port), waits
 blocks × block size × --kv-bytes-per-token ÷ --kv-transfer-bandwidth
 (÷ --speedup-ratio), and decodes without prefilling them; if the pull fails
 it prefills them itself. A request without the parameters is served whole,
-as before, whatever the role.`,
+as before, whatever the role.
+
+LoRA adapters: --lora-modules name=path (repeatable) loads adapters at start,
+as vLLM's flag does; GET /v1/models lists each with the base model as its
+parent, and POST /v1/load_lora_adapter {"lora_name", "lora_path"} and POST
+/v1/unload_lora_adapter {"lora_name"} answer as vLLM's (which serves them
+only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; the mocker always does). A
+request whose model is a loaded adapter runs with its blocks keyed by the
+adapter's name (their KV events carry it as lora_name); one naming an
+adapter not loaded gets vLLM's 404.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			mods, err := mockerLoRAModules(loraModules)
+			if err != nil {
+				return err
+			}
+			cfg.Server.LoRAModules = mods
 			switch encoding {
 			case "array":
 				cfg.Encoding = vllmevents.EncodingArray
@@ -89,6 +104,12 @@ as before, whatever the role.`,
 				cfg.Encoding = vllmevents.EncodingMapBatch
 			default:
 				return fmt.Errorf("--kv-events-encoding must be array, map or map-batch, got %q", encoding)
+			}
+			if err := adoptOwnBlockSize(cmd.Flags(), &cfg.Engine, "block-size"); err != nil {
+				return err
+			}
+			if err := fleetCount(cmd.Flags(), "num-workers", cfg.Specs, &cfg.NumWorkers); err != nil {
+				return err
 			}
 			roles := strings.Split(role, ",")
 			switch {
@@ -118,6 +139,12 @@ as before, whatever the role.`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "kvrouter mocker: %d engine(s) × %d rank(s), model %q, speedup %g, %d blocks of %d tokens each\n\n",
 				cfg.NumWorkers, cfg.DataParallelSize, cfg.Server.Model, cfg.SpeedupRatio, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
+			if len(cfg.Engine.KVCacheGroups) > 0 {
+				fmt.Fprintf(out, "a hybrid model: KV-cache groups %s, by group_idx\n\n", kvCacheGroupsFlag{&cfg.Engine.KVCacheGroups})
+			}
+			if len(cfg.Specs) > 0 {
+				fmt.Fprintf(out, "unequal engines: --fleet %s (COUNTxSPEED[:KV])\n\n", fleet.SpecsString(cfg.Specs))
+			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {
 				log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -152,16 +179,20 @@ as before, whatever the role.`,
 	fl := cmd.Flags()
 	fl.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "simulated engines in this process")
 	fl.IntVar(&cfg.DataParallelSize, "data-parallel-size", cfg.DataParallelSize, "data-parallel ranks per engine, each with its own KV cache and event socket")
+	registerFleetFlag(fl, &cfg.Specs)
 	fl.Float64Var(&cfg.SpeedupRatio, "speedup-ratio", cfg.SpeedupRatio, "divide every simulated step time by this")
 	fl.IntVar(&cfg.Engine.BlockSize, "block-size", cfg.Engine.BlockSize, "tokens per KV block")
 	fl.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", cfg.Engine.NumGPUBlocks, "KV blocks per rank")
 	fl.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", cfg.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fl.IntVar(&cfg.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
+	registerKVCacheGroups(fl, &cfg.Engine)
 	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
+	fl.StringArrayVar(&loraModules, "lora-modules", nil, "LoRA adapters every engine loads at start, as vLLM's --lora-modules: name=path (repeatable); more are loaded at run time through POST /v1/load_lora_adapter")
 	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer ("+tokenizerRef+"; .gz files accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer; announced in discovery with --nats-url")
 	registerModelPath(fl)
 	fl.IntVar(&cfg.Server.MaxModelLen, "max-model-len", cfg.Server.MaxModelLen, "longest prompt + completion accepted, in tokens")
+	fl.IntVar(&cfg.Server.MMTokensPerItem, "mm-tokens-per-item", cfg.Server.MMTokensPerItem, "placeholder tokens each image or audio item of a chat expands to, as a LLaVA-1.5-style model's fixed count; 0 refuses media")
 	fl.StringVar(&cfg.Host, "host", cfg.Host, "address to bind")
 	fl.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "HTTP port of engine 0 (engine i uses port + i; 0 picks free ports)")
 	fl.IntVar(&cfg.KVEventsPort, "kv-events-port", cfg.KVEventsPort, "KV-event PUB port of engine 0 rank 0 (engine i rank r uses port + i × dp + r)")

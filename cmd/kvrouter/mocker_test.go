@@ -29,6 +29,13 @@ func TestMockerRoles(t *testing.T) {
 		{"real tokenizer", []string{"--tokenizer", "../../adapters/hftokenizer/testdata/qwen3"}, "ENGINE    RANK", false},
 		{"tokenizer missing", []string{"--tokenizer", "/nonexistent/tokenizer.json"}, "/nonexistent/tokenizer.json", true},
 		{"tokenizer that does not load", []string{"--tokenizer", broken}, broken, true},
+		{"hybrid model", []string{"--kv-cache-groups", "sliding:32:4096,full:16,mamba:64"}, "KV-cache groups sliding_window:32:4096,full_attention:16,mamba:64, by group_idx", false},
+		{"hybrid model's block size", []string{"--kv-cache-groups", "sliding_window:16:4096,full_attention:32"}, "blocks of 32 tokens", false},
+		{"hybrid model against --block-size", []string{"--kv-cache-groups", "full_attention:32", "--block-size", "16"}, "gives the full_attention group 32-token blocks, --block-size 16", true},
+		{"hybrid model without full attention", []string{"--kv-cache-groups", "sliding_window:32:4096"}, "need a full-attention group", true},
+		{"unequal engines", []string{"--fleet", "1x1,1x0.5:0.5"}, "engine-1", false},
+		{"unequal engines named", []string{"--fleet", "2x1,1x0.5:0.5"}, "--fleet 2x1,1x0.5:0.5", false},
+		{"fleet and engine count differ", []string{"--fleet", "2x1", "--num-workers", "3"}, "disagree", true},
 		{"negative bandwidth", []string{"--role", "decode", "--kv-transfer-bandwidth", "-1"}, "bandwidth must be positive", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

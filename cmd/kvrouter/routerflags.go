@@ -24,6 +24,10 @@ type routerFlags struct {
 	mode                          string
 	credit, scale, weight, temp   float64
 	affinity                      float64
+	hostWeight, diskWeight        float64
+	sharedMult, creditDecay       float64
+	requestWeight                 float64
+	sharedType, prefillModel      string
 	decodeThreshold               float64
 	prefillThreshold              int
 	queueThreshold, queuePolicy   string
@@ -38,6 +42,7 @@ func newRouterFlags() *routerFlags {
 	cfg := router.DefaultConfig()
 	return &routerFlags{
 		cfg: cfg, mode: string(sched.ModeKV), credit: 1, scale: sched.DefaultPrefillLoadScale, affinity: sched.DefaultCacheAffinity,
+		hostWeight: sched.DefaultHostHitWeight, diskWeight: sched.DefaultDiskHitWeight, sharedMult: sched.DefaultSharedMultiplier, sharedType: "none", prefillModel: "none",
 		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
 		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
 		kvEventsGraceSecs: cfg.KVEventsGrace.Seconds(), predictedTTLSecs: cfg.PredictedTTL.Seconds(),
@@ -51,6 +56,13 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.credit, "router-kv-overlap-score-credit", f.credit, "prefill blocks credited per cached prefix block, in [0, 1]; 0 disables the index")
 	fs.Float64Var(&f.scale, "router-prefill-load-scale", f.scale, "weight of prompt-side load against decode blocks (Dynamo's default: 1)")
 	fs.Float64Var(&f.affinity, "router-cache-affinity", f.affinity, "extra blocks of cost credited per cached prefix block (the KV memory and later turns a reuse saves; on a much busier worker, per block saved net of its longer queue); 0 = Dynamo's cost")
+	fs.Float64Var(&f.creditDecay, "router-kv-overlap-score-credit-decay", 0, "fade a worker's device credit as its prompt backlog exceeds the lightest worker's: × 1/(1 + this × excess/request blocks); 0 = off")
+	fs.Float64Var(&f.hostWeight, "router-host-cache-hit-weight", f.hostWeight, "prefill blocks credited per prefix block held only on a worker's host (CPU) tier, in [0, 1]")
+	fs.Float64Var(&f.diskWeight, "router-disk-cache-hit-weight", f.diskWeight, "prefill blocks credited per prefix block held only on a worker's disk tier, in [0, 1]")
+	fs.StringVar(&f.sharedType, "shared-cache-type", f.sharedType, "shared KV cache credited beyond each worker's device prefix: none, or hicache (blocks engines publish on an external medium)")
+	fs.Float64Var(&f.sharedMult, "shared-cache-multiplier", f.sharedMult, "prefill blocks credited per shared-cache block beyond the device prefix, in [0, 1] (with --shared-cache-type)")
+	fs.StringVar(&f.prefillModel, "router-prefill-load-model", f.prefillModel, "prompt-side load: none counts a prompt's tokens until its first token; learned fits each engine's prefill time from the requests it serves and prices load in time (aic is not available: use learned)")
+	fs.Float64Var(&f.requestWeight, "router-decode-active-request-weight", 0, "blocks of cost per request a worker already runs; 0 = off")
 	fs.Float64Var(&f.weight, "router-kv-overlap-score-weight", -1, "deprecated: legacy overlap weight (sets the prefill load scale; 0 also disables the index)")
 	fs.BoolVar(&f.cfg.LoadAware, "load-aware", false, "kv mode on load alone: no overlap credit, no KV events, no reuse assumption")
 	fs.BoolVar(&f.noKVEvents, "no-router-kv-events", false, "ignore KV events and predict caches from routing decisions (approximate mode)")
@@ -148,7 +160,15 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 		return cfg, err
 	}
 	cfg.Mode = mode
-	cfg.Routing = sched.Overrides{OverlapCredit: &f.credit, PrefillLoadScale: &f.scale, CacheAffinity: &f.affinity, Temperature: &f.temp}
+	shared, err := parseSharedCacheType(f.sharedType)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Routing = sched.Overrides{
+		OverlapCredit: &f.credit, PrefillLoadScale: &f.scale, CacheAffinity: &f.affinity, Temperature: &f.temp,
+		HostHitWeight: &f.hostWeight, DiskHitWeight: &f.diskWeight, SharedCache: &shared, SharedMultiplier: &f.sharedMult,
+		CreditDecay: &f.creditDecay, DecodeRequestWeight: &f.requestWeight,
+	}
 	if f.weight >= 0 {
 		w := f.weight
 		cfg.Routing.LegacyOverlapWeight = &w
@@ -159,6 +179,10 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	if f.noTrackPrefill {
 		cfg.Routing.TrackPrefillTokens = new(bool)
 	}
+	if _, err := router.ParsePrefillLoadModel(f.prefillModel); err != nil {
+		return cfg, err
+	}
+	cfg.PrefillLoadModel = f.prefillModel
 	cfg.KVEvents = !f.noKVEvents
 	if cfg.MaxIndexedPairs == 0 {
 		cfg.IndexBudgetPairs = serve.IndexBudgetPairs(serve.MemoryLimit())
@@ -189,6 +213,19 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 		warn(sched.LegacyWeightWarning)
 	}
 	return cfg, nil
+}
+
+// parseSharedCacheType reads --shared-cache-type: Dynamo's none and
+// hicache. kvrouter learns a shared cache's blocks from the engines'
+// events (an external medium), not by asking the pool itself.
+func parseSharedCacheType(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "none", "":
+		return false, nil
+	case "hicache":
+		return true, nil
+	}
+	return false, fmt.Errorf("--shared-cache-type %q: want none or hicache", s)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -83,3 +83,60 @@ func TestKVEventsGraceFlag(t *testing.T) {
 		t.Fatalf("grace from the environment %v, want 2.5s", cfg.KVEventsGrace)
 	}
 }
+
+func TestDynamoCostFlags(t *testing.T) {
+	t.Run("defaults", testDynamoCostDefaults)
+	rf, fs, _, err := parseRouterFlags(t, map[string]string{
+		"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.5", "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT": "0.1",
+		"DYN_SHARED_CACHE_TYPE": "hicache", "DYN_SHARED_CACHE_MULTIPLIER": "0.3",
+		"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY": "2", "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT": "4",
+	}, "--router-disk-cache-hit-weight", "0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := rf.config(fs, func(string) {})
+	p, _, err := sched.Resolve(cfg.Routing, sched.Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.HostHitWeight != 0.5 || p.DiskHitWeight != 0.2 || !p.SharedCache || p.SharedMultiplier != 0.3 || p.CreditDecay != 2 || p.DecodeRequestWeight != 4 {
+		t.Fatalf("params %+v", p)
+	}
+}
+
+func testDynamoCostDefaults(t *testing.T) {
+	rf, fs, _, err := parseRouterFlags(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := rf.config(fs, func(string) {})
+	p, _, _ := sched.Resolve(cfg.Routing, sched.Overrides{})
+	if p.HostHitWeight != 0.75 || p.DiskHitWeight != 0.25 || p.SharedCache || p.SharedMultiplier != 0.5 || p.CreditDecay != 0 || p.DecodeRequestWeight != 0 {
+		t.Fatalf("Dynamo's defaults: %+v", p)
+	}
+	for _, bad := range [][]string{
+		{"--shared-cache-type", "mooncake"}, {"--router-host-cache-hit-weight", "2"}, {"--router-kv-overlap-score-credit-decay", "-1"},
+	} {
+		rf, fs, _, err := parseRouterFlags(t, nil, bad...)
+		if err == nil {
+			cfg, _ := rf.config(fs, func(string) {})
+			_, _, err = sched.Resolve(cfg.Routing, sched.Overrides{})
+		}
+		if err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+func TestPrefillLoadModelFlag(t *testing.T) {
+	rf, fs, _, err := parseRouterFlags(t, map[string]string{"DYN_ROUTER_PREFILL_LOAD_MODEL": "learned"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := rf.config(fs, func(string) {}); err != nil || cfg.PrefillLoadModel != "learned" {
+		t.Fatalf("%q %v", cfg.PrefillLoadModel, err)
+	}
+	if _, _, _, err := parseRouterFlags(t, nil, "--router-prefill-load-model", "aic"); err == nil || !strings.Contains(err.Error(), "learned") {
+		t.Fatalf("aic: %v, want a refusal naming learned", err)
+	}
+}

@@ -25,6 +25,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		rf         = newRouterFlags()
 		df         disaggFlags
+		lora       loraFlags
 		tf         tokenizerFlags
 		lf         limitFlags
 		hard       hardeningFlags
@@ -93,11 +94,19 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
+			loraCfg, loraPoll, err := lora.config()
+			if err != nil {
+				return err
+			}
 			workers, err := loadWorkers(configPath, specs)
 			if err != nil {
 				return err
 			}
 			tokenizers, err := tf.load(workers)
+			if err != nil {
+				return err
+			}
+			placeholders, err := tf.placeholders()
 			if err != nil {
 				return err
 			}
@@ -120,7 +129,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup})
+			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err
 			}
@@ -141,6 +150,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&migrationLimit, "migration-limit", 0, "how many times a stream broken off by its engine may continue on another engine (0: it ends with an error event)")
 	rf.register(fs)
 	df.register(fs)
+	lora.register(fs)
 	tf.register(fs)
 	lf.register(fs)
 	hard.register(fs)

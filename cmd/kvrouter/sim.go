@@ -102,6 +102,14 @@ size's).`,
 			if len(workers) > 1 {
 				cfg.WorkerCounts = workers
 			}
+			if len(cfg.Sim.Specs) > 0 {
+				if len(workers) > 1 {
+					return fmt.Errorf("--fleet sizes the fleet: it cannot sweep --workers %v", workers)
+				}
+				if err := fleetCount(cmd.Flags(), "workers", cfg.Sim.Specs, &cfg.Sim.Workers); err != nil {
+					return err
+				}
+			}
 			if err := disaggConfig(cmd.Flags(), &cfg.Sim, rf.noAssumeReuse); err != nil {
 				return err
 			}
@@ -173,6 +181,7 @@ size's).`,
 	rf.register(f)
 	registerWorkloadFlags(f, "simulate", &tracePath, &synthetic, &modes)
 	f.IntSliceVar(&workers, "workers", []int{cfg.Sim.Workers}, "simulated engines; several (4,8,16) sweep the fleet size")
+	registerFleetFlag(f, &cfg.Sim.Specs)
 	f.IntVar(&cfg.Sim.DPSize, "data-parallel-size", 1, "data-parallel ranks per engine, routed to separately")
 	f.Float64SliceVar(&cfg.ArrivalSpeedups, "arrival-speedup", []float64{1, 2, 4, 8, 12, 16}, "loads to run: divide the workload's arrival times by each")
 	f.DurationVar(&cfg.SLOTTFTP90, "slo-ttft-p90", cfg.SLOTTFTP90, "goodput objective: p90 time to first token (model time)")
@@ -182,6 +191,7 @@ size's).`,
 	f.DurationVar(&cfg.Sim.KVEventDelay, "kv-event-delay", cfg.Sim.KVEventDelay, "model time from an engine's step to its KV events' arrival at the router")
 	f.DurationVar(&cfg.Sim.EngineMetricsInterval, "engine-metrics-interval", cfg.Sim.EngineMetricsInterval, "model-time interval of engine-load reads for modes scoring by engine load")
 	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")
+	f.BoolVar(&cfg.Sim.IgnoreCacheSalt, "ignore-cache-salt", false, "the router ignores requests' cache_salt and the salts in KV events (keys blocks by tokens alone); the engines still cache each salt apart")
 	f.Uint64Var(&cfg.Sim.Seed, "seed", cfg.Sim.Seed, "seed of the router's tie-breaks and of the synthetic workload")
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")
@@ -229,8 +239,8 @@ func disaggConfig(f *pflag.FlagSet, c *sim.Config, noAssumeReuse bool) error {
 	if d.PrefillWorkers < 1 || d.DecodeWorkers < 1 {
 		return fmt.Errorf("--prefill-workers %d --decode-workers %d: a disaggregated fleet needs both", d.PrefillWorkers, d.DecodeWorkers)
 	}
-	if f.Changed("workers") {
-		return fmt.Errorf("give --workers (aggregated) or --prefill-workers and --decode-workers, not both")
+	if f.Changed("workers") || f.Changed("fleet") {
+		return fmt.Errorf("give --workers or --fleet (aggregated) or --prefill-workers and --decode-workers, not both")
 	}
 	c.Workers = d.PrefillWorkers + d.DecodeWorkers
 	return nil

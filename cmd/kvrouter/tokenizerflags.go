@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -16,6 +17,7 @@ import (
 type tokenizerFlags struct {
 	specs       []string
 	cacheLookup bool
+	mm          []string
 }
 
 // tokenizerRef says what a tokenizer flag takes, for every command's help.
@@ -25,6 +27,24 @@ func (f *tokenizerFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.specs, "tokenizer", nil, "tokenize prompts in process with this Hugging Face tokenizer ("+tokenizerRef+"): PATH for every model or MODEL=PATH for one (repeatable); other models are tokenized by their engines' /tokenize")
 	registerModelPath(fs)
 	fs.BoolVar(&f.cacheLookup, "tokenizer-cache-lookup", true, "look a model given no tokenizer up by its name (org/name) in the local Hugging Face cache; not found, its engines tokenize")
+	fs.StringArrayVar(&f.mm, "mm-placeholder-token", nil, "MODALITY=ID: the placeholder token id of a chat's image, audio or video items in the prompts the engines tokenize (e.g. image=32000 for LLaVA-1.5), for models whose in-process tokenizer's config.json does not name it (repeatable); without it a chat with such media is matched only up to its first placeholder, or not at all")
+}
+
+// placeholders reads --mm-placeholder-token.
+func (f *tokenizerFlags) placeholders() (map[string]uint32, error) {
+	var out map[string]uint32
+	for _, spec := range f.mm {
+		modality, id, ok := strings.Cut(spec, "=")
+		v, err := strconv.ParseUint(id, 10, 32)
+		if !ok || modality == "" || err != nil {
+			return nil, fmt.Errorf("--mm-placeholder-token %q: want MODALITY=TOKEN_ID, e.g. image=32000", spec)
+		}
+		if out == nil {
+			out = map[string]uint32{}
+		}
+		out[modality] = uint32(v)
+	}
+	return out, nil
 }
 
 // registerModelPath adds --model-path, the flag SGLang users (and vLLM

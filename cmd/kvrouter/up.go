@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/internal/serve"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
+	"github.com/kvrouter/kvrouter/mocker/tokenizer"
 )
 
 // pdFleet lays out a disaggregated fleet of prefill then decode engines
@@ -43,6 +44,7 @@ func newUpCmd() *cobra.Command {
 		hard hardeningFlags
 		mock = fleet.DefaultConfig()
 		df   disaggFlags
+		lora loraFlags
 
 		prefillWorkers, decodeWorkers int
 		host                          string
@@ -87,21 +89,42 @@ flags.`,
 			if err != nil {
 				return err
 			}
-			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers")); err != nil {
+			if err := fleetCount(cmd.Flags(), "workers", mock.Specs, &mock.NumWorkers); err != nil {
 				return err
+			}
+			if err := pdFleet(&mock, prefillWorkers, decodeWorkers, cmd.Flags().Changed("workers") || len(mock.Specs) > 0); err != nil {
+				return err
+			}
+			loraCfg, loraPoll, err := lora.config()
+			if err != nil {
+				return err
+			}
+			if !lora.dynamic {
+				// Without dynamic loading the adapters are the engines'
+				// own, loaded at start as vLLM's --lora-modules does;
+				// with it the router places each on first use.
+				if mock.Server.LoRAModules, err = mockerLoRAModules(lora.modules); err != nil {
+					return err
+				}
 			}
 			// Engines and router tokenize with the same files, so the router
 			// hashes the ids the engines cache.
 			var tokenizers map[string]*modeltok.Model
+			// The engines' own tokenizer writes media as its placeholders.
+			placeholders := map[string]uint32{"image": tokenizer.Image, "audio": tokenizer.Audio}
 			if mock.Tokenizer != "" {
 				m, err := modeltok.Load(mock.Tokenizer)
 				if err != nil {
 					return err
 				}
 				tokenizers = map[string]*modeltok.Model{mock.Server.Model: m}
+				placeholders = nil
 			}
 			// The router and the engines it starts share one block size,
-			// given by either name.
+			// given by either name, or by the engine's own group.
+			if err := adoptOwnBlockSize(cmd.Flags(), &mock.Engine, "block-size", "kv-cache-block-size"); err != nil {
+				return err
+			}
 			if fs := cmd.Flags(); fs.Changed("kv-cache-block-size") {
 				if fs.Changed("block-size") && rcfg.BlockSize != mock.Engine.BlockSize {
 					return fmt.Errorf("--kv-cache-block-size %d and --block-size %d differ: up's engines and router use one block size", rcfg.BlockSize, mock.Engine.BlockSize)
@@ -140,7 +163,7 @@ flags.`,
 			}
 			defer stopAgents()
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err
 			}
@@ -191,14 +214,17 @@ flags.`,
 	fs.StringVar(&host, "http-host", "127.0.0.1", "address the frontend listens on")
 	fs.IntVar(&port, "http-port", 8000, "port the frontend listens on")
 	fs.IntVar(&mock.NumWorkers, "workers", 4, "simulated engines")
+	registerFleetFlag(fs, &mock.Specs)
 	fs.IntVar(&prefillWorkers, "prefill-workers", 0, "disaggregated fleet: this many prefill engines (with --decode-workers; replaces --workers)")
 	fs.IntVar(&decodeWorkers, "decode-workers", 0, "disaggregated fleet: this many decode engines (with --prefill-workers)")
 	fs.Float64Var(&mock.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", mock.Server.KVTransfer.Bandwidth, "disaggregated fleet: bytes per second of the link decode engines pull KV over")
 	fs.IntVar(&mock.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", mock.Server.KVTransfer.BytesPerToken, "disaggregated fleet: KV bytes of one token over all layers, sizing a transfer")
 	df.register(fs)
+	lora.register(fs)
 	fs.IntVar(&mock.DataParallelSize, "data-parallel-size", mock.DataParallelSize, "data-parallel ranks per engine")
 	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
 	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")
+	registerKVCacheGroups(fs, &mock.Engine)
 	fs.IntVar(&mock.Engine.NumGPUBlocks, "num-gpu-blocks", mock.Engine.NumGPUBlocks, "KV blocks per engine rank")
 	fs.IntVar(&mock.Engine.MaxNumSeqs, "max-num-seqs", mock.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")

@@ -112,6 +112,7 @@ func (r *Router) WorkerBlockSizes() []WorkerBlockSize {
 type altHashes struct {
 	size       int
 	local, seq []uint64
+	matchable  int
 }
 
 // hashesFor returns the request's hashes for block size size, computing
@@ -129,17 +130,20 @@ func (p *prepared) hashesFor(size int) *altHashes {
 	}
 	a := &p.alt[len(p.alt)-1]
 	a.size = size
-	a.local, a.seq = blockhash.New(size, p.req.LoRA).AppendHashes(a.local[:0], a.seq[:0], p.req.Tokens)
+	h := blockhash.NewKeyed(size, p.req.LoRA, p.req.CacheSalt)
+	a.local, a.seq = h.AppendHashes(a.local[:0], a.seq[:0], p.req.Tokens)
+	a.matchable = appendMMHashes(h, p.req.Tokens, p.req.MM, a.local, a.seq)
 	return a
 }
 
 // localFor returns the request's local hashes in engine id's block size,
-// the ones its events will name.
+// the ones its events will name, up to those that may be matched.
 func (p *prepared) localFor(f *fleet, id uint64) []uint64 {
 	if size, ok := f.odd[id]; ok {
-		return p.hashesFor(size).local
+		a := p.hashesFor(size)
+		return a.local[:a.matchable]
 	}
-	return p.local
+	return p.local[:p.matchable]
 }
 
 // matchOtherSizes replaces the overlaps of the engines whose block size is
@@ -151,7 +155,7 @@ func (r *Router) matchOtherSizes(p *prepared, sc *scratch, f *fleet) {
 	p.overlaps = slices.DeleteFunc(p.overlaps, func(o index.Overlap) bool { _, odd := f.odd[o.Worker.ID]; return odd })
 	for _, size := range f.sizes {
 		h := p.hashesFor(size)
-		for _, o := range r.exact.FindMatches(&sc.m, h.seq) {
+		for _, o := range r.exact.FindMatches(&sc.m, h.seq[:h.matchable]) {
 			if f.odd[o.Worker.ID] == size {
 				o.Blocks = uint32(int(o.Blocks) * size / r.cfg.BlockSize)
 				p.overlaps = append(p.overlaps, o)

@@ -85,7 +85,7 @@ func RemoteDecodeOverrides(o sched.Overrides, noReuse bool) sched.Overrides {
 	o.TrackPrefillTokens = &off
 	if noReuse {
 		zero := 0.0
-		o.AssumeKVReuse, o.OverlapCredit = &off, &zero
+		o.AssumeKVReuse, o.OverlapCredit, o.HostHitWeight, o.DiskHitWeight, o.SharedCache = &off, &zero, &zero, &zero, &off
 	}
 	return o
 }

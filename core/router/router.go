@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,11 @@ type Config struct {
 	// legacy --kv-overlap-score-weight, --router-temperature,
 	// --no-router-assume-kv-reuse, --no-router-track-prefill-tokens.
 	Routing sched.Overrides
+	// PrefillLoadModel is --router-prefill-load-model: "none" (or "")
+	// counts a prompt's tokens until its first token; "learned" learns
+	// each worker's prefill time from the requests it serves
+	// (load.PrefillModel) and prices kv mode's load in time.
+	PrefillLoadModel string
 
 	KVEvents        bool   // false: --no-router-kv-events (approximate mode)
 	EventThreads    int    // --router-event-threads
@@ -150,6 +156,9 @@ type Request struct {
 	// Exclude names engines this request must not go to: they already
 	// failed it, and the registry may not have caught up yet.
 	Exclude []uint64
+	// Only, when not nil, names the only engines the request may go to:
+	// those holding its LoRA adapter.
+	Only []uint64
 	// Prefill routes the prefill half of a disaggregated request among the
 	// model's prefill workers, booked without active blocks: a prefill
 	// engine does no decode and hands its KV over. Otherwise the request
@@ -212,6 +221,7 @@ type Router struct {
 	predicted *index.Predicted
 
 	tracker    *load.Tracker
+	prefill    *load.PrefillModel // nil unless --router-prefill-load-model learned
 	scheduler  *sched.Scheduler
 	sessions   *sched.Sessions
 	thresholds *sched.Thresholds
@@ -334,6 +344,13 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
+	learned, err := ParsePrefillLoadModel(cfg.PrefillLoadModel)
+	if err != nil {
+		return nil, err
+	}
+	if learned && !params.TrackPrefillTokens {
+		return nil, errors.New("router: --router-prefill-load-model learned needs prompt tokens tracked (drop --no-router-track-prefill-tokens)")
+	}
 	if cfg.KVEventsGrace < 0 {
 		return nil, fmt.Errorf("router: the kv events grace period must not be negative, got %v", cfg.KVEventsGrace)
 	}
@@ -373,6 +390,9 @@ func New(cfg Config) (*Router, error) {
 		scheduler: scheduler, sessions: sessions, thresholds: thresholds,
 		queues: newQueues(policy), waiters: map[string]waiter{},
 		recovery: newRecovery(cfg.RecoveryWindow, cfg.Now),
+	}
+	if learned {
+		r.prefill = load.NewPrefillModel()
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
 	// With no overlap credit the cost ignores caches: no index at all.
@@ -469,6 +489,9 @@ func (r *Router) RemoveWorker(id uint64) {
 	}
 	for rank := 0; rank < info.DPSize; rank++ {
 		r.tracker.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
+		if r.prefill != nil {
+			r.prefill.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
+		}
 	}
 	r.forgetEngineLoad(id)
 }
@@ -605,7 +628,11 @@ type EngineStored struct {
 	Tokens       []uint32 // all tokens of all blocks, in order
 	BlockSize    int      // the engine's block size
 	LoRA         string   // adapter name; "" = base model
-	Salt         string   // cache salt the blocks were computed under; "" = none
+	// Salt is the cache salt the blocks' request was salted with, for every
+	// block of its chain: engines mix it into the request's first block
+	// only, so the event source carries it over to the blocks that
+	// continue a salted parent. "" = none.
+	Salt string
 	// MM holds, per block, the identifiers (blockhash.HashMMIdentifier) of
 	// the multimodal items the block holds part of; nil, or a nil entry,
 	// for blocks without any.
@@ -646,7 +673,10 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 // with defaultBlockSize for an event that does not say; agents use it too,
 // so what they publish is what a router would have computed. Blocks whose
 // tokens are missing are dropped, together with every later block of the
-// event, since they hang below them; dropped counts them.
+// event, since they hang below them; dropped counts them. Blocks are
+// keyed as requests are (see Request): by the adapter and the salt of the
+// whole chain (every block of a salted request carries it, not only the
+// first one the engine mixes it into) and by their multimodal items.
 func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, dropped int, err error) {
 	size := es.BlockSize
 	if size <= 0 {
@@ -658,10 +688,10 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 		dropped = n - whole
 		err = fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMisSizedBlocks, len(es.Tokens), n, size)
 	}
-	h := blockhash.New(size, es.LoRA)
+	h := blockhash.NewKeyed(size, es.LoRA, es.Salt)
 	blocks := make([]kv.Block, whole)
 	for i := range blocks {
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: h.LocalHash(es.Tokens[i*size : (i+1)*size])}
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: engineLocalHash(h, es, i)}
 	}
 	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
 	if es.Tier != "" {
@@ -691,6 +721,9 @@ type prepared struct {
 	params     sched.Params
 	warning    string
 	local, seq []uint64
+	// matchable is how many leading blocks of seq may be credited as
+	// cached (see appendMMHashes); seq beyond it is booked, never matched.
+	matchable int
 	// alt are the request's hashes in the other block sizes of the fleet.
 	alt      []altHashes
 	hashTime time.Duration
@@ -828,11 +861,16 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	if warning == "" {
 		warning = r.warning
 	}
+	if err := checkMM(req.MM, len(req.Tokens)); err != nil {
+		return nil, err
+	}
 	start := tick()
 	p := preparedPool.Get().(*prepared)
-	local, seq := blockhash.New(r.cfg.BlockSize, req.LoRA).AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	h := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt)
+	local, seq := h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	matchable := appendMMHashes(h, req.Tokens, req.MM, local, seq)
 	lap := tick()
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
 }
 
@@ -870,8 +908,9 @@ func release(p *prepared) {
 func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	t0 := p.lap
 	p.overlaps = p.overlaps[:0]
+	seq := p.seq[:p.matchable]
 	if r.exact != nil {
-		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, p.seq)...)
+		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, seq)...)
 		p.tiers = append(p.tiers[:0], sc.m.Tiers()...)
 		p.sharedRoot = int(sc.m.SharedRoot())
 		if f := r.fleet.Load(); len(f.sizes) > 0 {
@@ -879,13 +918,13 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 		}
 	}
 	if r.approx != nil {
-		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, p.seq)...)
+		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, seq)...)
 	}
 	if r.predicted != nil {
-		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, p.seq, now)...)
+		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, seq, now)...)
 	}
 	if missing := r.watch.missingAt(now); len(missing) > 0 {
-		for _, o := range r.watch.predicted.FindMatches(&sc.m, p.seq) {
+		for _, o := range r.watch.predicted.FindMatches(&sc.m, seq) {
 			if _, ok := missing[o.Worker]; ok {
 				p.overlaps = append(p.overlaps, o)
 			}
@@ -939,7 +978,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	// and a composite literal or an appended local is built on the stack
 	// and copied, which cost a thousand-worker decision about 10 µs.
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
-	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0
+	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0 || p.req.Only != nil
 	k := 0
 	for i := range sc.pots {
 		info := &f.rinfo[i]
@@ -948,6 +987,9 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 				continue
 			}
 			if len(p.req.Exclude) > 0 && slices.Contains(p.req.Exclude, info.ID) {
+				continue
+			}
+			if p.req.Only != nil && !slices.Contains(p.req.Only, info.ID) {
 				continue
 			}
 			if (info.Role == RolePrefill) != p.req.Prefill {
@@ -981,7 +1023,49 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		}
 	}
 	sc.cands = sc.cands[:k]
+	if r.prefill != nil && p.params.TrackPrefillTokens && r.cfg.Mode == sched.ModeKV {
+		r.learnedPrefill(sc.cands, p.matchedAt)
+	}
 	return sc.cands
+}
+
+// learnedPrefill gives every candidate its learned prefill time, or none
+// of them one while no worker is fitted: a decision's costs share a unit.
+func (r *Router) learnedPrefill(cands []sched.Candidate, now time.Time) {
+	for i := range cands {
+		c := &cands[i]
+		e := r.prefill.Estimate(c.Worker, now, c.OverlapBlocks*r.cfg.BlockSize, c.ActiveRequests)
+		if !e.Known {
+			for j := range cands[:i] {
+				cands[j].Prefill = sched.PrefillTime{}
+			}
+			return
+		}
+		c.Prefill = sched.PrefillTime{Known: true, SecondsPerToken: e.SecondsPerToken, Fixed: e.Fixed, Backlog: e.Backlog}
+	}
+}
+
+// PrefillFits are the learned prefill fits (nil unless
+// --router-prefill-load-model learned), for /health and the dashboard.
+func (r *Router) PrefillFits() []load.WorkerFit {
+	if r.prefill == nil {
+		return nil
+	}
+	return r.prefill.Fits()
+}
+
+// ParsePrefillLoadModel reads --router-prefill-load-model: whether it asks
+// for the learned model.
+func ParsePrefillLoadModel(s string) (learned bool, err error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "none":
+		return false, nil
+	case "learned":
+		return true, nil
+	case "aic":
+		return false, errors.New("--router-prefill-load-model aic needs NVIDIA's AI Configurator database, which kvrouter does not ship: use learned, which fits each engine's prefill time from the requests it serves")
+	}
+	return false, fmt.Errorf("--router-prefill-load-model %q: want none or learned", s)
 }
 
 // decide scores the candidates and, with book, records the request's load,
@@ -1028,15 +1112,24 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
 		r.observeAdd(lr)
+		if r.prefill != nil && p.params.TrackPrefillTokens {
+			cached := min(c.OverlapBlocks*r.cfg.BlockSize, lr.ISL)
+			r.prefill.Start(p.req.ID, choice.Worker, now, load.PrefillSample{
+				Uncached: lr.ISL - cached, Cached: cached, Waiting: c.ActivePrefillTokens, Running: c.ActiveRequests,
+			})
+		}
 		if r.recovery.active.Load() > 0 {
 			r.recovery.booked(choice.Worker, p.localFor(r.fleet.Load(), choice.Worker.ID))
 		}
-		r.watch.booked(p.req.ID, choice.Worker, p.local, p.seq)
+		// What the worker is predicted to cache is what may be matched:
+		// blocks past an unknown multimodal item must never be credited.
+		local, seq := p.local[:p.matchable], p.seq[:p.matchable]
+		r.watch.booked(p.req.ID, choice.Worker, local, seq)
 		if r.approx != nil {
-			r.approx.Insert(choice.Worker, p.local, p.seq)
+			r.approx.Insert(choice.Worker, local, seq)
 		}
 		if r.predicted != nil {
-			r.predicted.Add(p.req.ID, choice.Worker, p.seq, now)
+			r.predicted.Add(p.req.ID, choice.Worker, seq, now)
 		}
 		r.stats.booked.Add(1)
 		d.Timings.Book = tick() - tb
@@ -1100,6 +1193,9 @@ func (r *Router) drainOne(k queueKey, sc *scratch) {
 // prompt stops counting as prefill work.
 func (r *Router) MarkPrefillCompleted(id string) bool {
 	ok := r.tracker.MarkPrefillCompleted(id)
+	if r.prefill != nil {
+		r.prefill.Done(id, r.now())
+	}
 	if ok {
 		r.watch.prefillDone(id)
 		r.settlePrediction(id)
@@ -1115,6 +1211,9 @@ func (r *Router) AddOutputTokens(id string, n int) bool { return r.tracker.AddOu
 // Free ends a booked request; safe to call more than once.
 func (r *Router) Free(id string) bool {
 	ok := r.tracker.Free(id)
+	if r.prefill != nil {
+		r.prefill.Drop(id, r.now())
+	}
 	if ok {
 		r.watch.freed(id)
 		r.settlePrediction(id)
@@ -1136,7 +1235,14 @@ type WorkerLoad struct {
 // PotentialLoads returns, for every rank, its load now and as it would be
 // if a request with these tokens went there.
 func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
-	p, err := r.prepare(&Request{Tokens: tokens, LoRA: lora})
+	return r.PotentialLoadsFor(&Request{Tokens: tokens, LoRA: lora})
+}
+
+// PotentialLoadsFor is PotentialLoads for a request's tokens and the keys
+// of its blocks' identity (adapter, cache salt, multimodal items); nothing
+// is booked.
+func (r *Router) PotentialLoadsFor(req *Request) []WorkerLoad {
+	p, err := r.prepare(&Request{Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM})
 	if err != nil {
 		return nil
 	}

@@ -584,6 +584,23 @@ func TestEngineReportsMakeBusyAndLeaveWithTheEngine(t *testing.T) {
 	}
 }
 
+func TestOnlyTheNamedWorkersAreChosen(t *testing.T) {
+	r, _ := newRouter(t, 3, nil)
+	store(t, r, w(2), tokens(5, 20, 5, 20))
+	for i := range 20 {
+		d, err := r.BestWorker(ctx(), &Request{ID: fmt.Sprint("x", i), Tokens: tokens(5, 20, 5, 20), Only: []uint64{0, 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker == w(2) {
+			t.Fatalf("request %d went to %v, which is not among the allowed", i, d.Worker)
+		}
+	}
+	if _, err := r.BestWorker(ctx(), &Request{Tokens: tokens(5, 1, 5, 1), Only: []uint64{}}); !errors.Is(err, ErrNoWorkers) {
+		t.Fatalf("no worker allowed: err %v, want ErrNoWorkers", err)
+	}
+}
+
 func TestExcludedWorkersAreNeverChosen(t *testing.T) {
 	r, _ := newRouter(t, 3, nil)
 	store(t, r, w(2), tokens(5, 20, 5, 20))

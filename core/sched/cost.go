@@ -22,6 +22,23 @@ type Params struct {
 	// prefix is. It only applies while OverlapCredit > 0. Dynamo has no
 	// such term (0).
 	CacheAffinity float64
+	// HostHitWeight and DiskHitWeight are the prefill blocks one prefix
+	// block held only on the host tier, or only on disk, saves: loading it
+	// back costs less than computing it, more than finding it on the GPU.
+	HostHitWeight, DiskHitWeight float64
+	// SharedCache credits the prefix an external cache shared by the
+	// fleet holds beyond a worker's device prefix, SharedMultiplier blocks
+	// per block.
+	SharedCache      bool
+	SharedMultiplier float64
+	// CreditDecay (λ) fades the device credit of a worker whose prompt
+	// backlog exceeds the lightest candidate's: × 1/(1 + λ × excess/isl),
+	// both in blocks. It applies only while prompt tokens are tracked.
+	CreditDecay float64
+	// DecodeRequestWeight charges each request a worker already runs, for
+	// engines whose step time follows the batch's size more than its
+	// blocks.
+	DecodeRequestWeight float64
 	// Temperature 0 picks the cheapest worker; above 0 it samples.
 	Temperature float64
 	// AssumeKVReuse and TrackPrefillTokens do not enter the cost here: the
@@ -52,8 +69,21 @@ const DefaultPrefillLoadScale = 3
 
 // DefaultParams are the values a router started without flags uses.
 func DefaultParams() Params {
-	return Params{OverlapCredit: 1, PrefillLoadScale: DefaultPrefillLoadScale, CacheAffinity: DefaultCacheAffinity, AssumeKVReuse: true, TrackPrefillTokens: true}
+	return Params{
+		OverlapCredit: 1, PrefillLoadScale: DefaultPrefillLoadScale, CacheAffinity: DefaultCacheAffinity,
+		HostHitWeight: DefaultHostHitWeight, DiskHitWeight: DefaultDiskHitWeight, SharedMultiplier: DefaultSharedMultiplier,
+		AssumeKVReuse: true, TrackPrefillTokens: true,
+	}
 }
+
+// Dynamo's defaults of the lower-tier and shared-cache credits
+// (--router-host-cache-hit-weight, --router-disk-cache-hit-weight,
+// --shared-cache-multiplier).
+const (
+	DefaultHostHitWeight    = 0.75
+	DefaultDiskHitWeight    = 0.25
+	DefaultSharedMultiplier = 0.5
+)
 
 // UsesOverlap reports whether cached prefixes can change a decision, i.e.
 // whether the router needs a block index at all.
@@ -88,8 +118,16 @@ func (p Params) UsesOverlap() bool { return p.OverlapCredit > 0 }
 // Between workers of similar load the whole prefix counts: their load
 // differences come and go by themselves, and moving a conversation for
 // them costs its later turns their cache.
+//
+// With tiers, a decay or a request weight set, credit × overlap is Dynamo's
+// whole credit (see credit) and the cost adds request_weight ×
+// active_requests; the affinity counts the worker's own credit, not the
+// shared cache's, which every worker can read.
+//
+// With a learned prefill time (Candidate.Prefill) the load terms are in
+// time, counted in blocks of the fastest candidate (see timed).
 func (p Params) Cost(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
-	return p.total(p.prefill(c, isl, blockSize), p.affinity(c, blockSize, fleet), c.PotentialDecodeBlocks)
+	return p.Terms(c, isl, blockSize, fleet).Total
 }
 
 // A worker running more than ImbalanceRatio × the fewest requests of any
@@ -111,6 +149,8 @@ type Lightest struct {
 	PrefillTokens int     // fewest prompt tokens awaiting prefill
 	DecodeBlocks  float64 // fewest active decode blocks
 	Requests      int     // fewest active requests
+	// SecondsPerToken is the fastest learned prefill, 0 without one.
+	SecondsPerToken float64
 }
 
 // LightestOf summarises cands for Cost.
@@ -124,6 +164,17 @@ func LightestOf(cands []Candidate) Lightest {
 		l.PrefillTokens = min(l.PrefillTokens, c.ActivePrefillTokens)
 		l.DecodeBlocks = min(l.DecodeBlocks, c.ActiveDecodeBlocks)
 		l.Requests = min(l.Requests, c.ActiveRequests)
+	}
+	if cands[0].Prefill.Known {
+		l.SecondsPerToken = math.Inf(1)
+		for i := range cands {
+			if s := cands[i].Prefill.SecondsPerToken; s > 0 {
+				l.SecondsPerToken = min(l.SecondsPerToken, s)
+			}
+		}
+		if math.IsInf(l.SecondsPerToken, 1) {
+			l.SecondsPerToken = 0
+		}
 	}
 	return l
 }
@@ -145,6 +196,12 @@ type Overrides struct {
 	// deployments keep their behaviour unchanged.
 	LegacyOverlapWeight *float64
 	Temperature         *float64 // --router-temperature, ≥ 0
+	HostHitWeight       *float64 // --router-host-cache-hit-weight, in [0, 1]
+	DiskHitWeight       *float64 // --router-disk-cache-hit-weight, in [0, 1]
+	SharedCache         *bool    // --shared-cache-type other than none
+	SharedMultiplier    *float64 // --shared-cache-multiplier, in [0, 1]
+	CreditDecay         *float64 // --router-kv-overlap-score-credit-decay, ≥ 0
+	DecodeRequestWeight *float64 // --router-decode-active-request-weight, ≥ 0
 	AssumeKVReuse       *bool
 	TrackPrefillTokens  *bool
 }
@@ -180,24 +237,34 @@ func Resolve(config, request Overrides) (p Params, warning string, err error) {
 }
 
 func (o *Overrides) apply(p *Params) (usedLegacy bool, err error) {
-	if o.OverlapCredit != nil {
-		if v := *o.OverlapCredit; !(v >= 0 && v <= 1) {
-			return false, fmt.Errorf("overlap score credit %v: want a value in [0, 1]", v)
+	for _, k := range []struct {
+		name string
+		v    *float64
+		dst  *float64
+		unit bool // in [0, 1], else any finite value ≥ 0
+	}{
+		{"overlap score credit", o.OverlapCredit, &p.OverlapCredit, true},
+		{"prefill load scale", o.PrefillLoadScale, &p.PrefillLoadScale, false},
+		{"cache affinity", o.CacheAffinity, &p.CacheAffinity, false},
+		{"temperature", o.Temperature, &p.Temperature, false},
+		{"host cache hit weight", o.HostHitWeight, &p.HostHitWeight, true},
+		{"disk cache hit weight", o.DiskHitWeight, &p.DiskHitWeight, true},
+		{"shared cache multiplier", o.SharedMultiplier, &p.SharedMultiplier, true},
+		{"overlap score credit decay", o.CreditDecay, &p.CreditDecay, false},
+		{"decode active request weight", o.DecodeRequestWeight, &p.DecodeRequestWeight, false},
+	} {
+		if k.v == nil {
+			continue
 		}
-		p.OverlapCredit = *o.OverlapCredit
-	}
-	if o.PrefillLoadScale != nil {
-		if err := nonNegative("prefill load scale", *o.PrefillLoadScale); err != nil {
+		if v := *k.v; k.unit && !(v >= 0 && v <= 1) {
+			return false, fmt.Errorf("%s %v: want a value in [0, 1]", k.name, v)
+		}
+		if err := nonNegative(k.name, *k.v); err != nil {
 			return false, err
 		}
-		p.PrefillLoadScale = *o.PrefillLoadScale
+		*k.dst = *k.v
 	}
-	if o.CacheAffinity != nil {
-		if err := nonNegative("cache affinity", *o.CacheAffinity); err != nil {
-			return false, err
-		}
-		p.CacheAffinity = *o.CacheAffinity
-	}
+	// The legacy weight beats the newer fields of its layer.
 	if o.LegacyOverlapWeight != nil {
 		w := *o.LegacyOverlapWeight
 		if err := nonNegative("overlap score weight", w); err != nil {
@@ -209,11 +276,8 @@ func (o *Overrides) apply(p *Params) (usedLegacy bool, err error) {
 		}
 		usedLegacy = true
 	}
-	if o.Temperature != nil {
-		if err := nonNegative("temperature", *o.Temperature); err != nil {
-			return false, err
-		}
-		p.Temperature = *o.Temperature
+	if o.SharedCache != nil {
+		p.SharedCache = *o.SharedCache
 	}
 	if o.AssumeKVReuse != nil {
 		p.AssumeKVReuse = *o.AssumeKVReuse
@@ -233,7 +297,8 @@ func nonNegative(name string, v float64) error {
 
 // LoadAware applies the --load-aware preset to the config layer: KV mode
 // (ModeKV) with the cache credit forced to 0 and no reuse assumption, while
-// the prefill load scale is kept for tuning. The caller must also run
+// the prefill load scale and the lower tiers' weights are kept for tuning,
+// and the shared cache is off, as Dynamo's preset has it. The caller must also run
 // without KV events and without building an index; this package cannot do
 // that for it.
 func LoadAware(config Overrides) Overrides {
@@ -242,6 +307,7 @@ func LoadAware(config Overrides) Overrides {
 	config.CacheAffinity = &zero
 	config.AssumeKVReuse = &no
 	config.TrackPrefillTokens = &yes
+	config.SharedCache = &no
 	return config
 }
 
@@ -261,36 +327,108 @@ type CostTerms struct {
 	// CacheCredit is the scaled cache affinity: what keeping the prefix
 	// where it is earns beyond the prefill it saves.
 	CacheCredit float64
-	// Decode is the worker's decode blocks with this request added.
+	// Decode is the worker's decode blocks with this request added, and
+	// the request weight's charge for the requests it runs.
 	Decode float64
 	Total  float64
 }
 
 // Terms is Cost with its terms apart: Cost is Terms(...).Total.
 func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerms {
-	prefill, affinity := p.prefill(c, isl, blockSize), p.affinity(c, blockSize, fleet)
-	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: c.PotentialDecodeBlocks}
-	t.Total = p.total(prefill, affinity, c.PotentialDecodeBlocks)
+	own, shared := p.credit(c, isl, blockSize, fleet)
+	if c.Prefill.Known && fleet.SecondsPerToken > 0 {
+		return p.timed(c, isl, blockSize, fleet, own, shared)
+	}
+	prefill, affinity := p.prefill(c, isl, blockSize, own+shared), p.affinity(c, blockSize, fleet, own)
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: p.decode(c)}
+	t.Total = p.total(prefill, affinity, c)
 	return t
 }
 
-func (p *Params) total(prefill, affinity, decode float64) float64 {
-	return p.PrefillLoadScale*(prefill-affinity) + decode
+// timed is the cost in time: the prompt work is the learned prefill the
+// request would wait for there, the backlog ahead of it and its own
+// prefill (the fixed part and its uncached blocks after the credit), and
+// the decode blocks weigh as much more as the worker's token is dearer.
+// Everything is counted in blocks of the fastest candidate (fleet's
+// SecondsPerToken), so on a fleet of one speed the prompt terms keep the
+// scale of the blocks they replace, and a worker twice as slow counts
+// twice.
+func (p *Params) timed(c *Candidate, isl, blockSize int, fleet Lightest, own, shared float64) CostTerms {
+	rel := c.Prefill.SecondsPerToken / fleet.SecondsPerToken
+	perBlock := fleet.SecondsPerToken * float64(blockSize)
+	prefill := max(float64(isl)/float64(blockSize)-own-shared, 0)*rel + (c.Prefill.Backlog+c.Prefill.Fixed)/perBlock
+	affinity := p.affinity(c, blockSize, fleet, own)
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: rel * p.decode(c)}
+	t.Total = p.PrefillLoadScale*(prefill-affinity) + t.Decode
+	return t
 }
 
-// prefill is the unscaled prompt work c would wait for, and affinity the
-// unscaled cache affinity it earns. Each is small enough to inline: they
-// run for every worker of every decision.
-func (p *Params) prefill(c *Candidate, isl, blockSize int) float64 {
-	return max(float64(c.ActivePrefillTokens+isl)/float64(blockSize)-p.OverlapCredit*float64(c.OverlapBlocks), 0)
+func (p *Params) total(prefill, affinity float64, c *Candidate) float64 {
+	return p.PrefillLoadScale*(prefill-affinity) + p.decode(c)
 }
 
-func (p *Params) affinity(c *Candidate, blockSize int, fleet Lightest) float64 {
+func (p *Params) decode(c *Candidate) float64 {
+	return c.PotentialDecodeBlocks + p.DecodeRequestWeight*float64(c.ActiveRequests)
+}
+
+// credit is Dynamo's prefill credit of c, in blocks, apart: own is what
+// the worker's tiers hold,
+//
+//	credit × decay × device + host_weight × host_only + disk_weight × disk_only
+//
+// and shared is shared_multiplier × the shared cache's blocks beyond the
+// device prefix. host_only and disk_only are the prefix blocks beyond the
+// faster tiers' (the candidate's tier overlaps are cumulative).
+func (p *Params) credit(c *Candidate, isl, blockSize int, fleet Lightest) (own, shared float64) {
+	if p.deviceOnly(c) {
+		return p.OverlapCredit * float64(c.OverlapBlocks), 0
+	}
+	return p.wholeCredit(c, isl, blockSize, fleet)
+}
+
+// deviceOnly reports whether c's credit is its device term alone, the
+// case of every decision without tiers, a decay or a shared cache; kvPolicy
+// tests it inline before paying for wholeCredit's call.
+func (p *Params) deviceOnly(c *Candidate) bool {
+	return p.CreditDecay <= 0 && !p.SharedCache && max(c.HostBlocks, c.DiskBlocks) <= c.OverlapBlocks
+}
+
+func (p *Params) wholeCredit(c *Candidate, isl, blockSize int, fleet Lightest) (own, shared float64) {
+	own = p.OverlapCredit * float64(c.OverlapBlocks)
+	if p.CreditDecay > 0 && p.TrackPrefillTokens {
+		own *= p.decay(c, isl, blockSize, fleet)
+	}
+	if c.HostBlocks > c.OverlapBlocks || c.DiskBlocks > c.OverlapBlocks {
+		host := max(c.HostBlocks, c.OverlapBlocks)
+		own += p.HostHitWeight*float64(host-c.OverlapBlocks) + p.DiskHitWeight*float64(max(c.DiskBlocks-host, 0))
+	}
+	if p.SharedCache {
+		shared = p.SharedMultiplier * float64(c.SharedBlocks)
+	}
+	return own, shared
+}
+
+// decay is 1/(1 + λ × normalized excess prefill), the excess being c's
+// prompt backlog over the lightest candidate's, in blocks, per block of
+// the request (at least one), as Dynamo normalises it.
+func (p *Params) decay(c *Candidate, isl, blockSize int, fleet Lightest) float64 {
+	excess := float64(max(c.ActivePrefillTokens-fleet.PrefillTokens, 0)) / float64(blockSize)
+	requestBlocks := float64(max((isl+blockSize-1)/blockSize, 1))
+	return 1 / (1 + p.CreditDecay*excess/requestBlocks)
+}
+
+// prefill is the unscaled prompt work c would wait for after credit, and
+// affinity the unscaled cache affinity its own credit earns. Each is small
+// enough to inline: they run for every worker of every decision.
+func (p *Params) prefill(c *Candidate, isl, blockSize int, credit float64) float64 {
+	return max(float64(c.ActivePrefillTokens+isl)/float64(blockSize)-credit, 0)
+}
+
+func (p *Params) affinity(c *Candidate, blockSize int, fleet Lightest, saved float64) float64 {
 	// A scale of 0 weighs no prompt work, the affinity included.
 	if p.OverlapCredit <= 0 || p.PrefillLoadScale <= 0 {
 		return 0
 	}
-	saved := p.OverlapCredit * float64(c.OverlapBlocks)
 	if fleet.muchBusier(c) {
 		saved -= float64(c.ActivePrefillTokens-fleet.PrefillTokens)/float64(blockSize) + (c.ActiveDecodeBlocks-fleet.DecodeBlocks)/p.PrefillLoadScale
 	}

@@ -343,12 +343,13 @@ func TestResolveRejects(t *testing.T) {
 }
 
 func TestLoadAware(t *testing.T) {
-	cfg := LoadAware(Overrides{OverlapCredit: f(0.9), PrefillLoadScale: f(2.5), AssumeKVReuse: b(true)})
+	cfg := LoadAware(Overrides{OverlapCredit: f(0.9), PrefillLoadScale: f(2.5), AssumeKVReuse: b(true), HostHitWeight: f(0.5), SharedCache: b(true)})
 	p, warn, err := Resolve(cfg, Overrides{})
 	if err != nil || warn != "" {
 		t.Fatalf("Resolve: %v %q", err, warn)
 	}
-	want := Params{OverlapCredit: 0, PrefillLoadScale: 2.5, CacheAffinity: 0, AssumeKVReuse: false, TrackPrefillTokens: true}
+	want := Params{OverlapCredit: 0, PrefillLoadScale: 2.5, CacheAffinity: 0, AssumeKVReuse: false, TrackPrefillTokens: true,
+		HostHitWeight: 0.5, DiskHitWeight: DefaultDiskHitWeight, SharedMultiplier: DefaultSharedMultiplier, SharedCache: false}
 	if p != want {
 		t.Errorf("params = %+v, want %+v", p, want)
 	}

@@ -70,13 +70,22 @@ type kvPolicy struct{}
 func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
 	lightest := LightestOf(cands)
+	if p.Temperature == 0 && lightest.SecondsPerToken > 0 {
+		return pickMin(len(cands), func(i int) float64 {
+			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)
+		}, rng), nil
+	}
 	if p.Temperature == 0 {
 		// pickMin's closure would cost a call per worker of every
 		// decision: find the cheapest inline, and leave ties to pickMin.
 		best, ties, lo := 0, 0, math.Inf(1)
 		for i := range cands {
 			c := &cands[i]
-			switch cost := p.total(p.prefill(c, req.ISL, req.BlockSize), p.affinity(c, req.BlockSize, lightest), c.PotentialDecodeBlocks); {
+			own, shared := p.OverlapCredit*float64(c.OverlapBlocks), 0.0
+			if !p.deviceOnly(c) {
+				own, shared = p.wholeCredit(c, req.ISL, req.BlockSize, lightest)
+			}
+			switch cost := p.total(p.prefill(c, req.ISL, req.BlockSize, own+shared), p.affinity(c, req.BlockSize, lightest, own), c); {
 			case cost < lo:
 				best, ties, lo = i, 1, cost
 			case cost == lo:

@@ -12,24 +12,42 @@ import (
 // loads; the Potential* fields are the loads as they would be if this
 // request went to this worker.
 type Candidate struct {
-	Worker                 kv.Worker
-	OverlapBlocks          int // leading prompt blocks cached on the worker
-	ActiveDecodeBlocks     float64
-	ActivePrefillTokens    int
-	PotentialDecodeBlocks  float64
-	PotentialPrefillTokens int
-	TotalKVBlocks          int // capacity; 0 when the worker has not said
-	MaxNumBatchedTokens    int // per-step token budget; 0 when unknown
-	ActiveRequests         int
-	// HostBlocks and DiskBlocks are the cumulative overlaps on the lower
-	// tiers: the longest prefix held on that tier or a faster one, so
-	// OverlapBlocks <= HostBlocks <= DiskBlocks. SharedBlocks is the
-	// overlap held in an external (shared) cache beyond OverlapBlocks.
+	Worker        kv.Worker
+	OverlapBlocks int // leading prompt blocks cached on the worker
+	// HostBlocks and DiskBlocks are the cumulative overlaps on the host
+	// tier and on disk: the longest prompt prefix held on that tier or a
+	// faster one (OverlapBlocks ≤ HostBlocks ≤ DiskBlocks). SharedBlocks is
+	// the overlap held in an external (shared) cache beyond OverlapBlocks.
 	HostBlocks, DiskBlocks, SharedBlocks int
+	ActiveDecodeBlocks                   float64
+	ActivePrefillTokens                  int
+	PotentialDecodeBlocks                float64
+	PotentialPrefillTokens               int
+	TotalKVBlocks                        int // capacity; 0 when the worker has not said
+	MaxNumBatchedTokens                  int // per-step token budget; 0 when unknown
+	ActiveRequests                       int
+	// Prefill is the worker's learned prefill time
+	// (--router-prefill-load-model learned); with it kv mode's cost is in
+	// time, not blocks.
+	Prefill PrefillTime
 	// Engine is the load the engine last reported about itself, for the
 	// policies that score by it (llm-d, the Gateway API Inference
 	// Extension); kvrouter's own kv mode predicts load instead of reading it.
 	Engine EngineLoad
+}
+
+// PrefillTime is one worker's learned prefill for one request, in
+// seconds. Known is false without a learned model; a decision's
+// candidates are all known or all not.
+type PrefillTime struct {
+	Known bool
+	// SecondsPerToken is what one more uncached prompt token costs there.
+	SecondsPerToken float64
+	// Fixed is the request's prefill time before its uncached tokens (the
+	// step's fixed cost, its cached tokens and the batch it joins).
+	Fixed float64
+	// Backlog is the prefill still ahead of it there.
+	Backlog float64
 }
 
 // EngineLoad is one engine rank's own report of its load (vLLM's /metrics:

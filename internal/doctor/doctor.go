@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -39,6 +40,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/vllmevents"
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
+	"github.com/kvrouter/kvrouter/core/kv"
 )
 
 // Defaults of Config's zero values.
@@ -232,6 +234,7 @@ func (d *doctor) run(ctx context.Context) {
 	ranks := d.watchEvents(ctx)
 	d.checkReplay(ctx, ranks)
 	d.checkBlockSize(ranks)
+	d.checkFields(ranks)
 	ranksInMetrics := d.checkMetrics(ctx)
 	d.checkRanks(ranks, ranksInMetrics)
 }
@@ -372,6 +375,14 @@ type rankWatch struct {
 	badTokens  []string       // BlockStored whose token count does not fit its blocks
 	otherGroup int
 	dpRanks    map[int]int // batches by the dp rank they name
+	// fields counts what serve would not honour in these events.
+	fields *enginesource.Inspector
+
+	// groups judges the KV-cache groups as the router does: otherGroup
+	// counts the events of those it does not index, unhonoured those it
+	// cannot honour, by field.
+	groups     enginesource.GroupFilter
+	unhonoured map[string]int
 
 	stats    zmqevents.SubscriberStats
 	replayed []zmqevents.Message
@@ -381,6 +392,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 	b, err := vllmevents.DecodeBatch(m.Payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.fields.Apply(m.Payload)
 	if err != nil {
 		if live {
 			w.undecoded++
@@ -393,6 +405,7 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 			countBounded(w.dpRanks, *b.DPRank)
 		}
 	}
+	w.groups.Learn(b.Events)
 	for _, ev := range b.Events {
 		if live {
 			w.counts[ev.Type()]++
@@ -401,8 +414,11 @@ func (w *rankWatch) handle(m zmqevents.Message, live bool) {
 		if !ok {
 			continue
 		}
-		if st.GroupIdx != 0 {
+		if v, field := w.groups.Stored(st.GroupIdx, st.KVCacheSpecKind); v != enginesource.GroupIndexed {
 			w.otherGroup++
+			if field != "" {
+				w.unhonoured[field]++
+			}
 			continue
 		}
 		countBounded(w.blockSizes, st.BlockSize)
@@ -433,7 +449,8 @@ func (d *doctor) watchEvents(ctx context.Context) []*rankWatch {
 	dp := max(d.e.DPSize, 1)
 	ranks := make([]*rankWatch, dp)
 	for r := range dp {
-		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, dpRanks: map[int]int{}}
+		w := &rankWatch{rank: r, counts: map[string]int{}, blockSizes: map[int]int{}, unhonoured: map[string]int{}, dpRanks: map[int]int{},
+			fields: enginesource.NewInspector(enginesource.Config{Worker: kv.Worker{DPRank: uint32(r)}})}
 		ranks[r] = w
 		var err error
 		if w.events, err = enginesource.RankEndpoint(d.e.Events, r); err != nil {
@@ -650,6 +667,8 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	sizes := map[int]int{}
 	var bad []string
 	other := 0
+	indexed := ""
+	unhonoured := map[string]int{}
 	for _, w := range ranks {
 		w.mu.Lock()
 		for s, n := range w.blockSizes {
@@ -657,6 +676,12 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 		}
 		bad = append(bad, w.badTokens...)
 		other += w.otherGroup
+		if g, kind, ok := w.groups.Indexed(); ok && indexed == "" {
+			indexed = fmt.Sprintf("group %d (%s)", g, kind)
+		}
+		for f, n := range w.unhonoured {
+			unhonoured[f] += n
+		}
 		w.mu.Unlock()
 	}
 	keys := make([]int, 0, len(sizes))
@@ -666,9 +691,19 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	slices.Sort(keys)
 	note := ""
 	if other > 0 {
-		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips)", other)
+		note = fmt.Sprintf(" (%d events of other KV-cache groups, which the router skips", other)
+		if indexed != "" {
+			note += "; it indexes " + indexed
+		}
+		if len(unhonoured) > 0 && len(keys) > 0 {
+			note += "; not honoured: " + strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")
+		}
+		note += ")"
 	}
 	switch {
+	case len(keys) == 0 && len(unhonoured) > 0:
+		d.add("block_size", Fail, "no KV-cache group the router can index, only "+strings.Join(slices.Sorted(maps.Keys(unhonoured)), ", ")+note,
+			"the router matches prefixes on a full-attention group (docs/engines.md, Hybrid models); route this engine without KV events (--no-router-kv-events)")
 	case len(keys) == 0:
 		d.add("block_size", Warn, "no BlockStored event seen: the block size is not checked"+note,
 			"rerun with --probe-request, or while the engine serves requests")
@@ -690,6 +725,33 @@ func (d *doctor) checkBlockSize(ranks []*rankWatch) {
 	default:
 		d.add("block_size", OK, fmt.Sprintf("events carry %d-token blocks: start serve with --kv-cache-block-size %d%s", keys[0], keys[0], note), "")
 	}
+}
+
+// checkFields reports what the events seen (live and replayed) carried
+// that serve would not honour, counted by the code serve counts it with.
+func (d *doctor) checkFields(ranks []*rankWatch) {
+	counts := map[string]uint64{}
+	seen := 0
+	for _, w := range ranks {
+		w.mu.Lock()
+		for field, n := range w.fields.Unsupported() {
+			counts[field] += n
+		}
+		seen += w.counts[vllmevents.TypeBlockStored] + len(w.replayed)
+		w.mu.Unlock()
+	}
+	if len(counts) == 0 {
+		if seen > 0 {
+			d.add("kv_fields", OK, "the router honours every field of the events seen", "")
+		}
+		return
+	}
+	parts := make([]string, 0, len(counts))
+	for _, field := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s (%d)", field, counts[field]))
+	}
+	d.add("kv_fields", Warn, "events carry what the router does not honour, and routes without: "+strings.Join(parts, ", "),
+		"docs/engines.md says what kvrouter does with each field and which engine settings send it; serve counts them in kvrouter_worker_kv_events_unsupported_total and lists them in /health")
 }
 
 // checkMetrics reports the load metrics kvrouter reads and returns the dp

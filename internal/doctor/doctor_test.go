@@ -46,6 +46,10 @@ type fakeEngine struct {
 	onCompletion                      func() // replaces the publishing
 	encoding                          vllmevents.Encoding
 	servedBefore                      bool // published one batch before doctor starts
+	medium                            vllmevents.Medium
+	// groups, when set, makes it a hybrid model: each completion stores
+	// two blocks in each group, group_idx i of groups[i].
+	groups []fakeGroup
 
 	pub *zmqevents.Publisher
 	srv *httptest.Server
@@ -115,11 +119,14 @@ func (f *fakeEngine) publish(t *testing.T) {
 		bs = 16
 	}
 	tokens := make([]uint32, 2*bs-f.tokenShortfall)
-	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{
-		TS:     1,
-		DPRank: f.dpRank,
-		Events: []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs}},
-	}, f.encoding)
+	events := []vllmevents.Event{&vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: tokens, BlockSize: bs, Medium: f.medium}}
+	if f.groups != nil {
+		events = events[:0]
+		for i, g := range f.groups {
+			events = append(events, &vllmevents.BlockStored{BlockHashes: []uint64{1, 2}, TokenIDs: make([]uint32, 2*g.blockSize), BlockSize: g.blockSize, GroupIdx: i, KVCacheSpecKind: g.kind})
+		}
+	}
+	payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{TS: 1, DPRank: f.dpRank, Events: events}, f.encoding)
 	if err != nil {
 		t.Error(err)
 		return
@@ -127,6 +134,11 @@ func (f *fakeEngine) publish(t *testing.T) {
 	if _, err := f.pub.Publish(payload); err != nil {
 		t.Error(err)
 	}
+}
+
+type fakeGroup struct {
+	kind      string
+	blockSize int
 }
 
 func (f *fakeEngine) engine() Engine {
@@ -197,7 +209,7 @@ func TestMockerPassesEveryCheck(t *testing.T) {
 			t.Errorf("%s: %s: %s (fix: %s)", c.Name, c.Status, c.Detail, c.Fix)
 		}
 	}
-	for _, name := range []string{"http", "models", "tokenize", "probe", "events", "replay", "block_size", "metrics", "dp_ranks"} {
+	for _, name := range []string{"http", "models", "tokenize", "probe", "events", "replay", "block_size", "kv_fields", "metrics", "dp_ranks"} {
 		if _, ok := r.Find("mock", name); !ok {
 			t.Errorf("no %s check", name)
 		}
@@ -251,6 +263,10 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 			says: []string{"32-token blocks, the router uses 16", "--kv-cache-block-size 32", "--block-size 16", "--page-size 16"}},
 		{name: "token ids that do not fill the blocks", fake: fakeEngine{tokenShortfall: 5}, probe: true, check: "block_size", want: Fail,
 			says: []string{"2 blocks of 16 tokens with 27 token ids"}},
+		{name: "hybrid model", fake: fakeEngine{groups: []fakeGroup{{"sliding_window", 32}, {"full_attention", 16}, {"mamba", 64}}}, probe: true, check: "block_size", want: OK,
+			says: []string{"16-token blocks, as the router", "it indexes group 1 (full_attention)", "not honoured: kv_cache_spec_kind=mamba"}},
+		{name: "sliding window only", fake: fakeEngine{groups: []fakeGroup{{"sliding_window", 16}}}, probe: true, check: "block_size", want: Fail,
+			says: []string{"no KV-cache group the router can index, only kv_cache_spec_kind=sliding_window", "--no-router-kv-events"}},
 		{name: "no block stored seen", fake: fakeEngine{silent: true}, probe: true, check: "block_size", want: Warn, says: []string{"not checked"}},
 		{name: "no /tokenize", fake: fakeEngine{tokenize: http.StatusNotFound}, probe: true, check: "tokenize", want: Fail,
 			says: []string{"status 404", "answers them 502", "token-id prompts"}},
@@ -269,6 +285,8 @@ func TestEachMisconfigurationIsNamedWithItsFix(t *testing.T) {
 		{name: "more ranks in the metrics than dp", fake: fakeEngine{metricsBody: vllmMetrics + `vllm:num_requests_running{engine="1",model_name="m"} 0` + "\n"}, probe: true,
 			check: "dp_ranks", want: Fail, says: []string{"2 data-parallel ranks, the worker dp=1", "set dp=2"}},
 		{name: "events naming another rank", fake: fakeEngine{dpRank: &rank1}, probe: true, check: "dp_ranks", want: Fail, says: []string{"carries rank 1"}},
+		{name: "a medium the router does not know", fake: fakeEngine{medium: "TAPE"}, probe: true, check: "kv_fields", want: Warn,
+			says: []string{"does not honour", "medium=unknown (", "docs/engines.md", "kvrouter_worker_kv_events_unsupported_total"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

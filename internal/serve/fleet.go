@@ -12,7 +12,7 @@ func FleetWorkers(f *fleet.Fleet, cfg fleet.Config) []WorkerSpec {
 		out = append(out, WorkerSpec{
 			ID: uint64(i + 1), Name: e.Name, URL: e.HTTPURL, Model: cfg.Server.Model, DPSize: len(e.Ranks),
 			Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay, Dump: e.HTTPURL + "/kv_events/dump",
-			KVBlocks: cfg.Engine.NumGPUBlocks, MaxBatchedTokens: cfg.Engine.MaxNumBatchedTokens,
+			KVBlocks: cfg.EngineConfig(i).NumGPUBlocks, MaxBatchedTokens: cfg.Engine.MaxNumBatchedTokens,
 			Role: string(e.Role), Tokenizer: cfg.Tokenizer,
 		})
 	}

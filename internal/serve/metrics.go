@@ -16,6 +16,9 @@ type sourceCollector struct {
 	up      *prometheus.Desc
 	// unroutable alerts on one series, whatever the engines' names.
 	unroutable *prometheus.Desc
+	// unsupported is per engine, its ranks summed: the fields are the
+	// engine's configuration, the same on every rank.
+	unsupported *prometheus.Desc
 }
 
 func newSourceCollector(s *Server) *sourceCollector {
@@ -28,6 +31,9 @@ func newSourceCollector(s *Server) *sourceCollector {
 			"1 while the engine answers /health and takes part in routing.", []string{"worker_id", "name"}, nil),
 		unroutable: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "", "configured_workers_unroutable"),
 			"Engines the router knows of (configured with --worker, or drained) that are not in routing: unreachable, failing /health, or drained. /health says why.", nil, nil),
+		unsupported: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "worker", "kv_events_unsupported_total"),
+			"KV events (or blocks) of an engine whose field the router does not honour, by field (e.g. group_idx, medium=unknown): routing goes on without it. docs/engines.md says what each field means.",
+			[]string{"worker_id", "field"}, nil),
 	}
 }
 
@@ -35,6 +41,7 @@ func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.counter
 	ch <- c.up
 	ch <- c.unroutable
+	ch <- c.unsupported
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
@@ -51,8 +58,12 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, id, w.spec.Name)
+		unsupported := map[string]uint64{}
 		for rank, src := range w.sources {
 			st := src.Stats()
+			for field, n := range st.Unsupported {
+				unsupported[field] += n
+			}
 			r := strconv.Itoa(rank)
 			for _, kv := range []struct {
 				what string
@@ -64,10 +75,13 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 				{"dumps", st.Dumps}, {"dump_errors", st.DumpErrors}, {"history_lost", st.HistoryLost},
 				{"oversized", st.Oversized},
 				{"bad_handshakes", st.BadHandshakes}, {"replay_truncated", st.ReplayTruncated},
-				{"probes", st.Probes},
+				{"probes", st.Probes}, {"other_group", st.OtherGroup},
 			} {
 				ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(kv.v), id, r, kv.what)
 			}
+		}
+		for field, n := range unsupported {
+			ch <- prometheus.MustNewConstMetric(c.unsupported, prometheus.CounterValue, float64(n), id, field)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.unroutable, prometheus.GaugeValue, float64(unroutable))

@@ -119,9 +119,14 @@ func (s *Server) discovered(in natsplane.Instance) {
 	s.warnBlockSize(in.WorkerID, spec.Name, s.router.WorkerBlockSize(in.WorkerID), "announces")
 	s.plane.sub.WorkerAdded(in)
 	s.mu.Lock()
-	s.workers[in.WorkerID] = &supervised{spec: spec, up: true, discovered: true, instance: in}
+	nw := &supervised{spec: spec, up: true, discovered: true, instance: in}
+	if old := s.workers[in.WorkerID]; old != nil && old.spec.URL == spec.URL {
+		nw.adapters = old.adapters // an update, not a new engine
+	}
+	s.workers[in.WorkerID] = nw
 	s.notifyLocked()
 	s.mu.Unlock()
+	s.kickAdapters()
 	s.log.Info("engine joined routing", "worker", spec.Name, "url", spec.URL, "ranks", spec.DPSize, "via", "discovery")
 }
 

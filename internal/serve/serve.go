@@ -4,6 +4,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -102,6 +103,9 @@ type Config struct {
 	// tokenized by its engines' /tokenize, unless an engine announces one
 	// in discovery or TokenizerCacheLookup finds one.
 	Tokenizers map[string]*modeltok.Model
+	// MMPlaceholders is the frontend's placeholder token id per modality
+	// (frontend.Config.MMPlaceholders).
+	MMPlaceholders map[string]uint32
 	// TokenizerCacheLookup looks a model without a tokenizer up by its name
 	// (org/name) in the local Hugging Face cache.
 	TokenizerCacheLookup bool
@@ -111,6 +115,13 @@ type Config struct {
 	EngineHeaderTimeout   time.Duration
 	EngineResponseTimeout time.Duration
 	Outlier               outlier.Config
+	// LoRA configures the serving and loading of LoRA adapters; its
+	// Reread is the server's own.
+	LoRA frontend.LoRA
+	// LoRAPollInterval is how often every engine's adapters are re-read
+	// from its /v1/models (besides when it joins and after the router
+	// loads one); 0 means DefaultLoRAPollInterval, a negative value never.
+	LoRAPollInterval time.Duration
 }
 
 // Server is a running frontend.
@@ -137,6 +148,9 @@ type Server struct {
 
 	sizesMu     sync.Mutex
 	sizesWarned map[uint64]int // the block size last logged per engine
+
+	loraClient   *http.Client
+	adaptersKick chan struct{}
 }
 
 type supervised struct {
@@ -158,6 +172,11 @@ type supervised struct {
 	// why the engine is not in routing, "" while it is (guarded by
 	// Server.mu): /health, the dashboard and the log name it.
 	why string
+	// adapters are the LoRA adapters the engine listed when last read
+	// (guarded by Server.mu, replaced, never changed in place);
+	// adaptersRead orders the reads.
+	adapters     []string
+	adaptersRead sync.Mutex
 }
 
 func (w *WorkerSpec) validate() error {
@@ -263,7 +282,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{}}
+	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{},
+		loraClient: &http.Client{}, adaptersKick: make(chan struct{}, 1)}
+	lcfg := cfg.LoRA
+	lcfg.Reread = s.rereadAdapters
 	r.SetBlockSizeObserver(s.blockSizeLearned)
 	s.toks = newTokenizers(cfg.Tokenizers, cfg.TokenizerCacheLookup, log)
 	for _, w := range cfg.Workers {
@@ -280,9 +302,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext, DynamoMetricNames: cfg.DynamoMetricNames,
 		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
-		Tokenizer: s.toks.of,
-		Engines:   s.engineStatuses, SetDrained: s.setDrained,
+		Tokenizer: s.toks.of, MMPlaceholders: cfg.MMPlaceholders,
+		Engines: s.engineStatuses, SetDrained: s.setDrained,
 		HeaderTimeout: cfg.EngineHeaderTimeout, ResponseTimeout: cfg.EngineResponseTimeout, Outlier: cfg.Outlier,
+		LoRA: lcfg,
 	})
 	if err != nil {
 		return nil, err
@@ -330,6 +353,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		defer s.wg.Done()
 		s.watchKVEvents(ctx)
 	}()
+	if every := cmp.Or(cfg.LoRAPollInterval, DefaultLoRAPollInterval); every > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.watchAdapters(ctx, every)
+		}()
+	}
 	// Engine reports feed the modes scoring by them and, given a decode
 	// threshold, busy detection.
 	if cfg.Router.Mode.UsesEngineLoad() || cfg.Router.Busy.ActiveDecodeBlocks != nil {
@@ -417,7 +447,7 @@ func (s *Server) liveWorkers() []frontend.Worker {
 	var out []frontend.Worker
 	for _, w := range s.workers {
 		if w.up {
-			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize, Events: w.spec.Events})
+			out = append(out, frontend.Worker{ID: w.spec.ID, Name: w.spec.Name, BaseURL: w.spec.URL, Model: w.spec.Model, DPSize: w.spec.DPSize, Events: w.spec.Events, Adapters: w.adapters})
 		}
 	}
 	slices.SortFunc(out, func(a, b frontend.Worker) int { return int(a.ID) - int(b.ID) })
@@ -546,6 +576,12 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 		return nil
 	}
 	spec := w.spec
+	// A restarted engine has lost the adapters loaded at run time: none
+	// is routed to it before its list is read.
+	s.mu.Lock()
+	w.adapters = nil
+	s.mu.Unlock()
+	s.rereadAdapters(ctx, spec.ID)
 	role, _ := router.ParseRole(spec.Role) // validated
 	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, Role: role})
 	var sources []*enginesource.Source

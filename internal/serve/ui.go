@@ -34,6 +34,12 @@ func (s *Server) engineStatuses() []frontend.EngineStatus {
 			if ss.HistoryLost > 0 {
 				st.Warnings = append(st.Warnings, fmt.Sprintf("dp rank %d: event history lost %d times: its index is rebuilt from traffic", rank, ss.HistoryLost))
 			}
+			for field, n := range ss.Unsupported {
+				if st.Unsupported == nil {
+					st.Unsupported = map[string]uint64{}
+				}
+				st.Unsupported[field] += n
+			}
 		}
 		out = append(out, st)
 	}

@@ -132,9 +132,11 @@ func ModeConfig(base router.Config, name string, blockSize int) (router.Config, 
 		rcfg.Routing.CacheAffinity, rcfg.Routing.PrefillLoadScale = d.CacheAffinity, d.PrefillLoadScale
 	}
 	if mode != sched.ModeKV || strings.TrimSpace(name) == DynamoKV {
-		// Predict-on-route is kvrouter's; the policies compared with it see
-		// what the routers they stand for see.
+		// Predict-on-route and the learned prefill model are kvrouter's;
+		// the policies compared with it see what the routers they stand
+		// for see.
 		rcfg.PredictedTTL = 0
+		rcfg.PrefillLoadModel = ""
 	}
 	if mode != sched.ModeKV {
 		// The admission queue is kvrouter's; the policies compared with it
@@ -399,6 +401,10 @@ func RequestBody(model string, r *workload.Request) []byte {
 	}
 	b = append(b, `],"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(r.OSL), 10)
+	if r.CacheSalt != "" {
+		b = append(b, `,"cache_salt":`...)
+		b = strconv.AppendQuote(b, r.CacheSalt)
+	}
 	b = append(b, `,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"nvext":{"extra_fields":["worker_id"]}}`...)
 	return b
 }

@@ -210,7 +210,7 @@ func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
 	c := NewCeiling(blockSize)
 	for _, i := range order {
-		c.Add(reqs[i].Tokens)
+		c.AddSalted(reqs[i].Tokens, reqs[i].CacheSalt)
 	}
 	return c.Rate()
 }
@@ -309,8 +309,16 @@ func (l *lru) touch(k uint64) {
 }
 
 // Add looks a prompt up and caches it.
-func (c *Ceiling) Add(toks []uint32) {
-	c.local, c.seq = c.h.AppendHashes(c.local[:0], c.seq[:0], toks)
+func (c *Ceiling) Add(toks []uint32) { c.AddSalted(toks, "") }
+
+// AddSalted adds a prompt cached under a cache salt: it hits only blocks
+// of prompts with the same salt.
+func (c *Ceiling) AddSalted(toks []uint32, salt string) {
+	h := c.h
+	if salt != "" {
+		h = blockhash.NewKeyed(c.blockSize, "", salt)
+	}
+	c.local, c.seq = h.AppendHashes(c.local[:0], c.seq[:0], toks)
 	hit := 0
 	for hit < len(c.seq) && c.cached(c.seq[hit]) {
 		hit++

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
@@ -33,12 +34,24 @@ import (
 // their hits, generated tokens' blocks, queueing and imbalance: real
 // goodputs lie below it. 0 when there is nothing to bound.
 func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers int) float64 {
+	return unequalEngineBound(c, w, eng, float64(workers))
+}
+
+// unequalEngineBound is EngineBoundRPS on a fleet of unequal engines: speed is
+// the engines counted by their speed (the fleet does speed configured
+// engines' work per second), and eng.NumGPUBlocks the most blocks of any
+// engine, whose decode steps read a held block most cheaply. Charging
+// every step at the fastest rate and every block at the cheapest keeps
+// it a bound whichever engines the work goes to.
+func unequalEngineBound(c *replay.Ceiling, w Workload, eng engine.Config, speed float64) float64 {
 	n := w.Len()
-	if n == 0 || workers <= 0 || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
+	if n == 0 || !(speed > 0) || eng.MaxNumSeqs <= 0 || eng.NumGPUBlocks <= 0 {
 		return 0
 	}
 	owners := requestOwners(w)
-	h := blockhash.New(eng.BlockSize, "")
+	// Each prompt is hashed under its cache salt: salted copies of one
+	// prefix are different blocks.
+	hasher := func(r *workload.Request) blockhash.Hasher { return blockhash.NewKeyed(eng.BlockSize, "", r.CacheSalt) }
 	// Two passes hash every prompt twice: keeping the first pass's hashes
 	// instead would take 8 bytes per block of the workload (half a GB for
 	// the agentic one), for a bound computed once per sweep.
@@ -48,7 +61,8 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 	ownerOf := map[uint64]int32{}
 	var local, seq []uint64
 	for i := range n {
-		local, seq = h.AppendHashes(local[:0], seq[:0], w.Request(i).Tokens)
+		r := w.Request(i)
+		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
 		for _, b := range seq {
 			if o, ok := ownerOf[b]; !ok {
 				ownerOf[b] = owners[i]
@@ -66,7 +80,7 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 		if steps == 0 {
 			continue
 		}
-		local, seq = h.AppendHashes(local[:0], seq[:0], r.Tokens)
+		local, seq = hasher(&r).AppendHashes(local[:0], seq[:0], r.Tokens)
 		private := 0
 		for _, b := range seq {
 			if ownerOf[b] == owners[i] {
@@ -77,7 +91,7 @@ func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers in
 	}
 	hits, total := c.Tokens()
 	prefill := float64(total-hits) * cheapestPrefillPerToken(eng.MaxNumBatchedTokens)
-	busy := (prefill + decode) / float64(workers) / float64(time.Second) // each engine's share
+	busy := (prefill + decode) / speed / float64(time.Second) // each engine's share
 	if busy <= 0 {
 		return 0
 	}

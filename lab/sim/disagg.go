@@ -146,11 +146,11 @@ const prefillSuffix = "-prefill"
 // arriveDisagg starts a request on a disaggregated fleet.
 func (s *sim) arriveDisagg(i int, req *workload.Request) {
 	s.held[i] = *req
-	if s.r.ShortUncached(context.Background(), router.Request{Tokens: req.Tokens, OSL: req.OSL}, s.cfg.Disagg.MinUncachedTokens) {
+	if s.r.ShortUncached(context.Background(), router.Request{Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req)}, s.cfg.Disagg.MinUncachedTokens) {
 		s.local(i, howShortUncached)
 		return
 	}
-	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i) + prefillSuffix, Tokens: req.Tokens, Prefill: true}, s.onDispatch(i, dispPrefill))
+	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i) + prefillSuffix, Tokens: req.Tokens, CacheSalt: s.salt(req), Prefill: true}, s.onDispatch(i, dispPrefill))
 	if queued {
 		s.queuedBy[dispPrefill]++
 	} else {
@@ -194,7 +194,7 @@ func (s *sim) startPrefill(i int, d router.Decision) {
 	// The prompt may be handed over (Owned) although the loop reads it
 	// again for the decode: a request of max_tokens 1 finishes with its
 	// first token, so the engine never appends to it.
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: 1, HoldBlocks: true, Owned: s.ownsPrompts}); err != nil {
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: 1, CacheSalt: req.CacheSalt, HoldBlocks: true, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id + prefillSuffix)
 		s.local(i, howPrefillError)
 		return
@@ -238,7 +238,7 @@ func (s *sim) prefilled(i int, cached int) error {
 	id := strconv.Itoa(i)
 	s.r.Free(id + prefillSuffix)
 	req := s.held[i]
-	d, queued, err := s.r.Submit(&router.Request{ID: id, Tokens: req.Tokens, OSL: req.OSL, Overrides: s.decodeOverrides}, s.onDispatch(i, dispDecode))
+	d, queued, err := s.r.Submit(&router.Request{ID: id, Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(&req), Overrides: s.decodeOverrides}, s.onDispatch(i, dispDecode))
 	if queued {
 		s.queuedBy[dispDecode]++
 	} else {
@@ -272,7 +272,7 @@ func (s *sim) transferred(i int) error {
 	id := strconv.Itoa(i)
 	s.releaseHold(int(pd.pe), id)
 	full := len(req.Tokens) / s.cfg.Engine.BlockSize
-	if err := s.engines[pd.de].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, KVLoadedBlocks: full, Owned: s.ownsPrompts}); err != nil {
+	if err := s.engines[pd.de].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, KVLoadedBlocks: full, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id)
 		s.fail(i, err)
 	} else {

@@ -91,6 +91,10 @@ func Markdown(w io.Writer, res *Results) error {
 		}
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
+	if c.Fleet != "" {
+		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed "+
+			"and charge held blocks at the largest engine's KV size.\n", c.Fleet)
+	}
 	if c.PrefillBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+
 			"prefilled at the cheapest cost per token and nothing else to do (the prefill bound).\n", c.PrefillBoundRPS, c.Workers)
@@ -128,23 +132,23 @@ func Markdown(w io.Writer, res *Results) error {
 	}
 	for _, name := range res.Order {
 		fmt.Fprintf(bw, "\n## %s\n\n", name)
-		fmt.Fprintln(bw, "| arrival speedup | req/s | errors | TTFT mean | p50 | p90 | p99 | ITL p50 | ITL p90 | E2E mean | E2E p90 | hit rate | of ceiling | queued | preemptions | KV use mean / max | decoding / prefill tokens per step | prefill share | SLO |")
-		fmt.Fprintln(bw, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(bw, "| arrival speedup | req/s | errors | TTFT mean | p50 | p90 | p99 | ITL p50 | ITL p90 | E2E mean | E2E p90 | hit rate | of ceiling | phantom blocks | queued | preemptions | KV use mean / max | decoding / prefill tokens per step | prefill share | SLO |")
+		fmt.Fprintln(bw, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, p := range loadCurve(res.Modes[name]) {
 			of := 0.0
 			if c.CeilingHitRate > 0 {
 				of = p.HitRate / c.CeilingHitRate
 			}
-			fmt.Fprintf(bw, "| %.3g | %.2f | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.0f | %.0f | %.3f | %.0f%% | %d | %d | %.2f / %.2f | %.0f / %.0f | %.0f%% | %s |\n",
+			fmt.Fprintf(bw, "| %.3g | %.2f | %d | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.0f | %.0f | %.3f | %.0f%% | %d | %d | %d | %.2f / %.2f | %.0f / %.0f | %.0f%% | %s |\n",
 				p.ArrivalSpeedup, p.ArrivalRPS, p.Errors, p.TTFT.Mean, p.TTFT.P50, p.TTFT.P90, p.TTFT.P99, p.ITL.P50, p.ITL.P90,
-				p.E2E.Mean, p.E2E.P90, p.HitRate, 100*of, p.Queued, p.Preemptions,
+				p.E2E.Mean, p.E2E.P90, p.HitRate, 100*of, p.PhantomBlocks, p.Queued, p.Preemptions,
 				p.Engines.KVUsageMean, p.Engines.KVUsageMax, p.Engines.DecodeSeqsPerStep, p.Engines.PrefillTokensPerStep, 100*p.Engines.PrefillShare, yes(p.MeetsSLO))
 		}
 		if c.Disagg != nil {
 			disaggTable(bw, c.Disagg, res.Modes[name])
 		}
 	}
-	fmt.Fprintf(bw, "\nRows include the bisection's runs. Plots: ![goodput](goodput.png) ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
+	fmt.Fprintf(bw, "\nRows include the bisection's runs. Phantom blocks: blocks the router credited to the engine it chose that the engine did not reuse when it scheduled the request (aggregated fleets). Plots: ![goodput](goodput.png) ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
 	return bw.Flush()
 }
 

@@ -37,6 +37,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -80,6 +81,39 @@ type Config struct {
 	// Disagg splits the fleet into prefill and decode engines; with both
 	// of its pools empty the fleet is Workers aggregated engines.
 	Disagg Disagg
+	// IgnoreCacheSalt hides requests' cache salts from the router, and
+	// the salts in the engines' KV events: a router that keys blocks by
+	// their tokens alone. The engines still cache each salt apart.
+	IgnoreCacheSalt bool
+	// Specs sizes engine i (every rank of it) by Specs[i]: its speed and
+	// KV blocks relative to Engine (--fleet). Engines past its end are
+	// Engine.
+	Specs []fleet.EngineSpec
+}
+
+// engineConfig is engine i's configuration.
+func (c *Config) engineConfig(i int) engine.Config {
+	if i < len(c.Specs) {
+		return c.Specs[i].Apply(c.Engine)
+	}
+	return c.Engine
+}
+
+// fleetSize is what the bounds need of a fleet of workers engines: its
+// speed in configured engines (an engine at half speed counts half), the
+// most GPU blocks of any rank, and the blocks of every rank together.
+func (c *Config) fleetSize(workers int) (speed float64, maxBlocks, totalBlocks int) {
+	dp := max(c.DPSize, 1)
+	for i := range workers {
+		e := c.engineConfig(i)
+		if e.Speed == 0 {
+			e.Speed = 1
+		}
+		speed += e.Speed * float64(dp)
+		maxBlocks = max(maxBlocks, e.NumGPUBlocks)
+		totalBlocks += e.NumGPUBlocks * dp
+	}
+	return speed, maxBlocks, totalBlocks
 }
 
 // DefaultConfig is bench replay's fleet: 8 engines with replay's KV
@@ -172,10 +206,10 @@ func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.
 		pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
 	}
 	for i := range w.Len() {
-		toks := w.Request(i).Tokens
-		infinite.Add(toks)
+		r := w.Request(i)
+		infinite.AddSalted(r.Tokens, r.CacheSalt)
 		if pooled != nil {
-			pooled.Add(toks)
+			pooled.AddSalted(r.Tokens, r.CacheSalt)
 		}
 	}
 	return infinite, pooled
@@ -189,13 +223,16 @@ func ceilings(w Workload, blockSize, fleetBlocks int) (infinite, pooled *replay.
 // are saturated at this rate. Real fleets decode too, have finite caches
 // and imperfect balance, so every policy's goodput lies below it. 0 when
 // there is nothing to bound (no prompt token to compute).
-func PrefillBoundRPS(c *replay.Ceiling, requests, workers, maxBatched int) float64 {
+//
+// speed is the fleet's engines counted by their speed (an engine at half
+// speed counts half): the fleet does speed engines' work per second.
+func PrefillBoundRPS(c *replay.Ceiling, requests int, speed float64, maxBatched int) float64 {
 	hits, total := c.Tokens()
 	miss := float64(total - hits)
-	if miss <= 0 || workers <= 0 {
+	if miss <= 0 || !(speed > 0) {
 		return 0
 	}
-	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / float64(workers)) // each engine's share
+	busy := time.Duration(miss * cheapestPrefillPerToken(maxBatched) / speed) // each engine's share
 	return float64(requests) / busy.Seconds()
 }
 
@@ -212,10 +249,17 @@ type Point struct {
 	E2E        replay.Dist `json:"e2e_ms"`
 	// HitRate is cached prompt tokens / prompt tokens, as the engines
 	// counted them (replay's prefix_hit_rate).
-	HitRate     float64 `json:"hit_rate"`
-	FirstError  string  `json:"first_error,omitempty"`
-	Queued      uint64  `json:"queued"` // requests the router's admission queue held
-	Preemptions uint64  `json:"preemptions"`
+	HitRate float64 `json:"hit_rate"`
+	// CreditedBlocks sums the router's overlap with the engine it chose,
+	// at the decision; PhantomBlocks the part of it the engine did not
+	// reuse when it scheduled the request: blocks credited that were not
+	// there for this request (another tenant's salt, an eviction in
+	// between). Aggregated fleets only.
+	CreditedBlocks int64  `json:"credited_blocks"`
+	PhantomBlocks  int64  `json:"phantom_blocks"`
+	FirstError     string `json:"first_error,omitempty"`
+	Queued         uint64 `json:"queued"` // requests the router's admission queue held
+	Preemptions    uint64 `json:"preemptions"`
 	// Steady is the window a run of closed-loop sessions is measured in;
 	// nil for open-loop arrivals and for sessions that all start at once,
 	// measured whole. ArrivalRPS, the
@@ -397,13 +441,18 @@ type simEngine struct {
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
 	zero    int                   // consecutive steps that took no time
+	groups  enginesource.GroupFilter
+	salts   *router.SaltChains // the engine's salted blocks, as an event source keeps them
 }
 
 // reqState is one request's life, in model ns.
 type reqState struct {
 	arrival, first, last, done int64
 	prompt, cached             int32
-	finished, failed           bool
+	// credited is the router's overlap, in blocks, when it chose the
+	// engine (aggregated fleets).
+	credited         int32
+	finished, failed bool
 }
 
 // gapRun is n inter-token gaps of the same length.
@@ -500,6 +549,8 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	switch {
 	case workers < 1:
 		return nil, fmt.Errorf("sim: need at least one worker, got %d", workers)
+	case len(cfg.Specs) > 0 && len(cfg.Specs) != workers:
+		return nil, fmt.Errorf("sim: %d engine specs for %d engines", len(cfg.Specs), workers)
 	case scale <= 0:
 		return nil, fmt.Errorf("sim: arrival speedup must be positive, got %g", scale)
 	case cfg.KVEventDelay < 0:
@@ -524,17 +575,18 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.dp = max(cfg.DPSize, 1)
 	s.engines = make([]simEngine, workers*s.dp)
 	for i := range s.engines {
-		ecfg := cfg.Engine
+		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
 		eng, err := engine.New(ecfg)
 		if err != nil {
 			return nil, err
 		}
 		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
-		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}, prefill: cfg.Disagg.role(i/s.dp) == router.RolePrefill}
+		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}, prefill: cfg.Disagg.role(i/s.dp) == router.RolePrefill,
+			salts: router.NewSaltChains(2 * cfg.Engine.NumGPUBlocks)}
 	}
 	for id := range workers {
-		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.Engine.NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
+		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
 	}
 	if cfg.Disagg.Enabled() {
 		s.pd = make([]pdState, w.Len())
@@ -698,7 +750,7 @@ func (s *sim) arrive(i int) error {
 
 // submit routes a request to be prefilled and decoded on one engine.
 func (s *sim) submit(i int, req *workload.Request) {
-	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL}, s.onDispatch(i, dispAggregated))
+	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -706,6 +758,7 @@ func (s *sim) submit(i int, req *workload.Request) {
 		s.held[i] = *req
 		s.queuedBy[dispAggregated]++
 	default:
+		s.reqs[i].credited = int32(d.OverlapBlocks)
 		s.start(i, d.Worker, req)
 	}
 }
@@ -725,7 +778,7 @@ func (s *sim) engineOf(w kv.Worker) int { return (int(w.ID)-1)*s.dp + int(w.DPRa
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, Owned: s.ownsPrompts}); err != nil {
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts}); err != nil {
 		s.r.Free(id)
 		s.fail(i, err)
 		return
@@ -777,6 +830,7 @@ func (s *sim) flushDispatched() error {
 				s.fail(d.id, d.err)
 				continue
 			}
+			s.reqs[d.id].credited = int32(d.d.OverlapBlocks)
 			s.start(d.id, d.d.Worker, &req)
 		}
 	}
@@ -890,14 +944,21 @@ func (s *sim) deliverKV(e int) {
 
 func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 	bs := s.cfg.Engine.BlockSize
+	hybrid := len(s.cfg.Engine.KVCacheGroups) > 0
 	for _, ev := range events {
+		if hybrid && !se.indexed(ev, s.cfg.Engine) {
+			continue
+		}
 		switch ev.Kind {
 		case engine.Stored:
-			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs})
+			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
+				Salt: s.eventSalt(se, &ev)})
 		case engine.Removed:
+			se.salts.Removed(ev.BlockHashes)
 			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
 			_ = s.r.ApplyEvent(&kev)
 		case engine.Cleared:
+			se.salts.Clear()
 			kev := kv.Event{Worker: se.w, Kind: kv.KindCleared}
 			_ = s.r.ApplyEvent(&kev)
 		}
@@ -939,6 +1000,10 @@ func (s *sim) point() Point {
 		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
 		e2e = append(e2e, float64(rs.done-rs.arrival)/1e6)
 		prompt += int64(rs.prompt)
+		if s.pd == nil {
+			p.CreditedBlocks += int64(rs.credited)
+			p.PhantomBlocks += int64(max(0, int(rs.credited)-int(rs.cached)/s.cfg.Engine.BlockSize))
+		}
 		if s.pd != nil && s.pd[i].how == howRemote {
 			cached += int64(s.pd[i].pcached)
 		} else {

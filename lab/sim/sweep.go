@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
 // SweepConfig is a sweep: every mode at every arrival speedup, then each
@@ -96,6 +97,8 @@ type RunConfig struct {
 	// (EngineBoundRPS, the function).
 	EngineBoundRPS float64 `json:"engine_bound_rps"`
 	Command        string  `json:"command,omitempty"`
+	// Fleet is the unequal engines, in --fleet's syntax, when they were.
+	Fleet string `json:"fleet,omitempty"`
 	// Disagg is the disaggregated fleet, when it was one (Workers is then
 	// its prefill and decode engines together).
 	Disagg *DisaggConfig `json:"disagg,omitempty"`
@@ -177,12 +180,14 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	}
 	var ceiling, pooled *replay.Ceiling
 	var engineBound float64
-	ranks := fleets[0] * max(cfg.Sim.DPSize, 1)
+	speed, maxBlocks, totalBlocks := cfg.Sim.fleetSize(fleets[0])
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, ranks*cfg.Sim.Engine.NumGPUBlocks)
-		engineBound = EngineBoundRPS(ceiling, w, cfg.Sim.Engine, ranks)
+		ceiling, pooled = ceilings(w, cfg.Sim.Engine.BlockSize, totalBlocks)
+		eng := cfg.Sim.Engine
+		eng.NumGPUBlocks = maxBlocks
+		engineBound = unequalEngineBound(ceiling, w, eng, speed)
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -210,8 +215,9 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
 		CeilingHitRate: ceiling.Rate(), FleetCeilingHitRate: pooled.Rate(),
-		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), ranks, cfg.Sim.Engine.MaxNumBatchedTokens),
+		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), speed, cfg.Sim.Engine.MaxNumBatchedTokens),
 		EngineBoundRPS:  engineBound,
+		Fleet:           fleet.SpecsString(cfg.Sim.Specs),
 	}
 	if len(fleets) > 1 {
 		res.Config.Workers, res.Config.WorkerCounts = fleets[0], fleets

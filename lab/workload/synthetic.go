@@ -23,6 +23,7 @@ type SyntheticConfig struct {
 	Rate           float64       // --rate: mean new requests per second (Poisson arrivals of turns)
 	Turns          int           // --turns: turns per session (1 = independent requests)
 	ThinkTime      time.Duration // --think-time: mean gap between a session's turns (exponential)
+	Tenants        int           // --tenants: each session belongs to one of this many tenants, chosen uniformly, whose requests carry its cache_salt; 0 = no salts
 	Seed           uint64        // --seed
 }
 
@@ -72,6 +73,9 @@ func (c SyntheticConfig) Validate() error {
 	if !(c.Rate > 0) || math.IsInf(c.Rate, 0) {
 		return fmt.Errorf("synthetic workload: Rate (--rate) must be a positive finite number of requests per second, got %g", c.Rate)
 	}
+	if c.Tenants < 0 {
+		return fmt.Errorf("synthetic workload: Tenants (--tenants) must not be negative, got %d", c.Tenants)
+	}
 	if c.Turns <= 0 {
 		return fmt.Errorf("synthetic workload: Turns (--turns) must be positive, got %d", c.Turns)
 	}
@@ -104,6 +108,7 @@ func (c SyntheticConfig) Validate() error {
 const (
 	arrivalStream = 0x617272697661 // "arriva"
 	contentStream = 0x636f6e74656e // "conten"
+	tenantStream  = 0x74656e616e74 // "tenant"
 )
 
 // distinctStride is coprime with trace.Vocab (2^10 * 5^3), so i ->
@@ -135,6 +140,7 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 	}
 	arrivals := rand.New(rand.NewPCG(c.Seed, arrivalStream))
 	content := rand.New(rand.NewPCG(c.Seed, contentStream))
+	tenants := rand.New(rand.NewPCG(c.Seed, tenantStream))
 
 	systems, sessionOffset := systemPrompts(content, c.Groups, c.SystemTokens)
 
@@ -149,6 +155,10 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 		name := ""
 		if c.Turns > 1 {
 			name = "s" + strconv.Itoa(i)
+		}
+		salt := ""
+		if c.Tenants > 0 {
+			salt = "tenant-" + strconv.Itoa(tenants.IntN(c.Tenants))
 		}
 
 		buf := make([]uint32, c.SystemTokens+turns*c.QuestionTokens+(turns-1)*c.OutputTokens)
@@ -167,10 +177,11 @@ func Synthetic(c SyntheticConfig) ([]Request, error) {
 			fillTokens(content, q)
 			n += c.QuestionTokens
 			out = append(out, Request{
-				At:      duration(at),
-				Tokens:  buf[:n:n],
-				OSL:     c.OutputTokens,
-				Session: name,
+				At:        duration(at),
+				Tokens:    buf[:n:n],
+				OSL:       c.OutputTokens,
+				Session:   name,
+				CacheSalt: salt,
 			})
 		}
 	}

@@ -349,3 +349,39 @@ func BenchmarkSynthetic(b *testing.B) {
 		}
 	}
 }
+
+// With tenants, every turn of a session carries its tenant's salt, the
+// tenants split the sessions, and the arrivals and prompts are those of the
+// same workload without tenants.
+func TestSyntheticTenantsSaltSessions(t *testing.T) {
+	c := DefaultSyntheticConfig()
+	c.Requests = 400
+	plain, err := Synthetic(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Tenants = 4
+	salted, err := Synthetic(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySession := map[string]string{}
+	tenants := map[string]int{}
+	for i, r := range salted {
+		if r.At != plain[i].At || len(r.Tokens) != len(plain[i].Tokens) || plain[i].CacheSalt != "" {
+			t.Fatalf("request %d differs from the workload without tenants", i)
+		}
+		if s, ok := bySession[r.Session]; ok && s != r.CacheSalt {
+			t.Fatalf("session %s has salts %q and %q", r.Session, s, r.CacheSalt)
+		}
+		bySession[r.Session] = r.CacheSalt
+		tenants[r.CacheSalt]++
+	}
+	if len(tenants) != 4 || tenants[""] != 0 {
+		t.Fatalf("requests per salt: %v", tenants)
+	}
+	c.Tenants = -1
+	if err := c.Validate(); err == nil {
+		t.Fatal("negative tenants accepted")
+	}
+}

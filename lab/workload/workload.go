@@ -27,6 +27,9 @@ type Request struct {
 	// has run on the previous answer. At is then the open-loop estimate,
 	// which drivers without completions (bench replay) use.
 	Think time.Duration
+	// CacheSalt is the request's cache_salt: engines cache its blocks
+	// apart from every other salt's. "" = none.
+	CacheSalt string
 }
 
 // FromTrace materialises the first max requests of tr (all with max <= 0)

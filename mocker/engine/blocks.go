@@ -64,6 +64,8 @@ type blockManager struct {
 	numAnon          int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
+	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
+	groups  []*sideGroup // the hybrid model's other groups (groups.go)
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
 	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
 }
@@ -98,6 +100,8 @@ type seqBlocks struct {
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
 	keys    *requestKeys
+
+	groups []sideSeq // blocks in the side groups, by blockManager.groups
 }
 
 // ensureHashes makes s.hashes cover the first n full blocks of s.tokens.
@@ -132,10 +136,10 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	return n
 }
 
-// allocate makes s hold the blocks for its first upTo tokens (upTo never
+// allocateOwn makes s hold the blocks for its first upTo tokens (upTo never
 // decreases while s holds blocks). It changes nothing and reports false when
 // the blocks do not fit even after evicting every inactive block.
-func (m *blockManager) allocate(s *seqBlocks, upTo int) bool {
+func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 	bs := m.blockSize
 	full := upTo / bs
 	part := upTo%bs != 0
@@ -259,6 +263,7 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 		if !isNew && start >= 0 {
 			ev := BlockEvent{
 				Kind:        Stored,
+				Group:       m.group,
 				BlockHashes: s.hashes[start:i:i],
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
 			}
@@ -301,7 +306,7 @@ func (m *blockManager) flushEvicted() {
 	if len(m.evicted) == 0 {
 		return
 	}
-	m.events = append(m.events, BlockEvent{Kind: Removed, BlockHashes: append([]uint64(nil), m.evicted...)})
+	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append([]uint64(nil), m.evicted...)})
 	m.evicted = m.evicted[:0]
 }
 
@@ -333,6 +338,7 @@ func (m *blockManager) release(s *seqBlocks) { m.releaseTail(s, 0) }
 // releaseTail returns the blocks s holds after its first keep full blocks,
 // tail first, and its partial or anonymous blocks.
 func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
+	m.releaseGroups(s)
 	for i := len(s.blocks) - 1; i >= keep; i-- {
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
@@ -360,6 +366,7 @@ func (m *blockManager) reset() {
 	clear(m.extra)
 	m.lruHead, m.lruTail = noBlock, noBlock
 	m.numInactive = 0
+	m.resetGroups()
 }
 
 func (m *blockManager) lruPushBack(idx int32) {

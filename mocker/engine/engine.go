@@ -76,6 +76,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -90,6 +91,12 @@ type Config struct {
 	// VocabSize bounds generated token ids: each is in [0, VocabSize).
 	// 0 means 128000 (the range of the trace's synthesised tokens).
 	VocabSize uint32
+	// KVCacheGroups makes the engine a hybrid model's, in group_idx order
+	// (--kv-cache-groups; see groups.go); nil is a plain model.
+	KVCacheGroups []KVCacheGroup
+	// Speed divides every step's model time: 0.5 is an engine half as
+	// fast (an older GPU, a smaller tensor-parallel group). 0 means 1.
+	Speed float64
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -181,6 +188,7 @@ func (k EventKind) String() string {
 // other events: treat them as read-only.
 type BlockEvent struct {
 	Kind        EventKind
+	Group       int      // the KV-cache group's group_idx (Config.Group describes it)
 	BlockHashes []uint64 // the engine's own opaque block ids
 	Parent      *uint64  // Stored: id of the parent of the first block, nil at the root
 	TokenIDs    []uint32 // Stored: the tokens of all blocks, len = len(BlockHashes) × BlockSize
@@ -294,7 +302,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.VocabSize == 0 {
 		cfg.VocabSize = 128000
 	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 1
+	}
 	switch {
+	case !(cfg.Speed > 0) || math.IsInf(cfg.Speed, 1):
+		return nil, fmt.Errorf("%w: speed %v", ErrInvalid, cfg.Speed)
 	case cfg.BlockSize <= 0:
 		return nil, fmt.Errorf("%w: block size %d", ErrInvalid, cfg.BlockSize)
 	case cfg.NumGPUBlocks <= 0:
@@ -304,9 +317,13 @@ func New(cfg Config) (*Engine, error) {
 	case cfg.MaxNumBatchedTokens <= 0:
 		return nil, fmt.Errorf("%w: max num batched tokens %d", ErrInvalid, cfg.MaxNumBatchedTokens)
 	}
+	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
+	if err := bm.setupGroups(cfg); err != nil {
+		return nil, err
+	}
 	return &Engine{
 		cfg:  cfg,
-		bm:   newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed),
+		bm:   bm,
 		byID: make(map[string]*seq),
 		held: make(map[string]*seq),
 	}, nil
@@ -570,6 +587,9 @@ func (e *Engine) Step() StepResult {
 	}
 	res.KVUsage = e.KVUsage()
 	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+	if e.cfg.Speed != 1 {
+		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
+	}
 
 	res.Outputs = e.outputs[:0]
 	finished := 0

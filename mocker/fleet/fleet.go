@@ -49,6 +49,9 @@ type Config struct {
 	// both the prefill and the decode engines of a disaggregated pair;
 	// engines past its end take Server.Role.
 	Roles []server.Role
+	// Specs sizes engine i by Specs[i] (--fleet): its speed and KV blocks
+	// relative to Engine; engines past its end are Engine.
+	Specs []EngineSpec
 	Host  string // address to bind, 127.0.0.1 by default
 	// Engine i serves HTTP on HTTPPort+i; rank r of engine i publishes KV
 	// events on KVEventsPort + i×dp + r and answers replay requests on
@@ -126,6 +129,7 @@ type Fleet struct {
 	pubErrs []error // per rank: the last publish error, for diagnosis
 	errMu   sync.Mutex
 	silent  []*atomic.Bool // per engine: publishes no KV events
+	engine  engine.Config  // every rank's, for the KV-cache groups of its events
 }
 
 func port(base, offset int) int {
@@ -146,6 +150,9 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 	}
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
+	}
+	if len(cfg.Specs) > cfg.NumWorkers {
+		return nil, fmt.Errorf("fleet: %d engine specs for %d engines", len(cfg.Specs), cfg.NumWorkers)
 	}
 	if len(cfg.Roles) > cfg.NumWorkers {
 		return nil, fmt.Errorf("fleet: %d roles for %d engines", len(cfg.Roles), cfg.NumWorkers)
@@ -172,7 +179,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		cfg.Server.Tokenizer = tok
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	f := &Fleet{cancel: cancel}
+	f := &Fleet{cancel: cancel, engine: cfg.Engine}
 	defer func() {
 		if err != nil {
 			f.Close()
@@ -186,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (_ *Fleet, err error) {
 		f.silent = append(f.silent, silent)
 		var runners []*server.Runner
 		for r := range dp {
-			ecfg := cfg.Engine
+			ecfg := cfg.EngineConfig(i)
 			ecfg.Seed = RankSeed(cfg.Engine.Seed, i*dp+r)
 			eng, err := engine.New(ecfg)
 			if err != nil {
@@ -259,6 +266,7 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 				batch.Events = append(batch.Events, &vllmevents.AllBlocksCleared{})
 			}
 		}
+		labelGroups(batch.Events, func(i int) int { return events[i].Group }, f.engine)
 		payload, err := vllmevents.EncodeBatch(&batch, enc)
 		if err == nil {
 			_, err = pub.Publish(payload)
@@ -287,6 +295,7 @@ func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(con
 				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU",
 					LoRAName: b.LoRAName, ExtraKeys: encodeExtraKeys(keys)})
 			}
+			labelGroups(batch.Events, func(int) int { return f.engine.OwnGroup() }, f.engine)
 			payload, err = vllmevents.EncodeBatch(&batch, enc)
 		})
 		return next, payload, cmp.Or(ierr, err)

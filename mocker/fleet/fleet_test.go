@@ -112,7 +112,7 @@ func TestEventsOnTheWireFeedTheRouter(t *testing.T) {
 					if !ok {
 						continue
 					}
-					if st.BlockSize != 16 || len(st.TokenIDs) != 16*len(st.BlockHashes) || st.Medium.Tier() != kv.TierDevice {
+					if tier, _ := st.Medium.Tier(); st.BlockSize != 16 || len(st.TokenIDs) != 16*len(st.BlockHashes) || tier != kv.TierDevice {
 						t.Fatalf("stored event %+v", st)
 					}
 					for _, h := range st.BlockHashes {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/chattemplate"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
+	"github.com/kvrouter/kvrouter/mocker/engine"
 	"github.com/kvrouter/kvrouter/mocker/tokenizer"
 )
 
@@ -19,8 +20,9 @@ type codec interface {
 	// encodeText tokenizes a completion prompt; addSpecialTokens nil means
 	// the engine's default.
 	encodeText(text string, addSpecialTokens *bool) ([]uint32, error)
-	// encodeChat applies the chat template and tokenizes the result.
-	encodeChat(c chatInput) ([]uint32, error)
+	// encodeChat applies the chat template and tokenizes the result; mm
+	// places the chat's media items on the tokens.
+	encodeChat(c chatInput) (ids []uint32, mm []engine.MMFeature, err error)
 	vocabSize() int
 	// word is the text of a generated token.
 	word(id uint32) string
@@ -37,19 +39,19 @@ type chatInput struct {
 }
 
 // fakeCodec is the mocker's own tokenizer, which has no BOS to add and a
-// fixed chat template.
-type fakeCodec struct{}
+// fixed chat template; mmTokens is the placeholder tokens per media item.
+type fakeCodec struct{ mmTokens int }
 
 func (fakeCodec) encodeText(text string, _ *bool) ([]uint32, error) {
 	return tokenizer.Encode(text), nil
 }
 
-func (fakeCodec) encodeChat(c chatInput) ([]uint32, error) {
-	msgs, err := messagesText(c.messages)
+func (f fakeCodec) encodeChat(c chatInput) ([]uint32, []engine.MMFeature, error) {
+	msgs, items, err := messagesText(c.messages)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return tokenizer.ApplyChatTemplate(msgs, c.addGenerationPrompt), nil
+	return expandPlaceholders(tokenizer.ApplyChatTemplate(msgs, c.addGenerationPrompt), items, f.mmTokens)
 }
 
 func (fakeCodec) vocabSize() int        { return tokenizer.VocabSize }
@@ -99,17 +101,17 @@ func (t *Tokenizer) encodeText(text string, addSpecialTokens *bool) ([]uint32, e
 // encodeChat renders the chat template and tokenizes the result without
 // special tokens unless told otherwise, as vLLM does: the template writes
 // the BOS itself.
-func (t *Tokenizer) encodeChat(c chatInput) ([]uint32, error) {
+func (t *Tokenizer) encodeChat(c chatInput) ([]uint32, []engine.MMFeature, error) {
 	if !t.m.HasChatTemplate() {
-		return nil, errors.New("the tokenizer has no chat template (tokenizer_config.json's chat_template), so chat requests cannot be served")
+		return nil, nil, errors.New("the tokenizer has no chat template (tokenizer_config.json's chat_template), so chat requests cannot be served")
 	}
 	if len(c.messages) == 0 {
-		return nil, errors.New("messages must not be empty")
+		return nil, nil, errors.New("messages must not be empty")
 	}
 	ids, _, err := t.m.EncodeChat(c.messages, chattemplate.Options{
 		AddGenerationPrompt: c.addGenerationPrompt, Tools: c.tools, Kwargs: c.kwargs,
 	}, c.addSpecialTokens != nil && *c.addSpecialTokens)
-	return ids, err
+	return ids, nil, err
 }
 
 func (t *Tokenizer) vocabSize() int { return t.m.Tokenizer().VocabSize() }

@@ -49,12 +49,20 @@ type Config struct {
 	// with a model's real tokenizer and chat template instead of the
 	// mocker's own (mocker/tokenizer).
 	Tokenizer *Tokenizer
+	// MMTokensPerItem is the placeholder tokens each image or audio item
+	// of a chat expands to with the mocker's own tokenizer, as a LLaVA-1.5
+	// style model's fixed count (see multimodal.go); 0 takes no media.
+	MMTokensPerItem int
+	// LoRAModules are the LoRA adapters loaded at start (vLLM's
+	// --lora-modules); more are loaded and unloaded at run time through
+	// /v1/load_lora_adapter and /v1/unload_lora_adapter.
+	LoRAModules []LoRAModule
 }
 
 // DefaultConfig mirrors vLLM's defaults where it has them.
 func DefaultConfig() Config {
 	return Config{Model: "kvrouter-mock", Name: "engine-0", MaxModelLen: 131072, DefaultMaxTokens: 16, MaxBodyBytes: 16 << 20,
-		Role: RoleBoth, KVTransfer: DefaultKVTransferConfig()}
+		Role: RoleBoth, KVTransfer: DefaultKVTransferConfig(), MMTokensPerItem: DefaultMMTokensPerItem}
 }
 
 // Server is the HTTP face of one engine with one runner per
@@ -71,6 +79,7 @@ type Server struct {
 	// a pull from an engine that accepted the connection and hung: the
 	// request then falls back to a local prefill.
 	pullClient *http.Client
+	loras      loras
 }
 
 // MustRegister adds collectors to the engine's /metrics.
@@ -88,11 +97,14 @@ func New(cfg Config, ranks []*Runner) *Server {
 	cfg.KVTransfer.Bandwidth = cmp.Or(cfg.KVTransfer.Bandwidth, def.Bandwidth)
 	cfg.KVTransfer.BytesPerToken = cmp.Or(cfg.KVTransfer.BytesPerToken, def.BytesPerToken)
 	cfg.KVTransfer.Timeout = cmp.Or(cfg.KVTransfer.Timeout, def.Timeout)
-	var c codec = fakeCodec{}
+	var c codec = fakeCodec{mmTokens: cfg.MMTokensPerItem}
 	if cfg.Tokenizer != nil {
 		c = cfg.Tokenizer
 	}
 	s := &Server{cfg: cfg, codec: c, ranks: ranks, created: time.Now().Unix(), reg: prometheus.NewRegistry(), pullClient: &http.Client{Timeout: 30 * time.Second}}
+	for _, m := range cfg.LoRAModules {
+		s.loras.load(m, true)
+	}
 	s.m = newServerMetrics(s)
 	return s
 }
@@ -109,6 +121,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /kv_events/dump", s.kvEventsDump)
 	mux.HandleFunc("POST /kv_transfer/pull", s.kvTransferPull)
 	mux.HandleFunc("GET /role", s.role)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.loadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.unloadLoRA)
 	return mux
 }
 
@@ -182,12 +196,17 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
-	if model != "" && model != s.cfg.Model {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
-		return false
+// checkModel answers 404 as vLLM does for a model that is neither the
+// base model nor a loaded adapter; lora is the adapter's name.
+func (s *Server) checkModel(w http.ResponseWriter, model string) (lora string, ok bool) {
+	if model == "" || model == s.cfg.Model {
+		return "", true
 	}
-	return true
+	if s.loras.has(model) {
+		return model, true
+	}
+	writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
+	return "", false
 }
 
 type streamOptions struct {
@@ -205,6 +224,9 @@ type commonParams struct {
 	// KVTransferParams makes the request one half of a disaggregated
 	// prefill/decode pair.
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	// CacheSalt keys the prompt's blocks apart from other salts' (vLLM's
+	// cache_salt).
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type completionRequest struct {
@@ -258,11 +280,15 @@ type job struct {
 	usage     bool
 	rank      *int
 	chat      bool
+	mm        []engine.MMFeature
 	kv        *kvTransferParams
+	salt      string
+	lora      string // the adapter the request runs under, "" for the base model
 }
 
 func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint32) (job, bool) {
-	if !s.checkModel(w, p.Model) {
+	lora, ok := s.checkModel(w, p.Model)
+	if !ok {
 		return job{}, false
 	}
 	if p.N != nil && *p.N != 1 {
@@ -293,7 +319,14 @@ func (s *Server) validate(w http.ResponseWriter, p *commonParams, prompt []uint3
 		badRequest(w, "data_parallel_rank %d out of range [0, %d)", *p.DPRank, len(s.ranks))
 		return job{}, false
 	}
-	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams}
+	if p.CacheSalt != nil && *p.CacheSalt == "" {
+		badRequest(w, "cache_salt must be a non-empty string")
+		return job{}, false
+	}
+	j := job{prompt: prompt, maxTokens: maxTokens, stream: p.Stream, usage: p.StreamOptions != nil && p.StreamOptions.IncludeUsage, rank: p.DPRank, kv: p.KVTransferParams, lora: lora}
+	if p.CacheSalt != nil {
+		j.salt = *p.CacheSalt
+	}
 	if s.consumes(j) {
 		if err := checkKVParams(j.kv); err != nil {
 			badRequest(w, "%v", err)
@@ -308,7 +341,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	if !s.checkModel(w, req.Model) {
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
 	prompt, err := s.promptTokens(req.Prompt, req.AddSpecialTokens)
@@ -338,7 +371,7 @@ type chatParams struct {
 
 // chatTokens tokenizes a chat prompt; add_generation_prompt defaults to
 // true, as in vLLM.
-func (s *Server) chatTokens(p *chatParams) ([]uint32, error) {
+func (s *Server) chatTokens(p *chatParams) ([]uint32, []engine.MMFeature, error) {
 	return s.codec.encodeChat(chatInput{
 		messages:            p.Messages,
 		addGenerationPrompt: p.AddGenerationPrompt == nil || *p.AddGenerationPrompt,
@@ -353,18 +386,22 @@ type chatRequest struct {
 	chatParams
 }
 
-func messagesText(raw []json.RawMessage) ([]tokenizer.Message, error) {
+// messagesText renders messages as the mocker's chat template sees them: a
+// media part becomes its modality's placeholder (<image>, <audio>) where
+// it stands, and its item is listed, in order.
+func messagesText(raw []json.RawMessage) ([]tokenizer.Message, []mediaItem, error) {
 	if len(raw) == 0 {
-		return nil, errors.New("messages must not be empty")
+		return nil, nil, errors.New("messages must not be empty")
 	}
 	out := make([]tokenizer.Message, len(raw))
+	var items []mediaItem
 	for i, r := range raw {
 		var m chatMessage
 		if err := json.Unmarshal(r, &m); err != nil {
-			return nil, errors.New(jsonerr.Describe(err, &m, fmt.Sprintf("messages[%d]", i)))
+			return nil, nil, errors.New(jsonerr.Describe(err, &m, fmt.Sprintf("messages[%d]", i)))
 		}
 		if m.Role == "" {
-			return nil, fmt.Errorf("messages[%d].role is required", i)
+			return nil, nil, fmt.Errorf("messages[%d].role is required", i)
 		}
 		out[i].Role = m.Role
 		var text string
@@ -372,23 +409,26 @@ func messagesText(raw []json.RawMessage) ([]tokenizer.Message, error) {
 			out[i].Content = text
 			continue
 		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
+		var parts []contentPart
 		if err := json.Unmarshal(m.Content, &parts); err != nil {
-			return nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
+			return nil, nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
 		}
 		var sb strings.Builder
-		for _, p := range parts {
-			if p.Type != "text" {
-				return nil, fmt.Errorf("messages[%d]: content part of type %q is not supported", i, p.Type)
+		for j, p := range parts {
+			if p.Type == "text" {
+				sb.WriteString(p.Text)
+				continue
 			}
-			sb.WriteString(p.Text)
+			it, err := p.media()
+			if err != nil {
+				return nil, nil, fmt.Errorf("messages[%d].content[%d]: %v", i, j, err)
+			}
+			sb.WriteString(tokenizer.Word(it.placeholder))
+			items = append(items, it)
 		}
 		out[i].Content = sb.String()
 	}
-	return out, nil
+	return out, items, nil
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -396,16 +436,16 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	if !s.checkModel(w, req.Model) {
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
-	prompt, err := s.chatTokens(&req.chatParams)
+	prompt, mm, err := s.chatTokens(&req.chatParams)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
 	if j, ok := s.validate(w, &req.commonParams, prompt); ok {
-		j.chat = true
+		j.chat, j.mm = true, mm
 		s.serve(w, r, j)
 	}
 }
@@ -442,7 +482,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j job) {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.nextID.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens}
+	req := engine.Request{ID: id, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt, MM: j.mm, LoRA: j.lora}
 	var opts SubmitOptions
 	if s.produces(j) {
 		opts.HoldFor = s.cfg.KVTransfer.Timeout
@@ -552,7 +592,16 @@ func (o *responder) object(stream bool) string {
 }
 
 func (o *responder) envelope(stream bool, choices any) map[string]any {
-	return map[string]any{"id": o.id, "object": o.object(stream), "created": o.created, "model": o.s.cfg.Model, "choices": choices}
+	return map[string]any{"id": o.id, "object": o.object(stream), "created": o.created, "model": o.model(), "choices": choices}
+}
+
+// model is the model the answer names: the adapter's name for an
+// adapter's request, as vLLM does.
+func (o *responder) model() string {
+	if o.j.lora != "" {
+		return o.j.lora
+	}
+	return o.s.cfg.Model
 }
 
 func (o *responder) startStream() {
@@ -585,7 +634,7 @@ func (o *responder) flush() {
 // speeds a mocker streams over 100,000 tokens a second.
 func (o *responder) chunk(text string, last bool) error {
 	if o.head == nil {
-		o.head = []byte(`data: {"id":` + quote(o.id) + `,"object":` + quote(o.object(true)) + `,"created":` + strconv.FormatInt(o.created, 10) + `,"model":` + quote(o.s.cfg.Model) + `,"choices":[{"index":0,`)
+		o.head = []byte(`data: {"id":` + quote(o.id) + `,"object":` + quote(o.object(true)) + `,"created":` + strconv.FormatInt(o.created, 10) + `,"model":` + quote(o.model()) + `,"choices":[{"index":0,`)
 	}
 	b := append(o.buf[:0], o.head...)
 	switch {
@@ -643,15 +692,21 @@ func (o *responder) whole(text string, u usage) {
 	_ = json.NewEncoder(o.w).Encode(env)
 }
 
+// models lists the base model and, as vLLM does, every loaded adapter
+// with the base model as its parent.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	data := []any{map[string]any{
+		"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "kvrouter",
+		"root": s.cfg.Model, "parent": nil, "max_model_len": s.cfg.MaxModelLen,
+	}}
+	for _, m := range s.loras.list() {
+		data = append(data, map[string]any{
+			"id": m.Name, "object": "model", "created": s.created, "owned_by": "kvrouter",
+			"root": m.Path, "parent": s.cfg.Model, "max_model_len": nil,
+		})
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.cfg.Model, "object": "model", "created": s.created, "owned_by": "kvrouter",
-			"root": s.cfg.Model, "max_model_len": s.cfg.MaxModelLen,
-		}},
-	})
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
 type tokenizeRequest struct {
@@ -664,13 +719,16 @@ type tokenizeRequest struct {
 // the chat template applied.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req tokenizeRequest
-	if !s.decode(w, r, &req) || !s.checkModel(w, req.Model) {
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if _, ok := s.checkModel(w, req.Model); !ok {
 		return
 	}
 	var ids []uint32
 	var err error
 	if req.Messages != nil {
-		ids, err = s.chatTokens(&req.chatParams)
+		ids, _, err = s.chatTokens(&req.chatParams)
 	} else {
 		ids, err = s.promptTokens(req.Prompt, req.AddSpecialTokens)
 	}

@@ -268,7 +268,8 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 		{"batched prompts", "/v1/completions", `{"prompt": ["a", "b"]}`, 400, "batched"},
 		{"n > 1", "/v1/completions", `{"prompt": "a", "n": 3}`, 400, "n must be 1"},
 		{"chat without messages", "/v1/chat/completions", `{"messages": []}`, 400, "messages"},
-		{"chat image part", "/v1/chat/completions", `{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}`, 400, "not supported"},
+		{"chat image part", "/v1/chat/completions", `{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}`, 400, "without its data"},
+		{"chat unknown part", "/v1/chat/completions", `{"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}`, 400, "not supported"},
 		{"body too large", "/v1/completions", `{"prompt": "` + huge + `"}`, 413, "larger than"},
 	}
 	for _, tc := range tests {

@@ -30,6 +30,10 @@ const (
 	AssistantRole
 	ToolRole
 	EndOfTurn
+	// Image and Audio are the placeholders of a chat's media items, which
+	// the engine expands to its fixed number of tokens per item.
+	Image
+	Audio
 	FirstWordID uint32 = 256
 )
 
@@ -56,6 +60,10 @@ func Word(id uint32) string {
 		return "<|tool|>"
 	case EndOfTurn:
 		return "<|end|>"
+	case Image:
+		return "<image>"
+	case Audio:
+		return "<audio>"
 	}
 	var b [1 + 2*wordLen]byte
 	b[0] = ' '
@@ -107,6 +115,7 @@ func hashID(piece string) uint32 {
 var specials = map[string]uint32{
 	"<s>": BOS, "<|system|>": SystemRole, "<|user|>": UserRole,
 	"<|assistant|>": AssistantRole, "<|tool|>": ToolRole, "<|end|>": EndOfTurn,
+	"<image>": Image, "<audio>": Audio,
 }
 
 // Encode tokenizes text.

@@ -68,9 +68,12 @@ type tree struct {
 	// parent the worker holds on another tier (see tiers.go).
 	foreign func(w kv.Worker, h uint64) (uint64, bool)
 	// placed is the node beginStored placed for a parent found on another
-	// tier. The chain's first block may already exist below another such
-	// node of the same path, leaving this one childless: storeBlocks' caller
-	// collects it (see unplace).
+	// tier, pinned (one child more) while the chain is stored below it: a
+	// block of the chain that replaces one of the worker's may otherwise
+	// collect it, and the chain would hang from a freed node. The chain's
+	// first block may also already exist below another such node of the
+	// same path, leaving this one childless: storeBlocks' caller unpins
+	// and collects it (see unplace).
 	placed uint32
 
 	// Scratch of the warm passes (see warmStore).
@@ -511,9 +514,11 @@ func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
 	return err
 }
 
-// unplace collects the node beginStored placed, if nothing hangs from it.
+// unplace unpins the node beginStored placed and collects it, if nothing
+// hangs from it.
 func (t *tree) unplace() {
 	if t.placed != rootParent {
+		t.nodes.at(t.placed).children--
 		t.collect(t.placed)
 		t.placed = rootParent
 	}
@@ -534,6 +539,7 @@ func (t *tree) beginStored(w kv.Worker, st *kv.Stored) (s, cur uint32, err error
 			if seq, found := t.foreign(w, *st.Parent); found {
 				p, ok = t.childAt(rootParent, seq, seq), true
 				t.placed = p
+				t.nodes.at(p).children++
 			}
 		}
 		if !ok && t.locate != nil {

@@ -196,16 +196,29 @@ func (ix *Index) Apply(ev *kv.Event) error {
 	sh := ix.shardOf(ev.Worker)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	t := sh.t
+	t, lt := sh.t, -1
 	if ev.Tier != kv.TierDevice {
-		lt, ok := lowerOf(ev.Tier)
-		if !ok {
+		var ok bool
+		if lt, ok = lowerOf(ev.Tier); !ok {
 			t.stats.Events++
 			t.stats.UnknownTier++
 			return ErrUnknownTier
 		}
-		if lt >= 0 {
+		switch {
+		case lt < 0:
+		case sh.lower[lt] != nil || ev.Kind == kv.KindStored:
 			t = ix.lowerTree(sh, lt)
+		case ev.Kind == kv.KindRemoved:
+			// Nothing to remove from a tier never stored to; making its
+			// tree would only take every lookup off the device-only path.
+			t.stats.Events++
+			t.stats.RemovedEvents++
+			t.stats.UnknownBlocks += uint64(len(ev.Removed.EngineHashes))
+			return nil
+		case ev.Kind == kv.KindCleared:
+			t.stats.Events++
+			t.stats.ClearedEvents++
+			return nil
 		}
 	}
 	t.stats.Events++
@@ -223,7 +236,19 @@ func (ix *Index) Apply(ev *kv.Event) error {
 		removeChunked(sh, t, ev)
 	case kv.KindCleared:
 		t.stats.ClearedEvents++
-		t.clearWorker(ev.Worker)
+		if lt >= 0 {
+			t.clearWorker(ev.Worker)
+			break
+		}
+		// A clear of the device (engines' reset, which names no medium,
+		// and the clears routers and event sources make before rebuilding
+		// a rank from a dump or after a lost history) drops the rank on
+		// every tier: what follows rebuilds every tier.
+		for i := -1; i < lowerTiers; i++ {
+			if tt := sh.tree(i); tt != nil {
+				tt.clearWorker(ev.Worker)
+			}
+		}
 	default:
 		t.stats.UnknownKind++
 		err = ErrUnknownKind
@@ -438,26 +463,11 @@ func (ix *Index) Blocks(w kv.Worker) int {
 	return 0
 }
 
-// Held returns the sequence hashes of the blocks worker rank w holds, in
-// no particular order: the router's view of that rank's cache.
+// Held returns the sequence hashes of the blocks worker rank w holds on
+// the device, in no particular order: the router's view of that rank's
+// cache.
 func (ix *Index) Held(w kv.Worker) []uint64 {
-	sh := ix.shardOf(w)
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	s, ok := sh.t.slotOf[w]
-	if !ok {
-		return nil
-	}
-	ws := &sh.t.workers[s]
-	out := make([]uint64, 0, ws.blocks.Len())
-	seen := make(map[uint32]bool, ws.blocks.Len())
-	ws.blocks.Range(func(_ uint64, n uint32) bool {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, sh.t.nodes.at(n).seq())
-		}
-		return true
-	})
+	out, _ := ix.HeldOn(w, kv.TierDevice)
 	return out
 }
 

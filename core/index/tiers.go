@@ -269,3 +269,34 @@ func (ix *Index) pooled(sc *tierScratch, seq []uint64, i int) bool {
 	}
 	return sc.pool[i] == 1
 }
+
+// HeldOn returns the sequence hashes of the blocks worker rank w holds on
+// tier, in no particular order; false for a tier the index does not know.
+func (ix *Index) HeldOn(w kv.Worker, tier kv.StorageTier) ([]uint64, bool) {
+	lt, ok := lowerOf(tier)
+	if !ok {
+		return nil, false
+	}
+	sh := ix.shardOf(w)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	t := sh.tree(lt)
+	if t == nil {
+		return nil, true
+	}
+	s, ok := t.slotOf[w]
+	if !ok {
+		return nil, true
+	}
+	ws := &t.workers[s]
+	out := make([]uint64, 0, ws.blocks.Len())
+	seen := make(map[uint32]bool, ws.blocks.Len())
+	ws.blocks.Range(func(_ uint64, n uint32) bool {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, t.nodes.at(n).seq())
+		}
+		return true
+	})
+	return out, true
+}

@@ -43,6 +43,12 @@ func (r tieredRef) apply(ev *kv.Event) error {
 	if !ok {
 		return ErrUnknownTier
 	}
+	if ev.Kind == kv.KindCleared && ev.Tier == kv.TierDevice {
+		for _, m := range r {
+			_ = m.apply(ev)
+		}
+		return nil
+	}
 	return m.apply(ev)
 }
 
@@ -208,7 +214,7 @@ func (ix *Index) checkTiers() error {
 }
 
 func TestTieredIndexAgreesWithReferenceModel(t *testing.T) {
-	for seed := uint64(1); seed <= 12; seed++ {
+	for seed := uint64(1); seed <= 24; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			g := newGen(seed)
 			ix := New(Config{Shards: 1 + int(seed%4)})
@@ -378,5 +384,81 @@ func TestTieredMemoryCapHoldsAndEvictsLowerTiersFirst(t *testing.T) {
 	}
 	if ix.Stats().PairsEvicted == 0 {
 		t.Fatal("cap never evicted")
+	}
+}
+
+// A clear of the device (an engine's reset, or the clear a router makes
+// before loading a dump) drops the rank on every tier, so that the dump
+// rebuilds every tier exactly; a clear naming a lower tier drops that
+// tier only.
+func TestDeviceClearDropsTheRankOnEveryTier(t *testing.T) {
+	w, other := kv.Worker{ID: 1}, kv.Worker{ID: 2}
+	ix := New(Config{Shards: 1})
+	for _, wk := range []kv.Worker{w, other} {
+		for i, tier := range allTiers {
+			ev := kv.StoredEvent(wk, 0, nil, kv.Block{EngineHash: uint64(10 + i), LocalHash: uint64(1 + i)})
+			ev.Tier = tier
+			if err := ix.Apply(&ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held := func(wk kv.Worker) (n int) {
+		for _, tier := range allTiers {
+			h, _ := ix.HeldOn(wk, tier)
+			n += len(h)
+		}
+		return n
+	}
+	clr := kv.ClearedEvent(w, 0)
+	clr.Tier = kv.TierDisk
+	if err := ix.Apply(&clr); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := ix.HeldOn(w, kv.TierDisk); len(h) != 0 || held(w) != 3 {
+		t.Fatalf("a disk clear left %d disk blocks, %d in all (want 0, 3)", len(h), held(w))
+	}
+	clr.Tier = kv.TierDevice
+	if err := ix.Apply(&clr); err != nil {
+		t.Fatal(err)
+	}
+	if held(w) != 0 || held(other) != 4 {
+		t.Fatalf("after a device clear: %d blocks left, the other worker %d (want 0, 4)", held(w), held(other))
+	}
+	var m Matcher
+	seq := blockhash.SequenceHashes([]uint64{2})
+	if got := tiersMap(t, ix, &m, seq); got[w] != (TierOverlap{}) || got[other].Host != 1 {
+		t.Fatalf("tiers after the clear: %v", got)
+	}
+}
+
+// Removals and clears of a tier nothing was stored on are no-ops that keep
+// lookups on the device-only path.
+func TestRemovalFromAnEmptyTierKeepsTheDeviceOnlyPath(t *testing.T) {
+	w := kv.Worker{ID: 1}
+	ix := New(Config{Shards: 2})
+	st := kv.StoredEvent(w, 0, nil, kv.Block{EngineHash: 10, LocalHash: 1})
+	if err := ix.Apply(&st); err != nil {
+		t.Fatal(err)
+	}
+	rm, clr := kv.RemovedEvent(w, 0, 10), kv.ClearedEvent(w, 0)
+	rm.Tier, clr.Tier = kv.TierHostPinned, kv.TierExternal
+	for _, ev := range []kv.Event{rm, clr} {
+		if err := ix.Apply(&ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ix.hasLower.Load() {
+		t.Fatal("a removal made a lower tier")
+	}
+	if got := ix.Blocks(w); got != 1 {
+		t.Fatalf("device blocks %d, want 1", got)
+	}
+	if st := ix.Stats(); st.UnknownBlocks != 1 || st.RemovedEvents != 1 || st.ClearedEvents != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	bad := kv.Event{Worker: w, Tier: kv.TierDisk, Kind: kv.Kind(99)}
+	if err := ix.Apply(&bad); err != ErrUnknownKind {
+		t.Fatalf("unknown kind on an empty tier: %v", err)
 	}
 }

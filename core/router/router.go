@@ -1342,6 +1342,16 @@ func (r *Router) HeldBlocks(w kv.Worker) []uint64 {
 	return r.exact.Held(w)
 }
 
+// HeldBlocksOn is HeldBlocks on one storage tier; nil in approximate mode
+// and for a tier the index does not know.
+func (r *Router) HeldBlocksOn(w kv.Worker, tier kv.StorageTier) []uint64 {
+	if r.exact == nil {
+		return nil
+	}
+	out, _ := r.exact.HeldOn(w, tier)
+	return out
+}
+
 // Stats is a snapshot of the router's counters.
 type Stats struct {
 	Decisions, Booked, Queued, AllBusy, Errors uint64

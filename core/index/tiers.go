@@ -163,41 +163,80 @@ func (m *Matcher) findLower(sh *shard, seq []uint64, dev []Overlap) {
 	if !sh.hasLower || len(seq) == 0 {
 		return
 	}
-	// Workers holding the first block on a lower tier only.
-	clear(sc.seen)
-	if sc.seen == nil {
-		sc.seen = make(map[kv.Worker]struct{})
+	sc.addFirstHolders(sh, seq[0], len(dev))
+	// Most workers' device matches end at one block (the end of a shared
+	// prefix, or the first block): a probe of it, remembered, stops them
+	// there without looking the worker up.
+	host, disk := sh.lower[tierHost], sh.lower[tierDisk]
+	hostAt, diskAt := probeMemo{t: host, seq: seq}, probeMemo{t: disk, seq: seq}
+	for i := start; i < len(sc.out); i++ {
+		o := &sc.out[i]
+		o.Host = hostAt.extend(o.Worker, o.Device)
+		o.Disk = diskAt.extend(o.Worker, o.Host)
 	}
-	for _, o := range dev {
-		sc.seen[o.Worker] = struct{}{}
-	}
+}
+
+// addFirstHolders appends the workers that hold the request's first block
+// (seq0) on the shard's host or disk tier but not on its device: the last
+// dev entries of the overlaps are the device's.
+func (sc *tierScratch) addFirstHolders(sh *shard, seq0 uint64, dev int) {
 	var one [1]uint32
 	for _, t := range sh.lower[:tierShared] {
 		if t == nil {
 			continue
 		}
-		if n, ok := t.bySeq.get(seq[0], &t.nodes); ok {
-			for _, s := range t.workerSet(t.nodes.at(n), &one) {
-				w := t.workers[s].id
-				if _, ok := sc.seen[w]; !ok {
-					sc.seen[w] = struct{}{}
-					sc.out = append(sc.out, TierOverlap{Worker: w})
-				}
+		n, ok := t.bySeq.get(seq0, &t.nodes)
+		if !ok || !t.nodes.at(n).held() {
+			continue
+		}
+		if sc.seen == nil {
+			sc.seen = make(map[kv.Worker]struct{})
+		}
+		if len(sc.seen) == 0 {
+			for _, o := range sc.out[len(sc.out)-dev:] {
+				sc.seen[o.Worker] = struct{}{}
+			}
+		}
+		for _, s := range t.workerSet(t.nodes.at(n), &one) {
+			w := t.workers[s].id
+			if _, ok := sc.seen[w]; !ok {
+				sc.seen[w] = struct{}{}
+				sc.out = append(sc.out, TierOverlap{Worker: w})
 			}
 		}
 	}
-	host, disk := sh.lower[tierHost], sh.lower[tierDisk]
-	for i := start; i < len(sc.out); i++ {
-		o := &sc.out[i]
-		o.Host = host.extend(o.Worker, seq, o.Device)
-		o.Disk = disk.extend(o.Worker, seq, o.Host)
+	clear(sc.seen)
+}
+
+// probeMemo continues device matches on one lower tier's tree (nil:
+// none), remembering the last position it probed.
+type probeMemo struct {
+	t    *tree
+	seq  []uint64
+	pos  uint32
+	node uint32
+	ok   bool
+	set  bool
+}
+
+// at is the tree's node of seq[i].
+func (p *probeMemo) at(i uint32) (uint32, bool) {
+	if !p.set || p.pos != i {
+		p.node, p.ok = p.t.bySeq.get(p.seq[i], &p.t.nodes)
+		p.pos, p.set = i, true
 	}
+	return p.node, p.ok
 }
 
 // extend is from plus the run of seq's blocks from position from that w
-// holds in t (nil: none).
-func (t *tree) extend(w kv.Worker, seq []uint64, from uint32) uint32 {
-	if t == nil {
+// holds in the tree.
+func (p *probeMemo) extend(w kv.Worker, from uint32) uint32 {
+	t := p.t
+	if t == nil || int(from) >= len(p.seq) {
+		return from
+	}
+	n, ok := p.at(from)
+	if !ok {
 		return from
 	}
 	s, ok := t.slotOf[w]
@@ -208,13 +247,12 @@ func (t *tree) extend(w kv.Worker, seq []uint64, from uint32) uint32 {
 	if t.lru {
 		tick = t.tick.Add(1)
 	}
-	for int(from) < len(seq) {
-		n, ok := t.bySeq.get(seq[from], &t.nodes)
-		if !ok || !t.holds(t.nodes.at(n), s) {
+	for ok && t.holds(t.nodes.at(n), s) {
+		t.touch(n, tick)
+		if from++; int(from) == len(p.seq) {
 			break
 		}
-		t.touch(n, tick)
-		from++
+		n, ok = t.bySeq.get(p.seq[from], &t.nodes)
 	}
 	return from
 }

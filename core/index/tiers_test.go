@@ -462,3 +462,44 @@ func TestRemovalFromAnEmptyTierKeepsTheDeviceOnlyPath(t *testing.T) {
 		t.Fatalf("unknown kind on an empty tier: %v", err)
 	}
 }
+
+// The cap evicts the slowest tier first: no host block goes while a disk
+// block is left, no device block while a host or disk block is.
+func TestMemoryCapEvictsDiskThenHostThenDevice(t *testing.T) {
+	w := kv.Worker{ID: 1}
+	ix := New(Config{Shards: 1, MaxPairs: 100})
+	chain := func(tier kv.StorageTier, base uint64, n int) {
+		for i := range n {
+			var parent *uint64
+			if i > 0 {
+				parent = kv.Ptr(base + uint64(i-1))
+			}
+			ev := kv.StoredEvent(w, 0, parent, kv.Block{EngineHash: base + uint64(i), LocalHash: base + uint64(i)})
+			ev.Tier = tier
+			if err := ix.Apply(&ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held := func(tier kv.StorageTier) int {
+		h, _ := ix.HeldOn(w, tier)
+		return len(h)
+	}
+	chain(kv.TierHostPinned, 1000, 30)
+	chain(kv.TierDisk, 2000, 30)
+	stored := 0
+	for stored < 90 {
+		stored += 10
+		chain(kv.TierDevice, 0, stored) // the chain grows by 10 blocks
+		dev, host, disk := held(kv.TierDevice), held(kv.TierHostPinned), held(kv.TierDisk)
+		if dev+host+disk > 100 {
+			t.Fatalf("%d device blocks stored: %d+%d+%d pairs above the cap", stored, dev, host, disk)
+		}
+		if dev < stored && host+disk > 0 || host < 30 && disk > 0 {
+			t.Fatalf("%d device blocks stored: device %d, host %d, disk %d: a faster tier lost blocks first", stored, dev, host, disk)
+		}
+	}
+	if held(kv.TierDisk) != 0 || held(kv.TierHostPinned) > 10 || held(kv.TierDevice) != 90 {
+		t.Fatalf("device %d, host %d, disk %d at the end", held(kv.TierDevice), held(kv.TierHostPinned), held(kv.TierDisk))
+	}
+}

@@ -503,3 +503,23 @@ func TestMemoryCapEvictsDiskThenHostThenDevice(t *testing.T) {
 		t.Fatalf("device %d, host %d, disk %d at the end", held(kv.TierDevice), held(kv.TierHostPinned), held(kv.TierDisk))
 	}
 }
+
+// Lookups allocate nothing, on a device-only index and, once the
+// matcher's scratch has grown, on a tiered one.
+func TestFindMatchesAllocatesNothing(t *testing.T) {
+	for _, offload := range []int{0, 16} {
+		ix := New(Config{Shards: 4})
+		qs := offloadedFleet(ix, 16, 2, 64, 8, offload, rand.New(rand.NewPCG(5, 6)))
+		if ix.hasLower.Load() != (offload > 0) {
+			t.Fatalf("offload %d: lower tiers %v", offload, ix.hasLower.Load())
+		}
+		var m Matcher
+		for _, q := range qs {
+			ix.FindMatches(&m, q)
+		}
+		i := 0
+		if a := testing.AllocsPerRun(100, func() { ix.FindMatches(&m, qs[i%len(qs)]); i++ }); a != 0 {
+			t.Fatalf("offload %d: %.1f allocations per lookup", offload, a)
+		}
+	}
+}

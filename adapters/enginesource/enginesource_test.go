@@ -253,9 +253,7 @@ func dumpServer(t *testing.T, p *testPub, state func() []byte) string {
 }
 
 func TestReplayTooOldLoadsTheEnginesDump(t *testing.T) {
-	p := newTestPub(t, pubOpts{keep: 2})
-	w := kv.Worker{ID: 1}
-	r := newRouter(t, router.WorkerInfo{ID: 1})
+	p, w, r := ringOfTwo(t)
 	a, x, gone := toks(4, 5), toks(1, 6), toks(2, 7)
 	var dumped atomic.Bool
 	dump := dumpServer(t, p, func() []byte {

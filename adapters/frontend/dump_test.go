@@ -49,6 +49,24 @@ func (e *env) dumpRequest(token string) *http.Response {
 	return resp
 }
 
+// replayDump is the index the streamed dump rebuilds.
+func (e *env) replayDump() *index.Index {
+	e.t.Helper()
+	resp := e.dumpRequest("")
+	var evs []kv.Event
+	if err := json.NewDecoder(resp.Body).Decode(&evs); err != nil || resp.StatusCode != 200 {
+		e.t.Fatalf("%d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	replay := index.New(index.Config{})
+	for i := range evs {
+		if err := replay.Apply(&evs[i]); err != nil {
+			e.t.Fatalf("event %d: %v", i, err)
+		}
+	}
+	return replay
+}
+
 func TestDumpEventsNeedsTheAdminToken(t *testing.T) {
 	e := newEnv(t, envOpts{adminToken: testAdmin})
 	indexRanks(t, e, 2, 10)
@@ -71,18 +89,7 @@ func TestDumpEventsStreamsTheIndex(t *testing.T) {
 	const ranks, blocks = 100, 400
 	indexRanks(t, e, ranks, blocks)
 
-	resp := e.dumpRequest("")
-	var evs []kv.Event
-	if err := json.NewDecoder(resp.Body).Decode(&evs); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("%d %v", resp.StatusCode, err)
-	}
-	resp.Body.Close()
-	replay := index.New(index.Config{})
-	for i := range evs {
-		if err := replay.Apply(&evs[i]); err != nil {
-			t.Fatalf("event %d: %v", i, err)
-		}
-	}
+	replay := e.replayDump()
 	for r := range ranks {
 		w := kv.Worker{ID: uint64(100 + r)}
 		got, want := replay.Held(w), e.router.HeldBlocks(w)
@@ -96,7 +103,7 @@ func TestDumpEventsStreamsTheIndex(t *testing.T) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	resp = e.dumpRequest("")
+	resp := e.dumpRequest("")
 	sent, err := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	runtime.ReadMemStats(&after)
@@ -137,5 +144,39 @@ func TestDumpEventsOneAtATime(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(e.fe.m.dumpsRefused); got != 1 {
 		t.Fatalf("%v dumps counted as refused, want 1", got)
+	}
+}
+
+// The streamed dump carries each block's storage tier: replayed, it
+// holds every block on the tiers the router has it on.
+func TestDumpEventsCarryTheTier(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	indexRanks(t, e, 2, 6)
+	tiers := []kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal}
+	for r := range 2 {
+		w := kv.Worker{ID: uint64(100 + r)}
+		for i, tier := range tiers[1:] {
+			// Offloaded: the rank's blocks 3.. also on a lower tier,
+			// below the parent it holds on the device.
+			bs := []kv.Block{{EngineHash: uint64(r)<<32 | uint64(4+i), LocalHash: uint64(r)<<20 | uint64(4+i)}}
+			ev := kv.StoredEvent(w, 0, kv.Ptr(uint64(r)<<32|uint64(3+i)), bs...)
+			ev.Tier = tier
+			if err := e.router.ApplyEvent(&ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	replay := e.replayDump()
+	for r := range 2 {
+		w := kv.Worker{ID: uint64(100 + r)}
+		for _, tier := range tiers {
+			got, _ := replay.HeldOn(w, tier)
+			want := e.router.HeldBlocksOn(w, tier)
+			slices.Sort(got)
+			slices.Sort(want)
+			if len(want) == 0 || !slices.Equal(got, want) {
+				t.Fatalf("rank %v, %s: the dump holds %d blocks, the router %d", w, tier, len(got), len(want))
+			}
+		}
 	}
 }

@@ -14,7 +14,9 @@ import (
 // of bytes each. The binary form is a magic number followed by fixed
 // 37-byte records: worker u64, dp rank u32, flags u8, parent u64, engine
 // hash u64, local hash u64, all little-endian. Flags: 1 = has parent,
-// 2 = a removal of the engine hash (parent and local unused).
+// 2 = a removal of the engine hash (parent and local unused); bits 4 and 5
+// are the storage tier (0 device, 1 host, 2 disk, 3 external), so a dump
+// of device blocks only is what it always was.
 var dumpMagic = [4]byte{'K', 'V', 'D', '1'}
 
 const dumpRecord = 8 + 4 + 1 + 8 + 8 + 8
@@ -30,16 +32,20 @@ func EncodeDump(dst []byte, events []kv.Event) ([]byte, error) {
 	}
 	for i := range events {
 		ev := &events[i]
+		tier, ok := tierCode(ev.Tier)
+		if !ok {
+			return nil, fmt.Errorf("natsplane: dump event %d of unknown storage tier %q", i, ev.Tier)
+		}
 		switch {
 		case ev.Kind == kv.KindRemoved:
 			for _, h := range ev.Removed.EngineHashes {
-				dst = appendRecord(dst, ev.Worker, flagRemoval, 0, h, 0)
+				dst = appendRecord(dst, ev.Worker, flagRemoval|tier, 0, h, 0)
 			}
 		case ev.Kind == kv.KindStored && len(ev.Stored.Blocks) == 1:
-			var flags byte
+			flags := tier
 			var parent uint64
 			if ev.Stored.Parent != nil {
-				flags, parent = flagParent, *ev.Stored.Parent
+				flags, parent = flags|flagParent, *ev.Stored.Parent
 			}
 			dst = appendRecord(dst, ev.Worker, flags, parent, ev.Stored.Blocks[0].EngineHash, ev.Stored.Blocks[0].LocalHash)
 		default:
@@ -52,7 +58,24 @@ func EncodeDump(dst []byte, events []kv.Event) ([]byte, error) {
 const (
 	flagParent  = 1
 	flagRemoval = 2
+	tierShift   = 4
+	tierMask    = 3 << tierShift
 )
+
+var dumpTiers = [4]kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal}
+
+// tierCode is tier's bits in a record's flags.
+func tierCode(t kv.StorageTier) (byte, bool) {
+	if t == "" {
+		return 0, true
+	}
+	for i, d := range dumpTiers {
+		if d == t {
+			return byte(i) << tierShift, true
+		}
+	}
+	return 0, false
+}
 
 func appendRecord(dst []byte, w kv.Worker, flags byte, parent, engine, local uint64) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, w.ID)
@@ -80,7 +103,8 @@ func DecodeDump(b []byte, fn func(ev *kv.Event) error) error {
 		w := kv.Worker{ID: binary.LittleEndian.Uint64(b), DPRank: binary.LittleEndian.Uint32(b[8:])}
 		engine := binary.LittleEndian.Uint64(b[21:])
 		ev := &st
-		switch b[12] {
+		tier := dumpTiers[(b[12]&tierMask)>>tierShift]
+		switch b[12] &^ tierMask {
 		case 0:
 			st.Stored.Parent = nil
 		case flagParent:
@@ -92,7 +116,7 @@ func DecodeDump(b []byte, fn func(ev *kv.Event) error) error {
 		default:
 			return fmt.Errorf("%w: flags %d", ErrCorruptDump, b[12])
 		}
-		ev.Worker = w
+		ev.Worker, ev.Tier = w, tier
 		if ev == &st {
 			st.Stored.Blocks[0] = kv.Block{EngineHash: engine, LocalHash: binary.LittleEndian.Uint64(b[29:])}
 		}

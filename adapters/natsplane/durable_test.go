@@ -52,6 +52,7 @@ func TestDurablePlaneRecoversAcrossRestartsAndNewReplicas(t *testing.T) {
 	b, dumpB := startDurable(t, srv.URL(), "b", 0, ids...)
 	publishAll(t, pubs, 800)
 	want := truth(pubs...)
+	onEveryTier(t, want)
 	for _, s := range []*Subscriber{a, b} {
 		testwait.Until(t, 10*time.Second, "replicas consumed the stream", func() bool { return caughtUp(t, s, srv.URL()) })
 	}
@@ -82,6 +83,7 @@ func TestDurablePlaneSnapshotsPurgesAndLoads(t *testing.T) {
 	a, dumpA := startDurable(t, srv.URL(), "a", 300, 51)
 	publishAll(t, []*Publisher{p}, 1000)
 	want := truth(p)
+	onEveryTier(t, want)
 	testwait.Until(t, 10*time.Second, "consumed", func() bool { return caughtUp(t, a, srv.URL()) })
 	testwait.Until(t, 10*time.Second, "snapshot written", func() bool { return a.Stats().Snapshots > 0 })
 	js, _ := jetstream.New(connect(t, srv.URL()))

@@ -128,12 +128,23 @@ func truth(pubs ...*Publisher) []string {
 
 // workload produces a worker's KV events: chains stored under random known
 // blocks (or the root), removals of random blocks, now and then a clear.
+// Chains go to every storage tier, and device blocks are offloaded (the
+// same block stored on a lower tier), so that every path a dump takes
+// must carry the tier.
 type workload struct {
 	worker uint64
 	rng    *rand.Rand
-	held   []uint64
+	held   []heldBlock
 	next   uint64
 }
+
+type heldBlock struct {
+	hash, local uint64
+	parent      *uint64
+	tier        kv.StorageTier
+}
+
+var workloadTiers = []kv.StorageTier{kv.TierDevice, kv.TierDevice, kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal}
 
 func newWorkload(worker uint64, seed uint64) *workload {
 	return &workload{worker: worker, rng: rand.New(rand.NewPCG(seed, worker)), next: worker << 32}
@@ -144,24 +155,39 @@ func (g *workload) event() kv.Event {
 	switch p := g.rng.IntN(100); {
 	case p < 25 && len(g.held) > 0:
 		i := g.rng.IntN(len(g.held))
-		h := g.held[i]
+		b := g.held[i]
 		g.held = slices.Delete(g.held, i, i+1)
-		return kv.RemovedEvent(w, 0, h)
+		ev := kv.RemovedEvent(w, 0, b.hash)
+		ev.Tier = b.tier
+		return ev
+	case p < 35 && len(g.held) > 0:
+		// Offload a block to a lower tier, under the parent it has.
+		b := g.held[g.rng.IntN(len(g.held))]
+		b.tier = workloadTiers[3+g.rng.IntN(3)]
+		g.held = append(g.held, b)
+		ev := kv.StoredEvent(w, 0, b.parent, kv.Block{EngineHash: b.hash, LocalHash: b.local})
+		ev.Tier = b.tier
+		return ev
 	case p == 99:
 		g.held = g.held[:0]
 		return kv.ClearedEvent(w, 0)
 	}
 	var parent *uint64
 	if len(g.held) > 0 && g.rng.IntN(3) > 0 {
-		parent = kv.Ptr(g.held[g.rng.IntN(len(g.held))])
+		parent = kv.Ptr(g.held[g.rng.IntN(len(g.held))].hash)
 	}
+	tier := workloadTiers[g.rng.IntN(len(workloadTiers))]
 	blocks := make([]kv.Block, 1+g.rng.IntN(8))
+	up := parent
 	for i := range blocks {
 		g.next++
 		blocks[i] = kv.Block{EngineHash: g.next, LocalHash: uint64(g.rng.IntN(50))}
-		g.held = append(g.held, g.next)
+		g.held = append(g.held, heldBlock{hash: g.next, local: blocks[i].LocalHash, parent: up, tier: tier})
+		up = kv.Ptr(g.next)
 	}
-	return kv.StoredEvent(w, 0, parent, blocks...)
+	ev := kv.StoredEvent(w, 0, parent, blocks...)
+	ev.Tier = tier
+	return ev
 }
 
 type lossy struct {
@@ -263,6 +289,16 @@ func TestCorePlaneConvergesUnderLossAndRingOverflow(t *testing.T) {
 	}
 }
 
+// onEveryTier fails unless a dump's lines hold blocks of every tier.
+func onEveryTier(t *testing.T, lines []string) {
+	t.Helper()
+	for _, tier := range []kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal} {
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"storage_tier":"`+string(tier)+`"`) }) {
+			t.Fatalf("the workers hold no %s block: the test would not see a tier dropped", tier)
+		}
+	}
+}
+
 func TestCorePlaneNewRouterDumpsEveryWorker(t *testing.T) {
 	srv := startServer(t)
 	ids := []uint64{21, 22}
@@ -270,6 +306,7 @@ func TestCorePlaneNewRouterDumpsEveryWorker(t *testing.T) {
 	publishAll(t, pubs, 500) // nobody listens yet
 	_, r := startSubscriber(t, srv.URL(), SubscriberConfig{RouterID: "late"}, ids...)
 	want := truth(pubs...)
+	onEveryTier(t, want)
 	testwait.Until(t, 10*time.Second, "dumped state", func() bool { return slices.Equal(canonical(r.DumpEvents()), want) })
 	publishAll(t, pubs, 200) // and live events follow on
 	want = truth(pubs...)
@@ -402,5 +439,35 @@ func TestEmbeddedServerOnAPortInUseSaysSo(t *testing.T) {
 	_, err := StartEmbedded(EmbeddedConfig{StoreDir: t.TempDir(), Port: srv.Port()})
 	if err == nil || !strings.Contains(err.Error(), "cannot listen") {
 		t.Fatalf("want a clear error, got %v", err)
+	}
+}
+
+// A snapshot carries each block's storage tier: a replica rebuilt from it
+// credits host and disk blocks as the engines published them.
+func TestDumpCodecCarriesTheTier(t *testing.T) {
+	var evs []kv.Event
+	for i, tier := range []kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal} {
+		st := kv.StoredEvent(kv.Worker{ID: 3}, 0, kv.Ptr(uint64(i)), kv.Block{EngineHash: uint64(10 + i), LocalHash: 1})
+		rm := kv.RemovedEvent(kv.Worker{ID: 3}, 0, uint64(i))
+		st.Tier, rm.Tier = tier, tier
+		evs = append(evs, st, rm)
+	}
+	b, err := EncodeDump(nil, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []kv.StorageTier
+	if err := DecodeDump(b, func(ev *kv.Event) error { got = append(got, ev.Tier); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i := range evs {
+		if got[i] != evs[i].Tier {
+			t.Fatalf("event %d: tier %q, want %q", i, got[i], evs[i].Tier)
+		}
+	}
+	bad := evs[0]
+	bad.Tier = "floppy"
+	if _, err := EncodeDump(nil, []kv.Event{bad}); err == nil {
+		t.Fatal("unknown tier encoded")
 	}
 }

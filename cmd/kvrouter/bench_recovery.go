@@ -29,8 +29,9 @@ tokens. After --traffic, and once the engine's replay ring no longer holds
 its first batch, the router is replaced by a new one that knows nothing,
 and the clients move to it. Every --sample the engine is paused between two
 steps, the new router is given time to apply every batch published so far,
-and its blocks for the engine are compared with the engine's own cache,
-for --observe. With --no-dump the router may not ask the engine for its
+and its blocks for the engine are compared with the engine's own cache, tier
+by tier (a block must be on the same storage tiers in both), for
+--observe. With --no-dump the router may not ask the engine for its
 cache (as with vLLM, which has no such call) and must rebuild from the
 events and the traffic it routes.`,
 		Args: cobra.NoArgs,
@@ -48,7 +49,11 @@ events and the traffic it routes.`,
 				} else {
 					fmt.Fprintf(tw, "router blocks == engine blocks after\tnever within %v\n", cfg.Observe)
 				}
-				fmt.Fprintf(tw, "engine blocks known at the end\t%.2f %%\n", 100*res.FinalCoverage)
+				fmt.Fprintf(tw, "engine blocks known at the end (each tier)\t%.2f %%\n", 100*res.FinalCoverage)
+				if n := len(res.Samples); n > 0 {
+					last := res.Samples[n-1]
+					fmt.Fprintf(tw, "lower-tier blocks at the end, engine / router\t%d / %d\n", last.EngineLowerBlocks, last.RouterLowerBlocks)
+				}
 				fmt.Fprintf(tw, "requests after the restart (errors)\t%d (%d)\n", res.RequestsAfter, res.Errors)
 				fmt.Fprintf(tw, "events re-anchored / refused\t%d / %d\n", res.Reanchored, res.Refused)
 				fmt.Fprintf(tw, "blocks inferred\t%d\n", res.BlocksInferred)

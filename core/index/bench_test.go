@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -13,6 +14,13 @@ import (
 // fleet fills an index as a KV-routed fleet looks: every worker holds a
 // shared system prompt, then private conversations branching off it.
 func fleet(ix *Index, workers, convs, convBlocks, sysBlocks int, rng *rand.Rand) [][]uint64 {
+	return offloadedFleet(ix, workers, convs, convBlocks, sysBlocks, 0, rng)
+}
+
+// offloadedFleet is fleet with the last offload blocks of every
+// conversation moved from the device to the host tier, as an offloading
+// engine publishes it: stored on the host, then removed from the GPU.
+func offloadedFleet(ix *Index, workers, convs, convBlocks, sysBlocks, offload int, rng *rand.Rand) [][]uint64 {
 	var queries [][]uint64
 	id := uint64(1)
 	for w := range workers {
@@ -43,6 +51,19 @@ func fleet(ix *Index, workers, convs, convBlocks, sysBlocks int, rng *rand.Rand)
 				ev := kv.StoredEvent(wk, 0, nil, blocks...)
 				_ = ix.Apply(&ev)
 			}
+			if offload > 0 {
+				tail := blocks[len(blocks)-offload:]
+				st := kv.StoredEvent(wk, 0, kv.Ptr(tail[0].EngineHash-1), tail...)
+				st.Tier = kv.TierHostPinned
+				_ = ix.Apply(&st)
+				// Leaves first, as engines evict: the device tier stays
+				// prefix-closed.
+				rm := kv.RemovedEvent(wk, 0)
+				for _, b := range slices.Backward(tail) {
+					rm.Removed.EngineHashes = append(rm.Removed.EngineHashes, b.EngineHash)
+				}
+				_ = ix.Apply(&rm)
+			}
 			queries = append(queries, blockhash.SequenceHashes(local))
 		}
 	}
@@ -56,6 +77,29 @@ func BenchmarkFindMatches(b *testing.B) {
 			ix := New(Config{Shards: tc.shards})
 			qs := fleet(ix, workers, 4, 512-64, 64, rand.New(rand.NewPCG(1, 2)))
 			var m Matcher
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				ix.FindMatches(&m, qs[i%len(qs)])
+				i++
+			}
+		})
+	}
+}
+
+// BenchmarkFindMatchesTiered is BenchmarkFindMatches on an index whose
+// workers offloaded the last quarter of every conversation to the host:
+// the lookups continue on the host tier.
+func BenchmarkFindMatchesTiered(b *testing.B) {
+	for _, tc := range []struct{ workers, shards int }{{64, 4}, {1000, 4}} {
+		b.Run(fmt.Sprintf("workers=%d/shards=%d/blocks=512", tc.workers, tc.shards), func(b *testing.B) {
+			ix := New(Config{Shards: tc.shards})
+			qs := offloadedFleet(ix, tc.workers, 4, 512-64, 64, 112, rand.New(rand.NewPCG(1, 2)))
+			var m Matcher
+			ix.FindMatches(&m, qs[0])
+			if i := slices.IndexFunc(m.Tiers(), func(o TierOverlap) bool { return o.Worker == kv.Worker{} }); i < 0 || m.Tiers()[i].Device != 512-112 || m.Tiers()[i].Host != 512 {
+				b.Fatalf("tiers %v: want the host tier to continue the match", m.Tiers())
+			}
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {

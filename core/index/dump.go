@@ -60,24 +60,38 @@ func (ix *Index) DumpTo(d *Dumper, visit func([]kv.Event) error) error {
 	}
 	d.events, d.blocks, d.parents, d.removed = d.events[:0], d.blocks[:0], d.parents[:0], d.removed[:0]
 	for i := range ix.shards {
-		sh := &ix.shards[i]
-		for s := 0; ; s++ {
-			sh.mu.RLock()
-			if s >= len(sh.t.workers) {
-				sh.mu.RUnlock()
-				break
-			}
-			w, ok := d.read(sh.t, uint32(s))
-			sh.mu.RUnlock()
-			if !ok {
-				continue
-			}
-			if err := d.emitRank(w, visit); err != nil {
+		for tier := -1; tier < lowerTiers; tier++ {
+			if err := d.dumpTree(&ix.shards[i], tier, visit); err != nil {
 				return err
 			}
 		}
 	}
 	return d.flush(visit)
+}
+
+// dumpTree dumps the ranks of the shard's tree of one tier (-1: the
+// device), their events marked with it.
+func (d *Dumper) dumpTree(sh *shard, tier int, visit func([]kv.Event) error) error {
+	name := kv.TierDevice
+	if tier >= 0 {
+		name = lowerTierNames[tier]
+	}
+	for s := 0; ; s++ {
+		sh.mu.RLock()
+		t := sh.tree(tier)
+		if t == nil || s >= len(t.workers) {
+			sh.mu.RUnlock()
+			return nil
+		}
+		w, ok := d.read(t, uint32(s))
+		sh.mu.RUnlock()
+		if !ok {
+			continue
+		}
+		if err := d.emitRank(w, name, visit); err != nil {
+			return err
+		}
+	}
 }
 
 // Dump returns the events DumpTo hands out, all at once: the snapshot and
@@ -200,8 +214,9 @@ func (d *Dumper) pos(ref int32) int32 {
 
 func (d *Dumper) isDone(x int32) bool { return d.done[x>>6]&(1<<(x&63)) != 0 }
 
-// emitRank hands out the rank's events, every block after its parent.
-func (d *Dumper) emitRank(w kv.Worker, visit func([]kv.Event) error) error {
+// emitRank hands out the rank's events on one tier, every block after its
+// parent.
+func (d *Dumper) emitRank(w kv.Worker, tier kv.StorageTier, visit func([]kv.Event) error) error {
 	total := len(d.entries) + len(d.bridges)
 	words := (total + 63) / 64
 	if cap(d.done) < words {
@@ -239,7 +254,9 @@ func (d *Dumper) emitRank(w kv.Worker, visit func([]kv.Event) error) error {
 			}
 			d.blocks = append(d.blocks, kv.Block{EngineHash: e.id, LocalHash: e.local})
 			n := len(d.blocks)
-			if err := d.add(kv.StoredEvent(w, id, parent, d.blocks[n-1:n:n]...), visit); err != nil {
+			ev := kv.StoredEvent(w, id, parent, d.blocks[n-1:n:n]...)
+			ev.Tier = tier
+			if err := d.add(ev, visit); err != nil {
 				return err
 			}
 			id++
@@ -256,7 +273,9 @@ func (d *Dumper) emitRank(w kv.Worker, visit func([]kv.Event) error) error {
 	}
 	// Bridges are found in node order, which equal indexes need not share.
 	slices.Sort(d.removed[start:])
-	return d.add(kv.RemovedEvent(w, id, d.removed[start:len(d.removed):len(d.removed)]...), visit)
+	ev := kv.RemovedEvent(w, id, d.removed[start:len(d.removed):len(d.removed)]...)
+	ev.Tier = tier
+	return d.add(ev, visit)
 }
 
 func (d *Dumper) add(ev kv.Event, visit func([]kv.Event) error) error {

@@ -23,6 +23,7 @@ import (
 	"cmp"
 	"errors"
 	"runtime"
+	"sync/atomic"
 
 	"github.com/kvrouter/kvrouter/core/kv"
 )
@@ -63,6 +64,8 @@ type Stats struct {
 	// LookupWaits counts lookups of a shard that found it taken by a
 	// writer and waited.
 	LookupWaits uint64
+	// UnknownTier counts events of a storage tier the index does not know.
+	UnknownTier uint64
 }
 
 func (s *Stats) add(o Stats) {
@@ -82,6 +85,7 @@ func (s *Stats) add(o Stats) {
 	s.Reanchored += o.Reanchored
 	s.BlocksInferred += o.BlocksInferred
 	s.LookupWaits += o.LookupWaits
+	s.UnknownTier += o.UnknownTier
 }
 
 // Config tunes an Index.
@@ -122,6 +126,9 @@ type Index struct {
 	shards     []shard
 	maxPerShrd uint64
 	pruneTo    uint64
+	// hasLower is set once any shard holds a lower tier (see tiers.go);
+	// until then lookups skip the tiers entirely.
+	hasLower atomic.Bool
 }
 
 type shard struct {
@@ -129,7 +136,10 @@ type shard struct {
 	// FindMatches holds it shared and only writes node stamps, atomically.
 	mu shardLock
 	t  *tree
-	_  [32]byte // keep neighbouring shard locks off one cache line
+	// lower are the trees of the lower tiers, made on their first event.
+	lower    [lowerTiers]*tree
+	hasLower bool
+	_        [32]byte // keep neighbouring shard locks off one cache line
 }
 
 // New returns an empty Index.
@@ -169,9 +179,10 @@ func (ix *Index) ShardOf(w kv.Worker) int {
 // Shards is the number of independently locked shards.
 func (ix *Index) Shards() int { return len(ix.shards) }
 
-// Apply applies one event. A rejected event (unknown parent, no blocks,
-// unknown kind) is counted and leaves the index unchanged; removals of
-// blocks the worker never stored are counted and skipped one by one.
+// Apply applies one event to its storage tier. A rejected event (unknown
+// tier, unknown parent, no blocks, unknown kind) is counted and leaves the
+// index unchanged; removals of blocks the worker never stored are counted
+// and skipped one by one.
 func (ix *Index) Apply(ev *kv.Event) error {
 	// An event source applies events back to back while they keep
 	// coming, and the Go scheduler preempts a goroutine that has run for
@@ -185,23 +196,59 @@ func (ix *Index) Apply(ev *kv.Event) error {
 	sh := ix.shardOf(ev.Worker)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	t := sh.t
+	t, lt := sh.t, -1
+	if ev.Tier != kv.TierDevice {
+		var ok bool
+		if lt, ok = lowerOf(ev.Tier); !ok {
+			t.stats.Events++
+			t.stats.UnknownTier++
+			return ErrUnknownTier
+		}
+		switch {
+		case lt < 0:
+		case sh.lower[lt] != nil || ev.Kind == kv.KindStored:
+			t = ix.lowerTree(sh, lt)
+		case ev.Kind == kv.KindRemoved:
+			// Nothing to remove from a tier never stored to; making its
+			// tree would only take every lookup off the device-only path.
+			t.stats.Events++
+			t.stats.RemovedEvents++
+			t.stats.UnknownBlocks += uint64(len(ev.Removed.EngineHashes))
+			return nil
+		case ev.Kind == kv.KindCleared:
+			t.stats.Events++
+			t.stats.ClearedEvents++
+			return nil
+		}
+	}
 	t.stats.Events++
 	var err error
 	switch ev.Kind {
 	case kv.KindStored:
 		t.stats.StoredEvents++
-		err = storeChunked(sh, ev)
-		if err == nil && ix.maxPerShrd > 0 && t.pairs > ix.maxPerShrd {
-			t.evictTo(ix.pruneTo)
+		err = storeChunked(sh, t, ev)
+		if err == nil && ix.maxPerShrd > 0 && sh.pairs() > ix.maxPerShrd {
+			sh.evictTo(ix.pruneTo)
 		}
 		t.renormalizeTicks()
 	case kv.KindRemoved:
 		t.stats.RemovedEvents++
-		removeChunked(sh, ev)
+		removeChunked(sh, t, ev)
 	case kv.KindCleared:
 		t.stats.ClearedEvents++
-		t.clearWorker(ev.Worker)
+		if lt >= 0 {
+			t.clearWorker(ev.Worker)
+			break
+		}
+		// A clear of the device (engines' reset, which names no medium,
+		// and the clears routers and event sources make before rebuilding
+		// a rank from a dump or after a lost history) drops the rank on
+		// every tier: what follows rebuilds every tier.
+		for i := -1; i < lowerTiers; i++ {
+			if tt := sh.tree(i); tt != nil {
+				tt.clearWorker(ev.Worker)
+			}
+		}
 	default:
 		t.stats.UnknownKind++
 		err = ErrUnknownKind
@@ -221,8 +268,7 @@ const applyChunk = 16
 // between chunks. Readers may see a prefix of the chain meanwhile, which is
 // a state the worker was in anyway. If another writer removed the point
 // the chain hangs from, the rest is refused like an unknown parent.
-func storeChunked(sh *shard, ev *kv.Event) error {
-	t := sh.t
+func storeChunked(sh *shard, t *tree, ev *kv.Event) error {
 	s, cur, err := t.beginStored(ev.Worker, &ev.Stored)
 	if err != nil {
 		return err
@@ -237,6 +283,7 @@ func storeChunked(sh *shard, ev *kv.Event) error {
 			}
 		}
 		cur = t.storeBlocks(s, cur, blocks[:n])
+		t.unplace()
 		if blocks = blocks[n:]; len(blocks) == 0 {
 			return nil
 		}
@@ -251,11 +298,11 @@ func storeChunked(sh *shard, ev *kv.Event) error {
 
 // removeChunked applies a removed event with sh.mu held, releasing it
 // between chunks.
-func removeChunked(sh *shard, ev *kv.Event) {
+func removeChunked(sh *shard, t *tree, ev *kv.Event) {
 	hashes := ev.Removed.EngineHashes
 	for {
 		n := min(len(hashes), applyChunk)
-		sh.t.applyRemoved(ev.Worker, &kv.Removed{EngineHashes: hashes[:n]})
+		t.applyRemoved(ev.Worker, &kv.Removed{EngineHashes: hashes[:n]})
 		if hashes = hashes[n:]; len(hashes) == 0 {
 			return
 		}
@@ -334,21 +381,30 @@ func (ix *Index) OverBound() []OverBound {
 	return out
 }
 
-// RemoveWorker drops every block of every rank of engine id.
+// RemoveWorker drops every block of every rank of engine id, on every
+// tier.
 func (ix *Index) RemoveWorker(id uint64) {
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.Lock()
-		sh.t.removeWorkerID(id)
+		for j := -1; j < lowerTiers; j++ {
+			if t := sh.tree(j); t != nil {
+				t.removeWorkerID(id)
+			}
+		}
 		sh.mu.Unlock()
 	}
 }
 
-// RemoveRank drops every block of one worker rank.
+// RemoveRank drops every block of one worker rank, on every tier.
 func (ix *Index) RemoveRank(w kv.Worker) {
 	sh := ix.shardOf(w)
 	sh.mu.Lock()
-	sh.t.clearWorker(w)
+	for j := -1; j < lowerTiers; j++ {
+		if t := sh.tree(j); t != nil {
+			t.clearWorker(w)
+		}
+	}
 	sh.mu.Unlock()
 }
 
@@ -358,19 +414,40 @@ type Matcher struct {
 	sc      scratch
 	out     []Overlap
 	dropped []int32 // Predicted: the workers a lookup is extending
+	tiers   tierScratch
 }
 
 // FindMatches returns, for every worker rank that holds the request's first
-// block, how many leading blocks of seq it holds. seq are the request's
-// sequence hashes. The result is valid until the next call on m.
+// block on the device, how many leading blocks of seq it holds there. seq
+// are the request's sequence hashes. The result is valid until the next
+// call on m; so are the lower tiers' overlaps (m.Tiers) it finds when the
+// index holds any.
 func (ix *Index) FindMatches(m *Matcher, seq []uint64) []Overlap {
 	m.out = m.out[:0]
+	m.tiers.out = m.tiers.out[:0]
+	if ix.hasLower.Load() {
+		return ix.findTiered(m, seq)
+	}
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.RLock()
 		m.out = sh.t.find(seq, &m.sc, m.out)
 		sh.mu.RUnlock()
 	}
+	return m.out
+}
+
+// findTiered is FindMatches over every tier.
+func (ix *Index) findTiered(m *Matcher, seq []uint64) []Overlap {
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		sh.mu.RLock()
+		start := len(m.out)
+		m.out = sh.t.find(seq, &m.sc, m.out)
+		m.findLower(sh, seq, m.out[start:])
+		sh.mu.RUnlock()
+	}
+	ix.findShared(m, seq)
 	return m.out
 }
 
@@ -386,26 +463,11 @@ func (ix *Index) Blocks(w kv.Worker) int {
 	return 0
 }
 
-// Held returns the sequence hashes of the blocks worker rank w holds, in
-// no particular order: the router's view of that rank's cache.
+// Held returns the sequence hashes of the blocks worker rank w holds on
+// the device, in no particular order: the router's view of that rank's
+// cache.
 func (ix *Index) Held(w kv.Worker) []uint64 {
-	sh := ix.shardOf(w)
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	s, ok := sh.t.slotOf[w]
-	if !ok {
-		return nil
-	}
-	ws := &sh.t.workers[s]
-	out := make([]uint64, 0, ws.blocks.Len())
-	seen := make(map[uint32]bool, ws.blocks.Len())
-	ws.blocks.Range(func(_ uint64, n uint32) bool {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, sh.t.nodes.at(n).seq())
-		}
-		return true
-	})
+	out, _ := ix.HeldOn(w, kv.TierDevice)
 	return out
 }
 
@@ -423,13 +485,13 @@ func (ix *Index) Inferred(w kv.Worker) int {
 	return 0
 }
 
-// Pairs is the number of indexed (block, worker rank) pairs.
+// Pairs is the number of indexed (block, worker rank, tier) pairs.
 func (ix *Index) Pairs() uint64 {
 	var n uint64
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.RLock()
-		n += sh.t.pairs
+		n += sh.pairs()
 		sh.mu.RUnlock()
 	}
 	return n
@@ -441,7 +503,11 @@ func (ix *Index) Stats() Stats {
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.RLock()
-		st.add(sh.t.stats)
+		for j := -1; j < lowerTiers; j++ {
+			if t := sh.tree(j); t != nil {
+				st.add(t.stats)
+			}
+		}
 		sh.mu.RUnlock()
 		st.LookupWaits += sh.mu.readerWaits.Load()
 	}

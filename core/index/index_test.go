@@ -18,6 +18,8 @@ import (
 type refModel struct {
 	ids   map[kv.Worker]map[uint64]uint64 // engine id → path seq hash
 	holds map[kv.Worker]map[uint64]int    // path seq hash → references
+	// foreign, for a lower tier, resolves a parent held on another tier.
+	foreign func(w kv.Worker, id uint64) (uint64, bool)
 }
 
 func newRef() *refModel {
@@ -45,6 +47,9 @@ func (r *refModel) apply(ev *kv.Event) error {
 		cur, root := uint64(0), true
 		if ev.Stored.Parent != nil {
 			p, ok := r.ids[w][*ev.Stored.Parent]
+			if !ok && r.foreign != nil {
+				p, ok = r.foreign(w, *ev.Stored.Parent)
+			}
 			if !ok {
 				return ErrUnknownParent
 			}

@@ -64,6 +64,17 @@ type tree struct {
 	// locate, when set, is asked where a stored event's unknown parent
 	// sits (see Config.Locate).
 	locate Locator
+	// foreign, on a lower tier's tree, finds the sequence hash of a
+	// parent the worker holds on another tier (see tiers.go).
+	foreign func(w kv.Worker, h uint64) (uint64, bool)
+	// placed is the node beginStored placed for a parent found on another
+	// tier, pinned (one child more) while the chain is stored below it: a
+	// block of the chain that replaces one of the worker's may otherwise
+	// collect it, and the chain would hang from a freed node. The chain's
+	// first block may also already exist below another such node of the
+	// same path, leaving this one childless: storeBlocks' caller unpins
+	// and collects it (see unplace).
+	placed uint32
 
 	// Scratch of the warm passes (see warmStore).
 	seqs      []uint64
@@ -498,8 +509,19 @@ func (t *tree) applyStored(w kv.Worker, st *kv.Stored) error {
 	s, cur, err := t.beginStored(w, st)
 	if err == nil {
 		t.storeBlocks(s, cur, st.Blocks)
+		t.unplace()
 	}
 	return err
+}
+
+// unplace unpins the node beginStored placed and collects it, if nothing
+// hangs from it.
+func (t *tree) unplace() {
+	if t.placed != rootParent {
+		t.nodes.at(t.placed).children--
+		t.collect(t.placed)
+		t.placed = rootParent
+	}
 }
 
 // beginStored finds where a stored chain attaches: the worker's slot and
@@ -513,6 +535,13 @@ func (t *tree) beginStored(w kv.Worker, st *kv.Stored) (s, cur uint32, err error
 	cur = rootParent
 	if st.Parent != nil {
 		p, ok := t.workers[s].blocks.Get(*st.Parent)
+		if !ok && t.foreign != nil {
+			if seq, found := t.foreign(w, *st.Parent); found {
+				p, ok = t.childAt(rootParent, seq, seq), true
+				t.placed = p
+				t.nodes.at(p).children++
+			}
+		}
 		if !ok && t.locate != nil {
 			if path := t.locate(w, st.Blocks); len(path) > 0 {
 				p, ok = t.anchor(s, path, *st.Parent), true

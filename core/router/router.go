@@ -704,8 +704,12 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 type scratch struct {
 	m        index.Matcher
 	overlaps []int
-	pots     []load.Potential
-	cands    []sched.Candidate
+	// lower are the candidates' host and disk overlaps and where the
+	// shared cache's run after their device overlap ends, by fleet
+	// position; filled only when the index holds lower tiers.
+	lower [][3]int
+	pots  []load.Potential
+	cands []sched.Candidate
 	// busy are the request's thresholds, read once by candidates for
 	// decide.
 	busy sched.BusyThreshold
@@ -733,6 +737,11 @@ type prepared struct {
 	// overlaps are the matches found, kept so a queued request can be
 	// dispatched without matching again unless it waited long.
 	overlaps []index.Overlap
+	// tiers are the event-fed index's overlaps on every tier, when it
+	// holds lower tiers; sharedRoot the shared cache's run from the first
+	// block (see index.Matcher.Tiers).
+	tiers      []index.TierOverlap
+	sharedRoot int
 }
 
 // BestWorker routes req. With req.ID set the request is booked: its load
@@ -861,7 +870,7 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	local, seq := h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
 	matchable := appendMMHashes(h, req.Tokens, req.MM, local, seq)
 	lap := tick()
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
 }
 
@@ -902,6 +911,8 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	seq := p.seq[:p.matchable]
 	if r.exact != nil {
 		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, seq)...)
+		p.tiers = append(p.tiers[:0], sc.m.Tiers()...)
+		p.sharedRoot = int(sc.m.SharedRoot())
 		if f := r.fleet.Load(); len(f.sizes) > 0 {
 			r.matchOtherSizes(p, sc, f)
 		}
@@ -938,6 +949,18 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	for _, o := range p.overlaps {
 		if i, ok := f.position(o.Worker); ok && int(o.Blocks) > sc.overlaps[i] {
 			sc.overlaps[i] = int(o.Blocks)
+		}
+	}
+	tiered := len(p.tiers) > 0 || p.sharedRoot > 0
+	if tiered {
+		sc.lower = slices.Grow(sc.lower[:0], len(f.ranks))[:len(f.ranks)]
+		for i := range sc.lower {
+			sc.lower[i] = [3]int{0, 0, p.sharedRoot}
+		}
+		for _, o := range p.tiers {
+			if i, ok := f.position(o.Worker); ok {
+				sc.lower[i] = [3]int{int(o.Host), int(o.Disk), int(o.Device + o.Shared)}
+			}
 		}
 	}
 	q := load.Query{Now: p.matchedAt, WorkersID: f.id, Blocks: p.seq, ISL: len(p.req.Tokens), TrackPrefill: &p.params.TrackPrefillTokens, AssumeReuse: &p.params.AssumeKVReuse, TrackBlocks: p.trackBlocks()}
@@ -979,6 +1002,15 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		*c = sched.Candidate{}
 		c.Worker = pot.Worker
 		c.OverlapBlocks = sc.overlaps[i]
+		c.HostBlocks, c.DiskBlocks = c.OverlapBlocks, c.OverlapBlocks
+		if tiered {
+			// The device overlap may have come from another source (the
+			// approximate index): the lower tiers only ever add to it.
+			lw := &sc.lower[i]
+			c.HostBlocks = max(c.OverlapBlocks, lw[0])
+			c.DiskBlocks = max(c.HostBlocks, lw[1])
+			c.SharedBlocks = max(0, lw[2]-c.OverlapBlocks)
+		}
 		c.ActiveDecodeBlocks = pot.ActiveDecodeBlocks
 		c.ActivePrefillTokens = pot.ActivePrefillTokens
 		c.PotentialDecodeBlocks = pot.PotentialDecodeBlocks
@@ -1308,6 +1340,16 @@ func (r *Router) HeldBlocks(w kv.Worker) []uint64 {
 		return nil
 	}
 	return r.exact.Held(w)
+}
+
+// HeldBlocksOn is HeldBlocks on one storage tier; nil in approximate mode
+// and for a tier the index does not know.
+func (r *Router) HeldBlocksOn(w kv.Worker, tier kv.StorageTier) []uint64 {
+	if r.exact == nil {
+		return nil
+	}
+	out, _ := r.exact.HeldOn(w, tier)
+	return out
 }
 
 // Stats is a snapshot of the router's counters.

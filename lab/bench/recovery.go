@@ -54,14 +54,49 @@ func DefaultRecoveryConfig() RecoveryConfig {
 
 // RecoverySample compares the restarted router's view of the engine with
 // the engine's cache at one instant (the engine paused between two steps,
-// the router caught up with every batch it had published).
+// the router caught up with every batch it had published). Blocks are
+// counted per storage tier: a block the engine holds on its device and
+// its host is two, and the router must hold it on both.
 type RecoverySample struct {
 	AfterSec     float64 `json:"after_s"` // since the restarted router started
 	EngineBlocks int     `json:"engine_blocks"`
 	RouterBlocks int     `json:"router_blocks"`
-	Missing      int     `json:"missing"` // engine blocks the router does not know
-	Extra        int     `json:"extra"`   // router blocks the engine does not hold
-	Behind       bool    `json:"behind"`  // the router had not applied every batch yet
+	// EngineLowerBlocks and RouterLowerBlocks are the part of the blocks
+	// above held on a lower tier (host, disk, shared).
+	EngineLowerBlocks int  `json:"engine_lower_tier_blocks"`
+	RouterLowerBlocks int  `json:"router_lower_tier_blocks"`
+	Missing           int  `json:"missing"` // engine (block, tier) pairs the router does not know
+	Extra             int  `json:"extra"`   // router (block, tier) pairs the engine does not hold
+	Behind            bool `json:"behind"`  // the router had not applied every batch yet
+}
+
+// recoveryTiers are the storage tiers a sample compares.
+var recoveryTiers = []kv.StorageTier{kv.TierDevice, kv.TierHostPinned, kv.TierDisk, kv.TierExternal}
+
+// compare fills the sample's counts from the engine's blocks (sequence
+// hashes by tier) and the router's, tier by tier.
+func (smp *RecoverySample) compare(engine map[kv.StorageTier]map[uint64]bool, router func(kv.StorageTier) []uint64) {
+	for _, tier := range recoveryTiers {
+		want, got := engine[tier], router(tier)
+		smp.EngineBlocks += len(want)
+		smp.RouterBlocks += len(got)
+		if tier != kv.TierDevice {
+			smp.EngineLowerBlocks += len(want)
+			smp.RouterLowerBlocks += len(got)
+		}
+		have := make(map[uint64]bool, len(got))
+		for _, s := range got {
+			have[s] = true
+			if !want[s] {
+				smp.Extra++
+			}
+		}
+		for s := range want {
+			if !have[s] {
+				smp.Missing++
+			}
+		}
+	}
 }
 
 // RecoveryResult is what `kvrouter bench recovery` measured.
@@ -206,20 +241,11 @@ func RunRecovery(ctx context.Context, cfg RecoveryConfig, progress io.Writer) (R
 				smp.Behind = src.WaitSeq(wctx, next-1) != nil
 				cancel()
 			}
-			got := second.Router().HeldBlocks(worker)
-			smp.EngineBlocks, smp.RouterBlocks = len(want), len(got)
-			have := make(map[uint64]bool, len(got))
-			for _, s := range got {
-				have[s] = true
-				if !want[s] {
-					smp.Extra++
-				}
-			}
-			for s := range want {
-				if !have[s] {
-					smp.Missing++
-				}
-			}
+			// The mocker's engine caches on its device only: every block
+			// the router holds on a lower tier is one too many.
+			smp.compare(map[kv.StorageTier]map[uint64]bool{kv.TierDevice: want}, func(tier kv.StorageTier) []uint64 {
+				return second.Router().HeldBlocksOn(worker, tier)
+			})
 		})
 		if err != nil {
 			return res, err
@@ -229,8 +255,8 @@ func RunRecovery(ctx context.Context, cfg RecoveryConfig, progress io.Writer) (R
 		if equal && res.ConvergedAfterSec < 0 {
 			res.ConvergedAfterSec = smp.AfterSec
 		}
-		fmt.Fprintf(progress, "recovery: %.1f s after the restart: engine %d blocks, router %d, missing %d, extra %d%s\n",
-			smp.AfterSec, smp.EngineBlocks, smp.RouterBlocks, smp.Missing, smp.Extra, map[bool]string{true: " (router behind)"}[smp.Behind])
+		fmt.Fprintf(progress, "recovery: %.1f s after the restart: engine %d blocks (%d on lower tiers), router %d (%d), missing %d, extra %d%s\n",
+			smp.AfterSec, smp.EngineBlocks, smp.EngineLowerBlocks, smp.RouterBlocks, smp.RouterLowerBlocks, smp.Missing, smp.Extra, map[bool]string{true: " (router behind)"}[smp.Behind])
 	}
 	stopLoad()
 	res.RequestsAfter, res.Errors = requests.Load()-before, failures.Load()

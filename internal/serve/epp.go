@@ -16,7 +16,7 @@ import (
 // eppState is the endpoint picker's gRPC servers: ext_proc (with health)
 // and, optionally, health alone on a port of its own.
 type eppState struct {
-	picker  *epp.Server
+	picker     *epp.Server
 	servers    []*grpc.Server
 	addr       string
 	healthAddr string

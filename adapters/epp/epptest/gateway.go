@@ -84,7 +84,8 @@ type Pick struct {
 	// Endpoint is the x-gateway-destination-endpoint header it set, and
 	// Metadata the same under dynamic metadata envoy.lb.
 	Endpoint, Metadata string
-	// Headers are every header it set.
+	// Headers are the request's headers once the picker's mutation is
+	// applied.
 	Headers map[string]string
 	// Body is the request body it sent back (the bytes for upstream).
 	Body []byte
@@ -157,12 +158,33 @@ func (s *Stream) Request(method, path string, header http.Header, body []byte, c
 	if !hr.GetResponse().GetClearRouteCache() {
 		return nil, errors.New("the picker's headers response does not clear the route cache: Envoy would keep the route it had chosen")
 	}
+	// The headers as Envoy applies the mutation to the request's: a set
+	// header is appended to one the request has unless its action says
+	// otherwise.
+	for _, h := range hs {
+		p.Headers[h.Key] = string(h.RawValue)
+	}
 	for _, h := range hr.GetResponse().GetHeaderMutation().GetSetHeaders() {
-		v := string(h.GetHeader().GetRawValue())
+		k, v := strings.ToLower(h.GetHeader().GetKey()), string(h.GetHeader().GetRawValue())
 		if v == "" {
 			v = h.GetHeader().GetValue()
 		}
-		p.Headers[h.GetHeader().GetKey()] = v
+		old, had := p.Headers[k]
+		switch h.GetAppendAction() {
+		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
+			if had {
+				v = old + "," + v
+			}
+		case corev3.HeaderValueOption_ADD_IF_ABSENT:
+			if had {
+				v = old
+			}
+		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
+			if !had {
+				continue
+			}
+		}
+		p.Headers[k] = v
 	}
 	p.Endpoint = p.Headers[destinationHeader]
 	p.Metadata = resp.GetDynamicMetadata().GetFields()[lbNamespace].GetStructValue().GetFields()[destinationHeader].GetStringValue()

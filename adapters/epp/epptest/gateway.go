@@ -283,8 +283,9 @@ type Gateway struct {
 	// Subset, when not nil, is sent with every request.
 	Subset []string
 
-	mu    sync.Mutex
-	picks []time.Duration
+	mu     sync.Mutex
+	picks  []time.Duration
+	chunks []time.Duration
 }
 
 // Picks returns the picker's latency of every request so far (Pick.Latency).
@@ -292,6 +293,14 @@ func (g *Gateway) Picks() []time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return slices.Clone(g.picks)
+}
+
+// Chunks returns, for every response body chunk so far, the time from
+// sending it to the picker to having it back for the client.
+func (g *Gateway) Chunks() []time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.chunks)
 }
 
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -364,10 +373,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n, rerr := resp.Body.Read(buf)
 		eos := rerr != nil
 		if n > 0 || eos {
+			t0 := time.Now()
 			out, err := st.ResponseBody(buf[:n], eos)
 			if err != nil {
 				return
 			}
+			g.mu.Lock()
+			g.chunks = append(g.chunks, time.Since(t0))
+			g.mu.Unlock()
 			if _, err := w.Write(out); err != nil {
 				return
 			}

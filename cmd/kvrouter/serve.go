@@ -87,6 +87,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if migrationLimit < 0 {
 				return fmt.Errorf("--migration-limit must be at least 0, got %d", migrationLimit)
 			}
+			eppAddr, eppHealthAddr, err := eppAddrs(host, eppPort, eppHealth)
+			if err != nil {
+				return err
+			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			rcfg, err := rf.config(cmd.Flags(), func(w string) { log.Warn(w) })
 			if err != nil {
@@ -136,10 +140,6 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			eppAddr, eppHealthAddr, err := eppAddrs(host, eppPort, eppHealth)
-			if err != nil {
-				return err
-			}
 			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err

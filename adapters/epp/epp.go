@@ -204,9 +204,9 @@ type stream struct {
 	body     []byte
 	booking  *frontend.Booking
 	endpoint string
-	// duplex is false when the gateway said it sends bodies in another
-	// mode than FULL_DUPLEX_STREAMED: chunks are then acknowledged, not
-	// sent back.
+	// respDuplex is false when the gateway said it sends response bodies
+	// in another mode than FULL_DUPLEX_STREAMED: their chunks are then
+	// acknowledged, not sent back.
 	respDuplex bool
 	picked     bool
 }

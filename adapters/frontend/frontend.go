@@ -394,6 +394,8 @@ type Frontend struct {
 	bookings      *bookings
 
 	draining atomic.Bool
+	// anyNext turns the picks of requests the router does not route.
+	anyNext atomic.Uint64
 	// aborted ends every request still in flight when a drain times out.
 	aborted context.Context
 	abort   context.CancelFunc

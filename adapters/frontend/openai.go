@@ -116,10 +116,54 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	c.read = time.Since(c.start)
+	p, herr := f.parse(ctx, ep, r.Header, f.isAdmin(r), body)
+	if p != nil && p.model != "" {
+		c.model, c.base, c.lora, c.label = p.model, p.base, p.lora, f.modelLabel(p.model)
+	}
+	if herr != nil {
+		if ctx.Err() != nil && p != nil && p.model != "" {
+			c.stopped()
+			return
+		}
+		c.fail(herr)
+		return
+	}
+	f.m.inflight.WithLabelValues(c.label).Inc()
+	defer f.m.inflight.WithLabelValues(c.label).Dec()
+	warn(w, p.warnings)
+	req := p.req
+	c.ex, c.id = p.ex, req.ID
+	c.prefillTarget = p.prefillTarget
+	c.tokenize = p.tokenize
+	c.isl = len(req.Tokens)
+	c.top, c.body, c.members = p.top, body, p.members
+	c.streamed = string(bytes.TrimSpace(p.top["stream"])) == "true"
+	c.serve(&req)
+}
+
+// parsed is an OpenAI request read, checked and tokenized: ready to route.
+type parsed struct {
+	top     map[string]json.RawMessage // the client's request
+	members []member                   // and its members, in order
+	// model is the model asked for, base the model the engines serve
+	// (model, or an adapter's base model), lora model when it names an
+	// adapter; model is set once known to be served.
+	model, base, lora string
+	req               router.Request
+	ex                extras
+	warnings          []string
+	prefillTarget     *kv.Worker
+	tokenize          time.Duration
+}
+
+// parse reads an OpenAI request's body into the router's request, under a
+// fresh booking id, as every path into the router (the HTTP frontend, the
+// endpoint picker) reads it. admin says the caller holds the admin token.
+// A parse that fails after the model was found returns it with the error.
+func (f *Frontend) parse(ctx context.Context, ep endpoint, header http.Header, admin bool, body []byte) (*parsed, *httpError) {
 	members, err := objectMembers(body)
 	if err != nil {
-		c.fail(badRequest("invalid_json", "", "the body must be a JSON object"))
-		return
+		return nil, badRequest("invalid_json", "", "the body must be a JSON object")
 	}
 	top := make(map[string]json.RawMessage, len(members))
 	for _, m := range members {
@@ -133,74 +177,55 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	}
 	var model string
 	if !present(top["model"]) {
-		c.fail(badRequest("missing_model", "model", "model is required"))
-		return
+		return nil, badRequest("missing_model", "model", "model is required")
 	}
 	if err := json.Unmarshal(top["model"], &model); err != nil || model == "" {
-		c.fail(badRequest("invalid_model", "model", "model must be a non-empty string"))
-		return
+		return nil, badRequest("invalid_model", "model", "model must be a non-empty string")
 	}
 	all, serving := f.workersFor(model)
 	base, adapter := model, ""
+	var herr *httpError
 	switch {
 	case len(all) == 0:
-		c.fail(newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no workers are registered"))
-		return
+		return nil, newError(http.StatusServiceUnavailable, "server_error", "no_workers", "", "no workers are registered")
 	case f.isAdapter(model, all):
 		adapter = model
 		if base, serving, herr = f.adapterWorkers(ctx, model, all); herr != nil {
-			c.fail(herr)
-			return
+			return nil, herr
 		}
 	case len(serving) == 0:
-		c.fail(f.unknownModel(model))
-		return
+		return nil, f.unknownModel(model)
 	}
-	c.model, c.base, c.lora, c.label = model, base, adapter, f.modelLabel(model)
-	f.m.inflight.WithLabelValues(c.label).Inc()
-	defer f.m.inflight.WithLabelValues(c.label).Dec()
-
+	p := &parsed{top: top, members: members, model: model, base: base, lora: adapter}
 	if herr := checkPrompt(top, ep.kind); herr != nil {
-		c.fail(herr)
-		return
+		return p, herr
 	}
-	req := router.Request{ID: f.newID(), Model: base, LoRA: adapter, OverrideBusy: f.isAdmin(r)}
+	p.req = router.Request{ID: f.newID(), Model: base, LoRA: adapter, OverrideBusy: admin}
+	req := &p.req
 	if adapter != "" {
 		req.Only = workerIDs(serving)
 	}
 	if req.CacheSalt, herr = cacheSalt(top); herr != nil {
-		c.fail(herr)
-		return
+		return p, herr
 	}
-	n, ex, warnings, herr := parseNvext(requestNvext(top, r.Header, f.cfg.StrictNvext), &req)
+	n, ex, warnings, herr := parseNvext(requestNvext(top, header, f.cfg.StrictNvext), req)
 	if herr != nil {
-		c.fail(herr)
-		return
+		return p, herr
 	}
-	warn(w, warnings)
-	c.ex, c.id = ex, req.ID
+	p.ex, p.warnings = ex, warnings
 	if n.PrefillWorkerID != nil {
-		c.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}
+		p.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}
 		if n.PrefillDPRank != nil {
-			c.prefillTarget.DPRank = *n.PrefillDPRank
+			p.prefillTarget.DPRank = *n.PrefillDPRank
 		}
 	}
 	t0 := time.Now()
 	req.Tokens, req.MM, herr = f.promptTokens(ctx, top, ep.kind, base, serving, n.TokenData)
 	if herr != nil {
-		if ctx.Err() != nil {
-			c.stopped()
-			return
-		}
-		c.fail(herr)
-		return
+		return p, herr
 	}
-	c.tokenize = time.Since(t0)
-	c.isl = len(req.Tokens)
-
-	c.top, c.body, c.members = top, body, members
-	c.streamed = string(bytes.TrimSpace(top["stream"])) == "true"
-	c.serve(&req)
+	p.tokenize = time.Since(t0)
+	return p, nil
 }
 
 // observeDecision records a routing decision of pool (poolPrefill, or

@@ -56,6 +56,12 @@ run on machines of their own. Each routed phase also splits the time the
 frontend held a request into reading the body, tokenizing, routing (and
 find_matches within it) and the rest.
 
+--epp runs the routed loads a third time through a gateway in front of
+the engines that asks kvrouter's endpoint picker for each request's engine
+over ext_proc (FULL_DUPLEX_STREAMED, every response chunk through the
+picker), as a Gateway API Inference Extension gateway does, and reports
+the picker's answer time as the gateway sees it.
+
 --ui-page keeps a simulated dashboard open through the routed phases (a
 client polling /ui/api/state every second, as the /ui page does), so that
 a run with it against one without shows what feeding the page costs.`,
@@ -163,6 +169,18 @@ a run with it against one without shows what feeding the page costs.`,
 						r.name, s.ReadP50ms, s.ReadP99ms, s.TokenizeP50ms, s.TokenizeP99ms, s.RoutingP50ms, s.RoutingP99ms, s.HashP50ms, s.HashP99ms, s.FindP50ms, s.FindP99ms, s.ScheduleP50ms, s.ScheduleP99ms, s.OtherP50ms, s.OtherP99ms)
 				}
 			}
+			if e := res.EPP; e != nil {
+				fmt.Fprintf(w, "\nthrough a gateway asking the endpoint picker (ext_proc, FULL_DUPLEX_STREAMED):\n")
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintln(tw, "phase\trequests\terrors\treq/s\tTTFT p50 ms\tTTFT p99 ms\te2e p50 ms\tpick p50 ms\tpick p99 ms\tengine drift\t")
+				fmt.Fprintf(tw, "epp\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%+.1f%%\t\n", e.Streamed.Requests, e.Streamed.Errors, e.Streamed.RequestsPS, e.Streamed.TTFTp50ms, e.Streamed.TTFTp99ms, e.Streamed.E2Ep50ms, e.PickP50ms, e.PickP99ms, 100*e.Streamed.EngineDrift)
+				fmt.Fprintf(tw, "short epp\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%+.1f%%\t\n", e.Short.Requests, e.Short.Errors, e.Short.RequestsPS, e.Short.TTFTp50ms, e.Short.TTFTp99ms, e.Short.E2Ep50ms, e.ShortPickP50ms, e.ShortPickP99ms, 100*e.Short.EngineDrift)
+				tw.Flush()
+				fmt.Fprintf(w, "TTFT through the gateway and the picker minus direct: %+.2f ms at p50, %+.2f ms at p99 (the frontend's: %+.2f, %+.2f)\n", e.AddedP50ms, e.AddedP99ms, res.AddedP50ms, res.AddedP99ms)
+				fmt.Fprintf(w, "the picker's answer as the gateway waits for it: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short); the frontend's own time before the engine: p50 %.3f ms, p99 %.3f ms (streamed), p50 %.3f ms, p99 %.3f ms (short)\n",
+					e.PickP50ms, e.PickP99ms, e.ShortPickP50ms, e.ShortPickP99ms, res.Routed.FrontendOwnP50ms, res.Routed.FrontendOwnP99ms, res.ShortRouted.FrontendOwnP50ms, res.ShortRouted.FrontendOwnP99ms)
+				fmt.Fprintf(w, "a response chunk's round trip through the picker: p50 %.3f ms, p99 %.3f ms (streamed)\n", e.ChunkP50ms, e.ChunkP99ms)
+			}
 			if cfg.UIPage {
 				fmt.Fprintf(w, "dashboard open during the routed phases: %d polls, %d decisions sent\n", res.UIPolls, res.UIDecisions)
 			}
@@ -197,6 +215,7 @@ a run with it against one without shows what feeding the page costs.`,
 	f.StringVar(&engineProc.Binary, "engines-binary", "", "kvrouter binary the engines' child process runs (default: this one)")
 	f.StringVar(&clients, "clients", clients, "where the load's clients run: in-process (goroutines beside the frontend's) or process (a child process per phase, as clients run on machines of their own)")
 	f.IntVar(&clientProc.Nice, "clients-nice", 0, "niceness of the clients' child process (nice(1))")
+	f.BoolVar(&cfg.EPP, "epp", false, "also run the routed loads through the endpoint picker: a gateway in front of the engines asks kvrouter's ext_proc picker for each request's engine, as a Gateway API Inference Extension gateway does (docs/epp.md)")
 	f.BoolVar(&cfg.UIPage, "ui-page", false, "keep a simulated /ui dashboard open during the routed phases (polling /ui/api/state every second), to measure what feeding it costs")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")

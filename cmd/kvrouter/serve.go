@@ -36,6 +36,8 @@ func newServeCmd() *cobra.Command {
 		specs      []string
 		configPath string
 		zmqMax     int64
+		eppPort    int
+		eppHealth  int
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -65,6 +67,11 @@ the queue) and dump (an endpoint answering the engine's whole cache when its
 events cannot be replayed, as "kvrouter mocker" serves on
 http://HOST:PORT/kv_events/dump; vLLM has none).
 
+With --epp-port, serve is also the endpoint picker (EPP) of a Gateway API
+Inference Extension gateway: an InferencePool's endpointPickerRef names
+that port, the gateway asks it for each request's engine over Envoy's
+ext_proc, and forwards the request itself (docs/epp.md).
+
 Engines also join through NATS discovery: run "kvrouter agent" next to each
 one with the same --nats-url and --namespace. Without --nats-url (or
 NATS_SERVER), serve starts an embedded NATS server on --nats-host:--nats-port
@@ -79,6 +86,10 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			if migrationLimit < 0 {
 				return fmt.Errorf("--migration-limit must be at least 0, got %d", migrationLimit)
+			}
+			eppAddr, eppHealthAddr, err := eppAddrs(host, eppPort, eppHealth)
+			if err != nil {
+				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			rcfg, err := rf.config(cmd.Flags(), func(w string) { log.Warn(w) })
@@ -129,7 +140,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
+			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err
 			}
@@ -140,6 +151,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, s.URL(), natsURL, pf.namespace)
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode, s.URL())
+			}
+			if a := s.EPPAddr(); a != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "endpoint picker (Gateway API Inference Extension, Envoy ext_proc) on %s\n", a)
 			}
 			<-signalled.Done()
 			stop() // a second signal ends the process at once
@@ -161,8 +175,32 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.StringArrayVar(&specs, "worker", nil, "an engine: url=...,events=...,replay=...,dp=N,model=M,role=prefill|decode|both,tokenizer=PATH (repeatable)")
 	fs.StringVar(&configPath, "config", "", "JSON file with {\"workers\": [...]}")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
+	fs.IntVar(&eppPort, "epp-port", 0, "also serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc gRPC, with gRPC health) on this port of --http-host, routing with the frontend (0: off; the Inference Extension uses 9002)")
+	fs.IntVar(&eppHealth, "epp-health-port", 0, "also serve the endpoint picker's gRPC health service alone on this port (0: only on --epp-port; the Inference Extension uses 9003)")
 	registerDynamoAliases(fs)
 	return cmd
+}
+
+// eppAddrs are the endpoint picker's listen addresses from its ports.
+func eppAddrs(host string, port, healthPort int) (addr, healthAddr string, err error) {
+	for _, p := range []struct {
+		flag string
+		v    int
+	}{{"--epp-port", port}, {"--epp-health-port", healthPort}} {
+		if p.v < 0 || p.v > 65535 {
+			return "", "", fmt.Errorf("%s must be a port (1-65535, or 0 for none), got %d", p.flag, p.v)
+		}
+	}
+	if healthPort > 0 && port == 0 {
+		return "", "", fmt.Errorf("--epp-health-port needs --epp-port: it is the endpoint picker's")
+	}
+	if port > 0 {
+		addr = net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	if healthPort > 0 {
+		healthAddr = net.JoinHostPort(host, strconv.Itoa(healthPort))
+	}
+	return addr, healthAddr, nil
 }
 
 // wantsPlane tells whether serve needs NATS: for engines to join through

@@ -22,9 +22,15 @@ const abortGrace = 5 * time.Second
 func (s *Server) Shutdown(timeout time.Duration) error {
 	s.fe.Drain()
 	s.log.Info("draining", "timeout", timeout)
+	eppDrained := make(chan struct{})
+	go func() {
+		defer close(eppDrained)
+		s.drainEPP(timeout)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := s.http.Shutdown(ctx)
 	cancel()
+	<-eppDrained
 	if err != nil {
 		s.log.Warn("requests still in flight after the shutdown timeout; ending them", "timeout", timeout)
 		s.fe.Abort()

@@ -122,6 +122,12 @@ type Config struct {
 	// from its /v1/models (besides when it joins and after the router
 	// loads one); 0 means DefaultLoRAPollInterval, a negative value never.
 	LoRAPollInterval time.Duration
+	// EPPAddr, when set, serves the Gateway API Inference Extension's
+	// endpoint picker (Envoy ext_proc over gRPC, package epp) there,
+	// routing with the frontend; EPPHealthAddr, optional, serves its gRPC
+	// health service alone on a port of its own too.
+	EPPAddr       string
+	EPPHealthAddr string
 }
 
 // Server is a running frontend.
@@ -151,6 +157,8 @@ type Server struct {
 
 	loraClient   *http.Client
 	adaptersKick chan struct{}
+
+	epp *eppState // nil without EPPAddr
 }
 
 type supervised struct {
@@ -334,6 +342,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.warnIfNoEngines()
+	}
+	if cfg.EPPAddr != "" {
+		if err := s.startEPP(ctx, reg, tlsConfig); err != nil {
+			cancel()
+			ln.Close()
+			s.closePlane()
+			return nil, err
+		}
 	}
 	s.http = httpServer(fe.Handler(), cfg.HTTP)
 	s.wg.Add(1)
@@ -649,6 +665,7 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.cancel()
 		err = s.http.Close()
+		s.stopEPP()
 		s.wg.Wait()
 		s.closePlane()
 		if errors.Is(err, http.ErrServerClosed) {

@@ -57,6 +57,9 @@ type OverheadConfig struct {
 	// ClientProcess, when set, runs each phase's clients in a child
 	// process instead of in this one (see ClientProcess).
 	ClientProcess *ClientProcess `json:",omitempty"`
+	// EPP adds the routed loads through kvrouter's endpoint picker: a
+	// gateway in front of the engines asks it over ext_proc (EPPResult).
+	EPP bool `json:",omitempty"`
 	// UIPage keeps a simulated dashboard open during the routed phases: a
 	// client polling /ui/api/state once a second as the page does, so
 	// that the router records decisions for it all along.
@@ -160,7 +163,9 @@ type OverheadResult struct {
 	// UIDecisions the decisions they were sent.
 	UIPolls     int `json:"ui_polls,omitempty"`
 	UIDecisions int `json:"ui_decisions,omitempty"`
-	Config      OverheadConfig
+	// EPP is the loads through the endpoint picker (OverheadConfig.EPP).
+	EPP    *EPPResult `json:"epp,omitempty"`
+	Config OverheadConfig
 }
 
 // RunOverhead measures what the frontend adds. All phases run in this
@@ -333,6 +338,23 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) (r
 	}
 	res.AddedP50ms = res.Routed.TTFTp50ms - res.Direct.TTFTp50ms
 	res.AddedP99ms = res.Routed.TTFTp99ms - res.Direct.TTFTp99ms
+	if cfg.EPP {
+		specs := slices.Clone(workers)
+		for i := range specs {
+			specs[i].Tokenizer = "" // as the routed run: only inProcess tokenizes in process
+		}
+		res.EPP, err = eppPhases(ctx, specs, inProcess, func(target []string, streamed bool) (Phase, error) {
+			if streamed {
+				return run("through a gateway asking the endpoint picker", target, long, cfg.OSL, cfg.Concurrency, true, false)
+			}
+			return run("short completions, through a gateway asking the endpoint picker", target, short, 1, cfg.ShortConcurrency, false, false)
+		})
+		if err != nil {
+			return res, fmt.Errorf("endpoint picker: %w", err)
+		}
+		res.EPP.AddedP50ms = res.EPP.Streamed.TTFTp50ms - res.Direct.TTFTp50ms
+		res.EPP.AddedP99ms = res.EPP.Streamed.TTFTp99ms - res.Direct.TTFTp99ms
+	}
 	if tok != nil {
 		res.RoutedEngine, res.ShortRoutedEngine = new(Phase), new(Phase)
 		if err := routed("engine", nil, res.RoutedEngine, res.ShortRoutedEngine); err != nil {

@@ -1261,6 +1261,9 @@ type WorkerLoad struct {
 	PotentialDecodeBlocks  float64
 	PotentialPrefillTokens int
 	OverlapBlocks          int
+	// HostBlocks is the overlap continued on the rank's host tier
+	// (sched.Candidate.HostBlocks).
+	HostBlocks int
 }
 
 // PotentialLoads returns, for every rank, its load now and as it would be
@@ -1290,6 +1293,7 @@ func (r *Router) PotentialLoadsFor(req *Request) []WorkerLoad {
 			PotentialDecodeBlocks:  c.PotentialDecodeBlocks,
 			PotentialPrefillTokens: c.PotentialPrefillTokens,
 			OverlapBlocks:          c.OverlapBlocks,
+			HostBlocks:             c.HostBlocks,
 		}
 	}
 	return out

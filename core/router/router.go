@@ -255,7 +255,7 @@ type Router struct {
 
 	scratch  sync.Pool
 	stats    counters
-	offload  offloadBooks // see offloaded.go
+	offload  offloadBooks                     // see offloaded.go
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
@@ -1390,10 +1390,10 @@ type Stats struct {
 	// UnplacedOffloadedBlocks are lower-tier blocks published by id alone
 	// that the router never saw on the engine's device (see offloaded.go).
 	UnplacedOffloadedBlocks uint64
-	Index                                                            index.Stats
-	IndexedPairs                                                     uint64
-	Approx                                                           index.ApproxStats
-	Load                                                             load.Stats
+	Index                   index.Stats
+	IndexedPairs            uint64
+	Approx                  index.ApproxStats
+	Load                    load.Stats
 }
 
 type counters struct {
@@ -1411,7 +1411,7 @@ func (r *Router) Stats() Stats {
 		OverlapBlocks: r.stats.overlapBlocks.Load(), PromptBlocks: r.stats.promptBlocks.Load(),
 		UnknownWorkerEvents: r.stats.unknownWorker.Load(), DPRankEvents: r.stats.badRank.Load(), IgnoredEvents: r.stats.ignoredEvents.Load(),
 		MisSizedBlocks: r.stats.misSized.Load(), UnplacedOffloadedBlocks: r.stats.unplaced.Load(),
-		Load:           r.tracker.Stats(),
+		Load: r.tracker.Stats(),
 	}
 	r.mu.Lock()
 	st.QueuePending, st.QueuePendingTokens = r.queues.total(), r.queues.pendingTokens()

@@ -309,9 +309,9 @@ type Engine struct {
 	// heldBlocks counts their blocks.
 	held       map[string]*seq
 	heldBlocks int
-	sched      []*seq   // scratch: requests scheduled in the current step
+	sched      []*seq    // scratch: requests scheduled in the current step
 	host       *hostPool // the host tier, nil without one
-	outputs    []Output // the last step's Outputs, reused
+	outputs    []Output  // the last step's Outputs, reused
 	m          Metrics
 }
 

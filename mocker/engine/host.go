@@ -169,15 +169,6 @@ func (p *hostPool) store(hashes []uint64, group int, evs []BlockEvent) []BlockEv
 	return evs
 }
 
-// cached lists the blocks the pool holds, least recently used first.
-func (p *hostPool) cached() []uint64 {
-	out := make([]uint64, 0, len(p.idx))
-	for i := p.head; i != noBlock; i = p.entries[i].next {
-		out = append(out, p.entries[i].hash)
-	}
-	return out
-}
-
 // hostHits is how many of s's prompt blocks after its GPU hits the host
 // tier holds (at most all but the last token's block, as on the GPU), and
 // touches every prompt block it holds, as vLLM's lookup does.

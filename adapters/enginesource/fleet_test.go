@@ -118,3 +118,58 @@ func TestRouterStartedAfterTheEngineLearnsItsCache(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// A mocker with a host tier publishes it as vLLM's offloading connector
+// does (medium CPU, no parent, no tokens); the router places those blocks
+// from their device copies, so a prompt evicted from the GPU is still
+// matched on the host.
+func TestMockerHostTierReachesTheIndex(t *testing.T) {
+	cfg := fleet.DefaultConfig()
+	cfg.NumWorkers, cfg.SpeedupRatio = 1, 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	cfg.Engine.NumGPUBlocks, cfg.Engine.NumCPUBlocks = 64, 1024
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	e := f.Engines()[0]
+	r := newRouter(t, router.WorkerInfo{ID: 4})
+	w := kv.Worker{ID: 4}
+	src := start(t, Config{Worker: w, Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay}, r)
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; src.Stats().Received == 0; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("subscription not in place: %+v", src.Stats())
+		}
+		complete(t, e.HTTPURL, toks(1, 7000+i), 0)
+	}
+	p := toks(10, 1)
+	complete(t, e.HTTPURL, p, 0)
+	wait(t, src, published(t, e.Ranks[0]))
+	// Only the blocks the engine stored on its GPU before its first host
+	// block reached the router can be unplaced.
+	unplaced, applyErrors := r.Stats().UnplacedOffloadedBlocks, src.Stats().ApplyErrors
+	host := func() (int, int) {
+		for _, l := range r.PotentialLoads(p, "") {
+			if l.Worker == w {
+				return l.OverlapBlocks, l.HostBlocks
+			}
+		}
+		t.Fatal("worker not in the router")
+		return 0, 0
+	}
+	if dev, h := host(); dev != 10 || h != 10 {
+		t.Fatalf("after the prompt: device %d, host %d blocks, want 10 and 10", dev, h)
+	}
+	// Two prompts of 60 blocks push it out of the 64 GPU blocks.
+	complete(t, e.HTTPURL, toks(60, 2), 0)
+	complete(t, e.HTTPURL, toks(60, 3), 0)
+	wait(t, src, published(t, e.Ranks[0]))
+	if dev, h := host(); dev != 0 || h != 10 {
+		t.Fatalf("after evicting it from the GPU: device %d, host %d blocks, want 0 and 10", dev, h)
+	}
+	if st, u := src.Stats(), r.Stats().UnplacedOffloadedBlocks; st.Skipped != 0 || st.ApplyErrors != applyErrors || u != unplaced {
+		t.Fatalf("source stats %+v, unplaced blocks %d then %d", st, unplaced, u)
+	}
+}

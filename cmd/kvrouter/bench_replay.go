@@ -267,4 +267,5 @@ func registerEngineFlags(f *pflag.FlagSet, e *engine.Config) {
 	f.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", e.MaxNumBatchedTokens, "engines' token budget per step")
 	f.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "engines' most running requests")
 	registerKVCacheGroups(f, e)
+	registerHostTier(f, e)
 }

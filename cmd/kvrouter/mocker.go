@@ -187,6 +187,7 @@ adapter not loaded gets vLLM's 404.`,
 	fl.IntVar(&cfg.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")
 	fl.BoolVar(&cfg.Engine.EnablePrefixCaching, "enable-prefix-caching", cfg.Engine.EnablePrefixCaching, "reuse cached blocks (and publish KV events)")
 	registerKVCacheGroups(fl, &cfg.Engine)
+	registerHostTier(fl, &cfg.Engine)
 	fl.StringVar(&cfg.Server.Model, "model-name", cfg.Server.Model, "model name served on /v1/models and checked in requests")
 	fl.StringArrayVar(&loraModules, "lora-modules", nil, "LoRA adapters every engine loads at start, as vLLM's --lora-modules: name=path (repeatable); more are loaded at run time through POST /v1/load_lora_adapter")
 	fl.StringVar(&cfg.Tokenizer, "tokenizer", "", "Hugging Face tokenizer ("+tokenizerRef+"; .gz files accepted) to tokenize prompts, apply the chat template and spell generated tokens with, instead of the mocker's own tokenizer; announced in discovery with --nats-url")

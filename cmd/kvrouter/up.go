@@ -225,6 +225,7 @@ flags.`,
 	fs.Float64Var(&mock.SpeedupRatio, "speedup-ratio", mock.SpeedupRatio, "divide the engines' simulated step times by this")
 	fs.IntVar(&mock.Engine.BlockSize, "block-size", mock.Engine.BlockSize, "tokens per KV block (engines and router)")
 	registerKVCacheGroups(fs, &mock.Engine)
+	registerHostTier(fs, &mock.Engine)
 	fs.IntVar(&mock.Engine.NumGPUBlocks, "num-gpu-blocks", mock.Engine.NumGPUBlocks, "KV blocks per engine rank")
 	fs.IntVar(&mock.Engine.MaxNumSeqs, "max-num-seqs", mock.Engine.MaxNumSeqs, "most requests running at once per rank")
 	fs.IntVar(&mock.Engine.MaxNumBatchedTokens, "max-num-batched-tokens", mock.Engine.MaxNumBatchedTokens, "token budget of one scheduler step")

@@ -255,6 +255,7 @@ type Router struct {
 
 	scratch  sync.Pool
 	stats    counters
+	offload  offloadBooks                     // see offloaded.go
 	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
@@ -613,6 +614,9 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 		r.stats.ignoredEvents.Add(1)
 		return nil
 	}
+	if b := r.offload.of(ev.Worker); b != nil && ev.Kind != kv.KindStored {
+		b.removed(ev.Tier, ev.Removed.EngineHashes, ev.Kind == kv.KindCleared)
+	}
 	return r.exact.Apply(ev)
 }
 
@@ -657,6 +661,9 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 			r.learnBlockSize(es.Worker.ID, es.BlockSize)
 		}
 	}
+	if tokenless(es) {
+		return r.applyOffloaded(es)
+	}
 	ev, dropped, err := HashEngineStored(es, r.cfg.BlockSize)
 	r.stats.misSized.Add(uint64(dropped))
 	if err != nil && len(ev.Stored.Blocks) == 0 {
@@ -665,8 +672,32 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 	if e := r.ApplyEvent(&ev); e != nil {
 		return e
 	}
+	if b := r.offload.of(es.Worker); b != nil && (ev.Tier == "" || ev.Tier == kv.TierDevice) {
+		b.recordDevice(&ev)
+	}
 	return err
 }
+
+// applyOffloaded places lower-tier blocks published by id alone (see
+// offloaded.go).
+func (r *Router) applyOffloaded(es *EngineStored) error {
+	evs, unplaced := r.offload.open(es.Worker).place(es)
+	r.stats.unplaced.Add(uint64(unplaced))
+	var first error
+	for i := range evs {
+		if err := r.ApplyEvent(&evs[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	if first == nil && unplaced > 0 {
+		first = fmt.Errorf("%w: %d of %d offloaded blocks never seen on the device", ErrUnplacedBlocks, unplaced, len(es.EngineHashes))
+	}
+	return first
+}
+
+// ErrUnplacedBlocks reports lower-tier blocks published without tokens
+// that the router cannot place (see offloaded.go).
+var ErrUnplacedBlocks = errors.New("router: offloaded blocks without tokens or a known device copy")
 
 // HashEngineStored turns an engine's stored blocks into the event the
 // index applies, hashing their tokens with the engine's block size, or
@@ -1230,6 +1261,9 @@ type WorkerLoad struct {
 	PotentialDecodeBlocks  float64
 	PotentialPrefillTokens int
 	OverlapBlocks          int
+	// HostBlocks is the overlap continued on the rank's host tier
+	// (sched.Candidate.HostBlocks).
+	HostBlocks int
 }
 
 // PotentialLoads returns, for every rank, its load now and as it would be
@@ -1259,6 +1293,7 @@ func (r *Router) PotentialLoadsFor(req *Request) []WorkerLoad {
 			PotentialDecodeBlocks:  c.PotentialDecodeBlocks,
 			PotentialPrefillTokens: c.PotentialPrefillTokens,
 			OverlapBlocks:          c.OverlapBlocks,
+			HostBlocks:             c.HostBlocks,
 		}
 	}
 	return out
@@ -1362,17 +1397,20 @@ type Stats struct {
 	// Events refused before reaching the index, and stored blocks dropped
 	// for lack of their tokens.
 	UnknownWorkerEvents, DPRankEvents, IgnoredEvents, MisSizedBlocks uint64
-	Index                                                            index.Stats
-	IndexedPairs                                                     uint64
-	Approx                                                           index.ApproxStats
-	Load                                                             load.Stats
+	// UnplacedOffloadedBlocks are lower-tier blocks published by id alone
+	// that the router never saw on the engine's device (see offloaded.go).
+	UnplacedOffloadedBlocks uint64
+	Index                   index.Stats
+	IndexedPairs            uint64
+	Approx                  index.ApproxStats
+	Load                    load.Stats
 }
 
 type counters struct {
 	decisions, booked, queued, allBusy, errors atomic.Uint64
 	overlapBlocks, promptBlocks                atomic.Uint64
 	unknownWorker, badRank, ignoredEvents      atomic.Uint64
-	misSized                                   atomic.Uint64
+	misSized, unplaced                         atomic.Uint64
 }
 
 // Stats returns the current counters.
@@ -1382,8 +1420,8 @@ func (r *Router) Stats() Stats {
 		AllBusy: r.stats.allBusy.Load(), Errors: r.stats.errors.Load(),
 		OverlapBlocks: r.stats.overlapBlocks.Load(), PromptBlocks: r.stats.promptBlocks.Load(),
 		UnknownWorkerEvents: r.stats.unknownWorker.Load(), DPRankEvents: r.stats.badRank.Load(), IgnoredEvents: r.stats.ignoredEvents.Load(),
-		MisSizedBlocks: r.stats.misSized.Load(),
-		Load:           r.tracker.Stats(),
+		MisSizedBlocks: r.stats.misSized.Load(), UnplacedOffloadedBlocks: r.stats.unplaced.Load(),
+		Load: r.tracker.Stats(),
 	}
 	r.mu.Lock()
 	st.QueuePending, st.QueuePendingTokens = r.queues.total(), r.queues.pendingTokens()

@@ -145,15 +145,40 @@ func pickMax(scores []float64, rng Rand) int {
 }
 
 // llmdPrecise scores the fraction of the prompt's blocks cached on each
-// worker, as the router's event-fed index knows it, plus the engine load
-// scorers, all with weight 1.
+// worker, as the router's event-fed index knows it and weighted by tier
+// (llmdPrefixBlocks), plus the engine load scorers, all with weight 1.
 type llmdPrecise struct{}
+
+// llm-d's tier weights (llm-d-kv-cache, DefaultKVCacheBackendConfig): a
+// block on the GPU counts 1, on the CPU 0.8. Its scorer gives a medium it
+// has no weight for 1, so disk blocks count as GPU ones.
+const (
+	LLMDGPUWeight   = 1.0
+	LLMDCPUWeight   = 0.8
+	LLMDOtherWeight = 1.0
+)
+
+// llmdPrefixBlocks is llm-d's LongestPrefixScorer on one worker: along the
+// prompt's leading run of blocks the worker holds on any tier, each block
+// adds the highest weight of the tiers holding it. With the index's
+// cumulative overlaps that is the device run at the GPU's weight, its
+// continuation on the host at the CPU's and the rest of the run on disk at
+// the default. (A block past the device run that is back on the GPU as
+// well as on the host counts 0.8 here, 1 in llm-d: the index reports runs,
+// not each block's tiers.) Shared-cache blocks are no worker's own: llm-d
+// keys every block by the pod that published it.
+func llmdPrefixBlocks(c *Candidate) float64 {
+	dev := c.OverlapBlocks
+	host := max(c.HostBlocks, dev)
+	disk := max(c.DiskBlocks, host)
+	return LLMDGPUWeight*float64(dev) + LLMDCPUWeight*float64(host-dev) + LLMDOtherWeight*float64(disk-host)
+}
 
 func (llmdPrecise) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	scores := make([]float64, len(cands))
 	if blocks := req.ISL / req.BlockSize; blocks > 0 {
 		for i := range cands {
-			scores[i] = float64(cands[i].OverlapBlocks) / float64(blocks)
+			scores[i] = llmdPrefixBlocks(&cands[i]) / float64(blocks)
 		}
 	}
 	engineScores(cands, 1, scores)

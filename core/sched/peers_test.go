@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -236,5 +237,52 @@ func TestChunkLRUEvictsOldest(t *testing.T) {
 	}
 	if len(l.at) != 3 || l.order.Len() != 3 {
 		t.Fatalf("size %d/%d, want 3", len(l.at), l.order.Len())
+	}
+}
+
+// llm-d weighs each block of the consecutive prefix by its fastest tier:
+// GPU 1, CPU 0.8, a medium it has no weight for (disk) 1.
+func TestLLMDPrefixBlocksTierWeights(t *testing.T) {
+	tests := []struct {
+		name            string
+		dev, host, disk int
+		want            float64
+	}{
+		{"device only", 6, 0, 0, 6},
+		{"host tier absent reports 0 below the device run", 6, 0, 0, 6},
+		{"host continues the device run", 4, 10, 0, 4 + 0.8*6},
+		{"host only", 0, 5, 0, 0.8 * 5},
+		{"host equal to device adds nothing", 7, 7, 0, 7},
+		{"disk continues the host run at the default weight", 2, 4, 9, 2 + 0.8*2 + 5},
+		{"disk right after the device run", 3, 0, 5, 3 + 2},
+		{"nothing", 0, 0, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Candidate{OverlapBlocks: tc.dev, HostBlocks: tc.host, DiskBlocks: tc.disk, SharedBlocks: 50}
+			if got := llmdPrefixBlocks(&c); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("device %d host %d disk %d: score %v, want %v", tc.dev, tc.host, tc.disk, got, tc.want)
+			}
+		})
+	}
+}
+
+// A host hit scores below the same hit on the GPU, above none.
+func TestLLMDPreciseHostBelowDevice(t *testing.T) {
+	const bs, isl = 16, 160
+	s := mustNew(t, ModeLLMDPrecise, nil)
+	cands := []Candidate{
+		{Worker: worker(1), HostBlocks: 10, Engine: engineLoad(1, 0.5)},
+		{Worker: worker(2), OverlapBlocks: 9, Engine: engineLoad(1, 0.5)},
+		{Worker: worker(3), Engine: engineLoad(1, 0.5)},
+	}
+	c, err := s.Select(&Request{ISL: isl, BlockSize: bs}, cands, rand.New(rand.NewPCG(1, 2)))
+	if err != nil || c.Worker != worker(2) {
+		t.Fatalf("picked %v (%v), want the device hit of 9 (0.9) over the host hit of 10 (0.8)", c.Worker, err)
+	}
+	cands[1].OverlapBlocks = 7
+	c, err = s.Select(&Request{ISL: isl, BlockSize: bs}, cands, rand.New(rand.NewPCG(1, 2)))
+	if err != nil || c.Worker != worker(1) {
+		t.Fatalf("picked %v (%v), want the host hit of 10 (0.8) over the device hit of 7 (0.7)", c.Worker, err)
 	}
 }

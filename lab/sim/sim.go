@@ -86,6 +86,11 @@ type Config struct {
 	// the salts in the engines' KV events: a router that keys blocks by
 	// their tokens alone. The engines still cache each salt apart.
 	IgnoreCacheSalt bool
+	// IgnoreLowerTiers drops the engines' host-tier events before they
+	// reach the router: a router that indexes device blocks only, as
+	// kvrouter did before storage tiers. The engines still load their host
+	// hits.
+	IgnoreLowerTiers bool
 	// Specs sizes engine i (every rank of it) by Specs[i]: its speed and
 	// KV blocks relative to Engine (--fleet). Engines past its end are
 	// Engine.
@@ -962,13 +967,23 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		if hybrid && !se.indexed(ev, s.cfg.Engine) {
 			continue
 		}
+		tier := kv.TierDevice
+		if ev.Host {
+			if s.cfg.IgnoreLowerTiers {
+				continue
+			}
+			tier = kv.TierHostPinned
+		}
 		switch ev.Kind {
 		case engine.Stored:
-			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
+			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
 				Salt: s.eventSalt(se, &ev)})
 		case engine.Removed:
-			se.salts.Removed(ev.BlockHashes)
+			if !ev.Host {
+				se.salts.Removed(ev.BlockHashes)
+			}
 			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
+			kev.Tier = tier
 			_ = s.r.ApplyEvent(&kev)
 		case engine.Cleared:
 			se.salts.Clear()

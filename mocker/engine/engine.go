@@ -97,6 +97,14 @@ type Config struct {
 	// Speed divides every step's model time: 0.5 is an engine half as
 	// fast (an older GPU, a smaller tensor-parallel group). 0 means 1.
 	Speed float64
+	// NumCPUBlocks is the host tier's size in blocks (--num-cpu-blocks;
+	// vLLM sizes it in bytes with --kv-offloading-size): 0 is none. See
+	// host.go.
+	NumCPUBlocks int
+	// KVOffloadBandwidth is the host-to-GPU bandwidth in GB/s that host
+	// blocks load at (--kv-offload-bandwidth); 0 means
+	// DefaultKVOffloadBandwidth.
+	KVOffloadBandwidth float64
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -196,6 +204,9 @@ type BlockEvent struct {
 	// publishes them (nil when no block has any; see requestKeys.block).
 	LoRAName  string
 	ExtraKeys [][]any
+	// Host marks the host tier's events (Config.NumCPUBlocks), published
+	// with medium "CPU"; their Stored events have no parent and no tokens.
+	Host bool
 }
 
 // StepResult is what one Step did.
@@ -234,6 +245,11 @@ type Metrics struct {
 	// their hits spared a transfer, not a prefill.
 	LoadedQueries, LoadedHits uint64
 	Preemptions               uint64 // vllm:num_preemptions
+	// HostHits are the prompt tokens loaded from the host tier instead of
+	// computed (vllm:external_prefix_cache_hits); HostBlocks the blocks
+	// the host tier holds.
+	HostHits   uint64
+	HostBlocks int
 
 	PromptTokens     uint64 // vllm:prompt_tokens: prompt tokens of requests that produced their first token
 	GenerationTokens uint64 // vllm:generation_tokens: tokens generated
@@ -277,6 +293,7 @@ type seq struct {
 	prefilled    bool // prefill (or recompute) complete: the next steps are decodes
 	state        seqState
 	chunk        int // tokens scheduled in the current step
+	hostNext     int // full blocks already offered to the host tier
 }
 
 func (s *seq) numTokens() int { return len(s.tokens) }
@@ -292,8 +309,9 @@ type Engine struct {
 	// heldBlocks counts their blocks.
 	held       map[string]*seq
 	heldBlocks int
-	sched      []*seq   // scratch: requests scheduled in the current step
-	outputs    []Output // the last step's Outputs, reused
+	sched      []*seq    // scratch: requests scheduled in the current step
+	host       *hostPool // the host tier, nil without one
+	outputs    []Output  // the last step's Outputs, reused
 	m          Metrics
 }
 
@@ -316,17 +334,29 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: max num seqs %d", ErrInvalid, cfg.MaxNumSeqs)
 	case cfg.MaxNumBatchedTokens <= 0:
 		return nil, fmt.Errorf("%w: max num batched tokens %d", ErrInvalid, cfg.MaxNumBatchedTokens)
+	case cfg.NumCPUBlocks < 0:
+		return nil, fmt.Errorf("%w: %d CPU blocks", ErrInvalid, cfg.NumCPUBlocks)
+	case !(cfg.KVOffloadBandwidth >= 0) || math.IsInf(cfg.KVOffloadBandwidth, 1):
+		return nil, fmt.Errorf("%w: KV offload bandwidth %v GB/s", ErrInvalid, cfg.KVOffloadBandwidth)
+	case cfg.NumCPUBlocks > 0 && !cfg.EnablePrefixCaching:
+		return nil, fmt.Errorf("%w: a host tier (%d CPU blocks) needs prefix caching: its blocks are found by their ids", ErrInvalid, cfg.NumCPUBlocks)
+	case cfg.NumCPUBlocks > 0 && len(cfg.KVCacheGroups) > 0:
+		return nil, fmt.Errorf("%w: a host tier with KV-cache groups is not simulated", ErrInvalid)
 	}
 	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
 	if err := bm.setupGroups(cfg); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:  cfg,
 		bm:   bm,
 		byID: make(map[string]*seq),
 		held: make(map[string]*seq),
-	}, nil
+	}
+	if cfg.NumCPUBlocks > 0 {
+		e.host = newHostPool(cfg)
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration (defaults filled in).
@@ -475,6 +505,9 @@ func (e *Engine) Metrics() Metrics {
 	m.CachedBlocks = e.bm.numActive + e.bm.numInactive
 	m.FreeBlocks = e.bm.free()
 	m.TotalBlocks = e.cfg.NumGPUBlocks
+	if e.host != nil {
+		m.HostBlocks = len(e.host.idx)
+	}
 	return m
 }
 
@@ -506,6 +539,7 @@ func (e *Engine) Step() StepResult {
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
 	sched := e.sched[:0]
+	var load time.Duration // loading host blocks
 	e.bm.events = nil
 
 	// Running requests first.
@@ -538,7 +572,8 @@ func (e *Engine) Step() StepResult {
 			// The last token is always computed: at most numTokens-1
 			// tokens can come from the cache.
 			hits := e.bm.countPrefix(&s.seqBlocks, (s.numTokens()-1)/bs)
-			s.numComputed = hits * bs
+			fromHost := e.hostHits(s, hits)
+			s.numComputed = (hits + fromHost) * bs
 			if !s.started && s.loadedBlocks > 0 {
 				s.numComputed = max(s.numComputed, min(s.loadedBlocks*bs, s.numTokens()-1))
 			}
@@ -548,6 +583,11 @@ func (e *Engine) Step() StepResult {
 				break
 			}
 			e.waiting.popFront()
+			if fromHost > 0 {
+				load += time.Duration(fromHost) * e.host.loadPerBlock
+				s.hostNext = max(s.hostNext, hits+fromHost)
+				e.m.HostHits += uint64(fromHost * bs)
+			}
 			if !s.started {
 				s.started = true
 				s.cachedTokens = s.numComputed
@@ -590,12 +630,17 @@ func (e *Engine) Step() StepResult {
 	if e.cfg.Speed != 1 {
 		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
 	}
+	// The link, not the GPU, sets the load time.
+	res.Duration += load
 
 	res.Outputs = e.outputs[:0]
 	finished := 0
 	for _, s := range sched {
 		s.numComputed += s.chunk
 		s.chunk = 0
+		if e.host != nil {
+			res.Events = e.offload(s, res.Events)
+		}
 		if s.numComputed < s.numTokens() {
 			continue // prefill chunk
 		}

@@ -258,10 +258,10 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 		for _, ev := range events {
 			switch ev.Kind {
 			case engine.Stored:
-				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: ev.BlockHashes, ParentBlockHash: ev.Parent, TokenIDs: ev.TokenIDs, BlockSize: blockSize, Medium: "GPU",
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: ev.BlockHashes, ParentBlockHash: ev.Parent, TokenIDs: ev.TokenIDs, BlockSize: blockSize, Medium: medium(ev),
 					LoRAName: ev.LoRAName, ExtraKeys: encodeExtraKeys(ev.ExtraKeys)})
 			case engine.Removed:
-				batch.Events = append(batch.Events, &vllmevents.BlockRemoved{BlockHashes: ev.BlockHashes, Medium: "GPU"})
+				batch.Events = append(batch.Events, &vllmevents.BlockRemoved{BlockHashes: ev.BlockHashes, Medium: medium(ev)})
 			case engine.Cleared:
 				batch.Events = append(batch.Events, &vllmevents.AllBlocksCleared{})
 			}
@@ -277,6 +277,15 @@ func (f *Fleet) publisher(i int, pub *zmqevents.Publisher, rank, blockSize int, 
 			f.errMu.Unlock()
 		}
 	}
+}
+
+// medium is the event's medium as vLLM names it: the host tier's is its
+// offloading connector's CPU backend's (CPULoadStoreSpec.medium()).
+func medium(ev engine.BlockEvent) vllmevents.Medium {
+	if ev.Host {
+		return "CPU"
+	}
+	return "GPU"
 }
 
 // dumper answers an engine's /kv_events/dump: a rank's cached blocks as

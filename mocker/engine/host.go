@@ -1,0 +1,197 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// The host tier: vLLM's CPU offloading (OffloadingConnector with a CPU
+// backend and its LRU manager, --kv-offloading-size). As vLLM v0.11+ does
+// (vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py,
+// vllm/v1/kv_offload/lru_manager.py at vllm-project/vllm 0072b0b), the
+// host pool is written through, not filled on eviction: every full block a
+// step computes (prompt or generated, and the blocks a request found in
+// the GPU cache) is copied to the host unless the host holds it already,
+// so a block evicted from the GPU is usually still on the host. The host
+// pool evicts by LRU; a lookup touches the request's blocks, its first
+// block last, so that a prefix outlives its suffixes.
+//
+// A waiting request whose prompt continues its GPU prefix hit on the host
+// loads those blocks at the offload bandwidth instead of computing them:
+// they take GPU blocks like computed ones (Stored on the GPU) and the load
+// time is added to the step. vLLM loads asynchronously while other
+// requests run; the mocker charges the whole step, which overstates the
+// load's cost to the requests batched with it (a load of 1000 blocks of
+// 2 MiB at 25 GB/s is 84 ms, against about 360 ms to prefill them).
+//
+// The pool publishes what vLLM's connector publishes (take_events):
+// BlockStored with medium "CPU", no parent (parent_block_hash None), no
+// token ids (token_ids []), the blocks in request order with those the
+// host already held left out; BlockRemoved with medium "CPU" for the
+// blocks its LRU evicts. Host events follow the step's GPU events.
+
+// DefaultKVOffloadBandwidth is the host-to-GPU bandwidth in GB/s (1e9
+// bytes per second): a PCIe Gen4 ×16 link moves 32 GB/s at most and about
+// 25 in practice, Gen5 twice that.
+const DefaultKVOffloadBandwidth = 25.0
+
+// DefaultKVBytesPerToken sizes a block for the load time: the KV of one
+// token over all layers of Llama-3.1-8B in bf16 (32 layers × 8 KV heads ×
+// 128 dims × K and V × 2 bytes), the model class of the step-time fits.
+const DefaultKVBytesPerToken = 131072
+
+type hostEntry struct {
+	hash       uint64
+	prev, next int32
+}
+
+// hostPool is an LRU set of block ids (front = evicted first).
+type hostPool struct {
+	capacity int
+	idx      map[uint64]int32
+	entries  []hostEntry
+	freeIdx  []int32
+	head     int32
+	tail     int32
+	// loadPerBlock is the time to load one block to the GPU.
+	loadPerBlock time.Duration
+	stored       []uint64 // scratch
+	evicted      []uint64 // scratch
+}
+
+func newHostPool(cfg Config) *hostPool {
+	bw := cfg.KVOffloadBandwidth
+	if bw == 0 {
+		bw = DefaultKVOffloadBandwidth
+	}
+	per := float64(cfg.BlockSize*DefaultKVBytesPerToken) / (bw * 1e9)
+	return &hostPool{
+		capacity:     cfg.NumCPUBlocks,
+		idx:          make(map[uint64]int32),
+		head:         noBlock,
+		tail:         noBlock,
+		loadPerBlock: time.Duration(math.Round(per * float64(time.Second))),
+	}
+}
+
+func (p *hostPool) has(h uint64) bool {
+	_, ok := p.idx[h]
+	return ok
+}
+
+func (p *hostPool) unlink(i int32) {
+	e := &p.entries[i]
+	if e.prev != noBlock {
+		p.entries[e.prev].next = e.next
+	} else {
+		p.head = e.next
+	}
+	if e.next != noBlock {
+		p.entries[e.next].prev = e.prev
+	} else {
+		p.tail = e.prev
+	}
+	e.prev, e.next = noBlock, noBlock
+}
+
+func (p *hostPool) pushBack(i int32) {
+	e := &p.entries[i]
+	e.prev, e.next = p.tail, noBlock
+	if p.tail != noBlock {
+		p.entries[p.tail].next = i
+	} else {
+		p.head = i
+	}
+	p.tail = i
+}
+
+// touch makes the held blocks among hashes the most recently used, the
+// first one last (vLLM's LRUOffloadingManager.touch).
+func (p *hostPool) touch(hashes []uint64) {
+	for k := len(hashes) - 1; k >= 0; k-- {
+		if i, ok := p.idx[hashes[k]]; ok {
+			p.unlink(i)
+			p.pushBack(i)
+		}
+	}
+}
+
+// prefix is how many of hashes, from the first, the pool holds.
+func (p *hostPool) prefix(hashes []uint64) int {
+	n := 0
+	for n < len(hashes) && p.has(hashes[n]) {
+		n++
+	}
+	return n
+}
+
+// store copies the blocks of hashes the pool lacks, evicting the least
+// recently used, touches them all and appends the events to evs.
+func (p *hostPool) store(hashes []uint64, group int, evs []BlockEvent) []BlockEvent {
+	p.stored, p.evicted = p.stored[:0], p.evicted[:0]
+	for _, h := range hashes {
+		if !p.has(h) {
+			p.stored = append(p.stored, h)
+		}
+	}
+	// A request longer than the pool keeps its last blocks.
+	if n := len(p.stored); n > p.capacity {
+		p.stored = p.stored[n-p.capacity:]
+	}
+	for len(p.idx)+len(p.stored) > p.capacity {
+		i := p.head
+		p.unlink(i)
+		h := p.entries[i].hash
+		delete(p.idx, h)
+		p.freeIdx = append(p.freeIdx, i)
+		p.evicted = append(p.evicted, h)
+	}
+	for _, h := range p.stored {
+		var i int32
+		if n := len(p.freeIdx); n > 0 {
+			i = p.freeIdx[n-1]
+			p.freeIdx = p.freeIdx[:n-1]
+		} else {
+			p.entries = append(p.entries, hostEntry{})
+			i = int32(len(p.entries) - 1)
+		}
+		p.entries[i].hash = h
+		p.idx[h] = i
+		p.pushBack(i)
+	}
+	p.touch(hashes)
+	if len(p.evicted) > 0 {
+		evs = append(evs, BlockEvent{Kind: Removed, Group: group, Host: true, BlockHashes: append([]uint64(nil), p.evicted...)})
+	}
+	if len(p.stored) > 0 {
+		evs = append(evs, BlockEvent{Kind: Stored, Group: group, Host: true, BlockHashes: append([]uint64(nil), p.stored...), TokenIDs: []uint32{}})
+	}
+	return evs
+}
+
+// hostHits is how many of s's prompt blocks after its GPU hits the host
+// tier holds (at most all but the last token's block, as on the GPU), and
+// touches every prompt block it holds, as vLLM's lookup does.
+func (e *Engine) hostHits(s *seq, gpuHits int) int {
+	if e.host == nil {
+		return 0
+	}
+	limit := (s.numTokens() - 1) / e.cfg.BlockSize
+	e.bm.ensureHashes(&s.seqBlocks, limit)
+	e.host.touch(s.hashes[:limit])
+	return e.host.prefix(s.hashes[gpuHits:limit])
+}
+
+// offload copies to the host the full blocks s has computed since the
+// last call, appending the host's events to evs.
+func (e *Engine) offload(s *seq, evs []BlockEvent) []BlockEvent {
+	full := min(s.numComputed, s.numTokens()) / e.cfg.BlockSize
+	if full <= s.hostNext {
+		return evs
+	}
+	e.bm.ensureHashes(&s.seqBlocks, full)
+	evs = e.host.store(s.hashes[s.hostNext:full], e.bm.group, evs)
+	e.host.touch(s.hashes[:s.hostNext])
+	s.hostNext = full
+	return evs
+}

@@ -101,10 +101,12 @@ func TestTemplate(t *testing.T) {
 		if dep == nil || kinds["Service"] == nil || kinds["PodDisruptionBudget"] == nil {
 			t.Fatalf("mode %s: want a Deployment, a Service and a PodDisruptionBudget, got %v", mode, kinds)
 		}
-		grace, _, _ := unstructured.NestedInt64(dep.Object, "spec", "template", "spec", "terminationGracePeriodSeconds")
+		// JSON numbers: the decoder gives float64.
+		graceField, _, _ := unstructured.NestedFieldNoCopy(dep.Object, "spec", "template", "spec", "terminationGracePeriodSeconds")
+		grace, _ := graceField.(float64)
 		nonRoot, _, _ := unstructured.NestedBool(dep.Object, "spec", "template", "spec", "securityContext", "runAsNonRoot")
 		if grace <= 30 || !nonRoot {
-			t.Errorf("mode %s: terminationGracePeriodSeconds %d (want above --shutdown-timeout 30), runAsNonRoot %v", mode, grace, nonRoot)
+			t.Errorf("mode %s: terminationGracePeriodSeconds %v (want above --shutdown-timeout 30), runAsNonRoot %v", mode, grace, nonRoot)
 		}
 		watches := mode == "kubernetes" || mode == "epp"
 		if role := kinds["Role"]; (role != nil) != watches {

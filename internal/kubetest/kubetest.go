@@ -116,6 +116,8 @@ func Start(t testing.TB) *Env {
 		"--etcd-servers="+etcdURL, "--cert-dir="+filepath.Join(work, "certs"),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
 		"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+		// No kubernetes Service endpoints: 127.0.0.1 may not be one.
+		"--endpoint-reconciler-type=none",
 		"--authorization-mode=RBAC", "--token-auth-file="+tokens,
 		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
 		"--service-account-issuer=https://kubernetes.default.svc",

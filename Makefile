@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test fmt-check vet lint race build bench-index fuzz
+.PHONY: test fmt-check vet lint race build bench-index fuzz image
 
 # test is what CI runs (.ci/run): formatting, vet, staticcheck, then every
 # test with the race detector.
@@ -38,3 +38,13 @@ bench-index:
 FUZZTIME ?= 60s
 fuzz:
 	FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+# image builds the container image (Containerfile) with podman, else
+# buildah (Debian packages both): the static binary is built here, so
+# FROM scratch needs no registry.
+IMAGE ?= kvrouter:dev
+image:
+	mkdir -p build/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o build/image/kvrouter ./cmd/kvrouter
+	if command -v podman >/dev/null 2>&1; then podman build -f Containerfile -t $(IMAGE) build/image; \
+	else buildah bud -f Containerfile -t $(IMAGE) build/image; fi

@@ -30,6 +30,7 @@ func newServeCmd() *cobra.Command {
 		lf         limitFlags
 		hard       hardeningFlags
 		pf         planeFlags
+		kf         kubeFlags
 		hf         httpFlags
 		host       string
 		port       int
@@ -129,7 +130,11 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			defer stop()
 			var plane *serve.Plane
 			natsURL := ""
-			if wantsPlane(cmd.Flags(), pf.natsURL, workers) {
+			discovery, err := kf.discovery(log)
+			if err != nil {
+				return err
+			}
+			if wantsPlane(cmd.Flags(), pf.natsURL, workers, discovery != nil) {
 				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
 				if err != nil {
 					return err
@@ -140,14 +145,16 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
+			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll, Discovery: discovery})
 			if err != nil {
 				return err
 			}
 			if len(workers) > 0 {
 				printWorkers(cmd.OutOrStdout(), workers)
 			}
-			if plane != nil {
+			if discovery != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); engines discovered from Kubernetes: %s\n", s.URL(), rcfg.Mode, s.URL(), kf.describe())
+			} else if plane != nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, s.URL(), natsURL, pf.namespace)
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode, s.URL())
@@ -169,6 +176,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	lf.register(fs)
 	hard.register(fs)
 	pf.register(fs, true, 4222)
+	kf.register(fs)
 	hf.register(fs)
 	fs.StringVar(&host, "http-host", "0.0.0.0", "address to listen on")
 	fs.IntVar(&port, "http-port", 8000, "port to listen on")
@@ -205,10 +213,11 @@ func eppAddrs(host string, port, healthPort int) (addr, healthAddr string, err e
 
 // wantsPlane tells whether serve needs NATS: for engines to join through
 // discovery when none is given, or because a NATS or plane flag (or its
-// variable) was set. Static engines alone need no embedded server that
-// nothing would connect to, holding port 4222 and a JetStream directory.
-func wantsPlane(fs *pflag.FlagSet, natsURL string, workers []serve.WorkerSpec) bool {
-	if len(workers) == 0 || natsURL != "" {
+// variable) was set. Static engines alone, or Kubernetes discovery
+// (dynamic), need no embedded server that nothing would connect to, holding
+// port 4222 and a JetStream directory.
+func wantsPlane(fs *pflag.FlagSet, natsURL string, workers []serve.WorkerSpec, dynamic bool) bool {
+	if (len(workers) == 0 && !dynamic) || natsURL != "" {
 		return true
 	}
 	planeOnly := pflag.NewFlagSet("plane", pflag.ContinueOnError)

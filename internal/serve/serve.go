@@ -91,6 +91,8 @@ type Config struct {
 	// Plane, when set, adds the NATS plane: discovery, event plane,
 	// replica sync.
 	Plane *Plane
+	// Discovery, when set, adds the engines it finds (Kubernetes pods).
+	Discovery Discovery
 	// MigrationLimit is --migration-limit: how many times a broken
 	// stream may continue on another engine.
 	MigrationLimit int
@@ -177,6 +179,11 @@ type supervised struct {
 	wake    chan struct{}
 	// instance is a discovered engine's announcement, to re-admit it by.
 	instance natsplane.Instance
+	// stop ends the supervision of an engine from Config.Discovery; gone
+	// (guarded by Server.mu) says it has been reported gone, so that a
+	// probe on the way does not bring it back.
+	stop context.CancelFunc
+	gone bool
 	// why the engine is not in routing, "" while it is (guarded by
 	// Server.mu): /health, the dashboard and the log name it.
 	why string
@@ -266,7 +273,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = 2 * time.Second
 	}
-	if len(cfg.Workers) == 0 && cfg.Plane == nil {
+	if len(cfg.Workers) == 0 && cfg.Plane == nil && cfg.Discovery == nil {
 		return nil, errNoEngines
 	}
 	log := cfg.Logger
@@ -343,10 +350,25 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		s.warnIfNoEngines()
 	}
+	if cfg.Discovery != nil {
+		err := cfg.Discovery.Start(ctx, DiscoveryHandler{
+			Join:  func(spec WorkerSpec) { s.dynamicJoin(ctx, spec) },
+			Leave: s.dynamicLeave,
+		})
+		if err != nil {
+			cancel()
+			ln.Close()
+			s.closePlane()
+			return nil, err
+		}
+	}
 	if cfg.EPPAddr != "" {
 		if err := s.startEPP(ctx, reg, tlsConfig); err != nil {
 			cancel()
 			ln.Close()
+			if cfg.Discovery != nil {
+				cfg.Discovery.Close()
+			}
 			s.closePlane()
 			return nil, err
 		}
@@ -586,9 +608,9 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 	w.transit.Lock()
 	defer w.transit.Unlock()
 	s.mu.Lock()
-	drained := w.drained
+	drained := w.drained || w.gone
 	s.mu.Unlock()
-	if drained { // drained while its probe was on the way
+	if drained { // drained or gone while its probe was on the way
 		return nil
 	}
 	spec := w.spec
@@ -666,6 +688,9 @@ func (s *Server) Close() error {
 		s.cancel()
 		err = s.http.Close()
 		s.stopEPP()
+		if s.cfg.Discovery != nil {
+			s.cfg.Discovery.Close()
+		}
 		s.wg.Wait()
 		s.closePlane()
 		if errors.Is(err, http.ErrServerClosed) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,6 +108,11 @@ func TestTemplate(t *testing.T) {
 		nonRoot, _, _ := unstructured.NestedBool(dep.Object, "spec", "template", "spec", "securityContext", "runAsNonRoot")
 		if grace <= 30 || !nonRoot {
 			t.Errorf("mode %s: terminationGracePeriodSeconds %v (want above --shutdown-timeout 30), runAsNonRoot %v", mode, grace, nonRoot)
+		}
+		containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		if len(args) == 0 || args[0] != "serve" || slices.Contains(args, "--epp-port=9002") != (mode == "epp") {
+			t.Errorf("mode %s: args %v, want serve, with --epp-port=9002 in mode epp only", mode, args)
 		}
 		watches := mode == "kubernetes" || mode == "epp"
 		if role := kinds["Role"]; (role != nil) != watches {

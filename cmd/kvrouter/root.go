@@ -25,6 +25,7 @@ func addCommands(root *cobra.Command) {
 		newBenchCmd(),    // bench.go
 		newUpCmd(),       // up.go: simulated engines and the frontend on one machine
 		newServeCmd(),    // serve.go: the OpenAI frontend in front of real engines
+		newIndexerCmd(),  // indexer.go: the standalone KV indexer
 		newAgentCmd(),    // agent.go: puts one engine on the NATS plane
 		newDoctorCmd(),   // doctor.go: checks engines as serve will use them
 		newDemoCmd(),     // demo.go: trace replay through the router over in-process caches

@@ -72,6 +72,11 @@ type Config struct {
 	// modes that score cached prefixes (--router-kv-events-grace-secs; see
 	// kvevents.go); 0 = never.
 	KVEventsGrace time.Duration
+	// Remote is --use-remote-indexer: the primary index another process
+	// keeps, asked instead of keeping one here. The router then keeps an
+	// approximate index of its own decisions, read while the remote does
+	// not answer; the predict-on-route side index stays local.
+	Remote RemoteIndex
 
 	TrackActiveBlocks bool          // false: --no-router-track-active-blocks
 	TrackOutputBlocks bool          // --router-track-output-blocks
@@ -219,6 +224,9 @@ type Router struct {
 	approx *index.Approx // approximate mode's index: no events, decisions are the cache
 	// predicted is predict-on-route beside the event-fed index; nil when off.
 	predicted *index.Predicted
+	// remote is the primary kept elsewhere (Config.Remote); nil when the
+	// router keeps its own.
+	remote *remoteState
 
 	tracker    *load.Tracker
 	prefill    *load.PrefillModel // nil unless --router-prefill-load-model learned
@@ -397,8 +405,17 @@ func New(cfg Config) (*Router, error) {
 	}
 	approxCfg := index.ApproxConfig{TTL: cfg.ApproxTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now}
 	// With no overlap credit the cost ignores caches: no index at all.
+	if cfg.Remote != nil && (!cfg.KVEvents || !params.UsesOverlap()) {
+		return nil, errRemoteWithoutEvents
+	}
 	if params.UsesOverlap() {
 		switch {
+		case cfg.Remote != nil:
+			r.remote = &remoteState{idx: cfg.Remote}
+			r.approx = index.NewApprox(approxCfg)
+			if cfg.PredictedTTL > 0 {
+				r.predicted = index.NewPredicted(index.ApproxConfig{TTL: cfg.PredictedTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now})
+			}
 		case cfg.KVEvents:
 			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, BudgetPairs: cfg.IndexBudgetPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
 			// Only a policy that scores cached prefixes suffers from, or
@@ -948,7 +965,11 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 			r.matchOtherSizes(p, sc, f)
 		}
 	}
-	if r.approx != nil {
+	remoteOK := false
+	if r.remote != nil {
+		remoteOK = r.matchRemote(p)
+	}
+	if r.approx != nil && !remoteOK {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, seq)...)
 	}
 	if r.predicted != nil {
@@ -1203,7 +1224,9 @@ func (r *Router) drainOne(k queueKey, sc *scratch) {
 		}
 		p := it.Payload.(*prepared)
 		now := r.now()
-		if sched.NeedsRefresh(p.matchedAt, now, r.cfg.OverlapRefreshAfter) {
+		// The remote primary is not asked with r.mu held: its answer
+		// from arrival stands.
+		if r.remote == nil && sched.NeedsRefresh(p.matchedAt, now, r.cfg.OverlapRefreshAfter) {
 			p.lap = tick()
 			r.match(p, sc, now) // caches moved on while it waited
 		}

@@ -1,0 +1,289 @@
+package indexer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/mocker/fleet"
+)
+
+// mockFleet starts n fast simulated engines publishing KV events.
+func mockFleet(t *testing.T, n int) (*fleet.Fleet, fleet.Config) {
+	t.Helper()
+	cfg := fleet.DefaultConfig()
+	cfg.NumWorkers = n
+	cfg.SpeedupRatio = 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	f, err := fleet.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f, cfg
+}
+
+func startIndexer(t *testing.T, cfg Config) *Service {
+	t.Helper()
+	cfg.Addr = "127.0.0.1:0"
+	s, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// call sends body (JSON unless it is already bytes) and returns the status
+// and the answer.
+func call(t *testing.T, method, url, contentType string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		rd = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+type score struct {
+	Scores      map[string]map[string]uint32 `json:"scores" msgpack:"scores"`
+	Frequencies []int                        `json:"frequencies" msgpack:"frequencies"`
+	Instances   map[string]struct {
+		LongestMatched uint32            `json:"longest_matched" msgpack:"longest_matched"`
+		GPU            uint32            `json:"gpu" msgpack:"gpu"`
+		DP             map[string]uint32 `json:"dp" msgpack:"dp"`
+		CPU            uint32            `json:"cpu" msgpack:"cpu"`
+		Disk           uint32            `json:"disk" msgpack:"disk"`
+	} `json:"instances" msgpack:"instances"`
+}
+
+func query(t *testing.T, base string, body any) score {
+	t.Helper()
+	code, b := call(t, "POST", base+"/query", "application/json", body)
+	if code != http.StatusOK {
+		t.Fatalf("query: %d %s", code, b)
+	}
+	var s score
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("query answer %s: %v", b, err)
+	}
+	return s
+}
+
+// complete sends prompt to an engine directly, as a gateway would once it
+// has chosen.
+func complete(t *testing.T, e fleet.Engine, model string, prompt []uint32) {
+	t.Helper()
+	code, b := call(t, "POST", e.HTTPURL+"/v1/completions", "application/json", map[string]any{"model": model, "prompt": prompt, "max_tokens": 1})
+	if code != http.StatusOK {
+		t.Fatalf("completion: %d %s", code, b)
+	}
+}
+
+func prompt(seed uint32, n int) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = seed*1000 + uint32(i)%900 + 1
+	}
+	return p
+}
+
+func register(t *testing.T, base string, id uint64, e fleet.Engine, model string, blockSize int) {
+	t.Helper()
+	code, b := call(t, "POST", base+"/register", "application/json", map[string]any{
+		"instance_id": id, "endpoint": e.Ranks[0].Events, "replay_endpoint": e.Ranks[0].Replay,
+		"model_name": model, "block_size": blockSize,
+	})
+	if code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, b)
+	}
+}
+
+// Two real engines registered over the API: the prompts each served are
+// credited to it alone, in tokens, by token ids, by block hashes and in
+// MessagePack.
+func TestIndexerScoresRegisteredEngines(t *testing.T) {
+	f, cfg := mockFleet(t, 2)
+	bs := cfg.Engine.BlockSize
+	model := cfg.Server.Model
+	s := startIndexer(t, Config{})
+	base := s.URL()
+	es := f.Engines()
+	register(t, base, 11, es[0], model, bs)
+	register(t, base, 22, es[1], model, bs)
+
+	pa, pb := prompt(1, 4*bs), prompt(2, 2*bs)
+	complete(t, es[0], model, pa)
+	complete(t, es[1], model, pb)
+	testwait.Until(t, 10*time.Second, "both prompts indexed", func() bool {
+		sa, sb := query(t, base, map[string]any{"token_ids": pa, "model_name": model}), query(t, base, map[string]any{"token_ids": pb, "model_name": model})
+		return sa.Scores["11"]["0"] == uint32(4*bs) && sb.Scores["22"]["0"] == uint32(2*bs)
+	})
+	sa := query(t, base, map[string]any{"token_ids": pa, "model_name": model, "routing_group": "default"})
+	if sa.Scores["22"]["0"] != 0 || len(sa.Frequencies) != 4 || sa.Frequencies[0] != 1 {
+		t.Errorf("engine 22 never saw prompt a: %+v", sa)
+	}
+	in := sa.Instances["11"]
+	if in.GPU != uint32(4*bs) || in.LongestMatched != in.GPU || in.CPU != in.GPU || in.Disk != in.GPU || in.DP["0"] != in.GPU {
+		t.Errorf("instance 11's breakdown: %+v", in)
+	}
+	if _, listed := sa.Instances["22"]; !listed {
+		t.Errorf("a registered instance holding nothing is listed with 0: %+v", sa.Instances)
+	}
+
+	// A longer prompt sharing a's first two blocks matches two blocks.
+	long := append(append([]uint32{}, pa[:2*bs]...), prompt(9, 3*bs)...)
+	if got := query(t, base, map[string]any{"token_ids": long, "model_name": model}).Scores["11"]["0"]; got != uint32(2*bs) {
+		t.Errorf("shared prefix: %d tokens, want %d", got, 2*bs)
+	}
+
+	// By block hashes: the local hashes the engine's tokens give, signed
+	// as Dynamo sends them.
+	local := blockhash.New(bs, "").LocalHashes(pa)
+	signed := make([]int64, len(local))
+	for i, h := range local {
+		signed[i] = int64(h)
+	}
+	code, b := call(t, "POST", base+"/query_by_hash", "application/json", map[string]any{"block_hashes": signed, "model_name": model})
+	var byHash score
+	if code != http.StatusOK || json.Unmarshal(b, &byHash) != nil || byHash.Scores["11"]["0"] != uint32(4*bs) {
+		t.Errorf("query_by_hash: %d %s", code, b)
+	}
+
+	// MessagePack in, MessagePack out.
+	mp, _ := msgpack.Marshal(map[string]any{"token_ids": pa, "model_name": model})
+	req, _ := http.NewRequest("POST", base+"/query", bytes.NewReader(mp))
+	req.Header.Set("Content-Type", "application/msgpack")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var viaMP score
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/msgpack" || msgpack.Unmarshal(body, &viaMP) != nil || viaMP.Scores["11"]["0"] != uint32(4*bs) {
+		t.Errorf("msgpack query: %d %q %v", resp.StatusCode, resp.Header.Get("Content-Type"), viaMP)
+	}
+
+	// A salted query does not match unsalted blocks.
+	if got := query(t, base, map[string]any{"token_ids": pa, "model_name": model, "cache_salt": "tenant-a"}).Scores["11"]["0"]; got != 0 {
+		t.Errorf("salted query matched %d unsalted tokens", got)
+	}
+
+	// /workers lists both, active; /dump holds engine 11's blocks.
+	code, b = call(t, "GET", base+"/workers?model_name="+model, "", nil)
+	var ws []struct {
+		InstanceID uint64            `json:"instance_id"`
+		Status     string            `json:"status"`
+		BlockSize  int               `json:"block_size"`
+		Endpoints  map[string]string `json:"endpoints"`
+	}
+	if code != http.StatusOK || json.Unmarshal(b, &ws) != nil || len(ws) != 2 || ws[0].InstanceID != 11 || ws[0].Status != "active" || ws[0].BlockSize != bs || ws[0].Endpoints["0"] != es[0].Ranks[0].Events {
+		t.Errorf("workers: %d %s", code, b)
+	}
+	code, b = call(t, "GET", base+"/dump", "", nil)
+	var dump map[string]struct {
+		BlockSize int               `json:"block_size"`
+		Events    []json.RawMessage `json:"events"`
+	}
+	if code != http.StatusOK || json.Unmarshal(b, &dump) != nil || dump[model+":default"].BlockSize != bs || len(dump[model+":default"].Events) < 6 {
+		t.Errorf("dump: %d %.300s", code, b)
+	}
+
+	// Unregistering drops the instance's blocks.
+	if code, b := call(t, "POST", base+"/unregister", "application/json", map[string]any{"instance_id": 11, "model_name": model}); code != http.StatusOK {
+		t.Fatalf("unregister: %d %s", code, b)
+	}
+	if got := query(t, base, map[string]any{"token_ids": pa, "model_name": model}); got.Scores["11"] != nil {
+		t.Errorf("unregistered instance still scored: %+v", got.Scores)
+	}
+	if code, _ := call(t, "POST", base+"/unregister", "application/json", map[string]any{"instance_id": 11, "model_name": model}); code != http.StatusNotFound {
+		t.Errorf("unregistering twice: %d, want 404", code)
+	}
+}
+
+// Malformed input gets a clear 4xx with {"error": ...}; nothing panics.
+func TestIndexerRejectsMalformedInput(t *testing.T) {
+	f, cfg := mockFleet(t, 1)
+	s := startIndexer(t, Config{})
+	base := s.URL()
+	e := f.Engines()[0]
+	register(t, base, 1, e, "m", cfg.Engine.BlockSize)
+	cases := []struct {
+		method, path, ctype string
+		body                any
+		want                int
+		says                string
+	}{
+		{"POST", "/query", "application/json", `{"token_ids": [1, 2`, 400, "not valid JSON"},
+		{"POST", "/query", "application/json", `{"token_ids": "abc", "model_name": "m"}`, 400, "token_ids"},
+		{"POST", "/query", "application/json", `{"token_ids": [-1], "model_name": "m"}`, 400, "token_ids"},
+		{"POST", "/query", "application/json", `{"model_name": "m"}`, 400, "token_ids is required"},
+		{"POST", "/query", "application/json", `{"token_ids": [1]}`, 400, "model_name is required"},
+		{"POST", "/query", "application/json", ``, 400, "empty"},
+		{"POST", "/query", "application/msgpack", []byte{0xc1, 0xff}, 400, "MessagePack"},
+		{"POST", "/query", "application/json", `{"token_ids": [1], "model_name": "other"}`, 404, "no indexer for model=other"},
+		{"POST", "/query", "application/json", `{"token_ids": [1], "model_name": "m", "routing_group": "g2"}`, 404, "routing_group=g2"},
+		{"POST", "/query_by_hash", "application/json", `{"block_hashes": [1], "model_name": "m", "cache_salt": ""}`, 400, "cache_salt must be omitted"},
+		{"POST", "/query_by_hash", "application/json", `{"block_hashes": [1.5], "model_name": "m"}`, 400, "block_hashes"},
+		{"POST", "/query_by_hash", "application/json", `{"block_hashes": [18446744073709551616], "model_name": "m"}`, 400, "block_hashes"},
+		{"POST", "/register", "application/json", `{"endpoint": "tcp://x:1", "model_name": "m", "block_size": 16}`, 400, "instance_id is required"},
+		{"POST", "/register", "application/json", `{"instance_id": 2, "endpoint": "tcp://x:1", "model_name": "m"}`, 400, "block_size"},
+		{"POST", "/register", "application/json", `{"instance_id": 2, "endpoint": "http://x:1", "model_name": "m", "block_size": 16}`, 400, "ZMQ address"},
+		{"POST", "/register", "application/json", `{"instance_id": 2, "endpoint": "tcp://x:1", "model_name": "m", "block_size": 32}`, 409, "blocks of 16 tokens"},
+		{"POST", "/register", "application/json", `{"instance_id": 1, "endpoint": "tcp://127.0.0.1:1", "model_name": "m", "block_size": 16}`, 409, "is registered with endpoint"},
+		{"POST", "/unregister", "application/json", `{"instance_id": 7, "model_name": "m"}`, 404, "not registered"},
+		{"POST", "/unregister", "application/json", `{"model_name": "m"}`, 400, "instance_id is required"},
+		{"POST", "/register_peer", "application/json", `{"url": "peer:8090"}`, 400, "base URL"},
+		{"POST", "/deregister_peer", "application/json", `{"url": "http://nobody:1"}`, 404, "peer not found"},
+		{"GET", "/query", "", nil, 405, "use POST"},
+		{"POST", "/workers", "", nil, 405, "use GET"},
+		{"GET", "/nothing", "", nil, 404, "no route"},
+	}
+	for _, c := range cases {
+		code, b := call(t, c.method, base+c.path, c.ctype, c.body)
+		var e struct {
+			Error string `json:"error" msgpack:"error"`
+		}
+		unmarshal := json.Unmarshal
+		if c.ctype == "application/msgpack" { // answered in the request's format
+			unmarshal = msgpack.Unmarshal
+		}
+		if code != c.want || unmarshal(b, &e) != nil || !strings.Contains(e.Error, c.says) {
+			t.Errorf("%s %s %v: %d %s, want %d saying %q", c.method, c.path, c.body, code, b, c.want, c.says)
+		}
+	}
+	if code, b := call(t, "GET", base+"/health", "", nil); code != http.StatusOK || !strings.Contains(string(b), `"ok"`) {
+		t.Errorf("health: %d %s", code, b)
+	}
+	code, b := call(t, "GET", base+"/metrics", "", nil)
+	if code != http.StatusOK || !strings.Contains(string(b), `dynamo_kvindexer_errors_total{endpoint="/query",status_class="4xx"}`) || !strings.Contains(string(b), "dynamo_kvindexer_workers 1") {
+		t.Errorf("metrics: %d %.2000s", code, b)
+	}
+}

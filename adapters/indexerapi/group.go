@@ -32,15 +32,24 @@ func (g RouterGroup) Ranks() []kv.Worker {
 	return out
 }
 
-// Match implements Group.
-func (g RouterGroup) Match(m *index.Matcher, seq []uint64) ([]index.Overlap, []index.TierOverlap) {
-	dev, tiers, _ := g.Router.PrimaryMatch(m, seq)
+// served are the engines Serves accepts; nil when it accepts all.
+func (g RouterGroup) served() map[uint64]bool {
 	if g.Serves == nil {
-		return dev, tiers
+		return nil
 	}
 	keep := map[uint64]bool{}
 	for _, info := range g.Router.Workers() {
 		keep[info.ID] = g.Serves(info)
+	}
+	return keep
+}
+
+// Match implements Group.
+func (g RouterGroup) Match(m *index.Matcher, seq []uint64) ([]index.Overlap, []index.TierOverlap) {
+	dev, tiers, _ := g.Router.PrimaryMatch(m, seq)
+	keep := g.served()
+	if keep == nil {
+		return dev, tiers
 	}
 	out := dev[:0:0]
 	for _, o := range dev {
@@ -59,5 +68,18 @@ func (g RouterGroup) Match(m *index.Matcher, seq []uint64) ([]index.Overlap, []i
 
 // DumpTo implements Group.
 func (g RouterGroup) DumpTo(d *index.Dumper, visit func([]kv.Event) error) error {
-	return g.Router.DumpEventsTo(d, visit)
+	keep := g.served()
+	if keep == nil {
+		return g.Router.DumpEventsTo(d, visit)
+	}
+	var kept []kv.Event
+	return g.Router.DumpEventsTo(d, func(evs []kv.Event) error {
+		kept = kept[:0]
+		for _, ev := range evs {
+			if keep[ev.Worker.ID] {
+				kept = append(kept, ev)
+			}
+		}
+		return visit(kept)
+	})
 }

@@ -39,6 +39,8 @@ func newServeCmd() *cobra.Command {
 		zmqMax     int64
 		eppPort    int
 		eppHealth  int
+		serveIx    bool
+		remoteIx   string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -145,7 +147,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll, Discovery: discovery})
+			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll, Discovery: discovery, ServeIndexer: serveIx, RemoteIndexer: remoteIx})
 			if err != nil {
 				return err
 			}
@@ -158,6 +160,12 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); engines also discovered on NATS %s, namespace %q\n", s.URL(), rcfg.Mode, s.URL(), natsURL, pf.namespace)
 			} else {
 				fmt.Fprintf(cmd.OutOrStdout(), "\nkvrouter serving on %s (mode %s, dashboard %s/ui); the --worker engines only, no NATS (--nats-url adds engines discovered there)\n", s.URL(), rcfg.Mode, s.URL())
+			}
+			if serveIx {
+				fmt.Fprintf(cmd.OutOrStdout(), "KV indexer API (kvrouter indexer's) on %s%s: other routers use it with --use-remote-indexer %s%s\n", s.URL(), serve.IndexerPath, s.URL(), serve.IndexerPath)
+			}
+			if remoteIx != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "routing by the remote KV indexer %s (the local approximate index while it does not answer)\n", remoteIx)
 			}
 			if a := s.EPPAddr(); a != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "endpoint picker (Gateway API Inference Extension, Envoy ext_proc) on %s\n", a)
@@ -185,6 +193,8 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	registerZMQMaxMessageBytes(fs, &zmqMax)
 	fs.IntVar(&eppPort, "epp-port", 0, "also serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc gRPC, with gRPC health) on this port of --http-host, routing with the frontend (0: off; the Inference Extension uses 9002)")
 	fs.IntVar(&eppHealth, "epp-health-port", 0, "also serve the endpoint picker's gRPC health service alone on this port (0: only on --epp-port; the Inference Extension uses 9003)")
+	fs.BoolVar(&serveIx, "serve-indexer", false, "also serve this router's KV index to other routers and gateways, with kvrouter indexer's HTTP API under /indexer (docs/indexer.md)")
+	fs.StringVar(&remoteIx, "use-remote-indexer", "", "route by the KV index of this indexer (kvrouter indexer's URL, or a --serve-indexer router's http://HOST:PORT/indexer) instead of subscribing to the engines' KV events; while it does not answer, by the local approximate index")
 	registerDynamoAliases(fs)
 	return cmd
 }

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -10,6 +11,12 @@ import (
 // index is being rebuilt from traffic (see router.Router.Recovering).
 func (s *Server) dependencies() map[string]string {
 	deps := s.planeHealth()
+	if s.remote != nil {
+		if deps == nil {
+			deps = map[string]string{}
+		}
+		deps["remote_indexer"] = cmp.Or(s.remote.Health(), "ok")
+	}
 	if rec := s.router.Recovering(); len(rec) > 0 {
 		if deps == nil {
 			deps = map[string]string{}

@@ -27,6 +27,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/enginemetrics"
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/adapters/frontend"
+	"github.com/kvrouter/kvrouter/adapters/indexerapi"
 	"github.com/kvrouter/kvrouter/adapters/modeltok"
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -130,6 +131,15 @@ type Config struct {
 	// health service alone on a port of its own too.
 	EPPAddr       string
 	EPPHealthAddr string
+	// ServeIndexer is --serve-indexer: the router's event-fed index is
+	// also served, under IndexerPath, with the standalone indexer's API.
+	ServeIndexer bool
+	// RemoteIndexer is --use-remote-indexer: the base URL of the indexer
+	// (kvrouter indexer, or a router's IndexerPath) whose index this
+	// router asks instead of subscribing to the engines' events itself;
+	// RemoteIndexerTimeout bounds one query (0: the default).
+	RemoteIndexer        string
+	RemoteIndexerTimeout time.Duration
 }
 
 // Server is a running frontend.
@@ -161,6 +171,10 @@ type Server struct {
 	adaptersKick chan struct{}
 
 	epp *eppState // nil without EPPAddr
+
+	// remote is the primary index asked for overlaps, nil when the router
+	// keeps its own.
+	remote *indexerapi.Remote
 }
 
 type supervised struct {
@@ -293,11 +307,18 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	warnModelTypos(log, cfg.Workers)
+	remote, err := remoteIndex(&cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if remote != nil {
+		cfg.Router.Remote = remote
+	}
 	r, err := router.New(cfg.Router)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, router: r, log: log, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{},
+	s := &Server{cfg: cfg, router: r, log: log, remote: remote, workers: map[uint64]*supervised{}, changed: make(chan struct{}), sizesWarned: map[uint64]int{},
 		loraClient: &http.Client{}, adaptersKick: make(chan struct{}, 1)}
 	lcfg := cfg.LoRA
 	lcfg.Reread = s.rereadAdapters
@@ -373,7 +394,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.http = httpServer(fe.Handler(), cfg.HTTP)
+	s.http = httpServer(s.withIndexer(fe.Handler()), cfg.HTTP)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -623,7 +644,8 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 	role, _ := router.ParseRole(spec.Role) // validated
 	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, Role: role})
 	var sources []*enginesource.Source
-	if spec.Events != "" {
+	// With a remote primary, the indexer follows the engines' events.
+	if spec.Events != "" && s.remote == nil {
 		for rank := range spec.DPSize {
 			events, _ := enginesource.RankEndpoint(spec.Events, rank)
 			replay, err := enginesource.RankEndpoint(spec.Replay, rank)

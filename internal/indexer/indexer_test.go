@@ -287,3 +287,61 @@ func TestIndexerRejectsMalformedInput(t *testing.T) {
 		t.Errorf("metrics: %d %.2000s", code, b)
 	}
 }
+
+// An engine registered after it cached a prompt: the indexer asks the
+// engine's replay endpoint for the history it missed, as serve does.
+func TestIndexerReplaysHistoryFromTheEngine(t *testing.T) {
+	f, cfg := mockFleet(t, 1)
+	bs, model := cfg.Engine.BlockSize, cfg.Server.Model
+	e := f.Engines()[0]
+	p := prompt(5, 3*bs)
+	complete(t, e, model, p)
+	s := startIndexer(t, Config{})
+	register(t, s.URL(), 3, e, model, bs)
+	testwait.Until(t, 10*time.Second, "the replayed history is indexed", func() bool {
+		return query(t, s.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["3"]["0"] == uint32(3*bs)
+	})
+}
+
+// A second indexer started with --peers recovers the first one's
+// workers and index before the engine publishes anything new, and lists
+// its peers; peers registered later are listed too.
+func TestIndexerRecoversFromAPeer(t *testing.T) {
+	f, cfg := mockFleet(t, 1)
+	bs, model := cfg.Engine.BlockSize, cfg.Server.Model
+	e := f.Engines()[0]
+	a := startIndexer(t, Config{})
+	register(t, a.URL(), 4, e, model, bs)
+	p := prompt(6, 2*bs)
+	complete(t, e, model, p)
+	testwait.Until(t, 10*time.Second, "indexer a indexes p", func() bool {
+		return query(t, a.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
+	})
+
+	b := startIndexer(t, Config{Peers: []string{"http://127.0.0.1:1", a.URL()}})
+	// Recovery runs before b serves: its first answer already holds p.
+	if got := query(t, b.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"]; got != uint32(2*bs) {
+		t.Errorf("b recovered %d tokens of p, want %d", got, 2*bs)
+	}
+	code, body := call(t, "GET", b.URL()+"/workers", "", nil)
+	if code != http.StatusOK || !strings.Contains(string(body), e.Ranks[0].Events) {
+		t.Errorf("b's workers: %d %s", code, body)
+	}
+	// b follows the engine from there on.
+	q := prompt(7, 2*bs)
+	complete(t, e, model, q)
+	testwait.Until(t, 10*time.Second, "indexer b indexes a new prompt", func() bool {
+		return query(t, b.URL(), map[string]any{"token_ids": q, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
+	})
+	if code, body := call(t, "POST", b.URL()+"/register_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusCreated {
+		t.Fatalf("register_peer: %d %s", code, body)
+	}
+	code, body = call(t, "GET", b.URL()+"/peers", "", nil)
+	var peers []string
+	if code != http.StatusOK || json.Unmarshal(body, &peers) != nil || len(peers) != 3 || peers[1] != a.URL() || peers[2] != "http://peer-c:8090" {
+		t.Errorf("peers: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", b.URL()+"/deregister_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusOK {
+		t.Errorf("deregister_peer: %d %s", code, body)
+	}
+}

@@ -18,20 +18,6 @@ type RouterGroup struct {
 // BlockSize implements Group.
 func (g RouterGroup) BlockSize() int { return g.Router.BlockSize() }
 
-// Ranks implements Group.
-func (g RouterGroup) Ranks() []kv.Worker {
-	var out []kv.Worker
-	for _, info := range g.Router.Workers() {
-		if g.Serves != nil && !g.Serves(info) {
-			continue
-		}
-		for r := range max(info.DPSize, 1) {
-			out = append(out, kv.Worker{ID: info.ID, DPRank: uint32(r)})
-		}
-	}
-	return out
-}
-
 // served are the engines Serves accepts; nil when it accepts all.
 func (g RouterGroup) served() map[uint64]bool {
 	if g.Serves == nil {

@@ -47,9 +47,6 @@ func (k GroupKey) String() string { return k.Model + ":" + k.Group }
 // RouterGroup.
 type Group interface {
 	BlockSize() int
-	// Ranks are the registered instance ranks, listed with 0 when they
-	// hold nothing of a prompt.
-	Ranks() []kv.Worker
 	// Match is the index's device overlaps and, when it holds lower tiers,
 	// its overlaps on every tier.
 	Match(m *index.Matcher, seq []uint64) ([]index.Overlap, []index.TierOverlap)
@@ -338,13 +335,16 @@ func (s *Server) score(g Group, seq []uint64) Score {
 	m := s.matchers.Get().(*index.Matcher)
 	defer s.matchers.Put(m)
 	dev, tiers := g.Match(m, seq)
-	return BuildScore(g.BlockSize(), g.Ranks(), dev, tiers)
+	return BuildScore(g.BlockSize(), dev, tiers)
 }
 
-// BuildScore words an index's answer in tokens: every registered rank
-// with its device overlap, the number of ranks holding each block, and
-// each instance's overlap on every tier.
-func BuildScore(blockSize int, ranks []kv.Worker, dev []index.Overlap, tiers []index.TierOverlap) Score {
+// BuildScore words an index's answer in tokens: every rank holding the
+// prompt's first block with its device overlap, the number of ranks
+// holding each block, and each instance's overlap on every tier.
+// Instances holding nothing of the prompt are left out: at a thousand
+// engines, listing them all with 0 made every answer ten times longer
+// (GET /workers lists them).
+func BuildScore(blockSize int, dev []index.Overlap, tiers []index.TierOverlap) Score {
 	bs := uint32(blockSize)
 	out := Score{Scores: map[string]map[string]uint32{}, Instances: map[string]Instance{}}
 	inst := func(id uint64) (string, Instance) {
@@ -366,9 +366,6 @@ func BuildScore(blockSize int, ranks []kv.Worker, dev []index.Overlap, tiers []i
 		in.CPU, in.Disk = max(in.CPU, in.GPU), max(in.Disk, in.GPU)
 		in.LongestMatched = max(in.GPU, in.CPU, in.Disk)
 		out.Instances[k] = in
-	}
-	for _, w := range ranks {
-		setRank(w, 0)
 	}
 	deepest := uint32(0)
 	for _, o := range dev {

@@ -39,6 +39,7 @@ func addCommands(root *cobra.Command) {
 func addBenchCommands(bench *cobra.Command) {
 	bench.AddCommand(
 		newBenchIndexCmd(),           // bench_index.go
+		newBenchIndexerCmd(),         // bench_indexer.go
 		newBenchRouteCmd(),           // bench_route.go
 		newBenchMockerCmd(),          // bench_mocker.go
 		newBenchOverheadCmd(),        // bench_overhead.go

@@ -141,7 +141,7 @@ func TestIndexerScoresRegisteredEngines(t *testing.T) {
 	pa, pb := prompt(1, 4*bs), prompt(2, 2*bs)
 	complete(t, es[0], model, pa)
 	complete(t, es[1], model, pb)
-	testwait.Until(t, 10*time.Second, "both prompts indexed", func() bool {
+	testwait.Until(t, 30*time.Second, "both prompts indexed", func() bool {
 		sa, sb := query(t, base, map[string]any{"token_ids": pa, "model_name": model}), query(t, base, map[string]any{"token_ids": pb, "model_name": model})
 		return sa.Scores["11"]["0"] == uint32(4*bs) && sb.Scores["22"]["0"] == uint32(2*bs)
 	})
@@ -153,8 +153,8 @@ func TestIndexerScoresRegisteredEngines(t *testing.T) {
 	if in.GPU != uint32(4*bs) || in.LongestMatched != in.GPU || in.CPU != in.GPU || in.Disk != in.GPU || in.DP["0"] != in.GPU {
 		t.Errorf("instance 11's breakdown: %+v", in)
 	}
-	if _, listed := sa.Instances["22"]; !listed {
-		t.Errorf("a registered instance holding nothing is listed with 0: %+v", sa.Instances)
+	if _, listed := sa.Instances["22"]; listed {
+		t.Errorf("an instance holding nothing of the prompt is listed: %+v", sa.Instances)
 	}
 
 	// A longer prompt sharing a's first two blocks matches two blocks.
@@ -298,7 +298,7 @@ func TestIndexerReplaysHistoryFromTheEngine(t *testing.T) {
 	complete(t, e, model, p)
 	s := startIndexer(t, Config{})
 	register(t, s.URL(), 3, e, model, bs)
-	testwait.Until(t, 10*time.Second, "the replayed history is indexed", func() bool {
+	testwait.Until(t, 30*time.Second, "the replayed history is indexed", func() bool {
 		return query(t, s.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["3"]["0"] == uint32(3*bs)
 	})
 }
@@ -314,7 +314,7 @@ func TestIndexerRecoversFromAPeer(t *testing.T) {
 	register(t, a.URL(), 4, e, model, bs)
 	p := prompt(6, 2*bs)
 	complete(t, e, model, p)
-	testwait.Until(t, 10*time.Second, "indexer a indexes p", func() bool {
+	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool {
 		return query(t, a.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
 	})
 
@@ -330,7 +330,7 @@ func TestIndexerRecoversFromAPeer(t *testing.T) {
 	// b follows the engine from there on.
 	q := prompt(7, 2*bs)
 	complete(t, e, model, q)
-	testwait.Until(t, 10*time.Second, "indexer b indexes a new prompt", func() bool {
+	testwait.Until(t, 30*time.Second, "indexer b indexes a new prompt", func() bool {
 		return query(t, b.URL(), map[string]any{"token_ids": q, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
 	})
 	if code, body := call(t, "POST", b.URL()+"/register_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusCreated {

@@ -48,7 +48,7 @@ func TestServeIndexerServesTheRoutersIndex(t *testing.T) {
 	p := prompt(0, 1, 64)
 	completeOn(t, s, p, 0)
 	base := s.URL() + IndexerPath
-	testwait.Until(t, 10*time.Second, "the served index credits the prompt", func() bool {
+	testwait.Until(t, 30*time.Second, "the served index credits the prompt", func() bool {
 		return scoreOf(t, base, p, "kvrouter-mock").Scores["7"]["0"] == 64
 	})
 	if code, b := postIndexer(t, base+"/register", map[string]any{"instance_id": 9, "endpoint": "tcp://127.0.0.1:1", "model_name": "kvrouter-mock", "block_size": 16}); code != http.StatusForbidden || !strings.Contains(string(b), "--worker") {
@@ -115,7 +115,7 @@ func TestRemoteIndexerRoutesAndDegradesWhenStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	testwait.Until(t, 10*time.Second, "the indexer learns engine 2 holds p", func() bool {
+	testwait.Until(t, 30*time.Second, "the indexer learns engine 2 holds p", func() bool {
 		return scoreOf(t, ix.URL(), p, "kvrouter-mock").Scores["2"]["0"] == 256
 	})
 	tokens := make([]uint32, len(p))

@@ -3,6 +3,7 @@ package index
 import (
 	"container/heap"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -153,6 +154,16 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 					want := m.find(q, c.now())
 					if fmt.Sprint(got) != fmt.Sprint(want) {
 						t.Fatalf("step %d: overlaps %v, want %v", step, got, want)
+					}
+					// Beyond a depth, exactly the workers predicted deeper.
+					from := r.IntN(len(q) + 2)
+					clear(got)
+					for _, o := range p.FindMatchesBeyond(&mt, q, c.now(), from) {
+						got[o.Worker] = int(o.Blocks)
+					}
+					maps.DeleteFunc(want, func(_ kv.Worker, n int) bool { return n <= from })
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("step %d: overlaps beyond %d %v, want %v", step, from, got, want)
 					}
 				}
 			}

@@ -219,6 +219,10 @@ type Router struct {
 	approx *index.Approx // approximate mode's index: no events, decisions are the cache
 	// predicted is predict-on-route beside the event-fed index; nil when off.
 	predicted *index.Predicted
+	// predictEveryDepth makes predicted lookups list every predicted
+	// overlap, even those heldByEvery shows cannot change the decision:
+	// the reference its skip is tested against.
+	predictEveryDepth bool
 
 	tracker    *load.Tracker
 	prefill    *load.PrefillModel // nil unless --router-prefill-load-model learned
@@ -952,7 +956,7 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, seq)...)
 	}
 	if r.predicted != nil {
-		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, seq, now)...)
+		p.overlaps = append(p.overlaps, r.predicted.FindMatchesBeyond(&sc.m, seq, now, r.heldByEvery(p.overlaps, sc))...)
 	}
 	if missing := r.watch.missingAt(now); len(missing) > 0 {
 		for _, o := range r.watch.predicted.FindMatches(&sc.m, seq) {
@@ -968,6 +972,30 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	p.matchedAt = now
 	p.lap = tick()
 	p.findTime = p.lap - t0
+}
+
+// heldByEvery is how many leading blocks of the request every rank of the
+// fleet holds by overlaps (the event-fed index's). A predicted overlap no
+// longer than that raises no rank's (candidates takes each rank's
+// largest), so it cannot change the decision and the predicted lookup
+// skips it: when every rank holds a shared system prompt, that is the part
+// of the lookup that lists every rank predicted to hold the prompt, and
+// candidates' listing of them again. A rank outside this fleet has no
+// prediction left (RemoveWorker drops them), so a later fleet read by
+// candidates misses no skipped overlap either.
+func (r *Router) heldByEvery(overlaps []index.Overlap, sc *scratch) int {
+	f := r.fleet.Load()
+	if r.predictEveryDepth || len(overlaps) < len(f.ranks) || len(f.ranks) == 0 {
+		return 0 // some rank holds nothing
+	}
+	sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
+	clear(sc.overlaps)
+	for _, o := range overlaps {
+		if i, ok := f.position(o.Worker); ok && int(o.Blocks) > sc.overlaps[i] {
+			sc.overlaps[i] = int(o.Blocks)
+		}
+	}
+	return slices.Min(sc.overlaps)
 }
 
 // candidates builds the scheduler's view of every rank serving the model

@@ -310,10 +310,16 @@ func BenchmarkPredictedSharedPrefix(b *testing.B) {
 				queries[i] = prompt(workers + i)
 			}
 			var mt Matcher
-			i := 0
-			for b.Loop() {
-				p.FindMatches(&mt, queries[i%len(queries)], c.now())
-				i++
+			// from 64: past the prefix every worker holds, as a router
+			// whose workers all hold it by their events looks up.
+			for _, from := range []int{0, 64} {
+				b.Run(fmt.Sprintf("from=%d", from), func(b *testing.B) {
+					i := 0
+					for b.Loop() {
+						p.FindMatchesBeyond(&mt, queries[i%len(queries)], c.now(), from)
+						i++
+					}
+				})
 			}
 		})
 	}

@@ -155,7 +155,7 @@ func TestPredictedSkipLeavesDecisionsUnchanged(t *testing.T) {
 					if got := skip.PotentialLoads(toks, ""); !reflect.DeepEqual(got, want) {
 						t.Fatalf("step %d: loads %+v, want %+v", step, got, want)
 					}
-					if skip.heldByEvery(skipMatch(skip, toks), &scratch{}) > 0 {
+					if depthOf(skip, toks) > 0 {
 						skipped++
 					}
 					got, err1 := route(skip, id, toks)
@@ -189,9 +189,9 @@ func TestPredictedSkipLeavesDecisionsUnchanged(t *testing.T) {
 	}
 }
 
-// skipMatch is the event-fed index's overlaps of toks on r.
-func skipMatch(r *Router, toks []uint32) []index.Overlap {
+// depthOf is the depth every rank of r holds of toks by its events.
+func depthOf(r *Router, toks []uint32) int {
 	seq := blockhash.SequenceHashes(blockhash.New(bs, "").LocalHashes(toks))
 	var m index.Matcher
-	return slices.Clone(r.exact.FindMatches(&m, seq))
+	return r.heldByEvery(&prepared{overlaps: r.exact.FindMatches(&m, seq)}, &scratch{})
 }

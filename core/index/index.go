@@ -22,6 +22,7 @@ package index
 import (
 	"cmp"
 	"errors"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 
@@ -428,27 +429,64 @@ func (ix *Index) FindMatches(m *Matcher, seq []uint64) []Overlap {
 	if ix.hasLower.Load() {
 		return ix.findTiered(m, seq)
 	}
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
+	ix.eachShard(func(sh *shard) {
 		m.out = sh.t.find(seq, &m.sc, m.out)
-		sh.mu.RUnlock()
-	}
+	})
 	return m.out
 }
 
 // findTiered is FindMatches over every tier.
 func (ix *Index) findTiered(m *Matcher, seq []uint64) []Overlap {
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
+	ix.eachShard(func(sh *shard) {
 		start := len(m.out)
 		m.out = sh.t.find(seq, &m.sc, m.out)
 		m.findLower(sh, seq, m.out[start:])
-		sh.mu.RUnlock()
-	}
+	})
 	ix.findShared(m, seq)
 	return m.out
+}
+
+// eachShard calls read on every shard, each under its read lock, in no
+// particular order. A lookup's shards are read one after the other, each
+// as it stood at that moment, so their order changes nothing it may
+// answer; a shard a writer holds is left for later rather than waited
+// for, and read once the writer has let go, while the lookup reads the
+// others. It waits only when every shard it has left is held.
+func (ix *Index) eachShard(read func(*shard)) {
+	var later uint64 // shards a writer held, by bit
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		if !sh.mu.tryRLock() {
+			if i < 64 {
+				later |= 1 << i
+				continue
+			}
+			sh.mu.RLock()
+		}
+		read(sh)
+		sh.mu.RUnlock()
+	}
+	for later != 0 {
+		waited := true
+		for rest := later; rest != 0; rest &= rest - 1 {
+			i := bits.TrailingZeros64(rest)
+			sh := &ix.shards[i]
+			if sh.mu.tryRLock() {
+				read(sh)
+				sh.mu.RUnlock()
+				later &^= 1 << i
+				waited = false
+			}
+		}
+		if waited {
+			i := bits.TrailingZeros64(later)
+			sh := &ix.shards[i]
+			sh.mu.RLock()
+			read(sh)
+			sh.mu.RUnlock()
+			later &^= 1 << i
+		}
+	}
 }
 
 // Blocks returns how many blocks worker rank w has indexed (the tree size

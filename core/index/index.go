@@ -13,6 +13,27 @@
 //     one shard, serialised by the shard's lock), so one goroutine per
 //     event source is enough.
 //   - FindMatches may run concurrently with Apply and with other reads.
+//     It reads each shard under that shard's read lock, one after the
+//     other, leaving shards a writer holds for last (see eachShard): every
+//     worker's overlap is one it had at some moment of the call (a state
+//     between two of its events, or between two chunks of one long event;
+//     TestLookupsSeeStatesTheIndexPassedThrough), but two workers of
+//     different shards may be seen at different moments.
+//
+// Why lookups still take a read lock. A sequence lock (readers retry when
+// a writer moved on) cannot serve a reader while a writer is inside the
+// shard, so a reader still waits for a writer that lost its core there,
+// which is the wait that matters; and in Go's memory model every field it
+// reads racing a writer (table slots, node fields, the headers of growing
+// arrays) would have to be read atomically. Copy-on-write nodes or a
+// second, left-right copy of a shard would keep a published state for
+// readers, but the lookup's structures (table slots, nodes, holder sets)
+// are most of the 56–62 bytes a (block, worker) pair costs, and the
+// budget is 64. Dynamo's Flash Indexer does not avoid locks either: its
+// lookups take read locks on small parts (a node, a map shard), and
+// each event thread owns its workers. Here each writer holds a shard for
+// one chunk of an event (applyChunk blocks), and a lookup reads the
+// shards no writer holds first.
 //   - Requests are matched by their sequence hashes (blockhash), events by
 //     the blocks' local hashes; both must come from the same block size and
 //     LoRA adapter. Workers of different block sizes share one index (their

@@ -13,6 +13,27 @@
 //     one shard, serialised by the shard's lock), so one goroutine per
 //     event source is enough.
 //   - FindMatches may run concurrently with Apply and with other reads.
+//     It reads each shard under that shard's read lock, one after the
+//     other, leaving shards a writer holds for last (see eachShard): every
+//     worker's overlap is one it had at some moment of the call (a state
+//     between two of its events, or between two chunks of one long event;
+//     TestLookupsSeeStatesTheIndexPassedThrough), but two workers of
+//     different shards may be seen at different moments.
+//
+// Why lookups still take a read lock. A sequence lock (readers retry when
+// a writer moved on) cannot serve a reader while a writer is inside the
+// shard, so a reader still waits for a writer that lost its core there,
+// which is the wait that matters; and in Go's memory model every field it
+// reads racing a writer (table slots, node fields, the headers of growing
+// arrays) would have to be read atomically. Copy-on-write nodes or a
+// second, left-right copy of a shard would keep a published state for
+// readers, but the lookup's structures (table slots, nodes, holder sets)
+// are most of the 56–62 bytes a (block, worker) pair costs, and the
+// budget is 64. Dynamo's Flash Indexer does not avoid locks either: its
+// lookups take read locks on small parts (a node, a map shard), and
+// each event thread owns its workers. Here each writer holds a shard for
+// one chunk of an event (applyChunk blocks), and a lookup reads the
+// shards no writer holds first.
 //   - Requests are matched by their sequence hashes (blockhash), events by
 //     the blocks' local hashes; both must come from the same block size and
 //     LoRA adapter. Workers of different block sizes share one index (their
@@ -22,6 +43,7 @@ package index
 import (
 	"cmp"
 	"errors"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 
@@ -428,27 +450,64 @@ func (ix *Index) FindMatches(m *Matcher, seq []uint64) []Overlap {
 	if ix.hasLower.Load() {
 		return ix.findTiered(m, seq)
 	}
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
+	ix.eachShard(func(sh *shard) {
 		m.out = sh.t.find(seq, &m.sc, m.out)
-		sh.mu.RUnlock()
-	}
+	})
 	return m.out
 }
 
 // findTiered is FindMatches over every tier.
 func (ix *Index) findTiered(m *Matcher, seq []uint64) []Overlap {
-	for i := range ix.shards {
-		sh := &ix.shards[i]
-		sh.mu.RLock()
+	ix.eachShard(func(sh *shard) {
 		start := len(m.out)
 		m.out = sh.t.find(seq, &m.sc, m.out)
 		m.findLower(sh, seq, m.out[start:])
-		sh.mu.RUnlock()
-	}
+	})
 	ix.findShared(m, seq)
 	return m.out
+}
+
+// eachShard calls read on every shard, each under its read lock, in no
+// particular order. A lookup's shards are read one after the other, each
+// as it stood at that moment, so their order changes nothing it may
+// answer; a shard a writer holds is left for later rather than waited
+// for, and read once the writer has let go, while the lookup reads the
+// others. It waits only when every shard it has left is held.
+func (ix *Index) eachShard(read func(*shard)) {
+	var later uint64 // shards a writer held, by bit
+	for i := range ix.shards {
+		sh := &ix.shards[i]
+		if !sh.mu.tryRLock() {
+			if i < 64 {
+				later |= 1 << i
+				continue
+			}
+			sh.mu.RLock()
+		}
+		read(sh)
+		sh.mu.RUnlock()
+	}
+	for later != 0 {
+		waited := true
+		for rest := later; rest != 0; rest &= rest - 1 {
+			i := bits.TrailingZeros64(rest)
+			sh := &ix.shards[i]
+			if sh.mu.tryRLock() {
+				read(sh)
+				sh.mu.RUnlock()
+				later &^= 1 << i
+				waited = false
+			}
+		}
+		if waited {
+			i := bits.TrailingZeros64(later)
+			sh := &ix.shards[i]
+			sh.mu.RLock()
+			read(sh)
+			sh.mu.RUnlock()
+			later &^= 1 << i
+		}
+	}
 }
 
 // Blocks returns how many blocks worker rank w has indexed (the tree size

@@ -162,8 +162,31 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 // less than predictedStride where the prefix ends between two held
 // blocks).
 func (p *Predicted) FindMatches(m *Matcher, seq []uint64, at time.Time) []Overlap {
+	return p.FindMatchesBeyond(m, seq, at, 0)
+}
+
+// FindMatchesBeyond is FindMatches for a caller to whom an overlap of
+// from blocks or fewer makes no difference: every worker FindMatches
+// finds predicted deeper than from is returned with the same overlap;
+// those predicted no deeper may be left out, and their holdings are not
+// read. A router whose every rank holds the request's first from blocks
+// by their events (a shared system prompt) skips, with from, the part of
+// the lookup that visits every rank predicted to hold that prefix.
+//
+// A worker predicted deeper than from holds, through one prediction,
+// either the first stride at or past from (every block of a prediction
+// chains from the ones before, so it holds every stride up to its end),
+// or that prediction's last block between from and that stride. The
+// lookup starts at that stride with its holders alive, as FindMatches
+// starts at the first, and looks for last blocks among the blocks from
+// from up to it, as FindMatches does below the first stride.
+func (p *Predicted) FindMatchesBeyond(m *Matcher, seq []uint64, at time.Time, from int) []Overlap {
 	m.out = m.out[:0]
-	if len(seq) == 0 {
+	if from < 0 {
+		from = 0
+	}
+	if len(seq) <= from {
+		// Nothing can be deeper; expirations wait for the next call.
 		return m.out
 	}
 	now := at.UnixNano()
@@ -172,24 +195,28 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64, at time.Time) []Overla
 	p.expireLocked(now)
 	stride := func(k int) uint64 { return seq[k*predictedStride-1] }
 	strides := len(seq) / predictedStride
+	first := from/predictedStride + 1 // the first stride at or past from
+	// The blocks before the first stride that a prediction's last block
+	// may be among.
+	short := seq[from:min(len(seq), first*predictedStride-1)]
 	// Every probe waits on its head slot; most probes find the set of
 	// workers unchanged and jump on, so the slots of the next probes, and
-	// of the short prefix extendShort reads last, are asked for ahead.
-	for _, h := range seq[:min(len(seq), predictedStride-1)] {
+	// of the short run extendShort reads last, are asked for ahead.
+	for _, h := range short {
 		p.heads.prefetchHome(h)
 	}
 	for a := range predictedAhead {
-		if k := 1 + a*predictedJump; k <= strides {
+		if k := first + a*predictedJump; k <= strides {
 			p.heads.prefetchHome(stride(k))
 		}
 	}
-	if strides > 0 {
-		if alive := p.count(stride(1)); alive > 0 {
+	if first <= strides {
+		if alive := p.count(stride(first)); alive > 0 {
 			// Blocks 0 marks a worker holding every stride probed so far.
-			for i := p.head(stride(1)); i != 0; i = p.holders[i-1].next {
+			for i := p.head(stride(first)); i != 0; i = p.holders[i-1].next {
 				m.out = append(m.out, Overlap{Worker: p.holders[i-1].w})
 			}
-			k := 1 // every live worker holds strides 1..k
+			k := first // every live worker holds strides up to k
 			for k < strides && alive > 0 {
 				probe := min(k+predictedJump, strides)
 				if ahead := probe + (predictedAhead-1)*predictedJump; ahead <= strides {
@@ -215,7 +242,7 @@ func (p *Predicted) FindMatches(m *Matcher, seq []uint64, at time.Time) []Overla
 			}
 		}
 	}
-	p.extendShort(m, seq[:min(len(seq), predictedStride-1)])
+	p.extendShort(m, short, from)
 	return m.out
 }
 
@@ -273,8 +300,9 @@ func (p *Predicted) extendAmong(m *Matcher, seq []uint64, from, to int, among []
 }
 
 // extendShort adds the workers whose predictions end before the first
-// stride, found by the last block those hold among short's blocks.
-func (p *Predicted) extendShort(m *Matcher, short []uint64) {
+// stride probed, found by the last block those hold among short's
+// blocks, which start at position from of the request.
+func (p *Predicted) extendShort(m *Matcher, short []uint64, from int) {
 	strided := len(m.out)
 	for e, h := range short {
 		for i := p.head(h); i != 0; i = p.holders[i-1].next {
@@ -283,9 +311,9 @@ func (p *Predicted) extendShort(m *Matcher, short []uint64) {
 				continue // holds a stride: deeper than any of these
 			}
 			if j := slices.IndexFunc(m.out[strided:], func(o Overlap) bool { return o.Worker == w }); j >= 0 {
-				m.out[strided+j].Blocks = uint32(e + 1)
+				m.out[strided+j].Blocks = uint32(from + e + 1)
 			} else {
-				m.out = append(m.out, Overlap{Worker: w, Blocks: uint32(e + 1)})
+				m.out = append(m.out, Overlap{Worker: w, Blocks: uint32(from + e + 1)})
 			}
 		}
 	}

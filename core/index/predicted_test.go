@@ -3,6 +3,7 @@ package index
 import (
 	"container/heap"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -154,6 +155,16 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 					if fmt.Sprint(got) != fmt.Sprint(want) {
 						t.Fatalf("step %d: overlaps %v, want %v", step, got, want)
 					}
+					// Beyond a depth, exactly the workers predicted deeper.
+					from := r.IntN(len(q) + 2)
+					clear(got)
+					for _, o := range p.FindMatchesBeyond(&mt, q, c.now(), from) {
+						got[o.Worker] = int(o.Blocks)
+					}
+					maps.DeleteFunc(want, func(_ kv.Worker, n int) bool { return n <= from })
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Fatalf("step %d: overlaps beyond %d %v, want %v", step, from, got, want)
+					}
 				}
 			}
 			// Everything expires: no pair may be left behind.
@@ -299,10 +310,16 @@ func BenchmarkPredictedSharedPrefix(b *testing.B) {
 				queries[i] = prompt(workers + i)
 			}
 			var mt Matcher
-			i := 0
-			for b.Loop() {
-				p.FindMatches(&mt, queries[i%len(queries)], c.now())
-				i++
+			// from 64: past the prefix every worker holds, as a router
+			// whose workers all hold it by their events looks up.
+			for _, from := range []int{0, 64} {
+				b.Run(fmt.Sprintf("from=%d", from), func(b *testing.B) {
+					i := 0
+					for b.Loop() {
+						p.FindMatchesBeyond(&mt, queries[i%len(queries)], c.now(), from)
+						i++
+					}
+				})
 			}
 		})
 	}

@@ -237,7 +237,15 @@ func BenchmarkBestWorkerFleet(b *testing.B) {
 				ring[slot] = id
 				n++
 			}
-			timeBooked(b, len(ring), book)
+			// The predicted lookup past the depth every worker holds, and
+			// (predicted=every) the whole lookup, one after the other on
+			// one warm router.
+			for _, every := range []bool{false, true} {
+				b.Run(map[bool]string{false: "predicted=beyond", true: "predicted=every"}[every], func(b *testing.B) {
+					r.predictEveryDepth = every
+					timeBooked(b, len(ring), book)
+				})
+			}
 		})
 	}
 }

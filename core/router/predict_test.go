@@ -1,9 +1,15 @@
 package router
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/index"
 	"github.com/kvrouter/kvrouter/core/kv"
 )
 
@@ -74,4 +80,118 @@ func TestPredictionLastsUntilEventsCanConfirm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The predicted lookup skips the depth every rank holds by its events
+// (heldByEvery): over random fleets, caches and bookings, every overlap
+// the router sees and every decision it makes are those of a router that
+// looks every prediction up.
+func TestPredictedSkipLeavesDecisionsUnchanged(t *testing.T) {
+	skipped := 0
+	for seed := range uint64(16) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 34))
+			var ranks []kv.Worker
+			var infos []WorkerInfo
+			for id := range uint64(1 + rng.IntN(9)) {
+				info := WorkerInfo{ID: id, DPSize: 1 + rng.IntN(2), TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192}
+				infos = append(infos, info)
+				for rank := range info.DPSize {
+					ranks = append(ranks, kv.Worker{ID: id, DPRank: uint32(rank)})
+				}
+			}
+			build := func(every bool) (*Router, *clock) {
+				r, c := newRouter(t, 0, func(cfg *Config) { cfg.Rand = rand.New(rand.NewPCG(seed, 7)) })
+				r.predictEveryDepth = every
+				for _, info := range infos {
+					r.AddWorker(info)
+				}
+				return r, c
+			}
+			skip, cs := build(false)
+			every, ce := build(true)
+			system := 1 + rng.IntN(20)
+			// A prompt: the system prompt, one of a few conversations, then
+			// its own blocks.
+			prompt := func() []uint32 {
+				conv, own, salt := rng.IntN(6), rng.IntN(30), rng.IntN(1<<20)
+				var toks []uint32
+				for b := range system + 10 + own {
+					src := 1
+					switch {
+					case b >= system+10:
+						src = 1000 + salt
+					case b >= system:
+						src = 10 + conv
+					}
+					for i := range bs {
+						toks = append(toks, uint32(src*100003+b*bs+i))
+					}
+				}
+				return toks[:len(toks)-rng.IntN(bs)]
+			}
+			for _, w := range ranks {
+				if rng.IntN(8) != 0 {
+					toks := prompt()
+					for _, r := range []*Router{skip, every} {
+						store(t, r, w, toks[:system*bs])
+					}
+				}
+			}
+			var booked []string
+			for step := range 600 {
+				switch op := rng.IntN(100); {
+				case op < 15:
+					w, toks := ranks[rng.IntN(len(ranks))], prompt()
+					toks = toks[:bs*rng.IntN(len(toks)/bs+1)]
+					if len(toks) > 0 {
+						for _, r := range []*Router{skip, every} {
+							store(t, r, w, toks)
+						}
+					}
+				case op < 60:
+					toks, id := prompt(), fmt.Sprint("q", step)
+					want := every.PotentialLoads(toks, "")
+					if got := skip.PotentialLoads(toks, ""); !reflect.DeepEqual(got, want) {
+						t.Fatalf("step %d: loads %+v, want %+v", step, got, want)
+					}
+					if depthOf(skip, toks) > 0 {
+						skipped++
+					}
+					got, err1 := route(skip, id, toks)
+					want2, err2 := route(every, id, toks)
+					if err1 != nil || err2 != nil {
+						t.Fatalf("step %d: %v, %v", step, err1, err2)
+					}
+					if got.Worker != want2.Worker || got.OverlapBlocks != want2.OverlapBlocks {
+						t.Fatalf("step %d: routed to %v with %d blocks, want %v with %d", step, got.Worker, got.OverlapBlocks, want2.Worker, want2.OverlapBlocks)
+					}
+					booked = append(booked, id)
+				case op < 75 && len(booked) > 0:
+					id := booked[rng.IntN(len(booked))]
+					skip.MarkPrefillCompleted(id)
+					every.MarkPrefillCompleted(id)
+				case op < 85 && len(booked) > 0:
+					i := rng.IntN(len(booked))
+					skip.Free(booked[i])
+					every.Free(booked[i])
+					booked = slices.Delete(booked, i, i+1)
+				default:
+					d := time.Duration(rng.IntN(1500)) * time.Millisecond
+					cs.advance(d)
+					ce.advance(d)
+				}
+			}
+		})
+	}
+	if skipped == 0 {
+		t.Fatal("no lookup skipped anything: the test exercises nothing")
+	}
+}
+
+// depthOf is the depth every rank of r holds of toks by its events.
+func depthOf(r *Router, toks []uint32) int {
+	seq := blockhash.SequenceHashes(blockhash.New(bs, "").LocalHashes(toks))
+	var m index.Matcher
+	return r.heldByEvery(&prepared{overlaps: r.exact.FindMatches(&m, seq)}, &scratch{})
 }

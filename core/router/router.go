@@ -227,6 +227,12 @@ type Router struct {
 	// remote is the primary kept elsewhere (Config.Remote); nil when the
 	// router keeps its own.
 	remote *remoteState
+	// predictEveryDepth makes predicted lookups list every predicted
+	// overlap, even those heldByEvery shows cannot change the decision:
+	// the reference its skip is tested against.
+	predictEveryDepth bool
+	// matches numbers matches (prepared.match).
+	matches atomic.Uint64
 
 	tracker    *load.Tracker
 	prefill    *load.PrefillModel // nil unless --router-prefill-load-model learned
@@ -761,6 +767,12 @@ type scratch struct {
 	// busy are the request's thresholds, read once by candidates for
 	// decide.
 	busy sched.BusyThreshold
+	// overlaps holds, by position in fleet, the largest of the first
+	// mapped overlaps of the match numbered match (see heldByEvery), for
+	// candidates to go on from.
+	mapped      int
+	mappedMatch uint64
+	mappedFleet *fleet
 }
 
 // prepared is a request after hashing and matching.
@@ -782,6 +794,8 @@ type prepared struct {
 	arrival      time.Time
 	matchedAt    time.Time
 	cachedBlocks int // best overlap over all workers, for queue ordering
+	// match numbers the match that found overlaps, among the router's.
+	match uint64
 	// overlaps are the matches found, kept so a queued request can be
 	// dispatched without matching again unless it waited long.
 	overlaps []index.Overlap
@@ -956,6 +970,7 @@ func release(p *prepared) {
 func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	t0 := p.lap
 	p.overlaps = p.overlaps[:0]
+	p.match = r.matches.Add(1)
 	seq := p.seq[:p.matchable]
 	if r.exact != nil {
 		p.overlaps = append(p.overlaps, r.exact.FindMatches(&sc.m, seq)...)
@@ -973,7 +988,7 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 		p.overlaps = append(p.overlaps, r.approx.FindMatches(&sc.m, seq)...)
 	}
 	if r.predicted != nil {
-		p.overlaps = append(p.overlaps, r.predicted.FindMatches(&sc.m, seq, now)...)
+		p.overlaps = append(p.overlaps, r.predicted.FindMatchesBeyond(&sc.m, seq, now, r.heldByEvery(p, sc))...)
 	}
 	if missing := r.watch.missingAt(now); len(missing) > 0 {
 		for _, o := range r.watch.predicted.FindMatches(&sc.m, seq) {
@@ -991,14 +1006,46 @@ func (r *Router) match(p *prepared, sc *scratch, now time.Time) {
 	p.findTime = p.lap - t0
 }
 
+// heldByEvery is how many leading blocks of the request every rank of the
+// fleet holds by overlaps (the event-fed index's). A predicted overlap no
+// longer than that raises no rank's (candidates takes each rank's
+// largest), so it cannot change the decision and the predicted lookup
+// skips it: when every rank holds a shared system prompt, that is the part
+// of the lookup that lists every rank predicted to hold the prompt, and
+// candidates' listing of them again. A rank outside this fleet has no
+// prediction left (RemoveWorker drops them), so a later fleet read by
+// candidates misses no skipped overlap either.
+func (r *Router) heldByEvery(p *prepared, sc *scratch) int {
+	f := r.fleet.Load()
+	if r.predictEveryDepth || len(p.overlaps) < len(f.ranks) || len(f.ranks) == 0 {
+		return 0 // some rank holds nothing
+	}
+	sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
+	clear(sc.overlaps)
+	for _, o := range p.overlaps {
+		if i, ok := f.position(o.Worker); ok && int(o.Blocks) > sc.overlaps[i] {
+			sc.overlaps[i] = int(o.Blocks)
+		}
+	}
+	// Mapping a thousand overlaps to their ranks costs what the skip
+	// saves: candidates goes on from here rather than again from the start.
+	sc.mapped, sc.mappedMatch, sc.mappedFleet = len(p.overlaps), p.match, f
+	return slices.Min(sc.overlaps)
+}
+
 // candidates builds the scheduler's view of every rank serving the model
 // from the current fleet, the request's overlaps and the tracked loads.
 // The fleet is read in place: a snapshot is never changed once published.
 func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	f := r.fleet.Load()
-	sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
-	clear(sc.overlaps)
-	for _, o := range p.overlaps {
+	from := 0
+	if sc.mappedMatch == p.match && sc.mappedFleet == f && len(sc.overlaps) == len(f.ranks) {
+		from = sc.mapped // heldByEvery mapped those, for this match and fleet
+	} else {
+		sc.overlaps = slices.Grow(sc.overlaps[:0], len(f.ranks))[:len(f.ranks)]
+		clear(sc.overlaps)
+	}
+	for _, o := range p.overlaps[from:] {
 		if i, ok := f.position(o.Worker); ok && int(o.Blocks) > sc.overlaps[i] {
 			sc.overlaps[i] = int(o.Blocks)
 		}

@@ -18,7 +18,7 @@ func TestLoadUpdateRoundTrip(t *testing.T) {
 	add := router.LoadUpdate{Kind: router.LoadAdd, Request: load.Request{
 		ID: "7", Worker: kv.Worker{ID: 3, DPRank: 1}, Blocks: []uint64{11, 12, 13}, ISL: 40, OverlapBlocks: 2, OSL: 9,
 		TrackPrefill: &yes, AssumeReuse: &no,
-	}}
+	}, Predict: 2}
 	for _, tc := range []struct {
 		in, want router.LoadUpdate
 	}{

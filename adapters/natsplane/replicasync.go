@@ -90,6 +90,10 @@ type syncAdd struct {
 	TrackPrefill   *bool    `json:"track_prefill_tokens,omitempty"`
 	AssumeReuse    *bool    `json:"assume_kv_reuse,omitempty"`
 	TrackBlocks    *bool    `json:"track_active_blocks,omitempty"`
+	// PredictBlocks are the leading sequence_hashes the worker is
+	// predicted to cache (router.LoadUpdate.Predict); absent, as from
+	// replicas that predate it, predicts none.
+	PredictBlocks int `json:"predict_blocks,omitempty"`
 }
 
 // StartReplicaSync subscribes to the fleet's replica-sync subject and makes
@@ -214,6 +218,7 @@ func EncodeLoadUpdate(routerID string, u router.LoadUpdate) ([]byte, error) {
 			syncHead: head, WorkerID: &q.Worker.ID, DPRank: q.Worker.DPRank,
 			SequenceHashes: q.Blocks, ISL: q.ISL, OverlapBlocks: q.OverlapBlocks, OSL: q.OSL,
 			TrackPrefill: q.TrackPrefill, AssumeReuse: q.AssumeReuse, TrackBlocks: q.TrackBlocks,
+			PredictBlocks: u.Predict,
 		}
 	}
 	return json.Marshal(v)
@@ -290,7 +295,7 @@ func (m *syncAdd) update() (router.LoadUpdate, error) {
 			ID: id, Worker: kv.Worker{ID: *m.WorkerID, DPRank: m.DPRank}, Blocks: m.SequenceHashes,
 			ISL: m.ISL, OverlapBlocks: m.OverlapBlocks, OSL: m.OSL,
 			TrackPrefill: m.TrackPrefill, AssumeReuse: m.AssumeReuse, TrackBlocks: m.TrackBlocks,
-		}}, nil
+		}, Predict: max(m.PredictBlocks, 0)}, nil
 	case router.LoadPrefillDone.String():
 		return router.LoadUpdate{Kind: router.LoadPrefillDone, ID: id}, nil
 	case router.LoadFree.String():

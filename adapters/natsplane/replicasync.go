@@ -90,6 +90,10 @@ type syncAdd struct {
 	TrackPrefill   *bool    `json:"track_prefill_tokens,omitempty"`
 	AssumeReuse    *bool    `json:"assume_kv_reuse,omitempty"`
 	TrackBlocks    *bool    `json:"track_active_blocks,omitempty"`
+	// PredictBlocks are the leading sequence_hashes the worker is
+	// predicted to cache (router.LoadUpdate.Predict); absent, as from
+	// replicas that predate it, predicts none.
+	PredictBlocks int `json:"predict_blocks,omitempty"`
 }
 
 // StartReplicaSync subscribes to the fleet's replica-sync subject and makes
@@ -190,18 +194,7 @@ func (s *ReplicaSync) send() {
 }
 
 func (s *ReplicaSync) publish(u router.LoadUpdate) {
-	head := syncHead{RouterID: s.id, Kind: u.Kind.String(), RequestID: u.ID}
-	var v any = head
-	if u.Kind == router.LoadAdd {
-		q := u.Request
-		head.RequestID = q.ID
-		v = syncAdd{
-			syncHead: head, WorkerID: &q.Worker.ID, DPRank: q.Worker.DPRank,
-			SequenceHashes: q.Blocks, ISL: q.ISL, OverlapBlocks: q.OverlapBlocks, OSL: q.OSL,
-			TrackPrefill: q.TrackPrefill, AssumeReuse: q.AssumeReuse, TrackBlocks: q.TrackBlocks,
-		}
-	}
-	b, err := json.Marshal(v)
+	b, err := EncodeLoadUpdate(s.id, u)
 	if err == nil {
 		err = s.nc.Publish(s.subj, b)
 	}
@@ -210,6 +203,43 @@ func (s *ReplicaSync) publish(u router.LoadUpdate) {
 		return
 	}
 	s.published.Add(1)
+}
+
+// EncodeLoadUpdate is the replica-sync message that tells the other
+// replicas of routerID's fleet about u, one of its router's bookings: what
+// a ReplicaSync publishes.
+func EncodeLoadUpdate(routerID string, u router.LoadUpdate) ([]byte, error) {
+	head := syncHead{RouterID: routerID, Kind: u.Kind.String(), RequestID: u.ID}
+	var v any = head
+	if u.Kind == router.LoadAdd {
+		q := u.Request
+		head.RequestID = q.ID
+		v = syncAdd{
+			syncHead: head, WorkerID: &q.Worker.ID, DPRank: q.Worker.DPRank,
+			SequenceHashes: q.Blocks, ISL: q.ISL, OverlapBlocks: q.OverlapBlocks, OSL: q.OSL,
+			TrackPrefill: q.TrackPrefill, AssumeReuse: q.AssumeReuse, TrackBlocks: q.TrackBlocks,
+			PredictBlocks: u.Predict,
+		}
+	}
+	return json.Marshal(v)
+}
+
+// ErrUndecodable is DecodeLoadUpdate's error for a message that is not a
+// replica-sync message at all.
+var ErrUndecodable = errors.New("natsplane: undecodable replica-sync message")
+
+// DecodeLoadUpdate reads a replica-sync message: its sender's router id
+// (whenever the message has one, even with an error) and the update to
+// apply with router.ApplyRemoteLoad, whose request id is qualified with
+// the sender's. A replica skips its own messages, which come back on the
+// subject.
+func DecodeLoadUpdate(data []byte) (routerID string, u router.LoadUpdate, err error) {
+	var m syncAdd
+	if err := json.Unmarshal(data, &m); err != nil {
+		return "", router.LoadUpdate{}, fmt.Errorf("%w: %v", ErrUndecodable, err)
+	}
+	u, err = m.update()
+	return m.RouterID, u, err
 }
 
 // receive applies messages one at a time, in arrival order: a request's
@@ -226,22 +256,20 @@ func (s *ReplicaSync) receive() {
 }
 
 func (s *ReplicaSync) handle(data []byte) {
-	var m syncAdd
-	if err := json.Unmarshal(data, &m); err != nil {
+	from, u, err := DecodeLoadUpdate(data)
+	switch {
+	case errors.Is(err, ErrUndecodable):
 		s.count(&s.malformed, "replica sync: undecodable message skipped", "err", err)
 		return
-	}
-	if m.RouterID == s.id {
+	case from == s.id:
 		s.ignored.Add(1)
 		return
-	}
-	u, err := m.update()
-	if err != nil {
-		s.count(&s.malformed, "replica sync: malformed message skipped", "router_id", m.RouterID, "err", err)
+	case err != nil:
+		s.count(&s.malformed, "replica sync: malformed message skipped", "router_id", from, "err", err)
 		return
 	}
 	if err := s.r.ApplyRemoteLoad(u); err != nil {
-		s.count(&s.applyErrors, "replica sync: update not applied", "router_id", m.RouterID, "err", err)
+		s.count(&s.applyErrors, "replica sync: update not applied", "router_id", from, "err", err)
 		return
 	}
 	s.applied.Add(1)
@@ -267,7 +295,7 @@ func (m *syncAdd) update() (router.LoadUpdate, error) {
 			ID: id, Worker: kv.Worker{ID: *m.WorkerID, DPRank: m.DPRank}, Blocks: m.SequenceHashes,
 			ISL: m.ISL, OverlapBlocks: m.OverlapBlocks, OSL: m.OSL,
 			TrackPrefill: m.TrackPrefill, AssumeReuse: m.AssumeReuse, TrackBlocks: m.TrackBlocks,
-		}}, nil
+		}, Predict: max(m.PredictBlocks, 0)}, nil
 	case router.LoadPrefillDone.String():
 		return router.LoadUpdate{Kind: router.LoadPrefillDone, ID: id}, nil
 	case router.LoadFree.String():

@@ -31,6 +31,8 @@ func newSimCmd() *cobra.Command {
 		quiet       bool
 		cpuProfile  string
 		workers     []int
+		replicas    int
+		syncDelay   = replicaSyncDelay{}
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -74,6 +76,15 @@ prefilled, the blocks and bytes pulled, and prefill against total TTFT.
 
 KV events reach the router --kv-event-delay after the step that made them;
 the peers' policies read engine load every --engine-metrics-interval.
+--router-replicas R runs R router replicas instead of one, as serve runs
+them behind a load balancer, requests sent to them in turn: each indexes
+every engine's KV events and learns the others' bookings
+--replica-sync-delay after they were made, through the messages
+--router-replica-sync sends over NATS (off: replicas without sync). The
+report adds the share of their decisions a single router, seeing the same
+engines and every booking at once, rates cheapest (--router-replicas 1
+measures one router so: every decision).
+
 Router flags are serve's. The same inputs and --seed give the same
 results.json, but for wall_s.
 
@@ -112,6 +123,9 @@ size's).`,
 				}
 			}
 			if err := disaggConfig(cmd.Flags(), &cfg.Sim, rf.noAssumeReuse); err != nil {
+				return err
+			}
+			if err := replicasConfig(cmd.Flags(), replicas, syncDelay, &cfg.Sim); err != nil {
 				return err
 			}
 			if out == "" && !asJSON {
@@ -205,6 +219,8 @@ size's).`,
 	f.BoolVar(&asJSON, "json", false, "print results.json to stdout")
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep to this file (go tool pprof)")
+	f.IntVar(&replicas, "router-replicas", 1, "router replicas, requests sent to them in turn; with it, the report compares their decisions with a single router's")
+	f.Var(&syncDelay, "replica-sync-delay", "model time for a replica's booking to reach the other replicas (the NATS replica sync); off = replicas without sync")
 	registerEngineFlags(f, &cfg.Sim.Engine)
 	registerSimDisaggFlags(f, &cfg.Sim.Disagg)
 	registerSyntheticFlags(f, &syn)
@@ -297,6 +313,15 @@ func goodputSummary(res *sim.Results) string {
 			g = "≥" + g
 		}
 		fmt.Fprintf(&b, "%-20s %14s %10.3g %s\n", name, g, m.GoodputArrivalSpeedup, strings.Join(p90, ", "))
+		var same []string
+		for _, p := range m.Points {
+			if r := p.Replicas; r != nil && r.Decisions > 0 {
+				same = append(same, fmt.Sprintf("×%g %.1f%%", p.ArrivalSpeedup, 100*r.IdenticalShare))
+			}
+		}
+		if len(same) > 0 {
+			fmt.Fprintf(&b, "  decisions a single router makes, per tested speedup: %s\n", strings.Join(same, ", "))
+		}
 		for _, f := range m.ByWorkers {
 			bound := ""
 			if f.GoodputBound != "" {
@@ -306,4 +331,54 @@ func goodputSummary(res *sim.Results) string {
 		}
 	}
 	return b.String()
+}
+
+// replicaSyncDelay is --replica-sync-delay: a duration, or off.
+type replicaSyncDelay struct {
+	d   time.Duration
+	off bool
+}
+
+func (v *replicaSyncDelay) String() string {
+	if v.off {
+		return "off"
+	}
+	return v.d.String()
+}
+
+func (v *replicaSyncDelay) Set(s string) error {
+	if strings.EqualFold(strings.TrimSpace(s), "off") {
+		*v = replicaSyncDelay{off: true}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration (10ms) or off")
+	}
+	if d < 0 {
+		return fmt.Errorf("negative delay %v", d)
+	}
+	*v = replicaSyncDelay{d: d}
+	return nil
+}
+
+func (v *replicaSyncDelay) Type() string { return "duration|off" }
+
+// replicasConfig reads --router-replicas and --replica-sync-delay: the
+// default, one router, is not measured against one.
+func replicasConfig(f *pflag.FlagSet, n int, delay replicaSyncDelay, c *sim.Config) error {
+	if !f.Changed("router-replicas") {
+		if f.Changed("replica-sync-delay") {
+			return fmt.Errorf("--replica-sync-delay is for --router-replicas")
+		}
+		return nil
+	}
+	if n < 1 {
+		return fmt.Errorf("--router-replicas %d: want at least one", n)
+	}
+	if c.Disagg.Enabled() && n > 1 {
+		return fmt.Errorf("--router-replicas is simulated on aggregated fleets, not --prefill-workers/--decode-workers")
+	}
+	c.Replicas = sim.Replicas{Count: n, SyncDelay: delay.d, NoSync: delay.off}
+	return nil
 }

@@ -156,3 +156,69 @@ func TestSimCommandDisaggregated(t *testing.T) {
 		}
 	}
 }
+
+// --router-replicas runs replicas and reports their agreement with a
+// single router in results.json; the flags refuse what they cannot run.
+func TestSimCommandRouterReplicas(t *testing.T) {
+	run := func(args ...string) (string, error) {
+		var stdout, stderr bytes.Buffer
+		cmd := newRootCmd()
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs(append([]string{"sim", "--synthetic", "--synthetic-requests", "120", "--workers", "2", "--modes", "kv",
+			"--arrival-speedup", "2", "--bisect-steps", "0", "--quiet", "--json"}, args...))
+		err := cmd.Execute()
+		return stdout.String(), err
+	}
+	dir := t.TempDir()
+	out, err := run("--router-replicas", "3", "--replica-sync-delay", "10ms", "--out", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := os.ReadFile(filepath.Join(dir, "report.md")); err != nil || !bytes.Contains(md, []byte("3 router replicas")) || !bytes.Contains(md, []byte("| 2 | 120 |")) {
+		t.Fatalf("report.md lacks the replicas' table: %v\n%s", err, md)
+	}
+	var res struct {
+		Modes map[string]struct {
+			Points []struct {
+				Replicas *struct {
+					Replicas       int      `json:"replicas"`
+					Decisions      int      `json:"decisions"`
+					IdenticalShare *float64 `json:"identical_share"`
+					Messages       int      `json:"sync_messages"`
+				} `json:"replicas"`
+			} `json:"points"`
+		} `json:"modes"`
+		Config struct {
+			Replicas *struct {
+				Replicas    int     `json:"replicas"`
+				Sync        bool    `json:"sync"`
+				SyncDelayMS float64 `json:"sync_delay_ms"`
+			} `json:"replicas"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	c := res.Config.Replicas
+	if c == nil || c.Replicas != 3 || !c.Sync || c.SyncDelayMS != 10 {
+		t.Fatalf("config.replicas: %s", out)
+	}
+	p := res.Modes["kv"].Points[0].Replicas
+	if p == nil || p.Replicas != 3 || p.Decisions != 120 || p.IdenticalShare == nil || p.Messages != 360 {
+		t.Fatalf("points[0].replicas: %s", out)
+	}
+	if out, err = run("--router-replicas", "3", "--replica-sync-delay", "off"); err != nil || !bytes.Contains([]byte(out), []byte(`"sync": false`)) {
+		t.Fatalf("off: %v\n%s", err, out)
+	}
+	for _, bad := range [][]string{
+		{"--replica-sync-delay", "10ms"},
+		{"--router-replicas", "0"},
+		{"--router-replicas", "2", "--replica-sync-delay", "soon"},
+		{"--router-replicas", "2", "--replica-sync-delay", "-1ms"},
+	} {
+		if _, err := run(bad...); err == nil {
+			t.Fatalf("%v: no error", bad)
+		}
+	}
+}

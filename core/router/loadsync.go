@@ -39,6 +39,11 @@ type LoadUpdate struct {
 	Request load.Request
 	// ID is the request's id, for LoadPrefillDone and LoadFree.
 	ID string
+	// Predict is how many leading blocks of Request.Blocks the worker is
+	// predicted to cache once it has the prompt, for LoadAdd: all of them
+	// but those at and after an unknown multimodal item, which must never
+	// be credited. 0 predicts nothing.
+	Predict int
 }
 
 // ErrUnknownRequest is returned by ApplyRemoteLoad for a prefill completion
@@ -68,10 +73,10 @@ func (r *Router) observe(u LoadUpdate) {
 	}
 }
 
-// observeAdd reports a booking. The request's hashes and override pointers
-// point into a pooled prepared request that the next one overwrites, so
-// the observer gets copies.
-func (r *Router) observeAdd(req load.Request) {
+// observeAdd reports a booking, predict of its blocks predictable. The
+// request's hashes and override pointers point into a pooled prepared
+// request that the next one overwrites, so the observer gets copies.
+func (r *Router) observeAdd(req load.Request, predict int) {
 	fn := r.observer.Load()
 	if fn == nil {
 		return
@@ -80,7 +85,7 @@ func (r *Router) observeAdd(req load.Request) {
 	req.TrackPrefill = cloneBool(req.TrackPrefill)
 	req.AssumeReuse = cloneBool(req.AssumeReuse)
 	req.TrackBlocks = cloneBool(req.TrackBlocks)
-	(*fn)(LoadUpdate{Kind: LoadAdd, Request: req})
+	(*fn)(LoadUpdate{Kind: LoadAdd, Request: req, Predict: predict})
 }
 
 func cloneBool(p *bool) *bool {
@@ -93,7 +98,11 @@ func cloneBool(p *bool) *bool {
 
 // ApplyRemoteLoad makes a change another replica booked, so that this
 // router scores against the whole fleet's load and not only its own share.
-// It is not passed to the load observer. A LoadAdd for a worker rank this
+// A booking's predictable blocks join predict-on-route as this router's
+// own decisions do, until the request's first token or end settles them:
+// the next turn of a conversation another replica routed finds its
+// prefix on the engine before that engine's KV events arrive, as it would
+// on a single router. It is not passed to the load observer. A LoadAdd for a worker rank this
 // router does not know is refused: the booking could never be scored and
 // would only hold memory until it expired.
 func (r *Router) ApplyRemoteLoad(u LoadUpdate) error {
@@ -113,15 +122,20 @@ func (r *Router) ApplyRemoteLoad(u LoadUpdate) error {
 			}
 			return err
 		}
+		if n := min(u.Predict, len(u.Request.Blocks)); r.predicted != nil && n > 0 {
+			r.predicted.Add(u.Request.ID, w, u.Request.Blocks[:n], r.now())
+		}
 		return nil
 	case LoadPrefillDone:
 		if !r.tracker.MarkPrefillCompleted(u.ID) {
 			return fmt.Errorf("%w: prefill completed of %q", ErrUnknownRequest, u.ID)
 		}
+		r.settlePrediction(u.ID)
 	case LoadFree:
 		if !r.tracker.Free(u.ID) {
 			return fmt.Errorf("%w: free of %q", ErrUnknownRequest, u.ID)
 		}
+		r.settlePrediction(u.ID)
 	default:
 		return fmt.Errorf("router: unknown load update kind %d", uint8(u.Kind))
 	}

@@ -1210,7 +1210,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 			r.stats.errors.Add(1)
 			return Decision{}, fmt.Errorf("%w: %v", ErrDuplicateID, err)
 		}
-		r.observeAdd(lr)
+		r.observeAdd(lr, p.matchable)
 		if r.prefill != nil && p.params.TrackPrefillTokens {
 			cached := min(c.OverlapBlocks*r.cfg.BlockSize, lr.ISL)
 			r.prefill.Start(p.req.ID, choice.Worker, now, load.PrefillSample{

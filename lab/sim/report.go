@@ -147,9 +147,42 @@ func Markdown(w io.Writer, res *Results) error {
 		if c.Disagg != nil {
 			disaggTable(bw, c.Disagg, res.Modes[name])
 		}
+		if c.Replicas != nil {
+			replicaTable(bw, c.Replicas, res.Modes[name])
+		}
 	}
 	fmt.Fprintf(bw, "\nRows include the bisection's runs. Phantom blocks: blocks the router credited to the engine it chose that the engine did not reuse when it scheduled the request (aggregated fleets). Plots: ![goodput](goodput.png) ![TTFT vs load](ttft_vs_load.png) ![ITL vs load](itl_vs_load.png) ![hit rate vs load](hit_rate_vs_load.png)\n")
 	return bw.Flush()
+}
+
+// replicaTable is how a mode's router replicas agreed with a single
+// router, per load.
+func replicaTable(w io.Writer, c *ReplicasConfig, m *ModeResult) {
+	sync := "without replica sync"
+	if c.Sync {
+		sync = fmt.Sprintf("each told of the others' bookings %.0f ms late by the replica-sync messages", c.SyncDelayMS)
+	}
+	fmt.Fprintf(w, "\n%d router replicas, requests sent to them in turn, %s. A decision is identical when a single router, "+
+		"seeing the same engines at the same instant and every booking at once, rates the replica's choice cheapest (ties included).\n\n", c.Replicas, sync)
+	loadRows(w, "| arrival speedup | decisions | identical | sync messages | applied | refused |", m, func(p *Point) string {
+		r := p.Replicas
+		if r == nil {
+			return ""
+		}
+		return fmt.Sprintf("| %.3g | %d | %.1f%% | %d | %d | %d |", p.ArrivalSpeedup, r.Decisions, 100*r.IdenticalShare, r.Messages, r.Applied, r.Refused)
+	})
+}
+
+// loadRows writes a table: header, its rule, and the row that row makes
+// of each of m's runs by increasing load ("" for none).
+func loadRows(w io.Writer, header string, m *ModeResult, row func(p *Point) string) {
+	fmt.Fprintln(w, header)
+	fmt.Fprintln(w, "|"+strings.Repeat("---|", strings.Count(header, "|")-1))
+	for _, p := range loadCurve(m) {
+		if r := row(&p); r != "" {
+			fmt.Fprintln(w, r)
+		}
+	}
 }
 
 // disaggTable is a mode's disaggregation figures per load.
@@ -164,19 +197,17 @@ func disaggTable(w io.Writer, c *DisaggConfig, m *ModeResult) {
 	}
 	fmt.Fprintf(w, "\nDisaggregation (%s; decode routing %s; KV %d B/token over %.3g GB/s). Transfers are per remote prefill; "+
 		"prefill TTFT is arrival to the prefill engine's token, TTFT arrival to the decode engine's first.\n\n", cond, decode, c.KVBytesPerToken, c.KVTransferBandwidth/1e9)
-	fmt.Fprintln(w, "| arrival speedup | remote | local: short / busy / none / error / timeout | pulled blocks | pulled MB | cached on decode | transfer mean / p90 | prefill TTFT mean / p90 | remote TTFT mean / p90 | local TTFT mean / p90 |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
-	for _, p := range loadCurve(m) {
+	loadRows(w, "| arrival speedup | remote | local: short / busy / none / error / timeout | pulled blocks | pulled MB | cached on decode | transfer mean / p90 | prefill TTFT mean / p90 | remote TTFT mean / p90 | local TTFT mean / p90 |", m, func(p *Point) string {
 		d := p.Disagg
 		if d == nil {
-			continue
+			return ""
 		}
 		l := d.LocalPrefills
-		fmt.Fprintf(w, "| %.3g | %d | %d / %d / %d / %d / %d | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n",
+		return fmt.Sprintf("| %.3g | %d | %d / %d / %d / %d / %d | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |",
 			p.ArrivalSpeedup, d.RemotePrefills, l.ShortUncached, l.PrefillBusy, l.NoPrefillWorker, l.PrefillError, l.PrefillTimeout,
 			d.TransferredBlocks, d.TransferredBytes/1e6, d.CachedOnDecodeBlocks, d.TransferMS.Mean, d.TransferMS.P90,
 			d.PrefillTTFT.Mean, d.PrefillTTFT.P90, d.RemoteTTFT.Mean, d.RemoteTTFT.P90, d.LocalTTFT.Mean, d.LocalTTFT.P90)
-	}
+	})
 }
 
 func writePlots(dir string, res *Results) error {

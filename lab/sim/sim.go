@@ -95,6 +95,9 @@ type Config struct {
 	// KV blocks relative to Engine (--fleet). Engines past its end are
 	// Engine.
 	Specs []fleet.EngineSpec
+	// Replicas routes with several router replicas and measures their
+	// decisions against a single router's (--router-replicas).
+	Replicas Replicas
 }
 
 // engineConfig is engine i's configuration.
@@ -294,6 +297,9 @@ type Point struct {
 	// Engines says what the engines spent their time on: where a fleet's
 	// capacity went when a mode saturates it.
 	Engines EngineStats `json:"engines"`
+	// Replicas compares the router replicas' decisions with a single
+	// router's, when several routed (Config.Replicas).
+	Replicas *ReplicaStats `json:"replicas,omitempty"`
 }
 
 // SteadyWindow is the part of a closed-loop run measured: from a quarter
@@ -397,6 +403,7 @@ const (
 	evPoll
 	evTransfer       // a disaggregated request's KV has reached its decode engine
 	evPrefillTimeout // a disaggregated request's prefill is due
+	evSync           // a replica-sync message reaches the other replicas
 )
 
 type event struct {
@@ -494,7 +501,11 @@ type sim struct {
 	seq   uint64
 	q     eventQueue
 
-	r       *router.Router
+	r *router.Router
+	// routers are the router replicas, r first; rep their sync and the
+	// shadow they are compared with, nil for one router alone.
+	routers []*router.Router
+	rep     *replicaState
 	dp      int
 	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
 	reqs    []reqState
@@ -588,6 +599,9 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	if s.r, err = router.New(rcfg); err != nil {
 		return nil, err
 	}
+	if err := s.newReplicas(rcfg); err != nil {
+		return nil, err
+	}
 	s.pollLoad = rcfg.Mode.UsesEngineLoad() || rcfg.Busy.ActiveDecodeBlocks != nil
 	_, s.ownsPrompts = w.(*Trace)
 	s.dp = max(cfg.DPSize, 1)
@@ -604,7 +618,8 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 			salts: router.NewSaltChains(2 * cfg.Engine.NumGPUBlocks)}
 	}
 	for id := range workers {
-		s.r.AddWorker(router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)})
+		info := router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)}
+		s.everyRouter(func(r *router.Router) { r.AddWorker(info) })
 	}
 	if cfg.Disagg.Enabled() {
 		s.pd = make([]pdState, w.Len())
@@ -737,6 +752,11 @@ func (s *sim) run() error {
 			err = s.transferred(int(ev.n))
 		case evPrefillTimeout:
 			err = s.prefillTimedOut(int(ev.n))
+		case evSync:
+			err = s.syncArrived()
+		}
+		if err == nil {
+			err = s.flushSync()
 		}
 		if err != nil {
 			return err
@@ -768,7 +788,7 @@ func (s *sim) arrive(i int) error {
 
 // submit routes a request to be prefilled and decoded on one engine.
 func (s *sim) submit(i int, req *workload.Request) {
-	d, queued, err := s.r.Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
+	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -777,6 +797,7 @@ func (s *sim) submit(i int, req *workload.Request) {
 		s.queuedBy[dispAggregated]++
 	default:
 		s.reqs[i].credited = int32(d.OverlapBlocks)
+		s.decided(i, d.Worker, req)
 		s.start(i, d.Worker, req)
 	}
 }
@@ -797,7 +818,7 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts}); err != nil {
-		s.r.Free(id)
+		s.free(i, id)
 		s.fail(i, err)
 		return
 	}
@@ -849,6 +870,7 @@ func (s *sim) flushDispatched() error {
 				continue
 			}
 			s.reqs[d.id].credited = int32(d.d.OverlapBlocks)
+			s.decided(d.id, d.d.Worker, &req)
 			s.start(d.id, d.d.Worker, &req)
 		}
 	}
@@ -892,7 +914,7 @@ func (s *sim) stepDone(e int) error {
 		if o.Index == 0 {
 			rs.first = s.now
 			rs.cached = int32(o.CachedTokens)
-			s.r.MarkPrefillCompleted(o.ID)
+			s.prefillDone(i, o.ID)
 		} else if s.measured(rs) {
 			s.countGap((s.now - rs.last + gapQuantum/2) / gapQuantum)
 		}
@@ -901,7 +923,7 @@ func (s *sim) stepDone(e int) error {
 			rs.finished, rs.done = true, s.now
 			s.remaining--
 			s.release(i)
-			s.r.Free(o.ID)
+			s.free(i, o.ID)
 		}
 	}
 	if err := s.flushDispatched(); err != nil {
@@ -976,19 +998,20 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		}
 		switch ev.Kind {
 		case engine.Stored:
-			_ = s.r.ApplyEngineStored(&router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
-				Salt: s.eventSalt(se, &ev)})
+			es := router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
+				Salt: s.eventSalt(se, &ev)}
+			s.everyRouter(func(r *router.Router) { _ = r.ApplyEngineStored(&es) })
 		case engine.Removed:
 			if !ev.Host {
 				se.salts.Removed(ev.BlockHashes)
 			}
 			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
 			kev.Tier = tier
-			_ = s.r.ApplyEvent(&kev)
+			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(&kev) })
 		case engine.Cleared:
 			se.salts.Clear()
 			kev := kv.Event{Worker: se.w, Kind: kv.KindCleared}
-			_ = s.r.ApplyEvent(&kev)
+			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(&kev) })
 		}
 	}
 }
@@ -998,7 +1021,8 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 func (s *sim) poll() {
 	for i := range s.engines {
 		m := s.engines[i].eng.Metrics()
-		s.r.SetEngineLoad(s.engines[i].w, sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage})
+		l := sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage}
+		s.everyRouter(func(r *router.Router) { r.SetEngineLoad(s.engines[i].w, l) })
 	}
 	if s.remaining > 0 {
 		s.schedule(s.now+int64(s.cfg.EngineMetricsInterval), evPoll, 0)
@@ -1067,7 +1091,10 @@ func (s *sim) point() Point {
 	}
 	p.ModelS = float64(end-s.arrivalAt(0)) / 1e9
 	p.Engines = s.tally.stats(len(s.engines), time.Duration(end-s.arrivalAt(0)))
-	p.Queued = s.r.Stats().Queued
+	for _, r := range s.routers {
+		p.Queued += r.Stats().Queued
+	}
+	p.Replicas = s.replicaStats()
 	for i := range s.engines {
 		p.Preemptions += s.engines[i].eng.Metrics().Preemptions
 	}

@@ -103,6 +103,16 @@ type RunConfig struct {
 	// Disagg is the disaggregated fleet, when it was one (Workers is then
 	// its prefill and decode engines together).
 	Disagg *DisaggConfig `json:"disagg,omitempty"`
+	// Replicas is the router replicas, when several routed or one was
+	// measured against a single router (--router-replicas).
+	Replicas *ReplicasConfig `json:"replicas,omitempty"`
+}
+
+// ReplicasConfig is results.json's config.replicas.
+type ReplicasConfig struct {
+	Replicas    int     `json:"replicas"`
+	Sync        bool    `json:"sync"`
+	SyncDelayMS float64 `json:"sync_delay_ms"`
 }
 
 // DisaggConfig is results.json's config.disagg.
@@ -229,6 +239,9 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 	if d := cfg.Sim.Disagg; d.Enabled() {
 		res.Config.Disagg = &DisaggConfig{PrefillWorkers: d.PrefillWorkers, DecodeWorkers: d.DecodeWorkers, MinUncachedTokens: d.MinUncachedTokens,
 			NoAssumeKVReuse: d.NoAssumeKVReuse, KVBytesPerToken: d.KVBytesPerToken, KVTransferBandwidth: d.KVTransferBandwidth}
+	}
+	if r := cfg.Sim.Replicas; r.Enabled() {
+		res.Config.Replicas = &ReplicasConfig{Replicas: r.Count, Sync: !r.NoSync, SyncDelayMS: ms(r.SyncDelay)}
 	}
 	res.WallS = time.Since(start).Seconds()
 	return res, nil

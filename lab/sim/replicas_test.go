@@ -1,0 +1,147 @@
+package sim
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/core/router"
+)
+
+// Three replicas, each told of the others' bookings 10 ms late through
+// the replica-sync messages, serve every request once and leave no load
+// behind on any of them, nor on the shadow; each indexed every engine's
+// blocks from the KV events.
+func TestReplicasConserveLoad(t *testing.T) {
+	tight := 0.01
+	for _, tc := range []struct {
+		name  string
+		queue bool
+		rep   Replicas
+	}{
+		{"sync 10 ms", false, Replicas{Count: 3, SyncDelay: 10 * time.Millisecond}},
+		{"sync at once", false, Replicas{Count: 3}},
+		{"sync 10 ms, admission queue", true, Replicas{Count: 3, SyncDelay: 10 * time.Millisecond}},
+		{"no sync", false, Replicas{Count: 3, NoSync: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := synthetic(t, 240)
+			cfg := smallConfig()
+			cfg.Replicas = tc.rep
+			speedup := 2.0
+			if tc.queue {
+				cfg.Router.QueueThreshold, speedup = &tight, 16
+			}
+			s := runSim(t, cfg, "kv", w, speedup)
+			if len(s.routers) != 3 || s.rep == nil {
+				t.Fatalf("%d routers", len(s.routers))
+			}
+			for i, rs := range s.reqs {
+				if !rs.finished || rs.failed {
+					t.Fatalf("request %d: %+v", i, rs)
+				}
+			}
+			var queued uint64
+			for k, r := range append(append([]*router.Router(nil), s.routers...), s.rep.shadow) {
+				for _, l := range r.Loads() {
+					if l.ActiveRequests != 0 || l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 0 {
+						t.Fatalf("router %d: load left on %v: %+v", k, l.Worker, l)
+					}
+				}
+				queued += r.Stats().Queued
+				for i := range s.engines {
+					se := &s.engines[i]
+					if got, want := len(r.HeldBlocks(se.w)), len(s.r.HeldBlocks(se.w)); got != want || want == 0 {
+						t.Fatalf("router %d indexes %d blocks of engine %d, replica 0 %d", k, got, i, want)
+					}
+				}
+			}
+			if tc.queue && queued == 0 {
+				t.Fatal("the queue was never used")
+			}
+			st := s.point().Replicas
+			switch {
+			case tc.rep.NoSync && (st.Messages != 0 || st.Sync):
+				t.Fatalf("replicas without sync exchanged %d messages", st.Messages)
+			case !tc.rep.NoSync && (st.Messages != int64(3*len(s.reqs)) || st.Applied != 2*st.Messages || st.Refused != 0):
+				// An add, a first token and an end per request, applied
+				// by the two other replicas.
+				t.Fatalf("%d requests: %+v", len(s.reqs), st)
+			case st.Decisions != int64(len(s.reqs)) || st.IdenticalShare <= 0 || st.IdenticalShare > 1:
+				t.Fatalf("%d requests: %+v", len(s.reqs), st)
+			}
+		})
+	}
+}
+
+// One router measured against its shadow agrees with it on every
+// decision, and the shadow changes nothing the run measures: the measure
+// of agreement is sound.
+func TestOneReplicaAgreesWithItsShadow(t *testing.T) {
+	w := synthetic(t, 240)
+	plain, err := Run(smallConfig(), "kv", w, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := smallConfig()
+	cfg.Replicas = Replicas{Count: 1}
+	one, err := Run(cfg, "kv", w, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := one.Replicas
+	if st == nil || st.Decisions != int64(w.Len()) || st.Identical != st.Decisions || st.Messages != 0 {
+		t.Fatalf("one router against its shadow: %+v", st)
+	}
+	one.Replicas = nil
+	if !reflect.DeepEqual(one, plain) {
+		t.Fatalf("the shadow changed the run:\n%+v\n%+v", one, plain)
+	}
+}
+
+// Replicas that never hear of each other's bookings pile requests on the
+// engines each believes idle: fewer of their decisions are a single
+// router's than with sync, and the same inputs give the same figures.
+func TestReplicaSyncMakesDecisionsAgree(t *testing.T) {
+	w := synthetic(t, 400)
+	share := map[bool]float64{}
+	for _, off := range []bool{false, true} {
+		cfg := smallConfig()
+		cfg.Replicas = Replicas{Count: 3, SyncDelay: 10 * time.Millisecond, NoSync: off}
+		a, err := Run(cfg, "kv", w, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Run(cfg, "kv", w, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("two runs differ:\n%+v\n%+v", a, b)
+		}
+		share[off] = a.Replicas.IdenticalShare
+		t.Logf("no sync %v: %+v, hit %.3f, TTFT p90 %.0f ms", off, *a.Replicas, a.HitRate, a.TTFT.P90)
+	}
+	if !(share[false] > share[true]) || share[true] >= 1 {
+		t.Fatalf("identical decisions: %.3f with sync, %.3f without", share[false], share[true])
+	}
+}
+
+func TestReplicasRefuseWhatTheyCannotSimulate(t *testing.T) {
+	w := synthetic(t, 10)
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Replicas = Replicas{Count: -1} }, "replicas"},
+		{func(c *Config) { c.Replicas = Replicas{Count: 2, SyncDelay: -time.Millisecond} }, "negative"},
+		{func(c *Config) { *c = pdConfig(2, 2); c.Replicas = Replicas{Count: 2} }, "aggregated"},
+	} {
+		cfg := smallConfig()
+		tc.edit(&cfg)
+		if _, err := Run(cfg, "kv", w, 1); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%+v: %v, want an error about %s", cfg.Replicas, err, tc.want)
+		}
+	}
+}

@@ -17,12 +17,30 @@ import (
 // block last, so that a prefix outlives its suffixes.
 //
 // A waiting request whose prompt continues its GPU prefix hit on the host
-// loads those blocks at the offload bandwidth instead of computing them:
-// they take GPU blocks like computed ones (Stored on the GPU) and the load
-// time is added to the step. vLLM loads asynchronously while other
-// requests run; the mocker charges the whole step, which overstates the
-// load's cost to the requests batched with it (a load of 1000 blocks of
-// 2 MiB at 25 GB/s is 84 ms, against about 360 ms to prefill them).
+// loads those blocks at the offload bandwidth instead of computing them,
+// asynchronously, as vLLM does (same commit: the connector's
+// get_num_new_matched_tokens answers (hits, True); the scheduler in
+// vllm/v1/core/sched/scheduler.py allocates the request's blocks, local
+// hits and loaded ones, schedules no token of it and parks it as
+// WAITING_FOR_REMOTE_KVS; the worker copies on its own CUDA stream while
+// the engine keeps stepping the others, and a load found finished after a
+// step (get_finished) makes the request schedulable in the next one, with
+// those tokens computed). So a load costs the other requests nothing, and
+// the loading request waits for the link: its blocks take GPU slots at once
+// (Stored on the GPU then, where vLLM caches them once loaded), it takes no
+// token budget and no sequence slot while loading, and it joins the waiting
+// queue's front when its load has ended by a step's start. The loads share
+// one link in the order they were started (vllm/v1/kv_offload/worker/
+// cpu_gpu.py: each CPU-to-GPU transfer waits for the previous one), each
+// taking its bytes over --kv-offload-bandwidth from the step that started
+// it, or from the end of the one before. When nothing else can run the step
+// is that wait (StepResult.LoadWait). As the connector does, a request
+// whose prefix holds a block another request is still loading is deferred
+// (tried again next step, the queue moving on past it), and so is any host
+// hit while max_num_seqs loads are in flight. The engine's clock is the sum
+// of its steps' durations: a caller waits each step's Duration before the
+// next Step, and the clock stands still only while the engine is idle, when
+// no load is in flight.
 //
 // The pool publishes what vLLM's connector publishes (take_events):
 // BlockStored with medium "CPU", no parent (parent_block_hash None), no
@@ -55,8 +73,12 @@ type hostPool struct {
 	tail     int32
 	// loadPerBlock is the time to load one block to the GPU.
 	loadPerBlock time.Duration
-	stored       []uint64 // scratch
-	evicted      []uint64 // scratch
+	// linkFree is the engine clock at which the last load started ends.
+	linkFree time.Duration
+	// inFlight counts, by block id, the loads carrying each block now.
+	inFlight map[uint64]int32
+	stored   []uint64 // scratch
+	evicted  []uint64 // scratch
 }
 
 func newHostPool(cfg Config) *hostPool {
@@ -68,6 +90,7 @@ func newHostPool(cfg Config) *hostPool {
 	return &hostPool{
 		capacity:     cfg.NumCPUBlocks,
 		idx:          make(map[uint64]int32),
+		inFlight:     make(map[uint64]int32),
 		head:         noBlock,
 		tail:         noBlock,
 		loadPerBlock: time.Duration(math.Round(per * float64(time.Second))),
@@ -194,4 +217,76 @@ func (e *Engine) offload(s *seq, evs []BlockEvent) []BlockEvent {
 	e.host.touch(s.hashes[:s.hostNext])
 	s.hostNext = full
 	return evs
+}
+
+// deferLoad reports whether s must wait for another request's load: a block
+// of its first blocks (GPU hits, then host hits) is still in flight, or the
+// loads in flight are at max_num_seqs and s would start one.
+func (e *Engine) deferLoad(s *seq, gpuHits, hostHits int) bool {
+	if hostHits > 0 && len(e.loading) >= e.cfg.MaxNumSeqs {
+		return true
+	}
+	for _, h := range s.hashes[:gpuHits+hostHits] {
+		if e.host.inFlight[h] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// startLoad puts s's host blocks [from, to) on the link.
+func (e *Engine) startLoad(s *seq, from, to int) {
+	p := e.host
+	s.loadFrom, s.loadTo = from, to
+	s.loadDone = max(e.clock, p.linkFree) + time.Duration(to-from)*p.loadPerBlock
+	p.linkFree = s.loadDone
+	for _, h := range s.hashes[from:to] {
+		p.inFlight[h]++
+	}
+	s.hostNext = max(s.hostNext, to)
+	e.m.HostHits += uint64((to - from) * e.cfg.BlockSize)
+	s.state = stLoading
+	e.loading = append(e.loading, s)
+}
+
+// endLoad takes s's blocks off the link.
+func (e *Engine) endLoad(s *seq) {
+	for _, h := range s.hashes[s.loadFrom:s.loadTo] {
+		if e.host.inFlight[h]--; e.host.inFlight[h] == 0 {
+			delete(e.host.inFlight, h)
+		}
+	}
+}
+
+// promoteLoads puts the requests whose loads have ended at the front of
+// the waiting queue, in the order their loads ended.
+func (e *Engine) promoteLoads() {
+	n := 0
+	for n < len(e.loading) && e.loading[n].loadDone <= e.clock {
+		n++
+	}
+	for k := n - 1; k >= 0; k-- {
+		s := e.loading[k]
+		e.endLoad(s)
+		s.state, s.loaded = stWaiting, true
+		e.waiting.pushFront(s)
+	}
+	m := copy(e.loading, e.loading[n:])
+	clear(e.loading[m:])
+	e.loading = e.loading[:m]
+}
+
+// dropLoad forgets an aborted request's load. Its transfer keeps the link
+// busy, unless no load is left to wait: an idle engine's clock stands still.
+func (e *Engine) dropLoad(s *seq) {
+	e.endLoad(s)
+	for i, r := range e.loading {
+		if r == s {
+			e.loading = append(e.loading[:i], e.loading[i+1:]...)
+			break
+		}
+	}
+	if len(e.loading) == 0 {
+		e.host.linkFree = min(e.host.linkFree, e.clock)
+	}
 }

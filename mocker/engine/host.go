@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -61,6 +63,8 @@ const DefaultKVBytesPerToken = 131072
 type hostEntry struct {
 	hash       uint64
 	prev, next int32
+	parent     uint64 // the block before it in its request; none when root
+	root       bool
 }
 
 // hostPool is an LRU set of block ids (front = evicted first).
@@ -77,8 +81,15 @@ type hostPool struct {
 	linkFree time.Duration
 	// inFlight counts, by block id, the loads carrying each block now.
 	inFlight map[uint64]int32
-	stored   []uint64 // scratch
-	evicted  []uint64 // scratch
+	// tokens holds each entry's tokens, entry i at [i·bs, (i+1)·bs), and
+	// extra the adapter and extra keys of the entries that have any: what
+	// the dump (Engine.HostBlocks) names a block by, which the events
+	// leave out.
+	tokens    []uint32
+	extra     map[int32]slotKeys
+	blockSize int
+	stored    []int    // scratch: block indices into the request stored
+	evicted   []uint64 // scratch
 }
 
 func newHostPool(cfg Config) *hostPool {
@@ -91,6 +102,7 @@ func newHostPool(cfg Config) *hostPool {
 		capacity:     cfg.NumCPUBlocks,
 		idx:          make(map[uint64]int32),
 		inFlight:     make(map[uint64]int32),
+		blockSize:    cfg.BlockSize,
 		head:         noBlock,
 		tail:         noBlock,
 		loadPerBlock: time.Duration(math.Round(per * float64(time.Second))),
@@ -148,13 +160,14 @@ func (p *hostPool) prefix(hashes []uint64) int {
 	return n
 }
 
-// store copies the blocks of hashes the pool lacks, evicting the least
-// recently used, touches them all and appends the events to evs.
-func (p *hostPool) store(hashes []uint64, group int, evs []BlockEvent) []BlockEvent {
+// store copies the blocks [from, to) of s the pool lacks, evicting the
+// least recently used, touches them all and appends the events to evs.
+func (p *hostPool) store(s *seqBlocks, from, to, group int, evs []BlockEvent) []BlockEvent {
+	hashes := s.hashes[from:to]
 	p.stored, p.evicted = p.stored[:0], p.evicted[:0]
-	for _, h := range hashes {
+	for i, h := range hashes {
 		if !p.has(h) {
-			p.stored = append(p.stored, h)
+			p.stored = append(p.stored, from+i)
 		}
 	}
 	// A request longer than the pool keeps its last blocks.
@@ -166,19 +179,39 @@ func (p *hostPool) store(hashes []uint64, group int, evs []BlockEvent) []BlockEv
 		p.unlink(i)
 		h := p.entries[i].hash
 		delete(p.idx, h)
+		delete(p.extra, i)
 		p.freeIdx = append(p.freeIdx, i)
 		p.evicted = append(p.evicted, h)
 	}
-	for _, h := range p.stored {
+	bs := p.blockSize
+	var ids []uint64
+	if len(p.stored) > 0 {
+		ids = make([]uint64, len(p.stored))
+	}
+	for k, b := range p.stored {
 		var i int32
 		if n := len(p.freeIdx); n > 0 {
 			i = p.freeIdx[n-1]
 			p.freeIdx = p.freeIdx[:n-1]
 		} else {
 			p.entries = append(p.entries, hostEntry{})
+			p.tokens = append(p.tokens, make([]uint32, bs)...)
 			i = int32(len(p.entries) - 1)
 		}
-		p.entries[i].hash = h
+		h := s.hashes[b]
+		ids[k] = h
+		en := &p.entries[i]
+		en.hash, en.root, en.parent = h, b == 0, 0
+		if b > 0 {
+			en.parent = s.hashes[b-1]
+		}
+		copy(p.tokens[int(i)*bs:], s.tokens[b*bs:(b+1)*bs])
+		if keys := s.keys.block(b, bs); keys != nil || (s.keys != nil && s.keys.lora != "") {
+			if p.extra == nil {
+				p.extra = map[int32]slotKeys{}
+			}
+			p.extra[i] = slotKeys{lora: s.keys.lora, keys: keys}
+		}
 		p.idx[h] = i
 		p.pushBack(i)
 	}
@@ -186,10 +219,57 @@ func (p *hostPool) store(hashes []uint64, group int, evs []BlockEvent) []BlockEv
 	if len(p.evicted) > 0 {
 		evs = append(evs, BlockEvent{Kind: Removed, Group: group, Host: true, BlockHashes: append([]uint64(nil), p.evicted...)})
 	}
-	if len(p.stored) > 0 {
-		evs = append(evs, BlockEvent{Kind: Stored, Group: group, Host: true, BlockHashes: append([]uint64(nil), p.stored...), TokenIDs: []uint32{}})
+	if len(ids) > 0 {
+		evs = append(evs, BlockEvent{Kind: Stored, Group: group, Host: true, BlockHashes: ids, TokenIDs: []uint32{}})
 	}
 	return evs
+}
+
+// HostBlocks lists the blocks of the host tier, each after its parent when
+// the host holds that too, with their parents, tokens and keys (what the
+// GPU's copy was Stored with; the host's own events name the ids alone).
+// Nil without a host tier.
+func (e *Engine) HostBlocks() []CachedBlock {
+	p := e.host
+	if p == nil {
+		return nil
+	}
+	depth := make(map[int32]int, len(p.idx))
+	var depthOf func(i int32) int
+	depthOf = func(i int32) int {
+		if d, ok := depth[i]; ok {
+			return d
+		}
+		d := 0
+		if en := &p.entries[i]; !en.root {
+			if j, ok := p.idx[en.parent]; ok {
+				d = depthOf(j) + 1
+			}
+		}
+		depth[i] = d
+		return d
+	}
+	order := make([]int32, 0, len(p.idx))
+	for _, i := range p.idx {
+		depthOf(i)
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
+	bs := p.blockSize
+	out := make([]CachedBlock, 0, len(order))
+	for _, i := range order {
+		en := &p.entries[i]
+		cb := CachedBlock{Hash: en.hash, Tokens: p.tokens[int(i)*bs : (int(i)+1)*bs : (int(i)+1)*bs], Host: true}
+		if x, ok := p.extra[i]; ok {
+			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
+		}
+		if !en.root {
+			par := en.parent
+			cb.Parent = &par
+		}
+		out = append(out, cb)
+	}
+	return out
 }
 
 // hostHits is how many of s's prompt blocks after its GPU hits the host
@@ -213,7 +293,7 @@ func (e *Engine) offload(s *seq, evs []BlockEvent) []BlockEvent {
 		return evs
 	}
 	e.bm.ensureHashes(&s.seqBlocks, full)
-	evs = e.host.store(s.hashes[s.hostNext:full], e.bm.group, evs)
+	evs = e.host.store(&s.seqBlocks, s.hostNext, full, e.bm.group, evs)
 	e.host.touch(s.hashes[:s.hostNext])
 	s.hostNext = full
 	return evs

@@ -644,6 +644,10 @@ func (e *Engine) Step() StepResult {
 	e.bm.events = nil
 	e.sched = sched
 	if len(sched) == 0 {
+		if res.Preempted == 0 && len(e.loading) == 0 && len(e.running) == 0 {
+			res.Preempted = e.unloadWaiting()
+			e.m.Preemptions += uint64(res.Preempted)
+		}
 		if res.Preempted == 0 && len(e.loading) > 0 {
 			res.Duration = e.loading[0].loadDone - e.clock
 			res.LoadWait = true

@@ -370,3 +370,20 @@ func (e *Engine) dropLoad(s *seq) {
 		e.host.linkFree = min(e.host.linkFree, e.clock)
 	}
 }
+
+// unloadWaiting releases the blocks of the waiting requests whose loads
+// have ended, when nothing runs or loads: they hold what the queue's front
+// needs, and only they could free it. Their blocks stay cached, so they
+// find them again as GPU hits unless evicted. It returns how many it
+// released (preempted, to be recomputed).
+func (e *Engine) unloadWaiting() int {
+	n := 0
+	for i := range e.waiting.len() {
+		if s := e.waiting.at(i); s.loaded {
+			e.bm.release(&s.seqBlocks)
+			s.loaded, s.numComputed = false, 0
+			n++
+		}
+	}
+	return n
+}

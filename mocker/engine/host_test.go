@@ -305,3 +305,27 @@ func TestHostLoadsQueueOnOneLink(t *testing.T) {
 		t.Fatalf("the request sharing one's loading prefix answered at %v, before one (%v)", firsts["same"], one)
 	}
 }
+
+// Requests whose loads ended hold their blocks while they wait. When the
+// queue's front cannot fit beside them and nothing runs or loads (a
+// request preempted in the step that made a load ready goes back ahead of
+// it), they give their blocks back (kept cached) rather than stall the
+// engine for good.
+func TestLoadedRequestsDoNotDeadlockTheQueue(t *testing.T) {
+	const bs = 16
+	p1 := seqTokens(1000, 20*bs+1)
+	e := hostOnly(t, 48, 25, p1)
+	mustAdd(t, e, "loaded", p1, 1)
+	if r := e.Step(); !r.LoadWait {
+		t.Fatalf("the first step ran %+v, want a wait for the load", r)
+	}
+	mustAdd(t, e, "front", seqTokens(70000, 30*bs), 1) // 30 blocks: 28 are free beside the load's 20
+	e.promoteLoads()
+	front := e.byID["front"]
+	e.waiting.remove(front)
+	e.waiting.pushFront(front)
+	cached, _, _ := runAll(t, e)
+	if len(cached) != 2 {
+		t.Fatalf("%d of 2 requests answered", len(cached))
+	}
+}

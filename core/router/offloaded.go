@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -148,4 +149,38 @@ func (b *offloadBook) place(es *EngineStored) (evs []kv.Event, unplaced int) {
 	}
 	flush()
 	return evs, unplaced
+}
+
+// OffloadPlacer hashes an engine's stored events as a Router does, placing
+// its token-less lower-tier blocks from its own book, for what forwards
+// events to routers without being one (the agent): the routers behind it
+// never see the engine's own events, so they could not place them.
+type OffloadPlacer struct{ books offloadBooks }
+
+// Stored returns the events es makes: its blocks hashed in blockSize
+// unless es names its own, or the runs its token-less blocks are placed
+// in. The error is HashEngineStored's, or ErrUnplacedBlocks.
+func (p *OffloadPlacer) Stored(es *EngineStored, blockSize int) ([]kv.Event, error) {
+	if tokenless(es) {
+		evs, unplaced := p.books.open(es.Worker).place(es)
+		if unplaced > 0 {
+			return evs, fmt.Errorf("%w: %d of %d offloaded blocks never seen on the device", ErrUnplacedBlocks, unplaced, len(es.EngineHashes))
+		}
+		return evs, nil
+	}
+	ev, _, err := HashEngineStored(es, blockSize)
+	if len(ev.Stored.Blocks) == 0 {
+		return nil, err
+	}
+	if b := p.books.of(es.Worker); b != nil && (ev.Tier == "" || ev.Tier == kv.TierDevice) {
+		b.recordDevice(&ev)
+	}
+	return []kv.Event{ev}, err
+}
+
+// Removed updates the book after a removed or cleared event.
+func (p *OffloadPlacer) Removed(ev *kv.Event) {
+	if b := p.books.of(ev.Worker); b != nil && ev.Kind != kv.KindStored {
+		b.removed(ev.Tier, ev.Removed.EngineHashes, ev.Kind == kv.KindCleared)
+	}
 }

@@ -53,6 +53,8 @@ type Config struct {
 type Agent struct {
 	cfg     Config
 	pub     *natsplane.Publisher
+	publish func(kv.Event) error // pub.Publish
+	offload router.OffloadPlacer // places the engine's token-less host blocks
 	reg     *natsplane.Registration
 	sources []*enginesource.Source
 	cancel  context.CancelFunc
@@ -99,7 +101,7 @@ func Start(ctx context.Context, nc *nats.Conn, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, pub: pub, announced: in.BlockSize}
+	a := &Agent{cfg: cfg, pub: pub, publish: pub.Publish, announced: in.BlockSize}
 	for rank := range in.DPSize {
 		if err := pub.Publish(kv.ClearedEvent(kv.Worker{ID: in.WorkerID, DPRank: uint32(rank)}, 0)); err != nil {
 			_ = pub.Close()
@@ -188,17 +190,22 @@ func (a *Agent) report(ctx context.Context) {
 }
 
 // ApplyEvent republishes a removed or cleared event (enginesource.Sink).
-func (a *Agent) ApplyEvent(ev *kv.Event) error { return a.pub.Publish(*ev) }
+func (a *Agent) ApplyEvent(ev *kv.Event) error {
+	a.offload.Removed(ev)
+	return a.publish(*ev)
+}
 
 // ApplyEngineStored hashes stored blocks as routers do, in the engine's
-// block size, and republishes them (enginesource.Sink).
+// block size, and republishes them (enginesource.Sink). Host blocks that
+// vLLM's offloading connector names by id alone are placed below their
+// device copies' parents (router.OffloadPlacer) and go out hashed like any.
 func (a *Agent) ApplyEngineStored(es *router.EngineStored) error {
 	if es.BlockSizeConsistent() {
 		a.announceBlockSize(es.BlockSize)
 	}
-	ev, _, err := router.HashEngineStored(es, a.cfg.Instance.BlockSize)
-	if len(ev.Stored.Blocks) > 0 {
-		err = errors.Join(err, a.pub.Publish(ev))
+	evs, err := a.offload.Stored(es, a.cfg.Instance.BlockSize)
+	for _, ev := range evs {
+		err = errors.Join(err, a.publish(ev))
 	}
 	return err
 }

@@ -352,8 +352,8 @@ type engineTally struct {
 }
 
 func (t *engineTally) add(r *engine.StepResult) {
-	if r.Duration <= 0 {
-		return
+	if r.Duration <= 0 || r.LoadWait {
+		return // a wait for host loads is not a step the GPU ran
 	}
 	t.steps++
 	t.busy += r.Duration

@@ -405,6 +405,8 @@ type CachedBlock struct {
 	// its Stored event had them (ExtraKeys nil when none).
 	LoRAName  string
 	ExtraKeys []any
+	// Host: the block is on the host tier (Engine.HostBlocks).
+	Host bool
 }
 
 // cached lists the cached blocks, every block after its parent (when that

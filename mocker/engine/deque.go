@@ -34,8 +34,6 @@ func (d *deque) pushFront(s *seq) {
 	d.n++
 }
 
-func (d *deque) front() *seq { return d.buf[d.head] }
-
 func (d *deque) at(i int) *seq { return d.buf[(d.head+i)%len(d.buf)] }
 
 func (d *deque) popFront() *seq {

@@ -224,6 +224,9 @@ type StepResult struct {
 	Events    []BlockEvent // in the order they happened
 	Preempted int          // requests preempted in this step
 	KVUsage   float64      // KV usage during the step (the u of the decode time)
+	// LoadWait: nothing could run until a host load ends, and Duration is
+	// the wait for the first one (the engine polls its transfers, idle).
+	LoadWait bool
 }
 
 // Metrics is the engine's state and counters, as vLLM's /metrics has them.
@@ -272,6 +275,7 @@ type seqState uint8
 
 const (
 	stWaiting seqState = iota
+	stLoading          // its host blocks are on their way to the GPU (host.go)
 	stRunning
 	stDone
 )
@@ -294,6 +298,12 @@ type seq struct {
 	state        seqState
 	chunk        int // tokens scheduled in the current step
 	hostNext     int // full blocks already offered to the host tier
+	// loaded: numComputed counts blocks a host load brought in; the next
+	// scheduling computes from there without looking the prompt up again.
+	loaded   bool
+	loadDone time.Duration // engine clock at which its host load ends
+	loadFrom int           // first block of its host load
+	loadTo   int           // end of its host load, in blocks
 }
 
 func (s *seq) numTokens() int { return len(s.tokens) }
@@ -311,8 +321,14 @@ type Engine struct {
 	heldBlocks int
 	sched      []*seq    // scratch: requests scheduled in the current step
 	host       *hostPool // the host tier, nil without one
-	outputs    []Output  // the last step's Outputs, reused
-	m          Metrics
+	// clock is the model time of the steps so far: host loads end on it.
+	// It stands still while the engine is idle, when no load is in flight.
+	clock time.Duration
+	// loading are the requests whose host blocks are in flight, in the
+	// order the link carries them (host.go).
+	loading []*seq
+	outputs []Output // the last step's Outputs, reused
+	m       Metrics
 }
 
 // New makes an engine.
@@ -441,6 +457,8 @@ func (e *Engine) Abort(id string) bool {
 		}
 	case stWaiting:
 		e.waiting.remove(s)
+	case stLoading:
+		e.dropLoad(s)
 	}
 	e.bm.release(&s.seqBlocks)
 	s.state = stDone
@@ -487,7 +505,9 @@ func (e *Engine) CachedPrefixBlocks(tokens []uint32) int {
 }
 
 // Idle reports that no request is waiting or running.
-func (e *Engine) Idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
+func (e *Engine) Idle() bool {
+	return len(e.running) == 0 && e.waiting.len() == 0 && len(e.loading) == 0
+}
 
 // KVUsage is the fraction of the GPU blocks held by requests.
 func (e *Engine) KVUsage() float64 {
@@ -498,7 +518,7 @@ func (e *Engine) KVUsage() float64 {
 func (e *Engine) Metrics() Metrics {
 	m := e.m
 	m.Running = len(e.running)
-	m.Waiting = e.waiting.len()
+	m.Waiting = e.waiting.len() + len(e.loading)
 	m.KVUsage = e.KVUsage()
 	m.ActiveBlocks = e.bm.used()
 	m.HeldBlocks = e.heldBlocks
@@ -539,8 +559,10 @@ func (e *Engine) Step() StepResult {
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
 	sched := e.sched[:0]
-	var load time.Duration // loading host blocks
 	e.bm.events = nil
+	if len(e.loading) > 0 {
+		e.promoteLoads()
+	}
 
 	// Running requests first.
 	for i := 0; i < len(e.running) && budget > 0; i++ {
@@ -565,42 +587,51 @@ func (e *Engine) Step() StepResult {
 		sched = append(sched, s)
 	}
 
-	// Then waiting requests, unless this step had to preempt.
+	// Then waiting requests, unless this step had to preempt. A request
+	// deferred by the host tier (host.go) keeps its place and the next one
+	// is tried, as vLLM skips it.
 	if res.Preempted == 0 {
-		for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
-			s := e.waiting.front()
-			// The last token is always computed: at most numTokens-1
-			// tokens can come from the cache.
-			hits := e.bm.countPrefix(&s.seqBlocks, (s.numTokens()-1)/bs)
-			fromHost := e.hostHits(s, hits)
-			s.numComputed = (hits + fromHost) * bs
-			if !s.started && s.loadedBlocks > 0 {
-				s.numComputed = max(s.numComputed, min(s.loadedBlocks*bs, s.numTokens()-1))
+		for i := 0; i < e.waiting.len() && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs; {
+			s := e.waiting.at(i)
+			hits := 0
+			if !s.loaded {
+				// The last token is always computed: at most numTokens-1
+				// tokens can come from the cache.
+				hits = e.bm.countPrefix(&s.seqBlocks, (s.numTokens()-1)/bs)
+				fromHost := e.hostHits(s, hits)
+				if len(e.loading) > 0 && e.deferLoad(s, hits, fromHost) {
+					i++
+					continue
+				}
+				s.numComputed = (hits + fromHost) * bs
+				pulled := 0
+				if !s.started && s.loadedBlocks > 0 {
+					pulled = min(s.loadedBlocks*bs, s.numTokens()-1)
+					s.numComputed = max(s.numComputed, pulled)
+				}
+				if fromHost > 0 && s.numComputed > pulled {
+					if !e.bm.allocate(&s.seqBlocks, s.numComputed) {
+						s.numComputed = 0
+						break
+					}
+					e.takeWaiting(i, s)
+					e.firstSchedule(s, hits)
+					e.startLoad(s, hits, hits+fromHost)
+					continue
+				}
 			}
 			n := min(s.numTokens()-s.numComputed, budget)
 			if !e.bm.allocate(&s.seqBlocks, s.numComputed+n) {
-				s.numComputed = 0
+				if !s.loaded {
+					s.numComputed = 0
+				}
 				break
 			}
-			e.waiting.popFront()
-			if fromHost > 0 {
-				load += time.Duration(fromHost) * e.host.loadPerBlock
-				s.hostNext = max(s.hostNext, hits+fromHost)
-				e.m.HostHits += uint64(fromHost * bs)
+			e.takeWaiting(i, s)
+			if !s.loaded {
+				e.firstSchedule(s, hits)
 			}
-			if !s.started {
-				s.started = true
-				s.cachedTokens = s.numComputed
-				if e.cfg.EnablePrefixCaching {
-					e.m.PrefixQueries += uint64(s.numPrompt)
-					e.m.PrefixHits += uint64(hits * bs)
-					if s.loadedBlocks > 0 {
-						e.m.LoadedQueries += uint64(s.numPrompt)
-						e.m.LoadedHits += uint64(hits * bs)
-					}
-				}
-				s.loadedBlocks = 0
-			}
+			s.loaded = false
 			s.state = stRunning
 			e.running = append(e.running, s)
 			s.chunk = n
@@ -613,6 +644,15 @@ func (e *Engine) Step() StepResult {
 	e.bm.events = nil
 	e.sched = sched
 	if len(sched) == 0 {
+		if res.Preempted == 0 && len(e.loading) == 0 && len(e.running) == 0 {
+			res.Preempted = e.unloadWaiting()
+			e.m.Preemptions += uint64(res.Preempted)
+		}
+		if res.Preempted == 0 && len(e.loading) > 0 {
+			res.Duration = e.loading[0].loadDone - e.clock
+			res.LoadWait = true
+			e.clock += res.Duration
+		}
 		return res
 	}
 	e.m.Steps++
@@ -630,8 +670,7 @@ func (e *Engine) Step() StepResult {
 	if e.cfg.Speed != 1 {
 		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
 	}
-	// The link, not the GPU, sets the load time.
-	res.Duration += load
+	e.clock += res.Duration
 
 	res.Outputs = e.outputs[:0]
 	finished := 0
@@ -684,6 +723,34 @@ func (e *Engine) Step() StepResult {
 	clear(sched)
 	e.outputs = res.Outputs
 	return res
+}
+
+// takeWaiting removes s, the i-th waiting request.
+func (e *Engine) takeWaiting(i int, s *seq) {
+	if i == 0 {
+		e.waiting.popFront()
+		return
+	}
+	e.waiting.remove(s)
+}
+
+// firstSchedule counts s's prefix-cache lookup the first time it is
+// scheduled (hits: its GPU hits in blocks).
+func (e *Engine) firstSchedule(s *seq, hits int) {
+	if s.started {
+		return
+	}
+	s.started = true
+	s.cachedTokens = s.numComputed
+	if e.cfg.EnablePrefixCaching {
+		e.m.PrefixQueries += uint64(s.numPrompt)
+		e.m.PrefixHits += uint64(hits * e.cfg.BlockSize)
+		if s.loadedBlocks > 0 {
+			e.m.LoadedQueries += uint64(s.numPrompt)
+			e.m.LoadedHits += uint64(hits * e.cfg.BlockSize)
+		}
+	}
+	s.loadedBlocks = 0
 }
 
 // finish releases a finished request's blocks, but keeps its full prompt

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -180,5 +181,151 @@ func TestHostConfigErrors(t *testing.T) {
 		if _, err := New(c); err == nil {
 			t.Errorf("New(%d CPU blocks, %v GB/s, caching %v) accepted", c.NumCPUBlocks, c.KVOffloadBandwidth, c.EnablePrefixCaching)
 		}
+	}
+}
+
+// hostOnly makes an engine of gpu blocks whose host tier holds prompt and
+// whose GPU no longer does (a longer prompt evicted it).
+func hostOnly(t *testing.T, gpu int, bandwidth float64, prompt []uint32) *Engine {
+	t.Helper()
+	cfg := hostConfig(gpu, 4096)
+	cfg.KVOffloadBandwidth = bandwidth
+	e := mustNew(t, cfg)
+	mustAdd(t, e, "a", prompt, 1)
+	runAll(t, e)
+	mustAdd(t, e, "evict", seqTokens(50000, gpu*16-1), 1)
+	runAll(t, e)
+	if n := e.CachedPrefixBlocks(prompt); n != 0 {
+		t.Fatalf("the GPU still caches %d blocks of the prompt", n)
+	}
+	return e
+}
+
+// A host load runs beside the running requests, as vLLM's connector loads
+// on its own stream: the steps while it is in flight are the running
+// request's decode steps alone, and the loading request's first token comes
+// in the first step that starts after its load has ended.
+func TestHostLoadDoesNotStallRunningRequests(t *testing.T) {
+	const bs = 16
+	prompt := seqTokens(1000, 32*bs+1)
+	// 0.1 GB/s: 32 blocks of 2 MiB take 671 ms, about a hundred decode steps.
+	e := hostOnly(t, 80, 0.1, prompt)
+	mustAdd(t, e, "decoding", seqTokens(90000, bs+1), 400)
+	for range 3 {
+		e.Step()
+	}
+	mustAdd(t, e, "loading", prompt, 2)
+	load := time.Duration(32 * math.Round(2*1024*1024/0.1))
+	var at time.Duration // since "loading" was added
+	loadSteps := 0
+	for i := 0; ; i++ {
+		if i > 1000 {
+			t.Fatal("the loading request never produced a token")
+		}
+		r := e.Step()
+		first := false
+		for _, o := range r.Outputs {
+			first = first || o.ID == "loading"
+		}
+		if first {
+			if at < load {
+				t.Fatalf("the first token's step started at %v, before the load's end (%v)", at, load)
+			}
+			if r.PrefillTokens != 1 {
+				t.Fatalf("the loaded request prefilled %d tokens, want its last one", r.PrefillTokens)
+			}
+			at += r.Duration
+			break
+		}
+		if at >= load {
+			t.Fatalf("step %d started at %v, after the load ended (%v), without the loaded request", i, at, load)
+		}
+		if want := StepTime(0, 1, r.KVUsage); r.Duration != want || r.DecodeSeqs != 1 || r.PrefillTokens != 0 {
+			t.Fatalf("step %d while loading: %v, %d decodes, %d prefill tokens; want the decode step alone (%v)",
+				i, r.Duration, r.DecodeSeqs, r.PrefillTokens, want)
+		}
+		if m := e.Metrics(); m.Running != 1 || m.Waiting != 1 {
+			t.Fatalf("step %d: %d running, %d waiting; want the loading request waiting", i, m.Running, m.Waiting)
+		}
+		at += r.Duration
+		loadSteps++
+	}
+	if loadSteps < 10 {
+		t.Fatalf("only %d steps ran during a load of %v", loadSteps, load)
+	}
+	if m := e.Metrics(); m.HostHits != 32*bs {
+		t.Fatalf("host hits %d, want %d", m.HostHits, 32*bs)
+	}
+}
+
+// Loads share one link in the order they started (vLLM's CPU-to-GPU
+// transfers each wait for the previous one), and a request whose prefix is
+// on its way for another waits for that load instead of loading it again.
+func TestHostLoadsQueueOnOneLink(t *testing.T) {
+	const bs = 16
+	p1 := seqTokens(1000, 8*bs+1)
+	p2 := seqTokens(7000, 8*bs+1)
+	cfg := hostConfig(40, 4096)
+	cfg.KVOffloadBandwidth = 0.1 // 168 ms a load, ten prefill steps
+	e := mustNew(t, cfg)
+	mustAdd(t, e, "p1", p1, 1)
+	mustAdd(t, e, "p2", p2, 1)
+	runAll(t, e)
+	mustAdd(t, e, "evict", seqTokens(50000, 40*bs-1), 1)
+	runAll(t, e)
+	mustAdd(t, e, "one", p1, 1)
+	mustAdd(t, e, "two", p2, 1)
+	mustAdd(t, e, "same", append(slices.Clone(p1[:8*bs]), 5, 6, 7), 1)
+	per := time.Duration(math.Round(2 * 1024 * 1024 / 0.1))
+	firsts := map[string]time.Duration{}
+	var at time.Duration
+	for i := 0; !e.Idle(); i++ {
+		if i > 100 {
+			t.Fatal("the engine never idles")
+		}
+		r := e.Step()
+		at += r.Duration
+		for _, o := range r.Outputs {
+			firsts[o.ID] = at
+		}
+	}
+	one, two := firsts["one"], firsts["two"]
+	// "one" runs at 8 loads' end, "two" at 16's: each first token step
+	// starts there and prefills what the ready requests have left.
+	if one < 8*per || two < 16*per || two <= one {
+		t.Fatalf("first tokens at %v and %v, want after %v and %v", one, two, 8*per, 16*per)
+	}
+	if two-16*per > StepTime(2, 0, 1)+time.Millisecond {
+		t.Fatalf("the second load's request answered at %v, %v after its load: the loads overlapped or waited too long", two, two-16*per)
+	}
+	if m := e.Metrics(); m.HostHits != 16*bs {
+		t.Fatalf("host hits %d tokens, want the two loads' %d: the shared prefix was loaded twice", m.HostHits, 16*bs)
+	}
+	if firsts["same"] < one {
+		t.Fatalf("the request sharing one's loading prefix answered at %v, before one (%v)", firsts["same"], one)
+	}
+}
+
+// Requests whose loads ended hold their blocks while they wait. When the
+// queue's front cannot fit beside them and nothing runs or loads (a
+// request preempted in the step that made a load ready goes back ahead of
+// it), they give their blocks back (kept cached) rather than stall the
+// engine for good.
+func TestLoadedRequestsDoNotDeadlockTheQueue(t *testing.T) {
+	const bs = 16
+	p1 := seqTokens(1000, 20*bs+1)
+	e := hostOnly(t, 48, 25, p1)
+	mustAdd(t, e, "loaded", p1, 1)
+	if r := e.Step(); !r.LoadWait {
+		t.Fatalf("the first step ran %+v, want a wait for the load", r)
+	}
+	mustAdd(t, e, "front", seqTokens(70000, 30*bs), 1) // 30 blocks: 28 are free beside the load's 20
+	e.promoteLoads()
+	front := e.byID["front"]
+	e.waiting.remove(front)
+	e.waiting.pushFront(front)
+	cached, _, _ := runAll(t, e)
+	if len(cached) != 2 {
+		t.Fatalf("%d of 2 requests answered", len(cached))
 	}
 }

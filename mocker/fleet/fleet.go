@@ -290,7 +290,10 @@ func medium(ev engine.BlockEvent) vllmevents.Medium {
 
 // dumper answers an engine's /kv_events/dump: a rank's cached blocks as
 // single-block Stored events, parents first, in one batch numbered like
-// the rank's published ones.
+// the rank's published ones: the GPU's, then the host tier's with medium
+// CPU. The host blocks keep their parents and tokens (the connector's
+// events name them by id alone): a router restarted from the dump has
+// seen none of their GPU copies, so it could place them no other way.
 func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(context.Context, int) (uint64, []byte, error) {
 	return func(ctx context.Context, rank int) (next uint64, payload []byte, err error) {
 		ierr := f.Inspect(ctx, eng, rank, func(n uint64, blocks []engine.CachedBlock) {
@@ -301,8 +304,8 @@ func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(con
 				if b.ExtraKeys != nil {
 					keys = [][]any{b.ExtraKeys}
 				}
-				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize, Medium: "GPU",
-					LoRAName: b.LoRAName, ExtraKeys: encodeExtraKeys(keys)})
+				batch.Events = append(batch.Events, &vllmevents.BlockStored{BlockHashes: []uint64{b.Hash}, ParentBlockHash: b.Parent, TokenIDs: b.Tokens, BlockSize: blockSize,
+					Medium: medium(engine.BlockEvent{Host: b.Host}), LoRAName: b.LoRAName, ExtraKeys: encodeExtraKeys(keys)})
 			}
 			labelGroups(batch.Events, func(int) int { return f.engine.OwnGroup() }, f.engine)
 			payload, err = vllmevents.EncodeBatch(&batch, enc)
@@ -312,7 +315,8 @@ func (f *Fleet) dumper(eng int, blockSize int, enc vllmevents.Encoding) func(con
 }
 
 // Inspect pauses a rank between two steps and calls fn with its cached
-// blocks (parents first; valid during the call) and the sequence number
+// blocks (the GPU's, then the host tier's, each parents first; valid
+// during the call) and the sequence number
 // of its next KV event batch: the blocks are what the batches before it
 // add up to, and nothing is published until fn returns.
 func (f *Fleet) Inspect(ctx context.Context, eng, rank int, fn func(next uint64, blocks []engine.CachedBlock)) error {
@@ -321,7 +325,7 @@ func (f *Fleet) Inspect(ctx context.Context, eng, rank int, fn func(next uint64,
 	}
 	pub := f.pubs[eng*len(f.engines[0].Ranks)+rank]
 	return f.engines[eng].Ranks[rank].Runner.Snapshot(ctx, func(eng *engine.Engine) {
-		fn(pub.NextSeq(), eng.CachedBlocks())
+		fn(pub.NextSeq(), append(eng.CachedBlocks(), eng.HostBlocks()...))
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -480,5 +481,80 @@ func TestTokenizerStoresTheRealIDs(t *testing.T) {
 	cfg.Tokenizer = "/nonexistent/tokenizer.json"
 	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), cfg.Tokenizer) {
 		t.Fatalf("a missing tokenizer: error %v, want one naming it", err)
+	}
+}
+
+// With a host tier the dump lists the host's blocks too, with medium CPU:
+// the same ids as the host events published so far add up to.
+func TestDumpListsTheHostTier(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NumWorkers, cfg.SpeedupRatio = 1, 100
+	cfg.HTTPPort, cfg.KVEventsPort, cfg.KVEventsReplayPort = 0, 0, 0
+	cfg.Engine.NumGPUBlocks, cfg.Engine.NumCPUBlocks = 64, 256
+	f, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	e := f.Engines()[0]
+	// 6 prompts of 30 blocks on 64 GPU blocks: the first ones are on the
+	// host only by the end.
+	for i := range 6 {
+		complete(t, e.HTTPURL, prompt(30*16, 1000*i+1), 0)
+	}
+	resp, err := http.Get(e.HTTPURL + "/kv_events/dump?dp_rank=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("dump: %d %s", resp.StatusCode, body)
+	}
+	dump, err := vllmevents.DecodeBatch(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dumped := map[vllmevents.Medium]map[uint64]bool{"GPU": {}, "CPU": {}}
+	for _, ev := range dump.Events {
+		st, ok := ev.(*vllmevents.BlockStored)
+		if !ok || dumped[st.Medium] == nil {
+			t.Fatalf("dump event %#v: want BlockStored on GPU or CPU", ev)
+		}
+		if len(st.TokenIDs) != 16 {
+			t.Fatalf("dumped %s block with %d tokens, want its 16", st.Medium, len(st.TokenIDs))
+		}
+		for _, h := range st.BlockHashes {
+			dumped[st.Medium][h] = true
+		}
+	}
+	replayed := map[vllmevents.Medium]map[uint64]bool{"GPU": {}, "CPU": {}}
+	for _, b := range replayAll(t, e.Ranks[0]) {
+		for _, ev := range b.Events {
+			switch ev := ev.(type) {
+			case *vllmevents.BlockStored:
+				for _, h := range ev.BlockHashes {
+					replayed[ev.Medium][h] = true
+				}
+			case *vllmevents.BlockRemoved:
+				for _, h := range ev.BlockHashes {
+					delete(replayed[ev.Medium], h)
+				}
+			}
+		}
+	}
+	onlyHost := 0
+	for h := range replayed["CPU"] {
+		if !replayed["GPU"][h] {
+			onlyHost++
+		}
+	}
+	if onlyHost == 0 {
+		t.Fatal("no block left the GPU for the host: the test proves nothing")
+	}
+	for m := range replayed {
+		if !maps.Equal(dumped[m], replayed[m]) {
+			t.Errorf("medium %s: the dump lists %d blocks, the events add up to %d", m, len(dumped[m]), len(replayed[m]))
+		}
 	}
 }

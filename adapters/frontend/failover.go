@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // outcome is how one attempt on one engine ended.
@@ -233,7 +234,16 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 		c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
 		return served, nil
 	}
-	return c.forward(body)
+	// The engine's session opens before the session's first request
+	// reaches it, and closes after the last one.
+	if s := req.Session; s != nil && s.Action == sched.SessionOpen {
+		c.engineSession(s)
+	}
+	res, err := c.forward(body)
+	if s := req.Session; s != nil && s.Action == sched.SessionClose {
+		c.engineSession(s)
+	}
+	return res, err
 }
 
 // routerOwned are the members of a client's request that no engine gets

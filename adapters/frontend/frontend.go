@@ -153,7 +153,9 @@
 //	backend_instance_id (alias decode_worker_id, header x-worker-instance-id), dp_rank → Request.Target
 //	prefill_worker_id, prefill_dp_rank → the prefill worker of a disaggregated request
 //	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
-//	session_control {session_id, action, timeout (s)}          → Request.Session
+//	session_control {session_id, action, timeout (s)}          → Request.Session; "open" and
+//	  "close" also call the engine's session API (SGLang's /open_session before the
+//	  request, /close_session after it); an engine answering 404 is bound in the router only
 //	token_data                                                  → the prompt's token ids
 //	router overrides → Request.Overrides, in the body's top-level router_config_override, at
 //	nvext's top level, in nvext.router_config_override or in nvext.agent_hints (the later
@@ -413,6 +415,7 @@ type Frontend struct {
 	om       *outlierMetrics
 	tokCheck *tokenizerCheck
 	loras    loraLoads
+	sessions engineSessions
 }
 
 // New checks cfg and registers the metrics.

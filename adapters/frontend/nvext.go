@@ -143,6 +143,9 @@ func requestNvext(top map[string]json.RawMessage, header http.Header, strict boo
 	return nvextInput{nvext: top["nvext"], override: top["router_config_override"], header: header, strict: strict}
 }
 
+// SessionHeader is Dynamo's header naming a request's session.
+const SessionHeader = "X-Dynamo-Session-ID"
+
 // WarningHeader carries what the router did not understand of a request
 // it served anyway, e.g. `unknown nvext key "foo"`.
 const WarningHeader = "X-Kvrouter-Warning"
@@ -220,6 +223,16 @@ func parseNvext(in nvextInput, req *router.Request) (nvext, extras, []string, *h
 		}
 	}
 
+	// Dynamo's session header names the session when nvext does not; alone
+	// it binds the session to its first engine, as action "bind" does.
+	if h := header.Get(SessionHeader); h != "" {
+		switch {
+		case n.SessionControl == nil:
+			n.SessionControl = &sessionControl{SessionID: h, Action: string(sched.SessionBind)}
+		case n.SessionControl.SessionID == "":
+			n.SessionControl.SessionID = h
+		}
+	}
 	if s := n.SessionControl; s != nil {
 		if s.SessionID == "" {
 			return n, extras{}, nil, badRequest("invalid_nvext", "nvext.session_control.session_id", "nvext.session_control needs a session_id")

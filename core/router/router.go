@@ -77,7 +77,9 @@ type Config struct {
 	TrackOutputBlocks bool          // --router-track-output-blocks
 	RequestTTL        time.Duration // active requests older than this expire
 
-	Sessions            sched.SessionLimits // --router-max-sessions, --router-max-session-timeout
+	Sessions sched.SessionLimits // --router-max-sessions, --router-max-session-timeout
+	// SessionAffinity is --router-session-affinity-mode; "" means hard.
+	SessionAffinity     sched.SessionAffinity
 	MaxThresholdModels  int                 // models /busy_threshold holds; 0 = sched.DefaultMaxThresholdModels
 	Busy                sched.BusyThreshold // --active-decode-blocks-threshold, --active-prefill-tokens-threshold
 	QueueThreshold      *float64            // --router-queue-threshold; nil = no queue
@@ -369,6 +371,13 @@ func New(cfg Config) (*Router, error) {
 	scheduler, err := sched.New(cfg.Mode, sessions)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.SessionAffinity != "" {
+		a, err := sched.ParseSessionAffinity(string(cfg.SessionAffinity))
+		if err != nil {
+			return nil, err
+		}
+		scheduler.SetSessionAffinity(a)
 	}
 	policy := cfg.QueuePolicy
 	if policy == "" {

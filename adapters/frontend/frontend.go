@@ -152,7 +152,7 @@
 //
 //	backend_instance_id (alias decode_worker_id, header x-worker-instance-id), dp_rank → Request.Target
 //	prefill_worker_id, prefill_dp_rank → the prefill worker of a disaggregated request
-//	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
+//	agent_hints {priority, strict_priority, osl}                → Request.Priority, StrictPriority, OSL
 //	session_control {session_id, action, timeout (s)}          → Request.Session; "open" and
 //	  "close" also call the engine's session API (SGLang's /open_session before the
 //	  request, /close_session after it); an engine answering 404 is bound in the router only

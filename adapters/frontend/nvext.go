@@ -113,8 +113,9 @@ type dynamoOnly struct {
 // (agent_hints.kv_overlap_score_credit).
 type agentHints struct {
 	overrideFields
-	Priority *float64 `json:"priority"`
-	OSL      *int     `json:"osl"`
+	Priority       *float64 `json:"priority"`
+	StrictPriority *uint32  `json:"strict_priority"`
+	OSL            *int     `json:"osl"`
 	// Dynamo's, accepted without effect: kvrouter's queue orders by
 	// priority, and it does not prefill ahead of a turn.
 	SpeculativePrefill json.RawMessage `json:"speculative_prefill"`
@@ -214,6 +215,9 @@ func parseNvext(in nvextInput, req *router.Request) (nvext, extras, []string, *h
 	if h := n.AgentHints; h != nil {
 		if h.Priority != nil {
 			req.Priority = *h.Priority
+		}
+		if h.StrictPriority != nil {
+			req.StrictPriority = *h.StrictPriority
 		}
 		if h.OSL != nil {
 			if *h.OSL < 0 {

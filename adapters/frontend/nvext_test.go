@@ -106,3 +106,19 @@ func TestSessionHeaderNamesTheSession(t *testing.T) {
 		})
 	}
 }
+
+func TestStrictPriorityIsReadAsTheQueueTier(t *testing.T) {
+	var req router.Request
+	if _, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(`{"agent_hints": {"strict_priority": 3, "priority": 1.5}}`)}, &req); herr != nil {
+		t.Fatal(herr)
+	}
+	if req.StrictPriority != 3 || req.Priority != 1.5 {
+		t.Fatalf("strict_priority %d, priority %v; want 3 and 1.5", req.StrictPriority, req.Priority)
+	}
+	for _, bad := range []string{`-1`, `1.5`, `"high"`} {
+		_, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(`{"agent_hints": {"strict_priority": ` + bad + `}}`)}, &router.Request{})
+		if herr == nil || herr.status != http.StatusBadRequest || !strings.Contains(herr.Error(), "strict_priority") {
+			t.Errorf("strict_priority %s: %v, want a 400 naming the field", bad, herr)
+		}
+	}
+}

@@ -416,6 +416,8 @@ type Frontend struct {
 	tokCheck *tokenizerCheck
 	loras    loraLoads
 	sessions engineSessions
+	// speculative holds a token per speculative prefill in flight.
+	speculative chan struct{}
 }
 
 // New checks cfg and registers the metrics.
@@ -481,6 +483,7 @@ func New(cfg Config) (*Frontend, error) {
 		bookings: newBookings(cfg.MaxBookings),
 		aborted:  aborted, abort: abort,
 		outliers: outliers, om: om,
+		speculative: make(chan struct{}, maxSpeculative),
 	}
 	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
 	return f, nil

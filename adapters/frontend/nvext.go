@@ -116,9 +116,11 @@ type agentHints struct {
 	Priority       *float64 `json:"priority"`
 	StrictPriority *uint32  `json:"strict_priority"`
 	OSL            *int     `json:"osl"`
+	// SpeculativePrefill prefills the next turn's prefix when the turn
+	// ends (speculate.go).
+	SpeculativePrefill *bool `json:"speculative_prefill"`
 	// Dynamo's, accepted without effect: kvrouter's queue orders by
-	// priority, and it does not prefill ahead of a turn.
-	SpeculativePrefill json.RawMessage `json:"speculative_prefill"`
+	// priority.
 	LatencySensitivity json.RawMessage `json:"latency_sensitivity"`
 }
 

@@ -20,8 +20,8 @@ import (
 )
 
 // pathLog is a reverse proxy in front of an engine that records, in
-// order, the paths of the requests the router sent it (probes aside) and
-// the bodies of its session calls; answer, when set, replaces the
+// order, the paths and bodies of the requests the router sent it (probes
+// aside); answer, when set, replaces the
 // engine's answer for the paths it returns true for.
 type pathLog struct {
 	mu     sync.Mutex
@@ -43,12 +43,10 @@ func (p *pathLog) front(t *testing.T, engine string) string {
 			r.Body = io.NopCloser(bytes.NewReader(b))
 			p.mu.Lock()
 			p.paths = append(p.paths, r.URL.Path)
-			if strings.HasSuffix(r.URL.Path, "_session") {
-				if p.bodies == nil {
-					p.bodies = map[string][]string{}
-				}
-				p.bodies[r.URL.Path] = append(p.bodies[r.URL.Path], string(b))
+			if p.bodies == nil {
+				p.bodies = map[string][]string{}
 			}
+			p.bodies[r.URL.Path] = append(p.bodies[r.URL.Path], string(b))
 			p.mu.Unlock()
 		}
 		if p.answer != nil && p.answer(w, r) {
@@ -58,6 +56,12 @@ func (p *pathLog) front(t *testing.T, engine string) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+func (p *pathLog) bodiesOf(path string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.bodies[path])
 }
 
 func (p *pathLog) seen() []string {
@@ -77,22 +81,29 @@ func sessionTurn(t *testing.T, s *Server, id, action string, p []int) uint64 {
 	if action == "open" {
 		sc["timeout"] = 60
 	}
-	b, _ := json.Marshal(map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 2, "nvext": map[string]any{"session_control": sc, "extra_fields": []string{"worker_id"}}})
-	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	status, body := postTo(t, s, "/v1/completions", map[string]any{"model": "kvrouter-mock", "prompt": p, "max_tokens": 2, "nvext": map[string]any{"session_control": sc, "extra_fields": []string{"worker_id"}}})
 	var out struct {
 		NVExt struct {
 			WorkerID uint64 `json:"worker_id"`
 		} `json:"nvext"`
 	}
-	if resp.StatusCode != 200 || json.Unmarshal(body, &out) != nil {
-		t.Fatalf("%s turn: %d %s", action, resp.StatusCode, body)
+	if status != 200 || json.Unmarshal(body, &out) != nil {
+		t.Fatalf("%s turn: %d %s", action, status, body)
 	}
 	return out.NVExt.WorkerID
+}
+
+// postTo posts v as JSON to the frontend's path and returns the answer.
+func postTo(t *testing.T, s *Server, path string, v any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(v)
+	resp, err := http.Post("http://"+s.Addr()+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
 }
 
 func TestSessionOpenAndCloseReachTheEngine(t *testing.T) {
@@ -114,10 +125,10 @@ func TestSessionOpenAndCloseReachTheEngine(t *testing.T) {
 		Capacity *int     `json:"capacity_of_str_len"`
 		Timeout  *float64 `json:"timeout"`
 	}
-	if err := json.Unmarshal([]byte(log.bodies["/open_session"][0]), &open); err != nil || open.ID != "conv-1" || open.Capacity == nil || open.Timeout == nil || *open.Timeout != 60 {
-		t.Fatalf("open_session body %s: want SGLang's, with the session's id and timeout", log.bodies["/open_session"][0])
+	if err := json.Unmarshal([]byte(log.bodiesOf("/open_session")[0]), &open); err != nil || open.ID != "conv-1" || open.Capacity == nil || open.Timeout == nil || *open.Timeout != 60 {
+		t.Fatalf("open_session body %s: want SGLang's, with the session's id and timeout", log.bodiesOf("/open_session")[0])
 	}
-	if got := log.bodies["/close_session"][0]; got != `{"session_id":"conv-1"}` {
+	if got := log.bodiesOf("/close_session")[0]; got != `{"session_id":"conv-1"}` {
 		t.Fatalf("close_session body %s", got)
 	}
 	// The engine itself opened and closed it: reopening succeeds.

@@ -196,6 +196,10 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	if !c.pdTried && raw != nil && c.disaggregated() {
 		c.pdTried = true
 		c.pd = c.prefillRemotely(req)
+		if c.pd == nil && c.f.cfg.Disagg.Enforce && c.localReason != localShortUncached && c.ctx.Err() == nil {
+			c.fail(c.refusedUndisaggregated())
+			return served, nil
+		}
 	}
 	if c.ctx.Err() != nil {
 		return unrouted, c.ctx.Err()

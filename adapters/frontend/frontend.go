@@ -376,6 +376,11 @@ type Config struct {
 	Outlier outlier.Config
 	// LoRA configures the serving and loading of LoRA adapters.
 	LoRA LoRA
+	// MinInitialWorkers, when > 0, holds routing (requests answered 503
+	// with Retry-After, /ready 503) until this many engines have been in
+	// routing at once, so that the first requests are not all sent to the
+	// first engine to come up (Dynamo's --router-min-initial-workers).
+	MinInitialWorkers int
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -416,6 +421,8 @@ type Frontend struct {
 	tokCheck *tokenizerCheck
 	loras    loraLoads
 	sessions engineSessions
+	// initialReached: MinInitialWorkers engines have been in routing.
+	initialReached atomic.Bool
 	// speculative holds a token per speculative prefill in flight.
 	speculative chan struct{}
 }

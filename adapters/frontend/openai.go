@@ -64,6 +64,7 @@ type call struct {
 	prefillTarget *kv.Worker
 	pdTried       bool
 	pd            *prefillResult
+	localReason   string // why the decode worker prefilled, when it did
 
 	// What the last engine did, for outlier detection: served the request
 	// well (an answer, or an error of the client's making), or failed it
@@ -114,6 +115,10 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		}
 	}()
 
+	if f.waitingForWorkers(w) {
+		c.status = "503"
+		return
+	}
 	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
 	if herr != nil {
 		c.fail(herr)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -20,6 +21,7 @@ type limitFlags struct {
 	maxSessions        int
 	maxSessionTimeout  float64
 	sessionAffinity    string
+	minInitialWorkers  int
 	maxThresholdModels int
 }
 
@@ -34,7 +36,16 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxSessions, "router-max-sessions", sched.DefaultMaxSessions, "live session pins (nvext.session_control) at once; a new session beyond is answered 429")
 	fs.Float64Var(&f.maxSessionTimeout, "router-max-session-timeout-secs", sched.DefaultMaxSessionTimeout.Seconds(), "longest session_control.timeout a request may ask for")
 	fs.StringVar(&f.sessionAffinity, "router-session-affinity-mode", string(sched.AffinityHard), "how firmly a session keeps its engine: hard (while the engine serves), soft (it moves when its engine is busy or carries over twice the least loaded engine's load plus the request's prompt)")
+	fs.IntVar(&f.minInitialWorkers, "router-min-initial-workers", 0, "hold routing (503 with Retry-After, /ready 503) until this many engines have been in routing at once; 0 = route from the first")
 	fs.IntVar(&f.maxThresholdModels, "busy-threshold-max-models", sched.DefaultMaxThresholdModels, "models POST /busy_threshold can hold thresholds for")
+}
+
+// check reports a bound out of range.
+func (f *limitFlags) check() error {
+	if f.minInitialWorkers < 0 {
+		return fmt.Errorf("--router-min-initial-workers must be at least 0, got %d", f.minInitialWorkers)
+	}
+	return nil
 }
 
 // applyRouter sets the router's session and threshold bounds.

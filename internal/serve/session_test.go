@@ -184,3 +184,28 @@ func TestAnEngineWithoutSessionsIsToldOnceAndTheRouterBinds(t *testing.T) {
 		t.Fatalf("%d warnings about engines without a session API, want one per engine asked:\n%s", n, logs.String())
 	}
 }
+
+func TestMinInitialWorkersHoldsRoutingUntilEnoughEngines(t *testing.T) {
+	a := engineFleet(t)
+	s, err := Start(t.Context(), Config{Router: router.DefaultConfig(), Workers: []WorkerSpec{spec(1, a)}, HealthInterval: 50 * time.Millisecond,
+		Addr: "127.0.0.1:0", MinInitialWorkers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	// The one engine joins routing, and still the router waits for two.
+	testwait.Until(t, 10*time.Second, "the engine to join routing", func() bool { return len(s.router.Workers()) == 1 })
+	status, body := postTo(t, s, "/v1/completions", map[string]any{"model": "kvrouter-mock", "prompt": prompt(0, 1, 32), "max_tokens": 2})
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "waiting_for_workers") {
+		t.Fatalf("a request before --router-min-initial-workers engines: %d %s, want 503 waiting_for_workers", status, body)
+	}
+	resp, err := http.Get("http://" + s.Addr() + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "min-initial-workers") {
+		t.Fatalf("/ready: %d %s, want 503 naming the wait", resp.StatusCode, b)
+	}
+}

@@ -47,6 +47,16 @@ type Disagg struct {
 	// tokens of is prefilled there, sparing a transfer that would cost
 	// more than the prefill it moves. 0 always disaggregates.
 	MinUncachedTokens int
+	// MaxUncachedRatio, when in (0, 1), also requires the uncached share
+	// of the prompt to be below it for a local prefill (Dynamo's
+	// --router-conditional-disagg-eff-isl-ratio-threshold); 0 or 1 does
+	// not.
+	MaxUncachedRatio float64
+	// Enforce fails a request (503) that no prefill worker could take
+	// (none, every one busy, a failed or timed-out prefill) instead of
+	// prefilling it on the decode worker (Dynamo's --enforce-disagg).
+	// Conditional disaggregation's local prefills still happen.
+	Enforce bool
 	// NoAssumeKVReuse routes decode as Dynamo does: with no cache credit
 	// and every prompt block counted as new on the decode worker. By
 	// default the blocks a decode worker already holds count for it, as
@@ -123,7 +133,7 @@ func (c *call) disaggregated() bool {
 // decode worker should prefill itself (the reason is counted).
 func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	f := c.f
-	if f.cfg.Router.ShortUncached(c.ctx, *req, f.cfg.Disagg.MinUncachedTokens) {
+	if c.shortUncached(req) {
 		c.local(localShortUncached)
 		return nil
 	}
@@ -195,7 +205,29 @@ var prefillFailure = map[string]string{
 }
 
 func (c *call) local(reason string) {
+	c.localReason = reason
 	c.f.dm.decisions.WithLabelValues(c.label, "local", reason).Inc()
+}
+
+// shortUncached is conditional disaggregation: whether the decode worker
+// lacks so little of req's prompt that it prefills it itself.
+func (c *call) shortUncached(req *router.Request) bool {
+	d := c.f.cfg.Disagg
+	if d.MinUncachedTokens <= 0 {
+		return false
+	}
+	n, ok := c.f.cfg.Router.Uncached(c.ctx, *req)
+	if !ok || n >= d.MinUncachedTokens {
+		return false
+	}
+	return d.MaxUncachedRatio <= 0 || d.MaxUncachedRatio >= 1 || len(req.Tokens) == 0 || float64(n)/float64(len(req.Tokens)) < d.MaxUncachedRatio
+}
+
+// refusedUndisaggregated is the answer, under Disagg.Enforce, to a
+// request no prefill worker took.
+func (c *call) refusedUndisaggregated() *httpError {
+	return newError(http.StatusServiceUnavailable, "server_error", "prefill_unavailable", "",
+		"no prefill worker could take the request (%s) and disaggregation is enforced", c.localReason)
 }
 
 // postPrefill sends the prefill request to wk and returns its answer's

@@ -403,3 +403,40 @@ func TestDisaggSessionPinsTheDecodeWorker(t *testing.T) {
 	}
 	e.idle.wait(t)
 }
+
+// --enforce-disagg: a request no prefill worker takes fails instead of
+// being prefilled on the decode worker; conditional disaggregation's
+// local prefills still happen.
+func TestEnforcedDisaggFailsWithoutAPrefill(t *testing.T) {
+	e := newEnv(t, envOpts{frontend: func(c *Config) { c.Disagg.Enforce, c.Disagg.MinUncachedTokens = true, 256 }})
+	seen := &seenBodies{}
+	e.fakeRole(1, router.RolePrefill, fakeVLLMPrefill(seen, http.StatusInternalServerError))
+	e.fakeRole(2, router.RoleDecode, fakeVLLMDecode(seen))
+	resp, body := e.post("/v1/completions", map[string]any{"model": "m", "prompt": tokens(1000, 1), "max_tokens": 5})
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "prefill_unavailable") {
+		t.Fatalf("a failed prefill under --enforce-disagg: %d %s, want 503 prefill_unavailable", resp.StatusCode, body)
+	}
+	if len(seen.decode) != 0 {
+		t.Fatalf("the decode worker got %d requests", len(seen.decode))
+	}
+	if resp, body := e.post("/v1/completions", map[string]any{"model": "m", "prompt": tokens(100, 2), "max_tokens": 5}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a short prompt, prefilled locally by choice: %d %s", resp.StatusCode, body)
+	}
+}
+
+// Dynamo's ratio threshold: a local prefill also needs the uncached share
+// of the prompt below it.
+func TestConditionalDisaggRatio(t *testing.T) {
+	e := newEnv(t, envOpts{frontend: func(c *Config) { c.Disagg.MinUncachedTokens, c.Disagg.MaxUncachedRatio = 256, 0.5 }})
+	seen := &seenBodies{}
+	e.fakeRole(1, router.RolePrefill, fakeVLLMPrefill(seen, http.StatusOK))
+	e.fakeRole(2, router.RoleDecode, fakeVLLMDecode(seen))
+	// 100 tokens, none cached: under 256 but all of the prompt.
+	if resp, body := e.post("/v1/completions", map[string]any{"model": "m", "prompt": tokens(100, 1), "max_tokens": 5}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	e.settle()
+	if len(seen.prefill) != 1 || e.decisions("local", localShortUncached) != 0 {
+		t.Fatalf("prefill requests %d, local %v: a wholly uncached prompt goes to the prefill worker under the ratio", len(seen.prefill), e.decisions("local", localShortUncached))
+	}
+}

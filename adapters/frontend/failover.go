@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // outcome is how one attempt on one engine ended.
@@ -195,6 +196,10 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 	if !c.pdTried && raw != nil && c.disaggregated() {
 		c.pdTried = true
 		c.pd = c.prefillRemotely(req)
+		if c.pd == nil && c.f.cfg.Disagg.Enforce && c.localReason != localShortUncached && c.ctx.Err() == nil {
+			c.fail(c.refusedUndisaggregated())
+			return served, nil
+		}
 	}
 	if c.ctx.Err() != nil {
 		return unrouted, c.ctx.Err()
@@ -233,7 +238,16 @@ func (c *call) attempt(req *router.Request, top map[string]json.RawMessage, raw 
 		c.fail(newError(http.StatusInternalServerError, "server_error", "internal", "", "re-encoding the request: %v", err))
 		return served, nil
 	}
-	return c.forward(body)
+	// The engine's session opens before the session's first request
+	// reaches it, and closes after the last one.
+	if s := req.Session; s != nil && s.Action == sched.SessionOpen {
+		c.engineSession(s)
+	}
+	res, err := c.forward(body)
+	if s := req.Session; s != nil && s.Action == sched.SessionClose {
+		c.engineSession(s)
+	}
+	return res, err
 }
 
 // routerOwned are the members of a client's request that no engine gets
@@ -296,9 +310,16 @@ func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]jso
 		}
 		next[k] = json.RawMessage(strconv.Itoa(n))
 	}
-	ctx := c.ctx
+	return c.withAnswer(c.ctx, next, rs.generated.String(), false)
+}
+
+// withAnswer extends the request next (a copy of the call's) by the
+// answer text: for chat, as an assistant message, left open for the
+// engine to continue (closed false) or closed as the chat template ends a
+// turn (closed true, the prefix of the next turn); for completions,
+// appended to the prompt. It returns next and the tokens to route it by.
+func (c *call) withAnswer(ctx context.Context, next map[string]json.RawMessage, text string, closed bool) (map[string]json.RawMessage, []uint32, []router.MMItem, error) {
 	serving := c.servingNow()
-	text := rs.generated.String()
 	if c.ep.kind == kindChat {
 		var msgs []json.RawMessage
 		if err := json.Unmarshal(c.top["messages"], &msgs); err != nil {
@@ -306,7 +327,7 @@ func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]jso
 		}
 		msg, _ := json.Marshal(map[string]string{"role": "assistant", "content": text})
 		next["messages"], _ = json.Marshal(append(msgs, msg))
-		next["continue_final_message"] = json.RawMessage("true")
+		next["continue_final_message"] = json.RawMessage(strconv.FormatBool(!closed))
 		next["add_generation_prompt"] = json.RawMessage("false")
 	} else {
 		ids, prefix, ok := singlePrompt(c.top["prompt"])
@@ -316,7 +337,7 @@ func (c *call) continuation(prompt []uint32, mm []router.MMItem) (map[string]jso
 		case prefix != nil:
 			next["prompt"], _ = json.Marshal(*prefix + text)
 		default:
-			// The stream carries text, not token ids: the engine's own
+			// The answer is text, not token ids: the engine's own
 			// tokenizer turns it back into ids.
 			payload, _ := json.Marshal(map[string]any{"model": c.model, "prompt": text, "add_special_tokens": false})
 			gen, herr := c.f.tokenize(ctx, serving, pieces{payload})

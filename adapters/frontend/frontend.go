@@ -152,8 +152,10 @@
 //
 //	backend_instance_id (alias decode_worker_id, header x-worker-instance-id), dp_rank → Request.Target
 //	prefill_worker_id, prefill_dp_rank → the prefill worker of a disaggregated request
-//	agent_hints {priority, osl}                                → Request.Priority, Request.OSL
-//	session_control {session_id, action, timeout (s)}          → Request.Session
+//	agent_hints {priority, strict_priority, osl}                → Request.Priority, StrictPriority, OSL
+//	session_control {session_id, action, timeout (s)}          → Request.Session; "open" and
+//	  "close" also call the engine's session API (SGLang's /open_session before the
+//	  request, /close_session after it); an engine answering 404 is bound in the router only
 //	token_data                                                  → the prompt's token ids
 //	router overrides → Request.Overrides, in the body's top-level router_config_override, at
 //	nvext's top level, in nvext.router_config_override or in nvext.agent_hints (the later
@@ -374,6 +376,11 @@ type Config struct {
 	Outlier outlier.Config
 	// LoRA configures the serving and loading of LoRA adapters.
 	LoRA LoRA
+	// MinInitialWorkers, when > 0, holds routing (requests answered 503
+	// with Retry-After, /ready 503) until this many engines have been in
+	// routing at once, so that the first requests are not all sent to the
+	// first engine to come up (Dynamo's --router-min-initial-workers).
+	MinInitialWorkers int
 }
 
 // DefaultMaxBookings is Config.MaxBookings' default.
@@ -413,6 +420,11 @@ type Frontend struct {
 	om       *outlierMetrics
 	tokCheck *tokenizerCheck
 	loras    loraLoads
+	sessions engineSessions
+	// initialReached: MinInitialWorkers engines have been in routing.
+	initialReached atomic.Bool
+	// speculative holds a token per speculative prefill in flight.
+	speculative chan struct{}
 }
 
 // New checks cfg and registers the metrics.
@@ -478,6 +490,7 @@ func New(cfg Config) (*Frontend, error) {
 		bookings: newBookings(cfg.MaxBookings),
 		aborted:  aborted, abort: abort,
 		outliers: outliers, om: om,
+		speculative: make(chan struct{}, maxSpeculative),
 	}
 	f.ui = newUI(f, cfg.UIDecisionsPerSecond)
 	return f, nil

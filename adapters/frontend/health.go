@@ -100,6 +100,9 @@ func (f *Frontend) notReady(ws []Worker, known map[uint64]bool) []string {
 	if len(routable) == 0 {
 		return append(reasons, "no engine in routing")
 	}
+	if !f.warmedUp(len(routable)) {
+		reasons = append(reasons, fmt.Sprintf("%d of the %d engines --router-min-initial-workers waits for are in routing", len(routable), f.cfg.MinInitialWorkers))
+	}
 	var models []string
 	if f.cfg.Models != nil {
 		models = f.cfg.Models()
@@ -233,4 +236,40 @@ func unroutable(ws []Worker, engines []EngineStatus) []EngineStatus {
 		}
 	}
 	return out
+}
+
+// warmedUp reports whether the fleet has reached MinInitialWorkers engines
+// in routing (routable now) since the start: once it has, engines that
+// leave later do not make the router wait again.
+func (f *Frontend) warmedUp(routable int) bool {
+	if f.initialReached.Load() || f.cfg.MinInitialWorkers <= 0 {
+		return true
+	}
+	if routable >= f.cfg.MinInitialWorkers {
+		f.initialReached.Store(true)
+		return true
+	}
+	return false
+}
+
+// waitingForWorkers answers a request that came before MinInitialWorkers
+// engines were in routing, or reports false when the router is past that.
+func (f *Frontend) waitingForWorkers(w http.ResponseWriter) bool {
+	if f.cfg.MinInitialWorkers <= 0 || f.initialReached.Load() {
+		return false
+	}
+	known := f.registered()
+	n := 0
+	for _, wk := range f.cfg.Workers() {
+		if known[wk.ID] {
+			n++
+		}
+	}
+	if f.warmedUp(n) {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "server_error", "waiting_for_workers", "",
+		"the router waits for %d engines before routing (--router-min-initial-workers); %d are in routing", f.cfg.MinInitialWorkers, n)
+	return true
 }

@@ -25,6 +25,7 @@ type frontendMetrics struct {
 	hitRate      *prometheus.HistogramVec
 	routing      *prometheus.HistogramVec
 	migrations   *prometheus.CounterVec
+	speculative  *prometheus.CounterVec
 	rejected     prometheus.Counter
 	tokenized    *prometheus.CounterVec
 	// refusedReads counts the reads answered 429 because as many of them
@@ -65,6 +66,10 @@ func newFrontendMetrics() *frontendMetrics {
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "model_migration_total",
 			Help: "Requests moved to another engine: new_request when the engine failed before answering, ongoing_request when its stream broke and was continued elsewhere.",
 		}, []string{"model", "migration_type"}),
+		speculative: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "speculative_prefills_total",
+			Help: "Next-turn prefixes prefilled after turns with agent_hints.speculative_prefill, by result: sent, skipped (engine busy or gone, or too many at once), failed.",
+		}, []string{"result"}),
 		tokenized: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "tokenize_total",
 			Help: "Text and chat prompts tokenized, by where: in_process (the model's own tokenizer) or engine (its /tokenize).",
@@ -83,5 +88,5 @@ func newFrontendMetrics() *frontendMetrics {
 }
 
 func (m *frontendMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.rejected, m.tokenized, m.refusedReads}
+	return []prometheus.Collector{m.requests, m.inflight, m.ttft, m.itl, m.duration, m.inputTokens, m.outputTokens, m.hitRate, m.routing, m.migrations, m.speculative, m.rejected, m.tokenized, m.refusedReads}
 }

@@ -113,11 +113,14 @@ type dynamoOnly struct {
 // (agent_hints.kv_overlap_score_credit).
 type agentHints struct {
 	overrideFields
-	Priority *float64 `json:"priority"`
-	OSL      *int     `json:"osl"`
+	Priority       *float64 `json:"priority"`
+	StrictPriority *uint32  `json:"strict_priority"`
+	OSL            *int     `json:"osl"`
+	// SpeculativePrefill prefills the next turn's prefix when the turn
+	// ends (speculate.go).
+	SpeculativePrefill *bool `json:"speculative_prefill"`
 	// Dynamo's, accepted without effect: kvrouter's queue orders by
-	// priority, and it does not prefill ahead of a turn.
-	SpeculativePrefill json.RawMessage `json:"speculative_prefill"`
+	// priority.
 	LatencySensitivity json.RawMessage `json:"latency_sensitivity"`
 }
 
@@ -142,6 +145,9 @@ type nvextInput struct {
 func requestNvext(top map[string]json.RawMessage, header http.Header, strict bool) nvextInput {
 	return nvextInput{nvext: top["nvext"], override: top["router_config_override"], header: header, strict: strict}
 }
+
+// SessionHeader is Dynamo's header naming a request's session.
+const SessionHeader = "X-Dynamo-Session-ID"
 
 // WarningHeader carries what the router did not understand of a request
 // it served anyway, e.g. `unknown nvext key "foo"`.
@@ -212,6 +218,9 @@ func parseNvext(in nvextInput, req *router.Request) (nvext, extras, []string, *h
 		if h.Priority != nil {
 			req.Priority = *h.Priority
 		}
+		if h.StrictPriority != nil {
+			req.StrictPriority = *h.StrictPriority
+		}
 		if h.OSL != nil {
 			if *h.OSL < 0 {
 				return n, extras{}, nil, badRequest("invalid_nvext", "nvext.agent_hints.osl", "nvext.agent_hints.osl must be ≥ 0, got %d", *h.OSL)
@@ -220,6 +229,16 @@ func parseNvext(in nvextInput, req *router.Request) (nvext, extras, []string, *h
 		}
 	}
 
+	// Dynamo's session header names the session when nvext does not; alone
+	// it binds the session to its first engine, as action "bind" does.
+	if h := header.Get(SessionHeader); h != "" {
+		switch {
+		case n.SessionControl == nil:
+			n.SessionControl = &sessionControl{SessionID: h, Action: string(sched.SessionBind)}
+		case n.SessionControl.SessionID == "":
+			n.SessionControl.SessionID = h
+		}
+	}
 	if s := n.SessionControl; s != nil {
 		if s.SessionID == "" {
 			return n, extras{}, nil, badRequest("invalid_nvext", "nvext.session_control.session_id", "nvext.session_control needs a session_id")

@@ -1,11 +1,15 @@
 package frontend
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // Dynamo's overrides take effect wherever Dynamo accepts them: an overlap
@@ -68,5 +72,53 @@ func TestUnknownNvextKeysWarnOrAreRefused(t *testing.T) {
 	resp, b = strict.post("/v1/completions", body)
 	if code := openAIError(t, resp, b, http.StatusBadRequest); code != "unknown_nvext_key" || !strings.Contains(string(b), `nvext.foo`) || !strings.Contains(string(b), "--strict-nvext") {
 		t.Errorf("strict: %s", b)
+	}
+}
+
+// Dynamo's X-Dynamo-Session-ID names the session when nvext does not.
+func TestSessionHeaderNamesTheSession(t *testing.T) {
+	for _, tc := range []struct {
+		name, nvext, header string
+		wantID              string
+		wantAction          sched.SessionAction
+	}{
+		{"header alone binds", ``, "h1", "h1", sched.SessionBind},
+		{"nvext's id wins", `{"session_control": {"session_id": "n1", "action": "open"}}`, "h1", "n1", sched.SessionOpen},
+		{"header fills nvext's missing id", `{"session_control": {"action": "close"}}`, "h1", "h1", sched.SessionClose},
+		{"neither", `{"agent_hints": {"priority": 1}}`, "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			if tc.header != "" {
+				h.Set(SessionHeader, tc.header)
+			}
+			var req router.Request
+			_, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(tc.nvext), header: h}, &req)
+			if herr != nil {
+				t.Fatal(herr)
+			}
+			switch {
+			case tc.wantID == "" && req.Session != nil:
+				t.Fatalf("a session %+v without any id given", req.Session)
+			case tc.wantID != "" && (req.Session == nil || req.Session.ID != tc.wantID || req.Session.Action != tc.wantAction):
+				t.Fatalf("session %+v, want id %q action %q", req.Session, tc.wantID, tc.wantAction)
+			}
+		})
+	}
+}
+
+func TestStrictPriorityIsReadAsTheQueueTier(t *testing.T) {
+	var req router.Request
+	if _, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(`{"agent_hints": {"strict_priority": 3, "priority": 1.5}}`)}, &req); herr != nil {
+		t.Fatal(herr)
+	}
+	if req.StrictPriority != 3 || req.Priority != 1.5 {
+		t.Fatalf("strict_priority %d, priority %v; want 3 and 1.5", req.StrictPriority, req.Priority)
+	}
+	for _, bad := range []string{`-1`, `1.5`, `"high"`} {
+		_, _, _, herr := parseNvext(nvextInput{nvext: json.RawMessage(`{"agent_hints": {"strict_priority": ` + bad + `}}`)}, &router.Request{})
+		if herr == nil || herr.status != http.StatusBadRequest || !strings.Contains(herr.Error(), "strict_priority") {
+			t.Errorf("strict_priority %s: %v, want a 400 naming the field", bad, herr)
+		}
 	}
 }

@@ -54,12 +54,17 @@ type call struct {
 	members  []member                   // and its members, in order
 	rs       *relay                     // the client's stream, once opened
 	streamed bool                       // the client asked for a stream
+	// speculative is agent_hints.speculative_prefill; answer is the
+	// non-streamed answer's text, for it.
+	speculative bool
+	answer      *string
 
 	// Disaggregated serving: the prefill pin (nvext.prefill_worker_id),
 	// whether the prefill was tried, and what it left for the decode.
 	prefillTarget *kv.Worker
 	pdTried       bool
 	pd            *prefillResult
+	localReason   string // why the decode worker prefilled, when it did
 
 	// What the last engine did, for outlier detection: served the request
 	// well (an answer, or an error of the client's making), or failed it
@@ -110,6 +115,10 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 		}
 	}()
 
+	if f.waitingForWorkers(w) {
+		c.status = "503"
+		return
+	}
 	body, herr := readBody(w, r, f.cfg.MaxBodyBytes)
 	if herr != nil {
 		c.fail(herr)
@@ -138,7 +147,24 @@ func (f *Frontend) serveOpenAI(w http.ResponseWriter, r *http.Request, ep endpoi
 	c.isl = len(req.Tokens)
 	c.top, c.body, c.members = p.top, body, p.members
 	c.streamed = string(bytes.TrimSpace(p.top["stream"])) == "true"
+	c.speculative = p.speculative
 	c.serve(&req)
+	if c.speculative && c.status == "200" {
+		if text, ok := c.answerText(); ok {
+			c.speculate(text)
+		}
+	}
+}
+
+// answerText is the text the call answered, when it is known whole.
+func (c *call) answerText() (string, bool) {
+	switch {
+	case c.answer != nil:
+		return *c.answer, true
+	case c.rs != nil && c.rs.track && c.rs.resumable && c.rs.finished:
+		return c.rs.generated.String(), true
+	}
+	return "", false
 }
 
 // parsed is an OpenAI request read, checked and tokenized: ready to route.
@@ -152,6 +178,7 @@ type parsed struct {
 	req               router.Request
 	ex                extras
 	warnings          []string
+	speculative       bool // agent_hints.speculative_prefill
 	prefillTarget     *kv.Worker
 	tokenize          time.Duration
 }
@@ -213,6 +240,7 @@ func (f *Frontend) parse(ctx context.Context, ep endpoint, header http.Header, a
 		return p, herr
 	}
 	p.ex, p.warnings = ex, warnings
+	p.speculative = n.AgentHints != nil && n.AgentHints.SpeculativePrefill != nil && *n.AgentHints.SpeculativePrefill
 	if n.PrefillWorkerID != nil {
 		p.prefillTarget = &kv.Worker{ID: *n.PrefillWorkerID}
 		if n.PrefillDPRank != nil {
@@ -350,6 +378,11 @@ func (c *call) whole(resp *http.Response) (outcome, error) {
 	}
 	c.f.cfg.Router.MarkPrefillCompleted(c.id)
 	data = withoutKVTransfer(data)
+	if c.speculative {
+		if text, ok := answerText(data); ok {
+			c.answer = &text
+		}
+	}
 	elapsed := time.Since(c.start)
 	if c.ex.any() {
 		ext := c.ex.build(&c.decision, c.pd, c.held(), elapsed, elapsed)
@@ -495,7 +528,7 @@ func (c *call) stream(resp *http.Response) (outcome, error) {
 		default:
 			return unanswered, fmt.Errorf("the stream ended before its first event: %w", err)
 		}
-		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0)
+		c.rs = newRelay(c.w, c.f.cfg.MigrationLimit > 0 || c.speculative)
 		copyHeaders(c.w.Header(), resp.Header)
 		c.w.WriteHeader(http.StatusOK)
 		// A stream lasts as long as the generation: no write timeout.

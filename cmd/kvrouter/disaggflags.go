@@ -13,6 +13,8 @@ import (
 // that have prefill workers; the rest are served aggregated.
 type disaggFlags struct {
 	minUncached    int
+	maxRatio       float64
+	enforce        bool
 	prefillTimeout time.Duration
 }
 
@@ -30,6 +32,10 @@ const defaultDisaggMinUncachedTokens = 512
 func (f *disaggFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.minUncached, "disagg-min-uncached-tokens", defaultDisaggMinUncachedTokens,
 		"conditional disaggregation: prefill on the decode worker itself when it lacks fewer than this many of the prompt's tokens; 0 = always on a prefill worker")
+	fs.Float64Var(&f.maxRatio, "router-conditional-disagg-eff-isl-ratio-threshold", 0,
+		"conditional disaggregation: also require the uncached share of the prompt below this, in (0, 1], for a local prefill; 0 = no ratio (Dynamo's 1.0)")
+	fs.BoolVar(&f.enforce, "enforce-disagg", false,
+		"answer 503 when no prefill worker can take a request of a disaggregated model (none, all busy, failed or timed out) instead of prefilling on the decode worker")
 	fs.DurationVar(&f.prefillTimeout, "disagg-prefill-timeout", frontend.DefaultPrefillTimeout,
 		"a prefill worker that has not answered within this long is given up and the decode worker prefills")
 }
@@ -43,5 +49,8 @@ func (f *disaggFlags) config(noAssumeReuse bool) (frontend.Disagg, error) {
 	if f.prefillTimeout <= 0 {
 		return frontend.Disagg{}, fmt.Errorf("--disagg-prefill-timeout must be positive, got %v", f.prefillTimeout)
 	}
-	return frontend.Disagg{MinUncachedTokens: f.minUncached, PrefillTimeout: f.prefillTimeout, NoAssumeKVReuse: noAssumeReuse}, nil
+	if !(f.maxRatio >= 0 && f.maxRatio <= 1) {
+		return frontend.Disagg{}, fmt.Errorf("--router-conditional-disagg-eff-isl-ratio-threshold must be in [0, 1], got %v", f.maxRatio)
+	}
+	return frontend.Disagg{MinUncachedTokens: f.minUncached, MaxUncachedRatio: f.maxRatio, Enforce: f.enforce, PrefillTimeout: f.prefillTimeout, NoAssumeKVReuse: noAssumeReuse}, nil
 }

@@ -52,6 +52,9 @@ var dynamoFlagAliases = []flagAlias{
 	// decode worker lacks fewer than this many tokens, as kvrouter's flag
 	// does (Dynamo also requires the uncached share below a ratio).
 	{name: "router-conditional-disagg-eff-isl-threshold", target: "disagg-min-uncached-tokens"},
+	// Falling back to the decode worker when no prefill worker can take a
+	// request is the opposite of enforcing disaggregation.
+	{name: "decode-fallback", target: "enforce-disagg", negated: true},
 }
 
 // envAlias is an environment variable Dynamo reads for kvrouter's flag

@@ -310,3 +310,32 @@ func TestDynamoConditionalDisaggFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestDynamoDisaggAndStartFlags(t *testing.T) {
+	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
+		for _, tc := range []struct{ args, flag, want string }{
+			{"--enforce-disagg", "enforce-disagg", "true"},
+			{"--decode-fallback", "enforce-disagg", "false"},
+			{"--decode-fallback=false", "enforce-disagg", "true"},
+			{"--router-conditional-disagg-eff-isl-ratio-threshold=0.25", "router-conditional-disagg-eff-isl-ratio-threshold", "0.25"},
+			{"--router-min-initial-workers=3", "router-min-initial-workers", "3"},
+			{"--router-session-affinity-mode=soft", "router-session-affinity-mode", "soft"},
+		} {
+			cmd, _, err := parsedCmd(t, newCmd, strings.Fields(tc.args)...)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.args, err)
+			}
+			if got := cmd.Flags().Lookup(tc.flag).Value.String(); got != tc.want {
+				t.Errorf("%s %s: --%s %s, want %s", cmd.Name(), tc.args, tc.flag, got, tc.want)
+			}
+		}
+	}
+	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5}
+	if _, err := d.config(false); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
+		t.Errorf("a ratio above 1: %v", err)
+	}
+	l := limitFlags{minInitialWorkers: -1}
+	if err := l.check(); err == nil || !strings.Contains(err.Error(), "min-initial-workers") {
+		t.Errorf("a negative minimum of workers: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -19,6 +20,8 @@ type limitFlags struct {
 	inflightBodyMB     int
 	maxSessions        int
 	maxSessionTimeout  float64
+	sessionAffinity    string
+	minInitialWorkers  int
 	maxThresholdModels int
 }
 
@@ -32,12 +35,23 @@ func (f *limitFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.http.MaxConnections, "http-max-connections", serve.DefaultMaxConnections, "client connections open at once; more are answered 503 with Retry-After; 0 = no limit")
 	fs.IntVar(&f.maxSessions, "router-max-sessions", sched.DefaultMaxSessions, "live session pins (nvext.session_control) at once; a new session beyond is answered 429")
 	fs.Float64Var(&f.maxSessionTimeout, "router-max-session-timeout-secs", sched.DefaultMaxSessionTimeout.Seconds(), "longest session_control.timeout a request may ask for")
+	fs.StringVar(&f.sessionAffinity, "router-session-affinity-mode", string(sched.AffinityHard), "how firmly a session keeps its engine: hard (while the engine serves), soft (it moves when its engine is busy or carries over twice the least loaded engine's load plus the request's prompt)")
+	fs.IntVar(&f.minInitialWorkers, "router-min-initial-workers", 0, "hold routing (503 with Retry-After, /ready 503) until this many engines have been in routing at once; 0 = route from the first")
 	fs.IntVar(&f.maxThresholdModels, "busy-threshold-max-models", sched.DefaultMaxThresholdModels, "models POST /busy_threshold can hold thresholds for")
+}
+
+// check reports a bound out of range.
+func (f *limitFlags) check() error {
+	if f.minInitialWorkers < 0 {
+		return fmt.Errorf("--router-min-initial-workers must be at least 0, got %d", f.minInitialWorkers)
+	}
+	return nil
 }
 
 // applyRouter sets the router's session and threshold bounds.
 func (f *limitFlags) applyRouter(cfg *router.Config) {
 	cfg.Sessions = sched.SessionLimits{MaxSessions: f.maxSessions, MaxTimeout: time.Duration(f.maxSessionTimeout * float64(time.Second))}
+	cfg.SessionAffinity = sched.SessionAffinity(f.sessionAffinity)
 	cfg.MaxThresholdModels = f.maxThresholdModels
 }
 

@@ -213,6 +213,7 @@ size's).`,
 	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")
 	f.BoolVar(&cfg.Sim.IgnoreCacheSalt, "ignore-cache-salt", false, "the router ignores requests' cache_salt and the salts in KV events (keys blocks by tokens alone); the engines still cache each salt apart")
 	f.BoolVar(&cfg.Sim.IgnoreLowerTiers, "ignore-lower-tiers", false, "the router never hears of the engines' host tier (--num-cpu-blocks): device overlaps only, as kvrouter before storage tiers; the engines still load their host hits")
+	f.BoolVar(&cfg.Sim.SpeculativePrefill, "speculative-prefill", false, "session turns carry agent_hints.speculative_prefill: when a turn ends, the router prefills the next turn's prefix (prompt and answer) on the same engine with one output token, booked as load")
 	f.Uint64Var(&cfg.Sim.Seed, "seed", cfg.Sim.Seed, "seed of the router's tie-breaks and of the synthetic workload")
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")

@@ -80,6 +80,9 @@ flags.`,
 			if err != nil {
 				return err
 			}
+			if err := lf.check(); err != nil {
+				return err
+			}
 			lf.applyRouter(&rcfg)
 			if err := hard.validate(); err != nil {
 				return err
@@ -163,7 +166,7 @@ flags.`,
 			}
 			defer stopAgents()
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, Tokenizers: tokenizers, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
+			s, err := serve.Start(ctx, serve.Config{Router: rcfg, Plane: pf.plane(nc), Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, MinInitialWorkers: lf.minInitialWorkers, Tokenizers: tokenizers, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll})
 			if err != nil {
 				return err
 			}

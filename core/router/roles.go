@@ -98,7 +98,18 @@ func (r *Router) ShortUncached(ctx context.Context, req Request, minUncached int
 	if minUncached <= 0 {
 		return false
 	}
+	n, ok := r.Uncached(ctx, req)
+	return ok && n < minUncached
+}
+
+// Uncached is how many of req's prompt tokens the decode worker it would
+// go to lacks; ok is false when no decode worker can take it. It only
+// asks: nothing is booked.
+func (r *Router) Uncached(ctx context.Context, req Request) (int, bool) {
 	req.ID, req.Prefill = "", false
 	d, err := r.BestWorker(ctx, &req)
-	return err == nil && len(req.Tokens)-d.OverlapBlocks*r.cfg.BlockSize < minUncached
+	if err != nil {
+		return 0, false
+	}
+	return len(req.Tokens) - d.OverlapBlocks*r.cfg.BlockSize, true
 }

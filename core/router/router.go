@@ -82,12 +82,13 @@ type Config struct {
 	TrackOutputBlocks bool          // --router-track-output-blocks
 	RequestTTL        time.Duration // active requests older than this expire
 
-	Sessions            sched.SessionLimits // --router-max-sessions, --router-max-session-timeout
-	MaxThresholdModels  int                 // models /busy_threshold holds; 0 = sched.DefaultMaxThresholdModels
-	Busy                sched.BusyThreshold // --active-decode-blocks-threshold, --active-prefill-tokens-threshold
-	QueueThreshold      *float64            // --router-queue-threshold; nil = no queue
-	QueuePolicy         sched.QueuePolicy   // --router-queue-policy
-	OverlapRefreshAfter time.Duration       // re-match queued requests older than this; 0 = never
+	Sessions            sched.SessionLimits   // --router-max-sessions, --router-max-session-timeout
+	SessionAffinity     sched.SessionAffinity // --router-session-affinity-mode; "" = hard
+	MaxThresholdModels  int                   // models /busy_threshold holds; 0 = sched.DefaultMaxThresholdModels
+	Busy                sched.BusyThreshold   // --active-decode-blocks-threshold, --active-prefill-tokens-threshold
+	QueueThreshold      *float64              // --router-queue-threshold; nil = no queue
+	QueuePolicy         sched.QueuePolicy     // --router-queue-policy
+	OverlapRefreshAfter time.Duration         // re-match queued requests older than this; 0 = never
 
 	// Now is the clock of expiry, sessions and queueing; nil = time.Now.
 	Now func() time.Time
@@ -147,10 +148,11 @@ type Request struct {
 	// hold part of an item are matched by its identifier too.
 	MM    []MMItem
 	Model string
-	// Priority and OSL are nvext.agent_hints.
-	Priority  float64
-	OSL       int
-	Overrides sched.Overrides
+	// Priority, StrictPriority and OSL are nvext.agent_hints.
+	Priority       float64
+	StrictPriority uint32
+	OSL            int
+	Overrides      sched.Overrides
 	// Target pins the request to a worker rank (nvext backend_instance_id,
 	// dp_rank); required in direct mode.
 	Target *kv.Worker
@@ -383,6 +385,13 @@ func New(cfg Config) (*Router, error) {
 	scheduler, err := sched.New(cfg.Mode, sessions)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.SessionAffinity != "" {
+		a, err := sched.ParseSessionAffinity(string(cfg.SessionAffinity))
+		if err != nil {
+			return nil, err
+		}
+		scheduler.SetSessionAffinity(a)
 	}
 	policy := cfg.QueuePolicy
 	if policy == "" {
@@ -901,7 +910,7 @@ func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Dec
 		return d, false, nil, err
 	}
 	uncached := max(1, len(req.Tokens)-p.cachedBlocks*r.cfg.BlockSize)
-	if err := r.queues.push(key, sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, UncachedTokens: uncached, Payload: p}); err != nil {
+	if err := r.queues.push(key, sched.QueueItem{ID: req.ID, Arrival: p.arrival, Priority: req.Priority, Tier: req.StrictPriority, UncachedTokens: uncached, Payload: p}); err != nil {
 		return Decision{}, false, nil, err
 	}
 	if fn == nil {

@@ -90,7 +90,11 @@ type QueueItem struct {
 	// Priority is agent_hints.priority; only its positive part counts, as a
 	// jump in seconds for fcfs/lcfs and as a weight for wspt, so a client
 	// cannot push others' requests back by asking for negative priority.
-	Priority       float64
+	Priority float64
+	// Tier is agent_hints.strict_priority: every waiting request of a
+	// higher tier is served before any of a lower one, whatever the
+	// policy; the policy orders requests within a tier.
+	Tier           uint32
 	UncachedTokens int // prompt tokens not cached anywhere, the prefill work
 	Payload        any
 }
@@ -205,6 +209,9 @@ type queueHeap []*queued
 func (h queueHeap) Len() int { return len(h) }
 
 func (h queueHeap) Less(i, j int) bool {
+	if h[i].item.Tier != h[j].item.Tier {
+		return h[i].item.Tier > h[j].item.Tier
+	}
 	if h[i].key != h[j].key {
 		return h[i].key > h[j].key
 	}

@@ -130,6 +130,46 @@ func TestQueuePriorityJump(t *testing.T) {
 	}
 }
 
+// A higher strict-priority tier goes first whatever the policy would say:
+// an old, short, high-priority request of a lower tier waits behind a new,
+// long one of a higher tier.
+func TestQueueStrictPriorityTiersPrecedeThePolicy(t *testing.T) {
+	items := []QueueItem{
+		{ID: "old-short-vip", Arrival: t0, UncachedTokens: 10, Priority: 100},
+		{ID: "tier2-late-long", Arrival: t0.Add(30 * time.Second), UncachedTokens: 5000, Tier: 2},
+		{ID: "tier1", Arrival: t0.Add(10 * time.Second), UncachedTokens: 100, Tier: 1},
+		{ID: "tier2-early-long", Arrival: t0.Add(20 * time.Second), UncachedTokens: 6000, Tier: 2},
+		{ID: "plain", Arrival: t0.Add(time.Second), UncachedTokens: 50},
+	}
+	for _, tc := range []struct {
+		policy QueuePolicy
+		want   []string
+	}{
+		{FCFS, []string{"tier2-early-long", "tier2-late-long", "tier1", "old-short-vip", "plain"}},
+		{LCFS, []string{"tier2-late-long", "tier2-early-long", "tier1", "old-short-vip", "plain"}},
+		{WSPT, []string{"tier2-late-long", "tier2-early-long", "tier1", "old-short-vip", "plain"}},
+	} {
+		q := mustQueue(t, tc.policy)
+		for _, it := range items {
+			if err := q.Push(it); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A newcomer of the top tier still goes ahead of lower tiers.
+		if err := q.Push(QueueItem{ID: "tier2-newest", Arrival: t0.Add(time.Minute), UncachedTokens: 1 << 20, Tier: 2}); err != nil {
+			t.Fatal(err)
+		}
+		got := drain(q)
+		if i := slices.Index(got, "tier2-newest"); i > 2 {
+			t.Errorf("%s: a top-tier newcomer served at position %d, behind lower tiers: %v", tc.policy, i, got)
+		}
+		got = slices.DeleteFunc(got, func(id string) bool { return id == "tier2-newest" })
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: order %v, want %v", tc.policy, got, tc.want)
+		}
+	}
+}
+
 func TestQueueRemove(t *testing.T) {
 	q := mustQueue(t, FCFS)
 	for i := range 10 {

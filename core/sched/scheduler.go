@@ -90,6 +90,7 @@ type Scheduler struct {
 	mode     Mode
 	policy   policy
 	sessions *Sessions
+	affinity SessionAffinity
 }
 
 // New returns a scheduler for mode. sessions may be nil, in which case
@@ -103,6 +104,10 @@ func New(mode Mode, sessions *Sessions) (*Scheduler, error) {
 	return &Scheduler{mode: mode, policy: mk(), sessions: sessions}, nil
 }
 
+// SetSessionAffinity sets how firmly sessions keep their worker; the
+// default is AffinityHard. Call it before the first Select.
+func (s *Scheduler) SetSessionAffinity(a SessionAffinity) { s.affinity = a }
+
 // Mode is the mode the scheduler was built for.
 func (s *Scheduler) Mode() Mode { return s.mode }
 
@@ -112,8 +117,9 @@ func (s *Scheduler) Mode() Mode { return s.mode }
 // thresholds, since the session's state lives on that worker); then the mode's policy over the workers that are not busy.
 //
 // Session pins are updated as the actions say. A pin to a worker that has
-// gone is ignored and, unless the action is close, moved to the new choice
-// so the session stays sticky from then on.
+// gone (or, with AffinitySoft, is much busier) is ignored and, unless the
+// action is close, moved to the new choice so the session stays sticky
+// from then on.
 func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, error) {
 	if req.BlockSize <= 0 || req.ISL < 0 {
 		return Choice{}, fmt.Errorf("%w: block size %d, isl %d", ErrInvalidRequest, req.BlockSize, req.ISL)
@@ -145,7 +151,7 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 			return Choice{}, err
 		}
 		if w, ok := s.sessions.Lookup(sess.ID, req.Now); ok {
-			if i := indexOf(cands, w); i >= 0 {
+			if i := indexOf(cands, w); i >= 0 && (s.affinity != AffinitySoft || !MuchBusier(req, cands, i)) {
 				if sess.Action == SessionClose {
 					s.sessions.Unbind(sess.ID)
 				}

@@ -3,6 +3,8 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +85,55 @@ func ParseSessionAction(s string) (SessionAction, error) {
 		return a, nil
 	}
 	return "", fmt.Errorf("sched: unknown session action %q (valid: open, bind, close)", s)
+}
+
+// SessionAffinity is how firmly a session keeps its worker
+// (--router-session-affinity-mode).
+type SessionAffinity string
+
+const (
+	// AffinityHard keeps a session on its worker while the worker is
+	// among the candidates, busy or not: the session's state lives there.
+	AffinityHard SessionAffinity = "hard"
+	// AffinitySoft lets the binding give way, and move to the worker the
+	// policy chooses, when its worker is gone or much busier (see
+	// MuchBusier).
+	AffinitySoft SessionAffinity = "soft"
+)
+
+// ParseSessionAffinity reads --router-session-affinity-mode.
+func ParseSessionAffinity(s string) (SessionAffinity, error) {
+	switch a := SessionAffinity(strings.ToLower(strings.TrimSpace(s))); a {
+	case AffinityHard, AffinitySoft:
+		return a, nil
+	}
+	return "", fmt.Errorf("sched: unknown session affinity mode %q (valid: hard, soft)", s)
+}
+
+// MuchBusierFactor is how many times the least loaded candidate's load a
+// soft binding's worker may carry (beyond the request's own prompt)
+// before the binding gives way.
+const MuchBusierFactor = 2
+
+// MuchBusier reports whether cands[i], a soft binding's worker, is much
+// busier than the fleet: busy by the thresholds, or carrying a load
+// (prompt tokens awaiting prefill, in blocks, plus active decode blocks)
+// above MuchBusierFactor × the least loaded candidate's plus the
+// request's prompt blocks. The prompt term is what moving costs at most
+// (the new worker prefills the prompt anew), so a binding never gives way
+// for a difference smaller than the work it would throw away, and at low
+// load it holds.
+func MuchBusier(req *Request, cands []Candidate, i int) bool {
+	if req.Busy.Busy(&cands[i]) {
+		return true
+	}
+	bs := float64(req.BlockSize)
+	load := func(c *Candidate) float64 { return float64(c.ActivePrefillTokens)/bs + c.ActiveDecodeBlocks }
+	least := load(&cands[0])
+	for j := 1; j < len(cands); j++ {
+		least = min(least, load(&cands[j]))
+	}
+	return load(&cands[i]) > MuchBusierFactor*least+math.Ceil(float64(req.ISL)/bs)
 }
 
 // SessionControl is a request's session_control.

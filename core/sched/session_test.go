@@ -198,3 +198,69 @@ func TestSessionLimits(t *testing.T) {
 		t.Fatalf("Len = %d after the sweep, want 1", sessions.Len())
 	}
 }
+
+func TestSessionAffinityModes(t *testing.T) {
+	// Worker 1 holds the session; the request's prompt is 4 blocks, so a
+	// soft binding gives way above 2 × the least load + 4 blocks.
+	for _, tc := range []struct {
+		name        string
+		mode        SessionAffinity
+		pinned      float64 // active decode blocks of the session's worker
+		other       float64 // and of the other worker
+		prefill     int     // prompt tokens awaiting prefill on the session's worker
+		busy        BusyThreshold
+		gone        bool // the session's worker left
+		want        uint64
+		viaSession  bool
+		pinnedAfter uint64
+	}{
+		{name: "hard holds a much busier worker", mode: AffinityHard, pinned: 100, want: 1, viaSession: true, pinnedAfter: 1},
+		{name: "hard holds a busy worker", mode: AffinityHard, prefill: 99, busy: BusyThreshold{ActivePrefillTokens: n(10)}, want: 1, viaSession: true, pinnedAfter: 1},
+		{name: "the default is hard", pinned: 100, want: 1, viaSession: true, pinnedAfter: 1},
+		{name: "soft gives way to a much busier worker", mode: AffinitySoft, pinned: 100, want: 2, pinnedAfter: 2},
+		{name: "soft holds at low load", mode: AffinitySoft, pinned: 4, want: 1, viaSession: true, pinnedAfter: 1},
+		{name: "soft holds at the bound", mode: AffinitySoft, pinned: 10, other: 3, want: 1, viaSession: true, pinnedAfter: 1},
+		{name: "soft gives way past the bound", mode: AffinitySoft, pinned: 11, other: 3, want: 2, pinnedAfter: 2},
+		{name: "prompt tokens count as load", mode: AffinitySoft, prefill: 16 * 11, other: 3, want: 2, pinnedAfter: 2},
+		{name: "soft gives way to a busy worker", mode: AffinitySoft, prefill: 20, busy: BusyThreshold{ActivePrefillTokens: n(10)}, want: 2, pinnedAfter: 2},
+		{name: "hard moves from a worker gone", mode: AffinityHard, gone: true, want: 2, pinnedAfter: 2},
+		{name: "soft moves from a worker gone", mode: AffinitySoft, gone: true, want: 2, pinnedAfter: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sessions := NewSessions(SessionLimits{})
+			s := mustNew(t, ModeKV, sessions)
+			if tc.mode != "" {
+				s.SetSessionAffinity(tc.mode)
+			}
+			sessions.Bind("s", worker(1), time.Minute, t0)
+			cands := withCosts(tc.pinned+float64(tc.prefill)/16+1, tc.other) // the policy prefers worker 2
+			cands[0].ActiveDecodeBlocks, cands[1].ActiveDecodeBlocks = tc.pinned, tc.other
+			cands[0].ActivePrefillTokens = tc.prefill
+			if tc.gone {
+				cands = cands[1:]
+			}
+			ch, err := s.Select(&Request{ISL: 64, BlockSize: 16, Params: costOnly, Busy: tc.busy, Now: t0,
+				Session: &SessionControl{ID: "s", Action: SessionUse}}, cands, rand.New(rand.NewPCG(1, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.Worker != worker(tc.want) || (ch.Via == ViaSession) != tc.viaSession {
+				t.Fatalf("chose %v via %v, want worker %d (via session: %v)", ch.Worker, ch.Via, tc.want, tc.viaSession)
+			}
+			if w, ok := sessions.Lookup("s", t0); !ok || w != worker(tc.pinnedAfter) {
+				t.Fatalf("the session is bound to %v (%v) after, want worker %d", w, ok, tc.pinnedAfter)
+			}
+		})
+	}
+}
+
+func TestParseSessionAffinity(t *testing.T) {
+	for in, want := range map[string]SessionAffinity{"hard": AffinityHard, " Soft ": AffinitySoft} {
+		if got, err := ParseSessionAffinity(in); err != nil || got != want {
+			t.Errorf("%q: %v %v", in, got, err)
+		}
+	}
+	if _, err := ParseSessionAffinity("sticky"); err == nil || !strings.Contains(err.Error(), "hard, soft") {
+		t.Errorf("an unknown mode: %v", err)
+	}
+}

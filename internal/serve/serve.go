@@ -101,6 +101,9 @@ type Config struct {
 	Access Access
 	// Disagg configures disaggregated prefill/decode serving.
 	Disagg frontend.Disagg
+	// MinInitialWorkers holds routing until this many engines have been
+	// in routing at once (--router-min-initial-workers); 0 = none.
+	MinInitialWorkers int
 	// Tokenizers are the in-process tokenizers by model; the one under ""
 	// serves every model without its own. A model without one is
 	// tokenized by its engines' /tokenize, unless an engine announces one
@@ -337,7 +340,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		MigrationLimit: cfg.MigrationLimit, EngineRefused: s.engineRefused,
 		MaxBodyBytes: cfg.HTTP.MaxBodyBytes, MaxConcurrentRequests: cfg.HTTP.MaxConcurrentRequests, WriteTimeout: cfg.HTTP.WriteTimeout,
 		MaxInflightBodyBytes: cfg.HTTP.MaxInflightBodyBytes, MaxBookings: cfg.MaxBookings, StrictNvext: cfg.StrictNvext, DynamoMetricNames: cfg.DynamoMetricNames,
-		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg,
+		AfterBurst: newReclaimer(10 * time.Second).request, Disagg: cfg.Disagg, MinInitialWorkers: cfg.MinInitialWorkers,
 		Tokenizer: s.toks.of, MMPlaceholders: cfg.MMPlaceholders,
 		Engines: s.engineStatuses, SetDrained: s.setDrained,
 		HeaderTimeout: cfg.EngineHeaderTimeout, ResponseTimeout: cfg.EngineResponseTimeout, Outlier: cfg.Outlier,

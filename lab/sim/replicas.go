@@ -97,12 +97,16 @@ type lastDecision struct{ rec router.DecisionRecord }
 func (t *lastDecision) Want() bool                     { return true }
 func (t *lastDecision) Record(r router.DecisionRecord) { t.rec = r }
 
-func (c Replicas) validate(d Disagg) error {
+func (c Replicas) validate(d Disagg, speculative bool) error {
 	switch {
 	case c.Count < 0:
 		return fmt.Errorf("sim: %d router replicas", c.Count)
 	case c.Count > 1 && d.Enabled():
 		return errors.New("sim: router replicas are simulated on aggregated fleets only")
+	case c.Count > 1 && speculative:
+		// A speculative prefill is booked by the replica that routed the
+		// turn; the sim books it on replica 0 alone.
+		return errors.New("sim: router replicas are not simulated with --speculative-prefill")
 	case c.SyncDelay < 0:
 		return fmt.Errorf("sim: negative replica sync delay %v", c.SyncDelay)
 	}
@@ -114,7 +118,7 @@ func (c Replicas) validate(d Disagg) error {
 // processes do; replica 0's is a single router's.
 func (s *sim) newReplicas(rcfg router.Config) error {
 	c := s.cfg.Replicas
-	if err := c.validate(s.cfg.Disagg); err != nil {
+	if err := c.validate(s.cfg.Disagg, s.cfg.SpeculativePrefill); err != nil {
 		return err
 	}
 	s.routers = []*router.Router{s.r}

@@ -35,6 +35,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
@@ -98,6 +99,12 @@ type Config struct {
 	// Replicas routes with several router replicas and measures their
 	// decisions against a single router's (--router-replicas).
 	Replicas Replicas
+	// SpeculativePrefill models agents that set
+	// agent_hints.speculative_prefill: when a session's turn ends, the
+	// router prefills the next turn's prefix (the turn's prompt and its
+	// answer) on the same engine with one output token, booked as any
+	// request, while the tool runs (aggregated fleets).
+	SpeculativePrefill bool
 }
 
 // engineConfig is engine i's configuration.
@@ -266,8 +273,14 @@ type Point struct {
 	Requests   int         `json:"requests"`
 	Errors     int         `json:"errors"`
 	TTFT       replay.Dist `json:"ttft_ms"`
-	ITL        replay.Dist `json:"itl_ms"`
-	E2E        replay.Dist `json:"e2e_ms"`
+	// NextTurnTTFT is the TTFT of the session turns that follow another
+	// (closed-loop sessions only): the turns a speculative prefill serves.
+	NextTurnTTFT *replay.Dist `json:"next_turn_ttft_ms,omitempty"`
+	// SpeculativePrefills counts the prefills Config.SpeculativePrefill
+	// sent.
+	SpeculativePrefills int         `json:"speculative_prefills,omitempty"`
+	ITL                 replay.Dist `json:"itl_ms"`
+	E2E                 replay.Dist `json:"e2e_ms"`
 	// HitRate is cached prompt tokens / prompt tokens, as the engines
 	// counted them (replay's prefix_hit_rate).
 	HitRate float64 `json:"hit_rate"`
@@ -478,6 +491,7 @@ type reqState struct {
 	// engine (aggregated fleets).
 	credited         int32
 	finished, failed bool
+	worker           kv.Worker // the rank that served it
 }
 
 // gapRun is n inter-token gaps of the same length.
@@ -546,6 +560,14 @@ type sim struct {
 	errors   int
 	firstErr error
 	tally    engineTally
+	// specHeld are the speculative prefills the router's queue holds, by
+	// the request whose end sent them; specSent counts those started.
+	specHeld map[int][]uint32
+	specSent int
+	// specPrompt and specMissed count the speculative prefills' prompt
+	// tokens, and those the engines did not find cached.
+	specPrompt map[string]int
+	specMissed int64
 }
 
 type dispatch struct {
@@ -557,10 +579,15 @@ type dispatch struct {
 
 // What a dispatched booking was for.
 const (
-	dispAggregated uint8 = iota // prefill and decode on one engine
-	dispPrefill                 // a disaggregated request's prefill
-	dispDecode                  // its decode, after the prefill
+	dispAggregated  uint8 = iota // prefill and decode on one engine
+	dispPrefill                  // a disaggregated request's prefill
+	dispDecode                   // its decode, after the prefill
+	dispSpeculative              // a speculative prefill after request id ended
 )
+
+// specPrefix starts the ids of speculative prefills: they are not
+// requests of the workload, and the figures do not count them.
+const specPrefix = "spec-"
 
 // maxZeroSteps bounds an engine's steps in a row that take no time (every
 // running request preempted): beyond, the engine cannot progress and the
@@ -815,6 +842,7 @@ func (s *sim) engineOf(w kv.Worker) int { return (int(w.ID)-1)*s.dp + int(w.DPRa
 
 // start hands a routed request to its engine.
 func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
+	s.reqs[i].worker = w
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts}); err != nil {
@@ -862,6 +890,13 @@ func (s *sim) flushDispatched() error {
 			case dispDecode:
 				s.decodeRouted(d.id, d.d, d.err)
 				continue
+			case dispSpeculative:
+				tokens := s.specHeld[d.id]
+				delete(s.specHeld, d.id)
+				if d.err == nil {
+					s.startSpeculative(d.id, d.d.Worker, tokens)
+				}
+				continue
 			}
 			req := s.held[d.id]
 			delete(s.held, d.id)
@@ -897,6 +932,17 @@ func (s *sim) stepDone(e int) error {
 		}
 	}
 	for _, o := range res.Outputs {
+		if strings.HasPrefix(o.ID, specPrefix) {
+			if o.Index == 0 {
+				s.r.MarkPrefillCompleted(o.ID)
+				s.specMissed += int64(s.specPrompt[o.ID] - o.CachedTokens)
+				delete(s.specPrompt, o.ID)
+			}
+			if o.Finished {
+				s.r.Free(o.ID)
+			}
+			continue
+		}
 		i, err := strconv.Atoi(o.ID)
 		if err != nil {
 			return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
@@ -924,6 +970,7 @@ func (s *sim) stepDone(e int) error {
 			s.remaining--
 			s.release(i)
 			s.free(i, o.ID)
+			s.speculate(i)
 		}
 	}
 	if err := s.flushDispatched(); err != nil {
@@ -949,6 +996,47 @@ func (s *sim) stepDone(e int) error {
 	}
 	s.step(e)
 	return nil
+}
+
+// speculate sends, when request i of a session ended and a turn follows
+// it, the next turn's predicted prefix (i's prompt and its answer, which
+// the workload's next prompt starts with) to i's engine with one output
+// token, booked with the router (SimConfig.SpeculativePrefill).
+func (s *sim) speculate(i int) {
+	if !s.cfg.SpeculativePrefill || s.pd != nil || s.after == nil || s.after[i] < 0 {
+		return
+	}
+	cur, next := s.w.Request(i), s.w.Request(int(s.after[i]))
+	n := min(len(cur.Tokens)+cur.OSL, len(next.Tokens))
+	tokens := next.Tokens[:n:n]
+	w := s.reqs[i].worker
+	id := specPrefix + strconv.Itoa(i)
+	d, queued, err := s.r.Submit(&router.Request{ID: id, Tokens: tokens, OSL: 1, CacheSalt: s.salt(&next), Target: &w}, s.onDispatch(i, dispSpeculative))
+	switch {
+	case err != nil: // the engine is busy or gone: no prefill
+	case queued:
+		if s.specHeld == nil {
+			s.specHeld = map[int][]uint32{}
+		}
+		s.specHeld[i] = tokens
+	default:
+		s.startSpeculative(i, d.Worker, tokens)
+	}
+}
+
+func (s *sim) startSpeculative(i int, w kv.Worker, tokens []uint32) {
+	e := s.engineOf(w)
+	id := specPrefix + strconv.Itoa(i)
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: tokens, MaxTokens: 1}); err != nil {
+		s.r.Free(id)
+		return
+	}
+	s.specSent++
+	if s.specPrompt == nil {
+		s.specPrompt = map[string]int{}
+	}
+	s.specPrompt[id] = len(tokens)
+	s.wake(e)
 }
 
 // measured reports whether the run's figures count rs.
@@ -1039,6 +1127,7 @@ func (s *sim) point() Point {
 	}
 	ttft := make([]float64, 0, len(s.reqs))
 	e2e := make([]float64, 0, len(s.reqs))
+	var nextTTFT []float64
 	var prompt, cached, end int64
 	for i := range s.reqs {
 		rs := &s.reqs[i]
@@ -1050,6 +1139,9 @@ func (s *sim) point() Point {
 			continue
 		}
 		ttft = append(ttft, float64(rs.first-rs.arrival)/1e6)
+		if s.waits != nil && s.waits[i] {
+			nextTTFT = append(nextTTFT, float64(rs.first-rs.arrival)/1e6)
+		}
 		e2e = append(e2e, float64(rs.done-rs.arrival)/1e6)
 		prompt += int64(rs.prompt)
 		if s.pd == nil {
@@ -1080,6 +1172,11 @@ func (s *sim) point() Point {
 		}
 	}
 	p.TTFT, p.E2E = replay.DistOf(ttft), replay.DistOf(e2e)
+	if len(nextTTFT) > 0 {
+		d := replay.DistOf(nextTTFT)
+		p.NextTurnTTFT = &d
+	}
+	p.SpeculativePrefills = s.specSent
 	s.flushGaps()
 	runs := make([]gapRun, 0, len(s.gaps))
 	for q, n := range s.gaps {

@@ -54,6 +54,8 @@ func TestConservation(t *testing.T) {
 		{"data-parallel ranks", "kv", 2, func(c *Config) { c.Workers, c.DPSize = 2, 2 }, false},
 		{"closed-loop agent sessions", "kv", 8, nil, true},
 		{"closed-loop sessions through the queue", "kv", 1024, func(c *Config) { c.Router.QueueThreshold = &tight }, true},
+		{"speculative prefill", "kv", 8, func(c *Config) { c.SpeculativePrefill = true }, true},
+		{"speculative prefill through the queue", "kv", 1024, func(c *Config) { c.SpeculativePrefill, c.Router.QueueThreshold = true, &tight }, true},
 	}
 	syn := synthetic(t, 240)
 	ac := workload.DefaultAgenticConfig()
@@ -88,6 +90,9 @@ func TestConservation(t *testing.T) {
 			if s.errors != 0 || len(s.held) != 0 {
 				t.Fatalf("%d errors (%v), %d still queued", s.errors, s.firstErr, len(s.held))
 			}
+			if cfg.SpeculativePrefill && (s.specSent == 0 || len(s.specHeld) != 0) {
+				t.Fatalf("%d speculative prefills sent, %d still queued", s.specSent, len(s.specHeld))
+			}
 			for _, l := range s.r.Loads() {
 				if l.ActiveRequests != 0 || l.ActiveDecodeBlocks != 0 || l.ActivePrefillTokens != 0 {
 					t.Fatalf("load left on %v: %+v", l.Worker, l)
@@ -107,7 +112,7 @@ func TestConservation(t *testing.T) {
 			// prefilled exactly once (no preemption here), and each
 			// request decoded all but its first token.
 			p := s.point()
-			var missed, decoded int64
+			missed, decoded := s.specMissed, int64(0) // speculative prefills decode nothing after their first token
 			for i := range s.reqs {
 				missed += int64(s.reqs[i].prompt - s.reqs[i].cached)
 				decoded += int64(w.Request(i).OSL - 1)

@@ -80,6 +80,7 @@ type Server struct {
 	// request then falls back to a local prefill.
 	pullClient *http.Client
 	loras      loras
+	sessions   sessions
 }
 
 // MustRegister adds collectors to the engine's /metrics.
@@ -123,6 +124,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /role", s.role)
 	mux.HandleFunc("POST /v1/load_lora_adapter", s.loadLoRA)
 	mux.HandleFunc("POST /v1/unload_lora_adapter", s.unloadLoRA)
+	// SGLang's session API (it also answers GET, with the body as JSON).
+	for _, m := range []string{"GET", "POST"} {
+		mux.HandleFunc(m+" /open_session", s.openSession)
+		mux.HandleFunc(m+" /close_session", s.closeSession)
+	}
 	return mux
 }
 

@@ -57,6 +57,8 @@ func newServerMetrics(s *Server) serverMetrics {
 	gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", func() float64 {
 		return sum(func(r *Runner) float64 { return r.Metrics().KVUsage })() / float64(len(s.ranks))
 	})
+	gauge("kvrouter_mocker_open_sessions", "Engine sessions open (SGLang's /open_session).", func() float64 { return float64(s.sessions.count()) })
+	counterFunc("kvrouter_mocker_sessions_opened_total", "Engine sessions opened (SGLang's /open_session).", func() float64 { return float64(s.sessions.opened()) })
 	counterFunc("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixQueries) }))
 	counterFunc("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", sum(func(r *Runner) float64 { return float64(r.Metrics().PrefixHits) }))
 	counterFunc("kvrouter_mocker_prefix_cache_loaded_queries", "The part of vllm:prefix_cache_queries due to requests whose KV a decode engine pulled.", sum(func(r *Runner) float64 { return float64(r.Metrics().LoadedQueries) }))

@@ -19,11 +19,16 @@ import (
 //
 //	ttft = a + b × (uncached + waiting) + c × cached + d × running
 //
-// so b is the worker's seconds per prefilled token, and it predicts each
+// so b is the worker's seconds per prefilled token, and it predicts a
 // request's own prefill, a + b × uncached + c × cached + d × running. A
-// worker's prompt backlog is then time, not tokens: the predictions of its
-// requests awaiting their first token, the oldest one's decaying as time
-// passes since it became the oldest, as Dynamo's AIC model decays it.
+// worker's prompt backlog is then time, not tokens: b × uncached of each
+// of its requests awaiting their first token, the oldest one's decaying as
+// time passes since it became the oldest, as Dynamo's AIC model decays it.
+// The backlog leaves out each pending request's a and d × running:
+// prompts queued together share their steps, whose fixed cost and decode
+// are paid once a step, not once a request (counting them per request
+// cost 5 % of p90 TTFT on a fleet of half-speed engines, see
+// docs/benchmarks.md).
 // Times are the caller's (an injected clock); it is safe for concurrent
 // use.
 type PrefillModel struct {
@@ -62,11 +67,13 @@ type prefillWorker struct {
 }
 
 type prefillReq struct {
-	id        string
-	w         kv.Worker
-	start     time.Time
-	x         [prefillFeatures]float64
-	predicted float64 // seconds of its own prefill, as predicted at start
+	id    string
+	w     kv.Worker
+	start time.Time
+	x     [prefillFeatures]float64
+	// predicted is b × its uncached tokens, in seconds, as fitted at start:
+	// its share of the worker's backlog.
+	predicted float64
 }
 
 // NewPrefillModel returns an empty model: every worker unfitted.
@@ -85,13 +92,6 @@ func (s PrefillSample) features() [prefillFeatures]float64 {
 	return [prefillFeatures]float64{1, float64(s.Uncached+s.Waiting) / tokenUnit, float64(s.Cached) / tokenUnit, float64(s.Running)}
 }
 
-// own is the request's own part of the features: what it costs once the
-// tokens waiting ahead of it are done.
-func (s PrefillSample) own() [prefillFeatures]float64 {
-	s.Waiting = 0
-	return s.features()
-}
-
 // Start records that id was sent to w at now. A second Start of an id
 // replaces the first.
 func (m *PrefillModel) Start(id string, w kv.Worker, now time.Time, s PrefillSample) {
@@ -108,7 +108,9 @@ func (m *PrefillModel) Start(id string, w kv.Worker, now time.Time, s PrefillSam
 		return
 	}
 	q := &prefillReq{id: id, w: w, start: now, x: s.features()}
-	q.predicted = pw.predict(m.fallback(pw), s.own())
+	if coef := m.fallback(pw); coef != nil {
+		q.predicted = max(coef[1]*float64(s.Uncached)/tokenUnit, 0)
+	}
 	if len(pw.active) == 0 {
 		pw.anchor = now
 	}
@@ -208,17 +210,6 @@ func (m *PrefillModel) fallback(pw *prefillWorker) *[prefillFeatures]float64 {
 }
 
 func (pw *prefillWorker) fitted() bool { return pw.samples >= minFitSamples && pw.coef[1] > 0 }
-
-func (pw *prefillWorker) predict(coef *[prefillFeatures]float64, x [prefillFeatures]float64) float64 {
-	if coef == nil {
-		return 0
-	}
-	var y float64
-	for i := range x {
-		y += coef[i] * x[i]
-	}
-	return max(y, 0)
-}
 
 func (pw *prefillWorker) observe(x [prefillFeatures]float64, y float64) {
 	for i := range x {

@@ -94,3 +94,27 @@ func TestPrefillBacklogDecaysTheOldest(t *testing.T) {
 		t.Error("a removed worker's request still pending")
 	}
 }
+
+// The backlog counts a pending request's uncached tokens at the learned
+// rate, not its step's fixed cost nor the batch it ran beside: prompts
+// queued together share those.
+func TestPrefillBacklogLeavesOutFixedCosts(t *testing.T) {
+	m := NewPrefillModel()
+	w := kv.Worker{ID: 1}
+	t0 := time.Unix(100, 0)
+	// Train: 200 ms a prefill, 1 ms per token, 10 ms per running request.
+	for i := range 60 {
+		s := PrefillSample{Uncached: 1000 + 37*i, Running: i % 5}
+		id := "train" + time.Duration(i).String()
+		m.Start(id, w, t0, s)
+		m.Done(id, t0.Add(time.Duration(200+s.Uncached+10*s.Running)*time.Millisecond))
+	}
+	if e := m.Estimate(w, t0, 0, 4); math.Abs(e.Fixed-0.24) > 0.005 {
+		t.Fatalf("fit %+v, want fixed 0.24 s", e)
+	}
+	m.Start("a", w, t0, PrefillSample{Uncached: 2000, Running: 4})
+	m.Start("b", w, t0, PrefillSample{Uncached: 3000, Running: 4})
+	if got := m.Estimate(w, t0, 0, 4).Backlog; math.Abs(got-5) > 0.01 {
+		t.Errorf("backlog %v s, want 2 + 3 (their tokens at 1 ms each)", got)
+	}
+}

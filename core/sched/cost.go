@@ -151,6 +151,9 @@ type Lightest struct {
 	Requests      int     // fewest active requests
 	// SecondsPerToken is the fastest learned prefill, 0 without one.
 	SecondsPerToken float64
+	// MostKVBlocks is the largest candidate's KV blocks, with a learned
+	// prefill only (0 otherwise, or when no worker has said).
+	MostKVBlocks int
 }
 
 // LightestOf summarises cands for Cost.
@@ -171,6 +174,7 @@ func LightestOf(cands []Candidate) Lightest {
 			if s := cands[i].Prefill.SecondsPerToken; s > 0 {
 				l.SecondsPerToken = min(l.SecondsPerToken, s)
 			}
+			l.MostKVBlocks = max(l.MostKVBlocks, cands[i].TotalKVBlocks)
 		}
 		if math.IsInf(l.SecondsPerToken, 1) {
 			l.SecondsPerToken = 0
@@ -352,13 +356,20 @@ func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerm
 // Everything is counted in blocks of the fastest candidate (fleet's
 // SecondsPerToken), so on a fleet of one speed the prompt terms keep the
 // scale of the blocks they replace, and a worker twice as slow counts
-// twice.
+// twice. A decode block also counts as much more as the worker's KV cache
+// is smaller than the largest candidate's: it fills that much more of it,
+// and an engine's decode step time and its preemptions follow the share
+// of its cache in use, not the block count.
 func (p *Params) timed(c *Candidate, isl, blockSize int, fleet Lightest, own, shared float64) CostTerms {
 	rel := c.Prefill.SecondsPerToken / fleet.SecondsPerToken
 	perBlock := fleet.SecondsPerToken * float64(blockSize)
 	prefill := max(float64(isl)/float64(blockSize)-own-shared, 0)*rel + (c.Prefill.Backlog+c.Prefill.Fixed)/perBlock
 	affinity := p.affinity(c, blockSize, fleet, own)
-	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: rel * p.decode(c)}
+	decode := rel * p.decode(c)
+	if c.TotalKVBlocks > 0 && fleet.MostKVBlocks > c.TotalKVBlocks {
+		decode *= float64(fleet.MostKVBlocks) / float64(c.TotalKVBlocks)
+	}
+	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: decode}
 	t.Total = p.PrefillLoadScale*(prefill-affinity) + t.Decode
 	return t
 }

@@ -185,3 +185,44 @@ func TestLearnedPrefillCostsTime(t *testing.T) {
 		t.Fatalf("cached half: %v", c)
 	}
 }
+
+// With learned prefill times a decode block weighs by the share of the
+// worker's KV cache it fills: on a worker with half the largest one's
+// blocks it counts twice, so equal block counts send the request to the
+// larger cache. Without a learned time (the default cost) capacities
+// change nothing.
+func TestLearnedPrefillWeighsDecodeByCacheShare(t *testing.T) {
+	p := dynamoWhole(nil)
+	const bs, isl = 16, 1600 // 100 blocks
+	known := PrefillTime{Known: true, SecondsPerToken: 1e-4}
+	small := Candidate{Prefill: known, PotentialDecodeBlocks: 1000, TotalKVBlocks: 5000}
+	big := Candidate{Prefill: known, PotentialDecodeBlocks: 1000, TotalKVBlocks: 10000}
+	cands := []Candidate{small, big}
+	l := LightestOf(cands)
+	if l.MostKVBlocks != 10000 {
+		t.Fatalf("most KV blocks %d", l.MostKVBlocks)
+	}
+	if s, b := p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l); math.Abs(s-2100) > 1e-9 || math.Abs(b-1100) > 1e-9 {
+		t.Fatalf("small %v, big %v: want 100 + 2 × 1000 and 100 + 1000", s, b)
+	}
+	req := &Request{ISL: isl, BlockSize: bs, Params: p}
+	if got, _ := (kvPolicy{}).pick(req, cands, rand.New(rand.NewPCG(1, 1))); got != 1 {
+		t.Fatalf("picked %d, want the larger cache", got)
+	}
+	// Half the blocks on the small worker fill the same share: a tie.
+	cands[0].PotentialDecodeBlocks = 500
+	if s, b := p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l); s != b {
+		t.Fatalf("same share: small %v, big %v", s, b)
+	}
+	// A worker that has not said its capacity weighs blocks as they are.
+	cands[0].TotalKVBlocks = 0
+	if s := p.Cost(&cands[0], isl, bs, l); math.Abs(s-600) > 1e-9 {
+		t.Fatalf("unknown capacity %v", s)
+	}
+	// Without a learned time the block counts stand.
+	cands = []Candidate{{PotentialDecodeBlocks: 1000, TotalKVBlocks: 5000}, {PotentialDecodeBlocks: 1000, TotalKVBlocks: 10000}}
+	l = LightestOf(cands)
+	if l.MostKVBlocks != 0 || p.Cost(&cands[0], isl, bs, l) != p.Cost(&cands[1], isl, bs, l) {
+		t.Fatalf("untimed: %+v, costs %v and %v", l, p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l))
+	}
+}

@@ -294,7 +294,7 @@ func engineOf(pod *corev1.Pod, defaultPort int) (Engine, error) {
 		return Engine{}, err
 	}
 	e := Engine{
-		ID: idOf(pod), Name: pod.Name, Namespace: pod.Namespace, Model: a[AnnotationModel], Role: a[AnnotationRole], DPSize: 1,
+		ID: WorkerID(pod), Name: pod.Name, Namespace: pod.Namespace, Model: a[AnnotationModel], Role: a[AnnotationRole], DPSize: 1,
 		URL: "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)),
 	}
 	if a[AnnotationEventsPort] != "none" {
@@ -341,8 +341,8 @@ func portOf(a map[string]string, key string, def int) (int, error) {
 	return p, nil
 }
 
-// idOf is a worker id stable for a pod's life (its UID), below 2^53 so
-// that JSON readers keep it exact.
-func idOf(pod *corev1.Pod) uint64 {
+// WorkerID is the worker id of a pod's engine: stable for the pod's life
+// (from its UID), below 2^53 so that JSON readers keep it exact.
+func WorkerID(pod *corev1.Pod) uint64 {
 	return xxh3.HashString(string(pod.UID)) & (1<<53 - 1)
 }

@@ -215,10 +215,7 @@ func (p *poolWatch) apply(u *unstructured.Unstructured) error {
 	if p.ctx.Err() != nil || (p.pods != nil && selector == p.selector && port == p.port) {
 		return nil
 	}
-	if p.pods != nil {
-		p.pods.stop()
-		p.pods = nil
-	}
+	p.stopPodsLocked()
 	p.t.setPort(port)
 	pods, err := p.t.watchPods(p.ctx, selector)
 	if err != nil {
@@ -236,10 +233,7 @@ func (p *poolWatch) apply(u *unstructured.Unstructured) error {
 func (p *poolWatch) deleted() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pods != nil {
-		p.pods.stop()
-		p.pods = nil
-	}
+	p.stopPodsLocked()
 	p.t.dropAll("InferencePool " + p.t.cfg.InferencePool + " deleted")
 	p.t.cfg.Logger.Warn("InferencePool deleted: no engines until it is created again", "pool", p.t.cfg.InferencePool)
 }
@@ -247,6 +241,10 @@ func (p *poolWatch) deleted() {
 func (p *poolWatch) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stopPodsLocked()
+}
+
+func (p *poolWatch) stopPodsLocked() {
 	if p.pods != nil {
 		p.pods.stop()
 		p.pods = nil

@@ -161,6 +161,20 @@ func TestPodsAgainstAPIServer(t *testing.T) {
 	testwait.Until(t, time.Second, "vllm-b leaves when terminating", func() bool { return f.why(b.ID) == "pod terminating" })
 }
 
+// inferencePool is the pool llama in namespace default, selecting the pods
+// labelled app, at port.
+func inferencePool(app string, port int64) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": "default"},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"app": app}},
+			"targetPorts":       []any{map[string]any{"number": port}},
+			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
+		},
+	}}
+}
+
 // TestInferencePoolSelector takes the pods and the port from an
 // InferencePool.
 func TestInferencePoolSelector(t *testing.T) {
@@ -169,16 +183,7 @@ func TestInferencePoolSelector(t *testing.T) {
 	c := kubernetes.NewForConfigOrDie(env.Config)
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	kubetest.ApplyCRDs(t, env, kubetest.InferencePoolCRD(t))
-	pool := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-		"metadata": map[string]any{"name": "llama", "namespace": "default"},
-		"spec": map[string]any{
-			"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
-			"targetPorts":       []any{map[string]any{"number": int64(8200)}},
-			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
-		},
-	}}
-	if _, err := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default").Create(ctx, pool, metav1.CreateOptions{}); err != nil {
+	if _, err := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default").Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.CoreV1().Pods("default").Create(ctx, pod("vllm-0", "vllm", nil), metav1.CreateOptions{}); err != nil {
@@ -207,29 +212,18 @@ func TestInferencePoolWatched(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	kubetest.ApplyCRDs(t, env, kubetest.InferencePoolCRD(t))
 	pools := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default")
-	newPool := func(app string, port int64) *unstructured.Unstructured {
-		return &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-			"metadata": map[string]any{"name": "llama", "namespace": "default"},
-			"spec": map[string]any{
-				"selector":          map[string]any{"matchLabels": map[string]any{"app": app}},
-				"targetPorts":       []any{map[string]any{"number": port}},
-				"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
-			},
-		}}
-	}
 	update := func(app string, port int64) {
 		t.Helper()
 		u, err := pools.Get(ctx, "llama", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		u.Object["spec"] = newPool(app, port).Object["spec"]
+		u.Object["spec"] = inferencePool(app, port).Object["spec"]
 		if _, err := pools.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := pools.Create(ctx, newPool("vllm", 8200), metav1.CreateOptions{}); err != nil {
+	if _, err := pools.Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for name, app := range map[string]string{"vllm-0": "vllm", "sglang-0": "sglang"} {
@@ -270,7 +264,7 @@ func TestInferencePoolWatched(t *testing.T) {
 	}
 	testwait.Until(t, time.Second, "the engines leave with the pool", func() bool { return urlOf("sglang-0") == "" })
 
-	if _, err := pools.Create(ctx, newPool("vllm", 8200), metav1.CreateOptions{}); err != nil {
+	if _, err := pools.Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testwait.Until(t, time.Second, "the engines come back with the pool", func() bool {

@@ -105,6 +105,29 @@ func routedTo(t *testing.T, s *serve.Server, salt int) uint64 {
 	return out.NVExt.WorkerID
 }
 
+// serveKube runs serve with --discovery kubernetes on the pods labelled
+// app=engine, and waits for n of them in routing.
+func serveKube(t *testing.T, env *kubetest.Env, cfg serve.Config, n int) *serve.Server {
+	t.Helper()
+	kf := kubeFlags{mode: "kubernetes", kubeconfig: env.Kubeconfig, namespace: "default", selector: "app=engine"}
+	d, err := kf.discovery(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr, cfg.HealthInterval, cfg.Discovery = "127.0.0.1:0", 50*time.Millisecond, d
+	s, err := serve.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitWorkers(ctx, func(live int) bool { return live == n }); err != nil {
+		t.Fatalf("the %d ready pods did not join routing: %v", n, err)
+	}
+	return s
+}
+
 // TestServeFollowsKubernetesPods runs serve with --discovery kubernetes
 // against a real kube-apiserver: engines join when their pods are ready and
 // routing stops sending to a pod within a second of it turning unready.
@@ -125,21 +148,7 @@ func TestServeFollowsKubernetesPods(t *testing.T) {
 	enginePod(t, c, "engine-a", newEngine())
 	enginePod(t, c, "engine-b", newEngine())
 
-	kf := kubeFlags{mode: "kubernetes", kubeconfig: env.Kubeconfig, namespace: "default", selector: "app=engine"}
-	d, err := kf.discovery(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := serve.Start(context.Background(), serve.Config{Router: router.DefaultConfig(), Addr: "127.0.0.1:0", HealthInterval: 50 * time.Millisecond, Discovery: d})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
-		t.Fatalf("the two ready pods did not join routing: %v", err)
-	}
+	s := serveKube(t, env, serve.Config{Router: router.DefaultConfig()}, 2)
 	seen := map[uint64]bool{}
 	for i := range 20 {
 		seen[routedTo(t, s, i)] = true
@@ -206,23 +215,10 @@ func TestServePollsDiscoveredEnginesMetrics(t *testing.T) {
 		}
 		createPod(t, c, name, map[string]string{kubediscovery.AnnotationPort: u.Port(), kubediscovery.AnnotationEventsPort: "none", kubediscovery.AnnotationModel: "kvrouter-mock"})
 	}
-	kf := kubeFlags{mode: "kubernetes", kubeconfig: env.Kubeconfig, namespace: "default", selector: "app=engine"}
-	d, err := kf.discovery(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rcfg := router.DefaultConfig()
 	rcfg.Mode = sched.ModeGIEApproxPrefix
-	s, err := serve.Start(context.Background(), serve.Config{Router: rcfg, Addr: "127.0.0.1:0", HealthInterval: 50 * time.Millisecond, EngineMetricsInterval: 10 * time.Millisecond, Discovery: d})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
-		t.Fatalf("the two ready pods did not join routing: %v", err)
-	}
+	s := serveKube(t, env, serve.Config{Router: rcfg, EngineMetricsInterval: 10 * time.Millisecond}, 2)
+	ctx := context.Background()
 	testwait.Until(t, time.Second, "both discovered engines' /metrics scraped", func() bool {
 		return busy.scrapes.Load() > 0 && idle.scrapes.Load() > 0
 	})

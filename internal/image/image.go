@@ -61,7 +61,10 @@ func Build(path string) (v1.Image, error) {
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	}, tarball.WithMediaType(types.OCILayer),
+		// Digest, size and every write read the compressed layer: without
+		// the cache each compresses the whole binary anew.
+		tarball.WithCompressedCaching)
 	if err != nil {
 		return nil, fmt.Errorf("image: layer: %w", err)
 	}

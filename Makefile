@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test fmt-check vet lint race build bench-index fuzz image
+.PHONY: test fmt-check vet lint race build bench-index fuzz image image-oci
 
 # test is what CI runs (.ci/run): formatting, vet, staticcheck, then every
 # test with the race detector.
@@ -48,3 +48,11 @@ image:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o build/image/kvrouter ./cmd/kvrouter
 	if command -v podman >/dev/null 2>&1; then podman build -f Containerfile -t $(IMAGE) build/image; \
 	else buildah bud -f Containerfile -t $(IMAGE) build/image; fi
+
+# image-oci writes the same image with no container runtime (internal/image,
+# go-containerregistry): an OCI image layout in build/image/oci and a
+# tarball for podman load -i or docker load -i.
+image-oci:
+	mkdir -p build/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o build/image/kvrouter ./cmd/kvrouter
+	$(GO) run ./scripts/image-oci -binary build/image/kvrouter -layout build/image/oci -tarball build/image/kvrouter.tar -tag $(IMAGE)

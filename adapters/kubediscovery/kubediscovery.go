@@ -6,6 +6,7 @@
 package kubediscovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,9 +20,11 @@ import (
 	"github.com/zeebo/xxh3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -101,7 +104,11 @@ func (w *Watcher) Close() {
 }
 
 // Start lists the matching pods, reports the ready ones, and keeps
-// watching. It returns once the first list has been reported.
+// watching. It returns once the first list has been reported. With an
+// InferencePool the pool is watched too: when its selector or target port
+// changes, the pods are watched anew and the engines follow (those no
+// longer selected leave, the others are reported at their new port); when
+// it is deleted every engine leaves until it is created again.
 func Start(ctx context.Context, cfg Config, h Handler) (*Watcher, error) {
 	if cfg.Client == nil {
 		return nil, errors.New("kubediscovery: no client")
@@ -112,34 +119,161 @@ func Start(ctx context.Context, cfg Config, h Handler) (*Watcher, error) {
 	if cfg.Namespace == "" {
 		return nil, errors.New("kubediscovery: no namespace")
 	}
-	selector := cfg.Selector
-	if cfg.InferencePool != "" {
-		if cfg.Selector != "" {
-			return nil, errors.New("kubediscovery: give a label selector or an InferencePool, not both")
+	t := &tracker{cfg: cfg, h: h, known: map[string]Engine{}, port: cmp.Or(cfg.Port, DefaultPort)}
+	ctx, cancel := context.WithCancel(ctx)
+	w := &Watcher{cancel: cancel, done: make(chan struct{})}
+	if cfg.InferencePool == "" {
+		if cfg.Selector == "" {
+			cancel()
+			return nil, errors.New("kubediscovery: no label selector: give one (e.g. app=vllm) or an InferencePool")
 		}
-		sel, port, err := poolSelector(ctx, cfg)
+		pods, err := t.watchPods(ctx, cfg.Selector)
 		if err != nil {
+			cancel()
 			return nil, err
 		}
-		selector = sel
-		if cfg.Port == 0 {
-			cfg.Port = port
-		}
+		go func() {
+			<-ctx.Done()
+			pods.stop()
+			close(w.done)
+		}()
+		return w, nil
 	}
-	if selector == "" {
-		return nil, errors.New("kubediscovery: no label selector: give one (e.g. app=vllm) or an InferencePool")
+	if cfg.Selector != "" {
+		cancel()
+		return nil, errors.New("kubediscovery: give a label selector or an InferencePool, not both")
 	}
+	if cfg.Dynamic == nil {
+		cancel()
+		return nil, errors.New("kubediscovery: no dynamic client for the InferencePool")
+	}
+	u, err := cfg.Dynamic.Resource(InferencePoolGVR).Namespace(cfg.Namespace).Get(ctx, cfg.InferencePool, metav1.GetOptions{})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("kubediscovery: InferencePool %s/%s: %w", cfg.Namespace, cfg.InferencePool, err)
+	}
+	p := &poolWatch{t: t, ctx: ctx}
+	if err := p.apply(u); err != nil {
+		cancel()
+		return nil, err
+	}
+	inf := dynamicinformer.NewFilteredDynamicInformer(cfg.Dynamic, InferencePoolGVR, cfg.Namespace, cfg.Resync, cache.Indexers{},
+		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + cfg.InferencePool }).Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    p.changed,
+		UpdateFunc: func(_, o any) { p.changed(o) },
+		DeleteFunc: func(any) { p.deleted() },
+	}); err != nil {
+		cancel()
+		p.stop()
+		return nil, err
+	}
+	go func() {
+		defer close(w.done)
+		inf.Run(ctx.Done())
+		p.stop()
+	}()
+	return w, nil
+}
+
+// poolWatch follows an InferencePool: the pods it selects are watched
+// with its selector, at its target port.
+type poolWatch struct {
+	t   *tracker
+	ctx context.Context
+	// mu orders the pool's events with Close; pods is nil while the pool
+	// is deleted.
+	mu       sync.Mutex
+	pods     *podWatch
+	selector string
+	port     int
+}
+
+func (p *poolWatch) changed(o any) {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	if err := p.apply(u); err != nil {
+		p.t.cfg.Logger.Warn("InferencePool change ignored: its engines stay as they were", "err", err)
+	}
+}
+
+// apply watches the pods the pool selects now, unless it selects what it
+// did.
+func (p *poolWatch) apply(u *unstructured.Unstructured) error {
+	selector, port, err := poolSelector(u)
+	if err != nil {
+		return err
+	}
+	if p.t.cfg.Port != 0 {
+		port = p.t.cfg.Port // given by the operator: it overrides the pool's
+	}
+	port = cmp.Or(port, DefaultPort)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx.Err() != nil || (p.pods != nil && selector == p.selector && port == p.port) {
+		return nil
+	}
+	p.stopPodsLocked()
+	p.t.setPort(port)
+	pods, err := p.t.watchPods(p.ctx, selector)
+	if err != nil {
+		p.t.dropAll("InferencePool " + p.t.cfg.InferencePool + " unreadable")
+		return err
+	}
+	// Pods the new selector leaves out are gone; those it keeps are
+	// reported again where their address changed (the informer's adds).
+	p.t.keepOnly(pods.inf.GetStore(), "pod outside InferencePool "+p.t.cfg.InferencePool+"'s selector")
+	p.pods, p.selector, p.port = pods, selector, port
+	p.t.cfg.Logger.Info("InferencePool selects engines", "pool", p.t.cfg.InferencePool, "selector", selector, "port", port)
+	return nil
+}
+
+func (p *poolWatch) deleted() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopPodsLocked()
+	p.t.dropAll("InferencePool " + p.t.cfg.InferencePool + " deleted")
+	p.t.cfg.Logger.Warn("InferencePool deleted: no engines until it is created again", "pool", p.t.cfg.InferencePool)
+}
+
+func (p *poolWatch) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopPodsLocked()
+}
+
+func (p *poolWatch) stopPodsLocked() {
+	if p.pods != nil {
+		p.pods.stop()
+		p.pods = nil
+	}
+}
+
+// podWatch is one informer on the pods of a selector.
+type podWatch struct {
+	inf    cache.SharedIndexInformer
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop ends the informer; no handler of it runs after it returns.
+func (pw *podWatch) stop() {
+	pw.cancel()
+	<-pw.done
+}
+
+// watchPods starts an informer on the pods that match selector, feeding
+// t, and returns once its first list has been reported.
+func (t *tracker) watchPods(ctx context.Context, selector string) (*podWatch, error) {
 	if _, err := labels.Parse(selector); err != nil {
 		return nil, fmt.Errorf("kubediscovery: label selector %q: %w", selector, err)
 	}
-	if cfg.Port == 0 {
-		cfg.Port = DefaultPort
-	}
-	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync,
-		informers.WithNamespace(cfg.Namespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(t.cfg.Client, t.cfg.Resync,
+		informers.WithNamespace(t.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	inf := factory.Core().V1().Pods().Informer()
-	t := &tracker{cfg: cfg, h: h, known: map[string]Engine{}}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { t.update(o) },
 		UpdateFunc: func(_, o any) { t.update(o) },
@@ -148,39 +282,33 @@ func Start(ctx context.Context, cfg Config, h Handler) (*Watcher, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	w := &Watcher{cancel: cancel, done: make(chan struct{})}
+	pw := &podWatch{inf: inf, cancel: cancel, done: make(chan struct{})}
 	go func() {
-		defer close(w.done)
+		defer close(pw.done)
 		inf.Run(ctx.Done())
 	}()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		w.Close()
-		return nil, fmt.Errorf("kubediscovery: listing pods in %s: %w", cfg.Namespace, context.Cause(ctx))
+		pw.stop()
+		return nil, fmt.Errorf("kubediscovery: listing pods in %s: %w", t.cfg.Namespace, context.Cause(ctx))
 	}
-	cfg.Logger.Info("watching pods for engines", "namespace", cfg.Namespace, "selector", selector)
-	return w, nil
+	t.cfg.Logger.Info("watching pods for engines", "namespace", t.cfg.Namespace, "selector", selector)
+	return pw, nil
 }
 
-// poolSelector reads an InferencePool's pod selector and first target port.
-func poolSelector(ctx context.Context, cfg Config) (string, int, error) {
-	if cfg.Dynamic == nil {
-		return "", 0, errors.New("kubediscovery: no dynamic client for the InferencePool")
-	}
-	u, err := cfg.Dynamic.Resource(InferencePoolGVR).Namespace(cfg.Namespace).Get(ctx, cfg.InferencePool, metav1.GetOptions{})
-	if err != nil {
-		return "", 0, fmt.Errorf("kubediscovery: InferencePool %s/%s: %w", cfg.Namespace, cfg.InferencePool, err)
-	}
+// poolSelector reads an InferencePool's pod selector and first target port
+// (0 when it has none).
+func poolSelector(u *unstructured.Unstructured) (string, int, error) {
 	spec, _ := u.Object["spec"].(map[string]any)
 	sel, _ := spec["selector"].(map[string]any)
 	match, _ := sel["matchLabels"].(map[string]any)
 	if len(match) == 0 {
-		return "", 0, fmt.Errorf("kubediscovery: InferencePool %s/%s has no spec.selector.matchLabels", cfg.Namespace, cfg.InferencePool)
+		return "", 0, fmt.Errorf("kubediscovery: InferencePool %s/%s has no spec.selector.matchLabels", u.GetNamespace(), u.GetName())
 	}
 	set := labels.Set{}
 	for k, v := range match {
 		s, ok := v.(string)
 		if !ok {
-			return "", 0, fmt.Errorf("kubediscovery: InferencePool %s/%s: label %s is not a string", cfg.Namespace, cfg.InferencePool, k)
+			return "", 0, fmt.Errorf("kubediscovery: InferencePool %s/%s: label %s is not a string", u.GetNamespace(), u.GetName(), k)
 		}
 		set[k] = s
 	}
@@ -199,10 +327,40 @@ func poolSelector(ctx context.Context, cfg Config) (string, int, error) {
 }
 
 type tracker struct {
-	cfg   Config
-	h     Handler
-	mu    sync.Mutex // the informer calls one handler at a time; this is for safety
+	cfg Config
+	h   Handler
+	// mu orders the handler's calls: one informer calls one handler at a
+	// time, but an InferencePool's change replaces the informer.
+	mu    sync.Mutex
 	known map[string]Engine
+	port  int // HTTP port of pods without the annotation
+}
+
+func (t *tracker) setPort(port int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.port = port
+}
+
+// keepOnly reports gone the engines whose pods are not in store.
+func (t *tracker) keepOnly(store cache.Store, why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, e := range t.known {
+		if _, ok, _ := store.GetByKey(key); !ok {
+			delete(t.known, key)
+			t.h.Gone(e.ID, why)
+		}
+	}
+}
+
+func (t *tracker) dropAll(why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, e := range t.known {
+		delete(t.known, key)
+		t.h.Gone(e.ID, why)
+	}
 }
 
 func (t *tracker) update(o any) {
@@ -222,7 +380,7 @@ func (t *tracker) update(o any) {
 		}
 		return
 	}
-	e, err := engineOf(pod, t.cfg.Port)
+	e, err := engineOf(pod, t.port)
 	if err != nil {
 		if had {
 			delete(t.known, key)
@@ -294,7 +452,7 @@ func engineOf(pod *corev1.Pod, defaultPort int) (Engine, error) {
 		return Engine{}, err
 	}
 	e := Engine{
-		ID: idOf(pod), Name: pod.Name, Namespace: pod.Namespace, Model: a[AnnotationModel], Role: a[AnnotationRole], DPSize: 1,
+		ID: WorkerID(pod), Name: pod.Name, Namespace: pod.Namespace, Model: a[AnnotationModel], Role: a[AnnotationRole], DPSize: 1,
 		URL: "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)),
 	}
 	if a[AnnotationEventsPort] != "none" {
@@ -341,8 +499,8 @@ func portOf(a map[string]string, key string, def int) (int, error) {
 	return p, nil
 }
 
-// idOf is a worker id stable for a pod's life (its UID), below 2^53 so
-// that JSON readers keep it exact.
-func idOf(pod *corev1.Pod) uint64 {
+// WorkerID is the worker id of a pod's engine: stable for the pod's life
+// (from its UID), below 2^53 so that JSON readers keep it exact.
+func WorkerID(pod *corev1.Pod) uint64 {
 	return xxh3.HashString(string(pod.UID)) & (1<<53 - 1)
 }

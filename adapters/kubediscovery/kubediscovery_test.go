@@ -161,6 +161,20 @@ func TestPodsAgainstAPIServer(t *testing.T) {
 	testwait.Until(t, time.Second, "vllm-b leaves when terminating", func() bool { return f.why(b.ID) == "pod terminating" })
 }
 
+// inferencePool is the pool llama in namespace default, selecting the pods
+// labelled app, at port.
+func inferencePool(app string, port int64) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": "default"},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"app": app}},
+			"targetPorts":       []any{map[string]any{"number": port}},
+			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
+		},
+	}}
+}
+
 // TestInferencePoolSelector takes the pods and the port from an
 // InferencePool.
 func TestInferencePoolSelector(t *testing.T) {
@@ -169,16 +183,7 @@ func TestInferencePoolSelector(t *testing.T) {
 	c := kubernetes.NewForConfigOrDie(env.Config)
 	dyn := dynamic.NewForConfigOrDie(env.Config)
 	kubetest.ApplyCRDs(t, env, kubetest.InferencePoolCRD(t))
-	pool := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-		"metadata": map[string]any{"name": "llama", "namespace": "default"},
-		"spec": map[string]any{
-			"selector":          map[string]any{"matchLabels": map[string]any{"app": "vllm"}},
-			"targetPorts":       []any{map[string]any{"number": int64(8200)}},
-			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": int64(9002)}},
-		},
-	}}
-	if _, err := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default").Create(ctx, pool, metav1.CreateOptions{}); err != nil {
+	if _, err := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default").Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.CoreV1().Pods("default").Create(ctx, pod("vllm-0", "vllm", nil), metav1.CreateOptions{}); err != nil {
@@ -195,4 +200,74 @@ func TestInferencePoolSelector(t *testing.T) {
 	if !ok || e.URL != "http://10.2.0.1:8200" {
 		t.Fatalf("pool's pod: got %+v (reported %v), want url http://10.2.0.1:8200", e, ok)
 	}
+}
+
+// TestInferencePoolWatched: the engines follow the InferencePool within a
+// second when its target port or its selector changes, leave when it is
+// deleted and come back when it is created again.
+func TestInferencePoolWatched(t *testing.T) {
+	env := kubetest.Start(t)
+	ctx := context.Background()
+	c := kubernetes.NewForConfigOrDie(env.Config)
+	dyn := dynamic.NewForConfigOrDie(env.Config)
+	kubetest.ApplyCRDs(t, env, kubetest.InferencePoolCRD(t))
+	pools := dyn.Resource(kubediscovery.InferencePoolGVR).Namespace("default")
+	update := func(app string, port int64) {
+		t.Helper()
+		u, err := pools.Get(ctx, "llama", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Object["spec"] = inferencePool(app, port).Object["spec"]
+		if _, err := pools.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pools.Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for name, app := range map[string]string{"vllm-0": "vllm", "sglang-0": "sglang"} {
+		if _, err := c.CoreV1().Pods("default").Create(ctx, pod(name, app, nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStatus(t, c, "default", "vllm-0", "10.3.0.1", true, 0)
+	setStatus(t, c, "default", "sglang-0", "10.3.0.2", true, 0)
+	f := &fleet{ready: map[uint64]kubediscovery.Engine{}, gone: map[uint64]string{}}
+	w, err := kubediscovery.Start(ctx, kubediscovery.Config{Client: c, Dynamic: dyn, Namespace: "default", InferencePool: "llama"}, f.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v, ok := f.byName("vllm-0")
+	if !ok || v.URL != "http://10.3.0.1:8200" {
+		t.Fatalf("pool's pod: got %+v (reported %v), want url http://10.3.0.1:8200", v, ok)
+	}
+	urlOf := func(name string) string {
+		e, _ := f.byName(name)
+		return e.URL
+	}
+
+	update("vllm", 8300)
+	testwait.Until(t, time.Second, "vllm-0 at the pool's new target port", func() bool { return urlOf("vllm-0") == "http://10.3.0.1:8300" })
+
+	update("sglang", 8300)
+	testwait.Until(t, time.Second, "the engines follow the pool's new selector", func() bool {
+		return urlOf("vllm-0") == "" && urlOf("sglang-0") == "http://10.3.0.2:8300"
+	})
+	if why := f.why(v.ID); why != "pod outside InferencePool llama's selector" {
+		t.Errorf("vllm-0 left with %q", why)
+	}
+
+	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, time.Second, "the engines leave with the pool", func() bool { return urlOf("sglang-0") == "" })
+
+	if _, err := pools.Create(ctx, inferencePool("vllm", 8200), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, time.Second, "the engines come back with the pool", func() bool {
+		return urlOf("vllm-0") == "http://10.3.0.1:8200" && urlOf("sglang-0") == ""
+	})
 }

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -96,4 +97,11 @@ func (q *queryWatch) grew(w kv.Worker, v float64) bool {
 	prev, seen := q.last[w]
 	q.last[w] = v
 	return seen && v > prev
+}
+
+// forget drops a departed engine's readings.
+func (q *queryWatch) forget(id uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	maps.DeleteFunc(q.last, func(w kv.Worker, _ float64) bool { return w.ID == id })
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -727,15 +728,14 @@ func (s *Server) Close() error {
 
 // pollEngineMetrics feeds the engines' own load reports to the router for
 // the modes that score by them. A failed scrape keeps the last report: the
-// health probes, not this, decide whether an engine is routable.
+// health probes, not this, decide whether an engine is routable. It follows
+// the engine set: configured engines and those of Config.Discovery (pods)
+// are polled from when they are known until they are gone; engines
+// announced through NATS are not, their agents report their load.
 func (s *Server) pollEngineMetrics(ctx context.Context) {
 	interval := s.cfg.EngineMetricsInterval
 	if interval <= 0 {
 		interval = 50 * time.Millisecond
-	}
-	targets := make([]enginemetrics.Target, 0, len(s.cfg.Workers))
-	for _, w := range s.cfg.Workers {
-		targets = append(targets, enginemetrics.Target{ID: w.ID, URL: w.URL})
 	}
 	queries := newQueryWatch()
 	var capMu sync.Mutex
@@ -761,5 +761,53 @@ func (s *Server) pollEngineMetrics(ctx context.Context) {
 		},
 		OnError: func(id uint64, err error) { s.log.Debug("engine metrics", "worker", id, "err", err) },
 	}
-	p.Run(ctx, targets)
+	// polled is one engine's poll and how to end it. A discovered engine
+	// reported again (a restarted pod, or one at a new address) is a new
+	// *supervised: polled anew, its capacity read again.
+	type polled struct {
+		w    *supervised
+		stop context.CancelFunc
+	}
+	polling := map[uint64]polled{}
+	var wg sync.WaitGroup
+	defer func() {
+		for _, pl := range polling {
+			pl.stop()
+		}
+		wg.Wait()
+	}()
+	for {
+		s.mu.Lock()
+		want := make(map[uint64]*supervised, len(s.workers))
+		for id, w := range s.workers {
+			if !w.discovered {
+				want[id] = w
+			}
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		for id, pl := range polling {
+			if want[id] != pl.w {
+				pl.stop()
+				delete(polling, id)
+				capMu.Lock()
+				maps.DeleteFunc(capacity, func(w kv.Worker, _ int) bool { return w.ID == id })
+				capMu.Unlock()
+				queries.forget(id)
+			}
+		}
+		for id, w := range want {
+			if _, ok := polling[id]; ok {
+				continue
+			}
+			pctx, stop := context.WithCancel(ctx)
+			polling[id] = polled{w: w, stop: stop}
+			wg.Go(func() { p.Run(pctx, []enginemetrics.Target{{ID: id, URL: w.spec.URL}}) })
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
 }

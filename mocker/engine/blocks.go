@@ -409,32 +409,45 @@ type CachedBlock struct {
 	Host bool
 }
 
+// parentsFirst orders slots by their depth below the first ancestor
+// missing from the set (parentOf answers false there), then by slot, so
+// that a listing replays every block after its parent.
+func parentsFirst(slots []int32, parentOf func(int32) (int32, bool)) []int32 {
+	depth := make(map[int32]int, len(slots))
+	var depthOf func(i int32) int
+	depthOf = func(i int32) int {
+		if d, ok := depth[i]; ok {
+			return d
+		}
+		d := 0
+		if p, ok := parentOf(i); ok {
+			d = depthOf(p) + 1
+		}
+		depth[i] = d
+		return d
+	}
+	for _, i := range slots {
+		depthOf(i)
+	}
+	slices.SortFunc(slots, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
+	return slots
+}
+
 // cached lists the cached blocks, every block after its parent (when that
 // is cached too; a block can outlive its parent only in principle, since
 // releases go tail-first).
 func (m *blockManager) cached() []CachedBlock {
-	depth := make(map[int32]int, m.byHash.len())
-	var depthOf func(idx int32) int
-	depthOf = func(idx int32) int {
-		if d, ok := depth[idx]; ok {
-			return d
-		}
-		d := 0
-		if b := &m.blocks[idx]; !b.root {
-			if p, ok := m.byHash.get(b.parent); ok {
-				d = depthOf(p) + 1
-			}
-		}
-		depth[idx] = d
-		return d
-	}
 	out := make([]CachedBlock, 0, m.byHash.len())
-	order := make([]int32, 0, m.byHash.len())
+	slots := make([]int32, 0, m.byHash.len())
 	for i := range m.slotsInUse() {
-		depthOf(i)
-		order = append(order, i)
+		slots = append(slots, i)
 	}
-	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
+	order := parentsFirst(slots, func(idx int32) (int32, bool) {
+		if b := &m.blocks[idx]; !b.root {
+			return m.byHash.get(b.parent)
+		}
+		return 0, false
+	})
 	for _, idx := range order {
 		b := &m.blocks[idx]
 		cb := CachedBlock{Hash: b.hash, Tokens: m.blockTokens(idx)}

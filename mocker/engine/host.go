@@ -1,9 +1,7 @@
 package engine
 
 import (
-	"cmp"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -234,27 +232,17 @@ func (e *Engine) HostBlocks() []CachedBlock {
 	if p == nil {
 		return nil
 	}
-	depth := make(map[int32]int, len(p.idx))
-	var depthOf func(i int32) int
-	depthOf = func(i int32) int {
-		if d, ok := depth[i]; ok {
-			return d
-		}
-		d := 0
-		if en := &p.entries[i]; !en.root {
-			if j, ok := p.idx[en.parent]; ok {
-				d = depthOf(j) + 1
-			}
-		}
-		depth[i] = d
-		return d
-	}
-	order := make([]int32, 0, len(p.idx))
+	slots := make([]int32, 0, len(p.idx))
 	for _, i := range p.idx {
-		depthOf(i)
-		order = append(order, i)
+		slots = append(slots, i)
 	}
-	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(depth[a], depth[b]), cmp.Compare(a, b)) })
+	order := parentsFirst(slots, func(i int32) (int32, bool) {
+		if en := &p.entries[i]; !en.root {
+			j, ok := p.idx[en.parent]
+			return j, ok
+		}
+		return 0, false
+	})
 	bs := p.blockSize
 	out := make([]CachedBlock, 0, len(order))
 	for _, i := range order {

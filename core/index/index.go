@@ -176,6 +176,7 @@ func New(cfg Config) *Index {
 	for i := range ix.shards {
 		ix.shards[i].t = newTree(cfg.MaxPairs > 0)
 		ix.shards[i].t.locate = cfg.Locate
+		ix.shards[i].t.readersWaiting = &ix.shards[i].mu.waitingReaders
 	}
 	if limit := cmp.Or(cfg.MaxPairs, cfg.BudgetPairs); limit > 0 {
 		ix.maxPerShrd = max(1, limit/uint64(cfg.Shards))
@@ -304,7 +305,7 @@ func storeChunked(sh *shard, t *tree, ev *kv.Event) error {
 				blocks, n = blocks[:max(room, 0)], max(room, 0)
 			}
 		}
-		cur = t.storeBlocks(s, cur, blocks[:n])
+		cur, n = t.storeBlocks(s, cur, blocks[:n])
 		t.unplace()
 		if blocks = blocks[n:]; len(blocks) == 0 {
 			return nil
@@ -324,7 +325,7 @@ func removeChunked(sh *shard, t *tree, ev *kv.Event) {
 	hashes := ev.Removed.EngineHashes
 	for {
 		n := min(len(hashes), applyChunk)
-		t.applyRemoved(ev.Worker, &kv.Removed{EngineHashes: hashes[:n]})
+		n = t.applyRemoved(ev.Worker, &kv.Removed{EngineHashes: hashes[:n]})
 		if hashes = hashes[n:]; len(hashes) == 0 {
 			return
 		}

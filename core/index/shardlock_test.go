@@ -302,3 +302,54 @@ func TestWriterIsNotPreemptedInsideAShard(t *testing.T) {
 		t.Fatalf("%d of %d lookups waited for the writer", waits, lookups)
 	}
 }
+
+// A writer lets a waiting lookup in at the next block, not at the end of
+// its chunk: the wait a lookup pays for a writer that holds its core is
+// one block's, whatever the event's length. Stored and removed chains
+// alike stop after one block while a lookup waits.
+func TestWriterStopsMidChunkForWaitingLookups(t *testing.T) {
+	ix := New(Config{Shards: 1})
+	w := kv.Worker{ID: 1}
+	blocks := make([]kv.Block, 4*applyChunk)
+	ids := make([]uint64, len(blocks))
+	for i := range blocks {
+		ids[i] = uint64(i + 1)
+		blocks[i] = kv.Block{EngineHash: ids[i], LocalHash: uint64(1000 + i)}
+	}
+	sh := &ix.shards[0]
+	for _, ev := range []kv.Event{kv.StoredEvent(w, 0, nil, blocks...), kv.RemovedEvent(w, 0, ids...)} {
+		held := func() int {
+			if s, ok := sh.t.slotOf[w]; ok {
+				return sh.t.workers[s].blocks.Len()
+			}
+			return 0
+		}
+		before := held()
+		// The lookup waits before the writer starts: the writer takes the
+		// lock once, and stops at its first block boundary.
+		sh.mu.Lock()
+		sh.mu.waitingReaders.Add(1)
+		done := make(chan error, 1)
+		go func() {
+			defer sh.mu.Unlock()
+			if ev.Kind == kv.KindStored {
+				done <- storeChunked(sh, sh.t, &ev)
+				return
+			}
+			removeChunked(sh, sh.t, &ev)
+			done <- nil
+		}()
+		waitFor(t, "the writer to let the lookup in", sh.mu.tryRLock)
+		if got := held(); got != before+1 && got != before-1 {
+			t.Errorf("%v event: the lookup got in with %d blocks held, %d before the event; want one block applied", ev.Kind, got, before)
+		}
+		sh.mu.RUnlock()
+		sh.mu.waitingReaders.Add(-1)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got, want := held(), map[bool]int{true: len(blocks), false: 0}[ev.Kind == kv.KindStored]; got != want {
+			t.Fatalf("%v event: %d blocks held after it, want %d", ev.Kind, got, want)
+		}
+	}
+}

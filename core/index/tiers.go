@@ -102,6 +102,7 @@ func (ix *Index) lowerTree(sh *shard, i int) *tree {
 	}
 	t := newTree(sh.t.lru)
 	t.foreign = func(w kv.Worker, h uint64) (uint64, bool) { return sh.parentSeq(t, w, h) }
+	t.readersWaiting = &sh.mu.waitingReaders
 	sh.lower[i] = t
 	sh.hasLower = true
 	ix.hasLower.Store(true)

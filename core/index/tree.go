@@ -79,6 +79,11 @@ type tree struct {
 	// Scratch of the warm passes (see warmStore).
 	seqs      []uint64
 	warmNodes []uint32
+
+	// readersWaiting, in an Index's trees, counts the lookups waiting for
+	// the shard's lock: a store or removal stops at the next block while
+	// it is not 0, so that its caller lets them in (see storeChunked).
+	readersWaiting *atomic.Int32
 }
 
 const rootParent = 0 // node 0 is a sentinel; parent 0 means "hangs off the root"
@@ -604,10 +609,15 @@ func (t *tree) replaceInferred(ws *workerState, n uint32, h uint64) bool {
 // sequence hash itself.
 func inferredID(seq uint64) uint64 { return blockhash.Chain(seq, 0x1f3e2d) }
 
-// storeBlocks hangs blocks below cur for slot s and returns the last one.
-func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
+// storeBlocks hangs blocks below cur for slot s and returns the last one
+// and how many of blocks it stored: fewer than all when lookups wait (see
+// readersWaiting), at least one.
+func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) (uint32, int) {
 	seqs := t.warmStore(s, cur, blocks)
 	for i, b := range blocks {
+		if i > 0 && t.lookupsWait() {
+			return cur, i
+		}
 		n := t.childAt(cur, b.LocalHash, seqs[i])
 		// One probe both checks the id and, when it is new (nearly always),
 		// maps it.
@@ -634,7 +644,14 @@ func (t *tree) storeBlocks(s, cur uint32, blocks []kv.Block) uint32 {
 		t.stats.BlocksStored++
 		cur = n
 	}
-	return cur
+	return cur, len(blocks)
+}
+
+// lookupsWait reports whether lookups wait for the shard this tree's writer
+// holds. Between two blocks the tree is in a state the worker passes
+// through, which a lookup may see.
+func (t *tree) lookupsWait() bool {
+	return t.readersWaiting != nil && t.readersWaiting.Load() > 0
 }
 
 // stillAt reports whether slot s still belongs to w and holds node cur: a
@@ -644,15 +661,23 @@ func (t *tree) stillAt(w kv.Worker, s, cur uint32) bool {
 	return ws.live && ws.id == w && t.holds(t.nodes.at(cur), s)
 }
 
-func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
+// applyRemoved removes rm's blocks of w and returns how many of its ids it
+// handled: fewer than all when lookups wait (see readersWaiting), at
+// least one.
+func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) int {
 	s, ok := t.slot(w, false)
 	if !ok {
 		t.stats.UnknownBlocks += uint64(len(rm.EngineHashes))
-		return
+		return len(rm.EngineHashes)
 	}
 	ws := &t.workers[s]
 	t.warmRemove(ws, rm.EngineHashes)
-	for _, h := range rm.EngineHashes {
+	done := len(rm.EngineHashes)
+	for i, h := range rm.EngineHashes {
+		if i > 0 && t.lookupsWait() {
+			done = i
+			break
+		}
 		n, ok := ws.blocks.Take(h)
 		if !ok {
 			t.stats.UnknownBlocks++
@@ -662,6 +687,7 @@ func (t *tree) applyRemoved(w kv.Worker, rm *kv.Removed) {
 		t.stats.BlocksRemoved++
 	}
 	t.dropSlotIfEmpty(s)
+	return done
 }
 
 // clearSlot drops every block of slot s and frees the slot.

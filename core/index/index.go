@@ -16,28 +16,43 @@
 //     It reads each shard under that shard's read lock, one after the
 //     other, leaving shards a writer holds for last (see eachShard): every
 //     worker's overlap is one it had at some moment of the call (a state
-//     between two of its events, or between two chunks of one long event;
+//     between two of its events, or between two blocks of one event;
 //     TestLookupsSeeStatesTheIndexPassedThrough), but two workers of
 //     different shards may be seen at different moments.
-//
-// Why lookups still take a read lock. A sequence lock (readers retry when
-// a writer moved on) cannot serve a reader while a writer is inside the
-// shard, so a reader still waits for a writer that lost its core there,
-// which is the wait that matters; and in Go's memory model every field it
-// reads racing a writer (table slots, node fields, the headers of growing
-// arrays) would have to be read atomically. Copy-on-write nodes or a
-// second, left-right copy of a shard would keep a published state for
-// readers, but the lookup's structures (table slots, nodes, holder sets)
-// are most of the 56–62 bytes a (block, worker) pair costs, and the
-// budget is 64. Dynamo's Flash Indexer does not avoid locks either: its
-// lookups take read locks on small parts (a node, a map shard), and
-// each event thread owns its workers. Here each writer holds a shard for
-// one chunk of an event (applyChunk blocks), and a lookup reads the
-// shards no writer holds first.
 //   - Requests are matched by their sequence hashes (blockhash), events by
 //     the blocks' local hashes; both must come from the same block size and
 //     LoRA adapter. Workers of different block sizes share one index (their
 //     hashes never collide); each is matched with hashes of its own size.
+//
+// How long a lookup waits for a writer. A writer holds a shard for at most
+// one chunk of an event (applyChunk blocks), and for one block once a
+// lookup waits for the shard (tree.lookupsWait): a lookup reads the shards
+// no writer holds first, and then waits for one block's work of a writer
+// that runs. A writer whose thread lost its core inside a shard still
+// holds the lookups of that shard until it runs again.
+//
+// Why lookups are not lock-free. A lookup that never waits must read, in
+// any state a writer may leave a shard in when it stops anywhere, every
+// structure it walks: the sequence-hash table (a removal shifts entries
+// back, a resize replaces a part), nodes (freed and reused for other
+// blocks), holder sets (grown, swapped in place, freed and reused for
+// other nodes) and the paged arrays' headers. In Go each such field must
+// be read and written with sync/atomic (on amd64 a store is a locked
+// exchange), each part validated by a version, and a worker's answer
+// validated against the writer's steps, which a writer applying that
+// worker's event changes every block; holder sets would need copy-on-write
+// (an allocation for each holder added to or dropped from a shared block)
+// or versions with delayed reuse. All of that taxes the single-threaded
+// apply path the simulator runs and every event, for the rare lookup that
+// meets a writer which lost its core. A sequence lock alone does not help
+// (it cannot serve a reader while a writer is inside), and copy-on-write
+// nodes or a second, left-right copy of the lookup's structures (table
+// slots, nodes, holder sets: most of the 56–62 bytes a (block, worker)
+// pair costs) break the 64-byte budget. Dynamo's Flash Indexer does not
+// avoid locks either: its lookups take a read lock on each node (or run)
+// they step through, and only the root's child table is published
+// read-only, under epoch-based reclamation; each event thread owns its
+// workers, as each shard here has one writer per event source.
 package index
 
 import (
@@ -288,9 +303,10 @@ func (ix *Index) Apply(ev *kv.Event) error {
 const applyChunk = 16
 
 // storeChunked applies a stored event with sh.mu held, releasing it
-// between chunks. Readers may see a prefix of the chain meanwhile, which is
-// a state the worker was in anyway. If another writer removed the point
-// the chain hangs from, the rest is refused like an unknown parent.
+// between chunks, and after the next block while a lookup waits for the
+// shard. Readers may see a prefix of the chain meanwhile, which is a state
+// the worker was in anyway. If another writer removed the point the chain
+// hangs from, the rest is refused like an unknown parent.
 func storeChunked(sh *shard, t *tree, ev *kv.Event) error {
 	s, cur, err := t.beginStored(ev.Worker, &ev.Stored)
 	if err != nil {
@@ -320,7 +336,7 @@ func storeChunked(sh *shard, t *tree, ev *kv.Event) error {
 }
 
 // removeChunked applies a removed event with sh.mu held, releasing it
-// between chunks.
+// between chunks, and after the next block while a lookup waits.
 func removeChunked(sh *shard, t *tree, ev *kv.Event) {
 	hashes := ev.Removed.EngineHashes
 	for {

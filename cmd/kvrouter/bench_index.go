@@ -163,6 +163,7 @@ func printIndexReport(w io.Writer, r *bench.IndexReport) error {
 	row("bytes / pair", fmt.Sprintf("%.1f", r.BytesPerPair))
 	row("index heap", fmt.Sprintf("%.1f MiB", float64(r.IndexHeapBytes)/(1<<20)))
 	row("heap in use", fmt.Sprintf("%.1f MiB", float64(r.HeapInuseBytes)/(1<<20)))
+	row("lookup waits", fmt.Sprintf("%d", r.LookupWaits))
 	row("apply errors", fmt.Sprintf("%d", r.ApplyErrors))
 	row("overlap mismatches", fmt.Sprintf("%d", r.OverlapMismatches))
 	return tw.Flush()

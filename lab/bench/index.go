@@ -101,7 +101,10 @@ type IndexReport struct {
 	// CrossGroupMatches counts matches on engines outside the request's
 	// group; copies are disjoint, so it is 0.
 	CrossGroupMatches uint64 `json:"cross_group_matches"`
-	IndexedPairs      uint64 `json:"indexed_pairs"`
+	// LookupWaits counts lookups of a shard that found a writer in it and
+	// waited for it (index.Stats.LookupWaits).
+	LookupWaits  uint64 `json:"lookup_waits"`
+	IndexedPairs uint64 `json:"indexed_pairs"`
 	// IndexHeapBytes is the heap the index holds: HeapAlloc after a GC with
 	// the index alive minus HeapAlloc after dropping it and collecting again.
 	IndexHeapBytes uint64  `json:"index_heap_bytes"`
@@ -526,6 +529,7 @@ func IndexBench(ctx context.Context, tr *trace.Trace, cfg IndexConfig) (*IndexRe
 	// harness (engine caches, hash caches) stays alive across both reads,
 	// so the difference is the index's own heap.
 	rep.IndexedPairs = r.ix.Pairs()
+	rep.LookupWaits = r.ix.Stats().LookupWaits
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)

@@ -103,6 +103,10 @@ func Markdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(bw, "\nNor more than %.1f req/s once decoding is charged too: a decode step's fixed cost for every `--max-num-seqs` tokens decoded, "+
 			"and, in every step a request decodes in, the KV reads of the prompt blocks it holds alone (the engine bound).\n", c.EngineBoundRPS)
 	}
+	if c.KVBoundRPS > 0 && c.KVBoundRPS <= c.EngineBoundRPS {
+		fmt.Fprintf(bw, "\nThe engines' caches differ: that bound charges each engine's blocks at its own KV size, "+
+			"keeps each request's decode and private prompt on one engine, and counts at least one decode step for every cache's worth of held blocks (the KV bound, %.1f req/s).\n", c.KVBoundRPS)
+	}
 	if w := res.BurstWarning(); w != "" {
 		fmt.Fprintf(bw, "\n**Warning:** %s\n", w)
 	}

@@ -92,8 +92,11 @@ func Markdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
 	if c.Fleet != "" {
-		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed "+
-			"and charge held blocks at the largest engine's KV size.\n", c.Fleet)
+		charge := "and charge held blocks at the largest engine's KV size"
+		if c.KVBoundRPS > 0 {
+			charge += " (the KV bound, below, at each engine's own)"
+		}
+		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed %s.\n", c.Fleet, charge)
 	}
 	if c.PrefillBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+

@@ -201,13 +201,13 @@ func kvBound(r *kvRequests, classes []kvClass, eng engine.Config) float64 {
 		private += int64(p)
 	}
 	pool := float64(max(r.misses-private, 0)) * cstar
+	d0 := float64(engine.DecodeTime(0))
+	slope := float64(engine.DecodeTime(1)) - d0
 	best := math.Inf(1)
 	for lambdas := range 1 << len(classes) {
 		cost := func(i, c int) float64 {
 			k := classes[c]
 			lam := float64(lambdas >> c & 1)
-			d0 := float64(engine.DecodeTime(0))
-			slope := float64(engine.DecodeTime(1)) - d0
 			steps, blocks := float64(r.steps[i]), float64(r.blocks[i])*float64(r.steps[i])
 			return (cstar*float64(r.private[i]) + d0*(lam*steps/float64(eng.MaxNumSeqs)+(1-lam)*blocks/float64(k.blocks)) + slope*blocks/float64(k.blocks)) / k.speed
 		}

@@ -126,7 +126,7 @@ func TestPrivacy(t *testing.T) {
 func TestNoPolicyExceedsTheKVBound(t *testing.T) {
 	reqs, err := workload.Synthetic(workload.SyntheticConfig{
 		Requests: 160, Groups: 16, SystemTokens: 256, QuestionTokens: 512, OutputTokens: 200,
-		Rate: 40, Turns: 2, ThinkTime: time.Second, Seed: 5,
+		Rate: 40, Turns: 1, Seed: 5,
 	})
 	if err != nil {
 		t.Fatal(err)

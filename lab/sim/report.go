@@ -92,8 +92,11 @@ func Markdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(bw, "| %s | %s%.2f | %.3g | %s |\n", name, bound, m.GoodputRPS, m.GoodputArrivalSpeedup, vsRR)
 	}
 	if c.Fleet != "" {
-		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed "+
-			"and charge held blocks at the largest engine's KV size.\n", c.Fleet)
+		charge := "and charge held blocks at the largest engine's KV size"
+		if c.KVBoundRPS > 0 {
+			charge += " (the KV bound, below, at each engine's own)"
+		}
+		fmt.Fprintf(bw, "\nThe engines are unequal (`--fleet %s`: COUNTxSPEED[:KV]); the bounds count each engine by its speed %s.\n", c.Fleet, charge)
 	}
 	if c.PrefillBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNo policy sustains more than %.1f req/s on %d engines: that rate saturates them with the prompt tokens one infinite cache would miss, "+
@@ -102,6 +105,10 @@ func Markdown(w io.Writer, res *Results) error {
 	if c.EngineBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNor more than %.1f req/s once decoding is charged too: a decode step's fixed cost for every `--max-num-seqs` tokens decoded, "+
 			"and, in every step a request decodes in, the KV reads of the prompt blocks it holds alone (the engine bound).\n", c.EngineBoundRPS)
+	}
+	if c.KVBoundRPS > 0 && c.KVBoundRPS <= c.EngineBoundRPS {
+		fmt.Fprintf(bw, "\nThe engines' caches differ: that bound charges each engine's blocks at its own KV size, "+
+			"keeps each request's decode and private prompt on one engine, and counts at least one decode step for every cache's worth of held blocks (the KV bound, %.1f req/s).\n", c.KVBoundRPS)
 	}
 	if w := res.BurstWarning(); w != "" {
 		fmt.Fprintf(bw, "\n**Warning:** %s\n", w)

@@ -209,7 +209,7 @@ func Ceiling(w Workload, blockSize int) float64 {
 }
 
 func ceilingOf(w Workload, blockSize int) *replay.Ceiling {
-	return measure(w, blockSize, 0).infinite
+	return measure(w, blockSize, 0, false).infinite
 }
 
 // workloadBounds is what a sweep's bounds and ceilings need of a workload.
@@ -219,16 +219,24 @@ type workloadBounds struct {
 	// (replay.NewPooledCeiling).
 	infinite, pooled *replay.Ceiling
 	decode           decodeStats
+	// kv is every request's part of the KV bound (kvbound.go), nil
+	// unless asked for.
+	kv *kvRequests
 }
 
 // measure takes every prompt once, in arrival order, hashed once under its
-// cache salt, for the ceilings and the engine bound's decode steps.
-func measure(w Workload, blockSize, fleetBlocks int) workloadBounds {
+// cache salt, for the ceilings and the engine bound's decode steps, and
+// with perRequest the KV bound's requests.
+func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBounds {
 	b := workloadBounds{infinite: replay.NewCeiling(blockSize)}
 	if fleetBlocks > 0 {
 		b.pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
 	}
 	own := newOwnership(w)
+	var priv *privacy
+	if perRequest {
+		priv = newPrivacy(w.Len())
+	}
 	var local, seq []uint64
 	for i := range w.Len() {
 		r := w.Request(i)
@@ -238,8 +246,16 @@ func measure(w Workload, blockSize, fleetBlocks int) workloadBounds {
 			b.pooled.AddHashes(seq, len(r.Tokens))
 		}
 		own.add(i, &r, seq)
+		if priv != nil {
+			priv.add(i, &r, seq)
+		}
 	}
 	b.decode = own.result()
+	if priv != nil {
+		hits, total := b.infinite.Tokens()
+		kv := priv.result(blockSize, int64(total-hits))
+		b.kv = &kv
+	}
 	return b
 }
 

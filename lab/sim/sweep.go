@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvrouter/kvrouter/lab/replay"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
 
@@ -97,7 +96,12 @@ type RunConfig struct {
 	// EngineBoundRPS is the tighter bound that charges decode steps too
 	// (EngineBoundRPS, the function).
 	EngineBoundRPS float64 `json:"engine_bound_rps"`
-	Command        string  `json:"command,omitempty"`
+	// KVBoundRPS is the engine bound with each engine's blocks charged at
+	// its own KV size and each request's work on one engine (kvBound), on
+	// a fleet of unequal KV sizes; 0 otherwise. EngineBoundRPS is the
+	// lower of the two.
+	KVBoundRPS float64 `json:"kv_bound_rps,omitempty"`
+	Command    string  `json:"command,omitempty"`
 	// Fleet is the unequal engines, in --fleet's syntax, when they were.
 	Fleet string `json:"fleet,omitempty"`
 	// Disagg is the disaggregated fleet, when it was one (Workers is then
@@ -191,17 +195,12 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 			results[j], errs[j] = sweepMode(&fc, cfg.Modes[j%nm], w, speedups, bar, sem)
 		}()
 	}
-	var ceiling, pooled *replay.Ceiling
-	var engineRPS float64
-	speed, maxBlocks, totalBlocks := cfg.Sim.fleetSize(fleets[0])
+	var b fleetBounds
+	speed, _, _ := cfg.Sim.fleetSize(fleets[0])
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m := measure(w, cfg.Sim.Engine.BlockSize, totalBlocks)
-		ceiling, pooled = m.infinite, m.pooled
-		eng := cfg.Sim.Engine
-		eng.NumGPUBlocks = maxBlocks
-		engineRPS = engineBound(ceiling, m.decode, eng, speed)
+		b = boundsOf(&cfg.Sim, w, fleets[0])
 	}()
 	wg.Wait()
 	res := &Results{Modes: map[string]*ModeResult{}}
@@ -228,9 +227,10 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 		ArrivalSpeedups: speedups, SLOTTFTP90MS: ms(cfg.SLOTTFTP90), SLOITLP90MS: ms(cfg.SLOITLP90), Seed: cfg.Sim.Seed,
 		BlockSize: cfg.Sim.Engine.BlockSize, NumGPUBlocks: cfg.Sim.Engine.NumGPUBlocks, MaxBatched: cfg.Sim.Engine.MaxNumBatchedTokens,
 		KVEventDelayMS: ms(cfg.Sim.KVEventDelay), MetricsMS: ms(cfg.Sim.EngineMetricsInterval),
-		CeilingHitRate: ceiling.Rate(), FleetCeilingHitRate: pooled.Rate(),
-		PrefillBoundRPS: PrefillBoundRPS(ceiling, w.Len(), speed, cfg.Sim.Engine.MaxNumBatchedTokens),
-		EngineBoundRPS:  engineRPS,
+		CeilingHitRate: b.ceiling.Rate(), FleetCeilingHitRate: b.pooled.Rate(),
+		PrefillBoundRPS: PrefillBoundRPS(b.ceiling, w.Len(), speed, cfg.Sim.Engine.MaxNumBatchedTokens),
+		EngineBoundRPS:  b.engineRPS,
+		KVBoundRPS:      b.kvRPS,
 		Fleet:           fleet.SpecsString(cfg.Sim.Specs),
 	}
 	if len(fleets) > 1 {

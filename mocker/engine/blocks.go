@@ -127,14 +127,25 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	}
 	n := 0
 	for n < maxBlocks {
-		m.ensureHashes(s, n+1)
-		if _, ok := m.byHash.get(s.hashes[n]); !ok {
-			break
+		// Hashes are computed a window ahead, so that the window's slots
+		// are asked for before the first is read: the allocation that
+		// follows needs them anyway.
+		end := min(n+warmAhead, maxBlocks)
+		m.ensureHashes(s, end)
+		for _, h := range s.hashes[n:end] {
+			m.byHash.warm(h)
 		}
-		n++
+		for ; n < end; n++ {
+			if _, ok := m.byHash.get(s.hashes[n]); !ok {
+				return n
+			}
+		}
 	}
 	return n
 }
+
+// warmAhead is how many block lookups are asked for before they are made.
+const warmAhead = 16
 
 // allocateOwn makes s hold the blocks for its first upTo tokens (upTo never
 // decreases while s holds blocks). It changes nothing and reports false when
@@ -176,7 +187,13 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 	m.ensureHashes(s, full)
 	newCnt, revive := 0, 0
 	m.found = m.found[:0]
+	for i := have; i < min(have+warmAhead, full); i++ {
+		m.byHash.warm(s.hashes[i])
+	}
 	for i := have; i < full; i++ {
+		if j := i + warmAhead; j < full {
+			m.byHash.warm(s.hashes[j])
+		}
 		idx, ok := m.byHash.get(s.hashes[i])
 		m.found = append(m.found, idx)
 		if !ok {
@@ -220,9 +237,21 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		s.blocks = append(s.blocks, idx)
 	}
 	if newCnt > 0 {
+		// The blocks this allocation evicts are the LRU's first ones, in
+		// order: ahead walks them, asking for each one's map slot before
+		// makeRoom deletes it.
+		ahead := m.lruHead
+		for k := 0; k < warmAhead && ahead != noBlock; k++ {
+			m.byHash.warm(m.blocks[ahead].hash)
+			ahead = m.blocks[ahead].next
+		}
 		for i := have; i < full; i++ {
 			if s.blocks[i] != noBlock {
 				continue
+			}
+			if m.free() == 0 && ahead != noBlock {
+				m.byHash.warm(m.blocks[ahead].hash)
+				ahead = m.blocks[ahead].next
 			}
 			m.makeRoom()
 			idx := m.newIndex()

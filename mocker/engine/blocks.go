@@ -365,6 +365,9 @@ func (m *blockManager) release(s *seqBlocks) { m.releaseTail(s, 0) }
 func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 	m.releaseGroups(s)
 	for i := len(s.blocks) - 1; i >= keep; i-- {
+		if j := i - warmAhead; j >= keep {
+			prefetch(unsafe.Pointer(&m.blocks[s.blocks[j]]))
+		}
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
 		b.ref--

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"iter"
 	"slices"
+	"unsafe"
 )
 
 // The KV block manager.
@@ -33,11 +34,11 @@ import (
 const noBlock = -1
 
 type block struct {
-	hash       uint64
-	parent     uint64 // engine id of the block before it; valid when !root
-	root       bool
-	ref        int32
-	prev, next int32 // LRU links while inactive
+	hash   uint64
+	parent uint64 // engine id of the block before it; valid when !root
+	root   bool
+	ref    int32
+	lruPos int32 // the block's entry in blockManager.lru while inactive, else noBlock
 }
 
 type blockManager struct {
@@ -57,11 +58,18 @@ type blockManager struct {
 	// have any, for CachedBlocks; most blocks have none.
 	extra map[int32]slotKeys
 
-	lruHead, lruTail int32
-	numActive        int // full blocks with ref > 0
-	numInactive      int // full blocks with ref == 0 (in the LRU)
-	numPartial       int // partial blocks
-	numAnon          int // anonymous slots (caching off)
+	// lru queues the inactive blocks, evicted from lruOff on: a block is
+	// appended when its last holder lets it go, and reviving it only marks
+	// its entry stale (lruPos no longer names it). A queue instead of a
+	// linked list, because an eviction then reads the next victims from
+	// one array and can ask for their blocks ahead; a list made every
+	// eviction wait for the block before it.
+	lru         []int32
+	lruOff      int
+	numActive   int // full blocks with ref > 0
+	numInactive int // full blocks with ref == 0 (in the LRU)
+	numPartial  int // partial blocks
+	numAnon     int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
 	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
@@ -77,8 +85,6 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 		caching:   caching,
 		seed:      seed,
 		byHash:    newBlockMap(),
-		lruHead:   noBlock,
-		lruTail:   noBlock,
 	}
 }
 
@@ -127,14 +133,25 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	}
 	n := 0
 	for n < maxBlocks {
-		m.ensureHashes(s, n+1)
-		if _, ok := m.byHash.get(s.hashes[n]); !ok {
-			break
+		// Hashes are computed a window ahead, so that the window's slots
+		// are asked for before the first is read: the allocation that
+		// follows needs them anyway.
+		end := min(n+warmAhead, maxBlocks)
+		m.ensureHashes(s, end)
+		for _, h := range s.hashes[n:end] {
+			m.byHash.warm(h)
 		}
-		n++
+		for ; n < end; n++ {
+			if _, ok := m.byHash.get(s.hashes[n]); !ok {
+				return n
+			}
+		}
 	}
 	return n
 }
+
+// warmAhead is how many block lookups are asked for before they are made.
+const warmAhead = 16
 
 // allocateOwn makes s hold the blocks for its first upTo tokens (upTo never
 // decreases while s holds blocks). It changes nothing and reports false when
@@ -176,7 +193,13 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 	m.ensureHashes(s, full)
 	newCnt, revive := 0, 0
 	m.found = m.found[:0]
+	for i := have; i < min(have+warmAhead, full); i++ {
+		m.byHash.warm(s.hashes[i])
+	}
 	for i := have; i < full; i++ {
+		if j := i + warmAhead; j < full {
+			m.byHash.warm(s.hashes[j])
+		}
 		idx, ok := m.byHash.get(s.hashes[i])
 		m.found = append(m.found, idx)
 		if !ok {
@@ -224,9 +247,12 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 			if s.blocks[i] != noBlock {
 				continue
 			}
+			if m.free() == 0 {
+				m.warmVictims()
+			}
 			m.makeRoom()
 			idx := m.newIndex()
-			m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, prev: noBlock, next: noBlock}
+			m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, lruPos: noBlock}
 			if i > 0 {
 				m.blocks[idx].parent = s.hashes[i-1]
 			}
@@ -287,11 +313,10 @@ func (m *blockManager) makeRoom() {
 	if m.free() > 0 {
 		return
 	}
-	idx := m.lruHead
+	idx := m.lruPop()
 	if idx == noBlock {
 		panic("engine: block manager out of slots")
 	}
-	m.lruRemove(idx)
 	h := m.blocks[idx].hash
 	m.byHash.delete(h)
 	delete(m.extra, idx)
@@ -340,6 +365,9 @@ func (m *blockManager) release(s *seqBlocks) { m.releaseTail(s, 0) }
 func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 	m.releaseGroups(s)
 	for i := len(s.blocks) - 1; i >= keep; i-- {
+		if j := i - warmAhead; j >= keep {
+			prefetch(unsafe.Pointer(&m.blocks[s.blocks[j]]))
+		}
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
 		b.ref--
@@ -364,35 +392,67 @@ func (m *blockManager) reset() {
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	clear(m.extra)
-	m.lruHead, m.lruTail = noBlock, noBlock
+	m.lru, m.lruOff = m.lru[:0], 0
 	m.numInactive = 0
 	m.resetGroups()
 }
 
 func (m *blockManager) lruPushBack(idx int32) {
-	b := &m.blocks[idx]
-	b.prev, b.next = m.lruTail, noBlock
-	if m.lruTail != noBlock {
-		m.blocks[m.lruTail].next = idx
-	} else {
-		m.lruHead = idx
+	if live := len(m.lru) - m.lruOff; live >= lruCompactMin && live >= 2*m.numInactive {
+		m.compactLRU()
 	}
-	m.lruTail = idx
+	m.blocks[idx].lruPos = int32(len(m.lru))
+	m.lru = append(m.lru, idx)
 }
 
+// lruCompactMin is the queue length below which it is never compacted
+// (tests lower it to compact at every chance).
+var lruCompactMin = 64
+
 func (m *blockManager) lruRemove(idx int32) {
-	b := &m.blocks[idx]
-	if b.prev != noBlock {
-		m.blocks[b.prev].next = b.next
-	} else {
-		m.lruHead = b.next
+	m.blocks[idx].lruPos = noBlock
+}
+
+// lruPop takes the least recently released inactive block off the queue,
+// or returns noBlock when there is none.
+func (m *blockManager) lruPop() int32 {
+	for m.lruOff < len(m.lru) {
+		pos := m.lruOff
+		idx := m.lru[pos]
+		m.lruOff++
+		if b := &m.blocks[idx]; b.lruPos == int32(pos) {
+			b.lruPos = noBlock
+			return idx
+		}
 	}
-	if b.next != noBlock {
-		m.blocks[b.next].prev = b.prev
-	} else {
-		m.lruTail = b.prev
+	return noBlock
+}
+
+// compactLRU drops the queue's stale entries (revived blocks') and the
+// evicted front, so that the queue stays within twice the inactive blocks.
+func (m *blockManager) compactLRU() {
+	n := 0
+	for pos := m.lruOff; pos < len(m.lru); pos++ {
+		idx := m.lru[pos]
+		if b := &m.blocks[idx]; b.lruPos == int32(pos) {
+			b.lruPos = int32(n)
+			m.lru[n] = idx
+			n++
+		}
 	}
-	b.prev, b.next = noBlock, noBlock
+	m.lru, m.lruOff = m.lru[:n], 0
+}
+
+// warmVictims asks for what the next evictions touch: the blocks a few
+// entries ahead in the queue, and the map slots of the nearer ones (whose
+// blocks were asked for by an earlier call).
+func (m *blockManager) warmVictims() {
+	if far := m.lruOff + 2*warmAhead; far < len(m.lru) {
+		prefetch(unsafe.Pointer(&m.blocks[m.lru[far]]))
+	}
+	if near := m.lruOff + warmAhead; near < len(m.lru) {
+		m.byHash.warm(m.blocks[m.lru[near]].hash)
+	}
 }
 
 // CachedBlock is one full block the engine caches, as a Stored event would

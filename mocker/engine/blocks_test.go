@@ -171,26 +171,27 @@ func (r *refManager) release(s *refSeq) {
 func checkManager(t *testing.T, m *blockManager, holders []*seqBlocks) {
 	t.Helper()
 	inLRU := map[int32]bool{}
-	prev := int32(noBlock)
-	for idx := m.lruHead; idx != noBlock; idx = m.blocks[idx].next {
+	for pos := m.lruOff; pos < len(m.lru); pos++ {
+		idx := m.lru[pos]
+		b := m.blocks[idx]
+		if b.lruPos != int32(pos) {
+			continue // a revived block's stale entry
+		}
 		if inLRU[idx] {
-			t.Fatalf("LRU cycle at %d", idx)
+			t.Fatalf("block %d queued twice", idx)
 		}
 		inLRU[idx] = true
-		b := m.blocks[idx]
-		if b.prev != prev {
-			t.Fatalf("LRU back link of %d is %d, want %d", idx, b.prev, prev)
-		}
 		if b.ref != 0 {
 			t.Fatalf("block %d in the free LRU with refcount %d", idx, b.ref)
 		}
 		if got, ok := m.byHash.get(b.hash); !ok || got != idx {
 			t.Fatalf("LRU block %d (hash %x) not in the cache map", idx, b.hash)
 		}
-		prev = idx
 	}
-	if m.lruTail != prev {
-		t.Fatalf("LRU tail %d, want %d", m.lruTail, prev)
+	for idx := range m.blocks {
+		if b := m.blocks[idx]; b.lruPos != noBlock && !inLRU[int32(idx)] && (int(b.lruPos) >= len(m.lru) || m.lru[b.lruPos] != int32(idx)) {
+			t.Fatalf("block %d names queue entry %d, which is not its own", idx, b.lruPos)
+		}
 	}
 	if len(inLRU) != m.numInactive {
 		t.Fatalf("LRU holds %d blocks, numInactive %d", len(inLRU), m.numInactive)
@@ -268,6 +269,18 @@ func checkManager(t *testing.T, m *blockManager, holders []*seqBlocks) {
 // model with the same long random streams of lookups, chunked allocations,
 // decode-like growth and releases, and compares them after every operation.
 func TestBlockManagerMatchesReference(t *testing.T) {
+	testManagerMatchesReference(t)
+}
+
+// TestBlockManagerMatchesReferenceCompacting is the same with the LRU
+// queue compacted at every chance, so that compaction keeps its order.
+func TestBlockManagerMatchesReferenceCompacting(t *testing.T) {
+	defer func(n int) { lruCompactMin = n }(lruCompactMin)
+	lruCompactMin = 0
+	testManagerMatchesReference(t)
+}
+
+func testManagerMatchesReference(t *testing.T) {
 	for _, tc := range []struct {
 		bs, capacity, ops int
 	}{
@@ -394,8 +407,10 @@ func compareRef(t *testing.T, op int, m *blockManager, ref *refManager) {
 		}
 	}
 	var lru []uint64
-	for idx := m.lruHead; idx != noBlock; idx = m.blocks[idx].next {
-		lru = append(lru, m.blocks[idx].hash)
+	for pos := m.lruOff; pos < len(m.lru); pos++ {
+		if idx := m.lru[pos]; m.blocks[idx].lruPos == int32(pos) {
+			lru = append(lru, m.blocks[idx].hash)
+		}
 	}
 	if !slices.Equal(lru, ref.lru) {
 		t.Fatalf("op %d: LRU order differs from the reference", op)

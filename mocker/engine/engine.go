@@ -411,7 +411,9 @@ func (e *Engine) Add(r Request) error {
 		copy(toks, r.Tokens)
 	}
 	s := &seq{
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r)},
+		// Room for every full block the request can reach: growing the
+		// slices block by block cost more than the blocks' own hashing.
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: make([]int32, 0, total/bs)},
 		id:           r.ID,
 		numPrompt:    len(r.Tokens),
 		maxTokens:    r.MaxTokens,

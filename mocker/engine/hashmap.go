@@ -1,5 +1,7 @@
 package engine
 
+import "unsafe"
+
 // blockMap maps engine block ids to slot indices: open addressing with
 // linear probing and backward-shift deletion, so that the constant churn of
 // a full cache (an eviction and an insertion per new block) leaves no
@@ -60,6 +62,13 @@ func (m *blockMap) get(key uint64) (int32, bool) {
 			return s.val, true
 		}
 	}
+}
+
+// warm asks for the slot a lookup of key starts at, without waiting for
+// it: a lookup far behind in the table is a memory round trip, and a few
+// asked for ahead overlap theirs.
+func (m *blockMap) warm(key uint64) {
+	prefetch(unsafe.Pointer(&m.slots[key&m.mask]))
 }
 
 // put inserts or replaces key.

@@ -3,6 +3,8 @@ package index
 import (
 	"math"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
 // nodeMap finds a tree node by the sequence hash of its path. A slot is one
@@ -81,7 +83,7 @@ func (m *nodeMap) get(seq uint64, nodes *paged[node]) (uint32, bool) {
 // waiting.
 func (m *nodeMap) prefetchHome(seq uint64) {
 	if t := m.partOf(seq); len(t.slots) > 0 {
-		prefetch(unsafe.Pointer(&t.slots[t.home(tagOf(seq))]))
+		prefetch.Line(unsafe.Pointer(&t.slots[t.home(tagOf(seq))]))
 	}
 }
 
@@ -90,8 +92,8 @@ func (m *nodeMap) prefetchHome(seq uint64) {
 func (m *nodeMap) prefetchRun(seq uint64) {
 	if t := m.partOf(seq); len(t.slots) > 0 {
 		i := t.home(tagOf(seq))
-		prefetch(unsafe.Pointer(&t.slots[i]))
-		prefetch(unsafe.Pointer(&t.slots[min(i+8, len(t.slots)-1)]))
+		prefetch.Line(unsafe.Pointer(&t.slots[i]))
+		prefetch.Line(unsafe.Pointer(&t.slots[min(i+8, len(t.slots)-1)]))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
+	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
 // tree is the single-threaded heart of the index: which worker ranks hold
@@ -1072,7 +1073,7 @@ func (t *tree) warmStore(s, cur uint32, blocks []kv.Block) []uint64 {
 	}
 	// New nodes come off the free list: warm the ones the chunk may take.
 	for i := len(t.free) - 1; i >= 0 && i >= len(t.free)-len(blocks); i-- {
-		prefetch(unsafe.Pointer(t.nodes.at(t.free[i])))
+		prefetch.Line(unsafe.Pointer(t.nodes.at(t.free[i])))
 	}
 	t.seqs = seqs
 	return seqs
@@ -1092,7 +1093,7 @@ func (t *tree) warmRemove(ws *workerState, hashes []uint64) {
 	for _, h := range hashes {
 		if n, ok := ws.blocks.Get(h); ok {
 			nodes = append(nodes, n)
-			prefetch(unsafe.Pointer(t.nodes.at(n)))
+			prefetch.Line(unsafe.Pointer(t.nodes.at(n)))
 		}
 	}
 	for _, n := range nodes {

@@ -3,6 +3,8 @@ package index
 import (
 	"math/bits"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
 // u64map maps uint64 keys to uint32 values with linear probing in one
@@ -70,15 +72,15 @@ func (m *u64map) Get(k uint64) (uint32, bool) {
 func (m *u64map) prefetchRun(k uint64) {
 	if len(m.slots) > 0 {
 		i := m.home(k)
-		prefetch(unsafe.Pointer(&m.slots[i]))
-		prefetch(unsafe.Pointer(&m.slots[min(i+5, len(m.slots)-1)]))
+		prefetch.Line(unsafe.Pointer(&m.slots[i]))
+		prefetch.Line(unsafe.Pointer(&m.slots[min(i+5, len(m.slots)-1)]))
 	}
 }
 
 // prefetchHome asks for the slot a lookup of k starts at, without waiting.
 func (m *u64map) prefetchHome(k uint64) {
 	if len(m.slots) > 0 {
-		prefetch(unsafe.Pointer(&m.slots[m.home(k)]))
+		prefetch.Line(unsafe.Pointer(&m.slots[m.home(k)]))
 	}
 }
 

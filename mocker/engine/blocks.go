@@ -5,6 +5,8 @@ import (
 	"iter"
 	"slices"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
 // The KV block manager.
@@ -366,7 +368,7 @@ func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 	m.releaseGroups(s)
 	for i := len(s.blocks) - 1; i >= keep; i-- {
 		if j := i - warmAhead; j >= keep {
-			prefetch(unsafe.Pointer(&m.blocks[s.blocks[j]]))
+			prefetch.Line(unsafe.Pointer(&m.blocks[s.blocks[j]]))
 		}
 		idx := s.blocks[i]
 		b := &m.blocks[idx]
@@ -448,7 +450,7 @@ func (m *blockManager) compactLRU() {
 // blocks were asked for by an earlier call).
 func (m *blockManager) warmVictims() {
 	if far := m.lruOff + 2*warmAhead; far < len(m.lru) {
-		prefetch(unsafe.Pointer(&m.blocks[m.lru[far]]))
+		prefetch.Line(unsafe.Pointer(&m.blocks[m.lru[far]]))
 	}
 	if near := m.lruOff + warmAhead; near < len(m.lru) {
 		m.byHash.warm(m.blocks[m.lru[near]].hash)

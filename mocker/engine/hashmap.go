@@ -1,6 +1,10 @@
 package engine
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/prefetch"
+)
 
 // blockMap maps engine block ids to slot indices: open addressing with
 // linear probing and backward-shift deletion, so that the constant churn of
@@ -68,7 +72,7 @@ func (m *blockMap) get(key uint64) (int32, bool) {
 // it: a lookup far behind in the table is a memory round trip, and a few
 // asked for ahead overlap theirs.
 func (m *blockMap) warm(key uint64) {
-	prefetch(unsafe.Pointer(&m.slots[key&m.mask]))
+	prefetch.Line(unsafe.Pointer(&m.slots[key&m.mask]))
 }
 
 // put inserts or replaces key.

@@ -123,7 +123,7 @@ func FuzzReplicaSyncMessage(f *testing.F) {
 		if dirty {
 			resetFuzzRouter(r)
 		}
-		s := &ReplicaSync{id: "me", r: r, log: slog.New(slog.DiscardHandler)}
+		s := &relay[router.LoadUpdate]{id: "me", what: "replica sync", log: slog.New(slog.DiscardHandler), decode: DecodeLoadUpdate, apply: r.ApplyRemoteLoad}
 		s.handle(data)
 		dirty = s.applied.Load()+s.applyErrors.Load() != 0
 		if s.applied.Load()+s.ignored.Load()+s.malformed.Load()+s.applyErrors.Load() != 1 {

@@ -45,10 +45,13 @@ func TestSessionStaysOnOneEngineAcrossReplicas(t *testing.T) {
 	srv := natsServer(t, t.TempDir(), 0)
 	defer srv.Shutdown()
 	const engines = 3
+	// A lease that lapses on a loaded machine would move the session off
+	// its engine, rightly: this test is not about leases.
+	const lease = 10 * time.Second
 	for i := range engines {
-		defer startAgent(t, srv.URL(), uint64(i+1), engineFleet(t)).Close()
+		defer startAgentLeased(t, srv.URL(), uint64(i+1), engineFleet(t), lease).Close()
 	}
-	replicas := []*Server{planeServer(t, srv.URL(), "a", false, true), planeServer(t, srv.URL(), "b", false, true)}
+	replicas := []*Server{planeServerLeased(t, srv.URL(), "a", false, true, lease), planeServerLeased(t, srv.URL(), "b", false, true, lease)}
 	for _, s := range replicas {
 		waitLive(t, s, engines)
 	}

@@ -2,6 +2,7 @@ package natsplane
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/core/sched"
 )
 
 // A dump comes from whoever answers a recovery request or wrote the
@@ -123,7 +125,7 @@ func FuzzReplicaSyncMessage(f *testing.F) {
 		if dirty {
 			resetFuzzRouter(r)
 		}
-		s := &ReplicaSync{id: "me", r: r, log: slog.New(slog.DiscardHandler)}
+		s := &relay[router.LoadUpdate]{id: "me", what: "replica sync", log: slog.New(slog.DiscardHandler), decode: DecodeLoadUpdate, apply: r.ApplyRemoteLoad}
 		s.handle(data)
 		dirty = s.applied.Load()+s.applyErrors.Load() != 0
 		if s.applied.Load()+s.ignored.Load()+s.malformed.Load()+s.applyErrors.Load() != 1 {
@@ -138,6 +140,38 @@ func FuzzReplicaSyncMessage(f *testing.F) {
 					t.Fatalf("a freed booking left load behind: %+v", l)
 				}
 			}
+		}
+	})
+}
+
+// Session-sync messages come from any client of the subject: whatever
+// they hold, they are applied or counted as malformed, and a binding
+// applied is one the router then routes the session by.
+func FuzzSessionSyncMessage(f *testing.F) {
+	f.Add([]byte(`{"router_id":"b","kind":"bind","session_id":"s","worker_id":1,"dp_rank":1,"sequence":1,"ttl_secs":30}`))
+	f.Add([]byte(`{"router_id":"b","kind":"refresh","session_id":"s","worker_id":1,"sequence":3}`))
+	f.Add([]byte(`{"router_id":"b","kind":"close","session_id":"s","sequence":9}`))
+	f.Add([]byte(`{"router_id":"b","kind":"bind","session_id":"s","worker_id":1,"dp_rank":4000000000,"ttl_secs":1e300}`))
+	f.Add([]byte(`{"router_id":"me","kind":"bind"}`))
+	f.Add([]byte(`[]`))
+
+	r := newFuzzRouter(f)
+	resetFuzzRouter(r)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var changed bool
+		s := &relay[sched.SessionUpdate]{id: "me", what: "session sync", log: slog.New(slog.DiscardHandler), decode: DecodeSessionUpdate,
+			apply: func(u sched.SessionUpdate) (err error) { changed, err = r.ApplyRemoteSession(u); return err }}
+		s.handle(data)
+		if s.applied.Load()+s.ignored.Load()+s.malformed.Load()+s.applyErrors.Load() != 1 {
+			t.Fatalf("a message was neither applied nor counted: %+v", s.Stats())
+		}
+		_, u, _ := DecodeSessionUpdate(data)
+		if !changed || u.Kind == sched.SessionClosed {
+			return
+		}
+		d, err := r.BestWorker(context.Background(), &router.Request{Tokens: []uint32{1, 2, 3}, Session: &sched.SessionControl{ID: u.ID}})
+		if err != nil || d.Via != sched.ViaSession || d.Worker != u.Worker {
+			t.Fatalf("applied %+v, then routed %+v, %v", u, d, err)
 		}
 	})
 }

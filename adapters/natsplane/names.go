@@ -71,6 +71,9 @@ func (n Names) Recovery(worker uint64) string {
 // ActiveSequences is the replica-sync subject.
 func (n Names) ActiveSequences() string { return n.prefix() + ".active_sequences_events" }
 
+// SessionAffinity is the session-sync subject.
+func (n Names) SessionAffinity() string { return n.prefix() + ".session_affinity_events" }
+
 // KVMetrics is the subject of engines' load reports.
 func (n Names) KVMetrics() string { return "namespace." + n.Namespace + ".kv_metrics" }
 

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 
@@ -52,21 +50,8 @@ const syncOutbox = 1 << 14
 // fleet and applies theirs, so that every replica scores against the load
 // the whole fleet put on each worker.
 type ReplicaSync struct {
-	nc   *nats.Conn
-	subj string
-	id   string
-	r    *router.Router
-	log  *slog.Logger
-	sub  *nats.Subscription
-	msgs chan *nats.Msg
-	out  chan router.LoadUpdate
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
-
-	published, publishErrors                 atomic.Uint64
-	applied, ignored, malformed, applyErrors atomic.Uint64
-	dropped                                  atomic.Uint64 // as of Close, which resets the subscription's
+	*relay[router.LoadUpdate]
+	r *router.Router
 }
 
 // syncHead is what every replica-sync message carries.
@@ -99,110 +84,20 @@ type syncAdd struct {
 // StartReplicaSync subscribes to the fleet's replica-sync subject and makes
 // r publish its bookings there. It replaces r's load observer until Close.
 func StartReplicaSync(nc *nats.Conn, cfg ReplicaSyncConfig, r *router.Router) (*ReplicaSync, error) {
-	cfg.Names = cfg.Names.orDefault()
-	if err := cfg.Names.Validate(); err != nil {
+	rl, err := startRelay(nc, cfg, "replica sync", cfg.Names.orDefault().ActiveSequences(),
+		EncodeLoadUpdate, DecodeLoadUpdate, r.ApplyRemoteLoad)
+	if err != nil {
 		return nil, err
 	}
-	if cfg.RouterID == "" || strings.Contains(cfg.RouterID, "/") {
-		return nil, fmt.Errorf("natsplane: replica sync needs a router id without '/', got %q", cfg.RouterID)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	s := &ReplicaSync{
-		nc: nc, subj: cfg.Names.ActiveSequences(), id: cfg.RouterID, r: r, log: cfg.Logger,
-		msgs: make(chan *nats.Msg, syncPending), out: make(chan router.LoadUpdate, syncOutbox),
-		stop: make(chan struct{}),
-	}
-	sub, err := nc.ChanSubscribe(s.subj, s.msgs)
-	if err != nil {
-		return nil, fmt.Errorf("natsplane: replica sync: %w", err)
-	}
-	// Once the server knows the subscription, nothing a peer publishes
-	// from now on is missed.
-	if err := nc.Flush(); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, fmt.Errorf("natsplane: replica sync: %w", err)
-	}
-	s.sub = sub
-	s.wg.Go(s.receive)
-	s.wg.Go(s.send)
-	r.SetLoadObserver(s.enqueue)
-	return s, nil
-}
-
-// Stats returns the counters.
-func (s *ReplicaSync) Stats() ReplicaSyncStats {
-	st := ReplicaSyncStats{
-		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(),
-		Applied: s.applied.Load(), Ignored: s.ignored.Load(),
-		Malformed: s.malformed.Load(), ApplyErrors: s.applyErrors.Load(), Dropped: s.dropped.Load(),
-	}
-	if n, err := s.sub.Dropped(); err == nil {
-		st.Dropped = uint64(n)
-	}
-	return st
+	r.SetLoadObserver(rl.enqueue)
+	return &ReplicaSync{relay: rl, r: r}, nil
 }
 
 // Close stops applying and publishing, once the updates already booked are
 // sent; the router keeps the remote bookings it has, which end with their
 // frees or their TTL.
 func (s *ReplicaSync) Close() error {
-	var err error
-	s.once.Do(func() {
-		s.r.SetLoadObserver(nil)
-		if n, e := s.sub.Dropped(); e == nil {
-			s.dropped.Store(uint64(n))
-		}
-		err = s.sub.Unsubscribe()
-		close(s.stop)
-		s.wg.Wait()
-	})
-	return err
-}
-
-// enqueue is the router's load observer. It runs under the router's lock,
-// where neither encoding a prompt's hashes nor nc.Publish belongs: once
-// the connection's write buffer is full, Publish writes to the socket
-// itself, and a stalled server would stall every booking.
-func (s *ReplicaSync) enqueue(u router.LoadUpdate) {
-	select {
-	case s.out <- u:
-	default:
-		s.count(&s.publishErrors, "replica sync: outbox full; other replicas miss this update", "kind", u.Kind)
-	}
-}
-
-// send publishes in booking order, so that peers see a request's add
-// before its free.
-func (s *ReplicaSync) send() {
-	for {
-		select {
-		case u := <-s.out:
-			s.publish(u)
-		case <-s.stop:
-			for {
-				select {
-				case u := <-s.out:
-					s.publish(u)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-func (s *ReplicaSync) publish(u router.LoadUpdate) {
-	b, err := EncodeLoadUpdate(s.id, u)
-	if err == nil {
-		err = s.nc.Publish(s.subj, b)
-	}
-	if err != nil {
-		s.count(&s.publishErrors, "replica sync: publish failed; other replicas miss this update", "kind", u.Kind, "err", err)
-		return
-	}
-	s.published.Add(1)
+	return s.close(func() { s.r.SetLoadObserver(nil) })
 }
 
 // EncodeLoadUpdate is the replica-sync message that tells the other
@@ -242,39 +137,6 @@ func DecodeLoadUpdate(data []byte) (routerID string, u router.LoadUpdate, err er
 	return m.RouterID, u, err
 }
 
-// receive applies messages one at a time, in arrival order: a request's
-// add must come before its free.
-func (s *ReplicaSync) receive() {
-	for {
-		select {
-		case m := <-s.msgs:
-			s.handle(m.Data)
-		case <-s.stop:
-			return
-		}
-	}
-}
-
-func (s *ReplicaSync) handle(data []byte) {
-	from, u, err := DecodeLoadUpdate(data)
-	switch {
-	case errors.Is(err, ErrUndecodable):
-		s.count(&s.malformed, "replica sync: undecodable message skipped", "err", err)
-		return
-	case from == s.id:
-		s.ignored.Add(1)
-		return
-	case err != nil:
-		s.count(&s.malformed, "replica sync: malformed message skipped", "router_id", from, "err", err)
-		return
-	}
-	if err := s.r.ApplyRemoteLoad(u); err != nil {
-		s.count(&s.applyErrors, "replica sync: update not applied", "router_id", from, "err", err)
-		return
-	}
-	s.applied.Add(1)
-}
-
 // update converts a message to the router's form. Request ids are
 // qualified with the sender's id, which has no '/', so that replicas may
 // use the same ids without their bookings colliding.
@@ -302,15 +164,4 @@ func (m *syncAdd) update() (router.LoadUpdate, error) {
 		return router.LoadUpdate{Kind: router.LoadFree, ID: id}, nil
 	}
 	return router.LoadUpdate{}, fmt.Errorf("unknown kind %q", m.Kind)
-}
-
-// count bumps c and logs: the first occurrence as a warning, the rest at
-// debug level, since a broken peer can repeat the same fault at the
-// fleet's request rate.
-func (s *ReplicaSync) count(c *atomic.Uint64, msg string, args ...any) {
-	if c.Add(1) == 1 {
-		s.log.Warn(msg, args...)
-	} else {
-		s.log.Debug(msg, args...)
-	}
 }

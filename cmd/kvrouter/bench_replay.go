@@ -65,10 +65,14 @@ mode. A mode may name its fleet layout and disaggregation options,
 MODE[@N|@PpDd][+uncached=N][+no-reuse], so that one replay compares them:
 kv@8 (8 aggregated engines), kv@4p4d (4 prefill and 4 decode engines,
 served disaggregated), round-robin@4p4d, kv@4p4d+uncached=512 (conditional
-disaggregation), kv@4p4d+no-reuse (decode routed as Dynamo does);
+disaggregation), kv@4p4d+no-reuse (decode routed as Dynamo does), kv+replicas=2 (two
+router replicas on an embedded NATS plane with --router-replica-sync, the
+engines registered by agents, requests sent to the replicas in turn;
+kv+replicas=1 is the same plane with one router);
 --prefill-workers and --decode-workers give the layout of modes that name
 none. --target URL replays against a running OpenAI-compatible endpoint
-instead (e.g. vLLM or a router in front of it).
+instead (e.g. vLLM or a router in front of it); --target URL1,URL2 sends
+the requests to each in turn.
 
 Writes DIR/results.json, DIR/report.md, DIR/ttft_cdf.png,
 DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
@@ -132,7 +136,7 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
 	f.IntVar(&maxRequests, "max-requests", 0, "replay only the first N requests of the trace (0 = all)")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the router's tie-breaks and of the synthetic workload")
-	f.StringVar(&cfg.Target, "target", "", "drive this OpenAI-compatible endpoint instead of spawned fleets")
+	f.StringVar(&cfg.Target, "target", "", "drive this OpenAI-compatible endpoint instead of spawned fleets; several, comma-separated, take the requests in turn (router replicas behind a round-robin client)")
 	f.StringVar(&cfg.Model, "model", "", "model name to request (default: the fleet's, or the target's first)")
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")
 	f.StringVar(&out, "out", "", "directory for results.json, report.md and the plots")

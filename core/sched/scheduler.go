@@ -150,12 +150,14 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 		if err := s.sessions.limits.check(sess); err != nil {
 			return Choice{}, err
 		}
-		if w, ok := s.sessions.Lookup(sess.ID, req.Now); ok {
-			if i := indexOf(cands, w); i >= 0 && (s.affinity != AffinitySoft || !MuchBusier(req, cands, i)) {
+		if p, ok := s.sessions.lookup(sess.ID, req.Now); ok {
+			if i := indexOf(cands, p.worker); i >= 0 && (s.affinity != AffinitySoft || !MuchBusier(req, cands, i)) {
 				if sess.Action == SessionClose {
-					s.sessions.Unbind(sess.ID)
+					s.unbind(req, sess.ID)
+				} else if req.Commit {
+					s.sessions.observe(SessionRefreshed, sess.ID, p)
 				}
-				return Choice{Index: i, Worker: w, Via: ViaSession}, nil
+				return Choice{Index: i, Worker: p.worker, Via: ViaSession}, nil
 			}
 			stale = true
 		}
@@ -177,12 +179,21 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 			// A race with another new session may fill the store between
 			// the check and here; this request is routed all the same,
 			// unpinned.
-			_ = s.sessions.Bind(sess.ID, cands[i].Worker, sess.Timeout, req.Now)
+			if p, err := s.sessions.bind(sess.ID, cands[i].Worker, sess.Timeout, req.Now); err == nil && req.Commit {
+				s.sessions.observe(SessionBound, sess.ID, p)
+			}
 		case stale && sess.Action == SessionClose:
-			s.sessions.Unbind(sess.ID)
+			s.unbind(req, sess.ID)
 		}
 	}
 	return Choice{Index: i, Worker: cands[i].Worker, Via: ViaPolicy}, nil
+}
+
+// unbind closes a session, observed when req is booked.
+func (s *Scheduler) unbind(req *Request, id string) {
+	if p, ok := s.sessions.unbind(id); ok && req.Commit {
+		s.sessions.observe(SessionClosed, id, p)
+	}
 }
 
 // route runs the policy over the non-busy candidates. The common case, no

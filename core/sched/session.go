@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -148,18 +149,133 @@ type SessionControl struct {
 // for its timeout after its last use. Expired pins are dropped when looked
 // up; Sweep drops the ones nobody asks for again. Safe for concurrent use.
 type Sessions struct {
-	limits SessionLimits
-	mu     sync.Mutex // guards pins; held only for map access, never across calls out
-	pins   map[string]pin
+	limits   SessionLimits
+	mu       sync.Mutex // guards pins; held only for map access, never across calls out
+	pins     map[string]pin
+	observer atomic.Pointer[func(SessionUpdate)] // see SetObserver
 }
 
 type pin struct {
 	worker   kv.Worker
 	ttl      time.Duration
 	lastUsed time.Time
+	seq      uint64 // see SessionUpdate.Seq
 }
 
 func (p pin) expired(now time.Time) bool { return now.Sub(p.lastUsed) >= p.ttl }
+
+// supersedes reports whether p is a later binding than the one numbered
+// seq to w. Of two bindings with the same number, made by two replicas
+// at once, the one to the lower worker wins: every replica picks the same
+// one without asking the others.
+func (p pin) supersedes(seq uint64, w kv.Worker) bool {
+	if p.seq != seq {
+		return p.seq > seq
+	}
+	return p.worker.ID < w.ID || p.worker.ID == w.ID && p.worker.DPRank < w.DPRank
+}
+
+// SessionUpdateKind says what a SessionUpdate did to a binding.
+type SessionUpdateKind uint8
+
+// The kinds of session updates.
+const (
+	SessionBound     SessionUpdateKind = iota + 1 // bound to a worker, anew or moved
+	SessionRefreshed                              // used: its TTL restarts
+	SessionClosed                                 // closed: unbound
+)
+
+func (k SessionUpdateKind) String() string {
+	switch k {
+	case SessionBound:
+		return "bind"
+	case SessionRefreshed:
+		return "refresh"
+	case SessionClosed:
+		return "close"
+	}
+	return fmt.Sprintf("SessionUpdateKind(%d)", uint8(k))
+}
+
+// SessionUpdate is one change a router made to a session's binding, in the
+// form another router replica needs to make the same change, so that a
+// session keeps its worker whichever replica its requests reach.
+type SessionUpdate struct {
+	Kind   SessionUpdateKind
+	ID     string
+	Worker kv.Worker
+	// TTL is the binding's sliding timeout; the receiver counts it from
+	// when the update arrives, on its own clock.
+	TTL time.Duration
+	// Seq numbers a session's bindings: a move to another worker takes the
+	// next number, so that replicas keep the latest binding whatever order
+	// updates cross in. A close unbinds bindings numbered up to its own.
+	Seq uint64
+}
+
+// SetObserver makes fn see every binding, use and close that requests
+// booked through a Scheduler made on this store (queries are not
+// observed), in the order they happened; ApplyRemote's changes are not
+// observed, so replicas never echo each other. nil removes it. fn runs on
+// the routing path, possibly under the router's lock: it must be quick,
+// must not block and must not call back into the store.
+func (s *Sessions) SetObserver(fn func(SessionUpdate)) {
+	if fn == nil {
+		s.observer.Store(nil)
+		return
+	}
+	s.observer.Store(&fn)
+}
+
+func (s *Sessions) observe(kind SessionUpdateKind, id string, p pin) {
+	if fn := s.observer.Load(); fn != nil {
+		(*fn)(SessionUpdate{Kind: kind, ID: id, Worker: p.worker, TTL: p.ttl, Seq: p.seq})
+	}
+}
+
+// ApplyRemote makes a change another replica made: a binding (or a use,
+// which carries its binding) is installed or refreshed unless this store
+// holds a live binding that supersedes it; a close unbinds a binding
+// numbered up to its own. It reports whether anything changed. A binding
+// takes a slot like one of this router's own: refused when the store is
+// full of live ones.
+func (s *Sessions) ApplyRemote(u SessionUpdate, now time.Time) (bool, error) {
+	switch {
+	case u.ID == "":
+		return false, errors.New("sched: session update without a session id")
+	case len(u.ID) > s.limits.MaxIDBytes:
+		return false, fmt.Errorf("sched: session id of %d bytes, at most %d are allowed", len(u.ID), s.limits.MaxIDBytes)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, held := s.pins[u.ID]
+	switch u.Kind {
+	case SessionBound, SessionRefreshed:
+		ttl := u.TTL
+		if ttl <= 0 {
+			ttl = DefaultSessionTimeout
+		}
+		ttl = min(ttl, s.limits.MaxTimeout)
+		if held && !p.expired(now) && p.supersedes(u.Seq, u.Worker) {
+			return false, nil
+		}
+		if !held && len(s.pins) >= s.limits.MaxSessions {
+			s.sweepLocked(now)
+			if len(s.pins) >= s.limits.MaxSessions {
+				return false, fmt.Errorf("%w: %d sessions are open, the most this router holds", ErrTooManySessions, len(s.pins))
+			}
+		}
+		s.pins[u.ID] = pin{worker: u.Worker, ttl: ttl, lastUsed: now, seq: u.Seq}
+		return true, nil
+	case SessionClosed:
+		if !held || p.seq > u.Seq {
+			return false, nil
+		}
+		delete(s.pins, u.ID)
+		return true, nil
+	}
+	return false, fmt.Errorf("sched: unknown session update kind %d", uint8(u.Kind))
+}
 
 // NewSessions returns an empty store bounded by limits.
 func NewSessions(limits SessionLimits) *Sessions {
@@ -169,19 +285,24 @@ func NewSessions(limits SessionLimits) *Sessions {
 // Lookup returns the worker id is pinned to and, since being looked up is a
 // use, restarts its TTL.
 func (s *Sessions) Lookup(id string, now time.Time) (kv.Worker, bool) {
+	p, ok := s.lookup(id, now)
+	return p.worker, ok
+}
+
+func (s *Sessions) lookup(id string, now time.Time) (pin, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p, ok := s.pins[id]
 	if !ok {
-		return kv.Worker{}, false
+		return pin{}, false
 	}
 	if p.expired(now) {
 		delete(s.pins, id)
-		return kv.Worker{}, false
+		return pin{}, false
 	}
 	p.lastUsed = now
 	s.pins[id] = p
-	return p.worker, true
+	return p, true
 }
 
 // Bind pins id to w, replacing any earlier pin; ttl ≤ 0 means
@@ -189,19 +310,34 @@ func (s *Sessions) Lookup(id string, now time.Time) (kv.Worker, bool) {
 // refused with ErrTooManySessions: expired pins are swept first, so only
 // sessions still in use count.
 func (s *Sessions) Bind(id string, w kv.Worker, ttl time.Duration, now time.Time) error {
+	_, err := s.bind(id, w, ttl, now)
+	return err
+}
+
+// bind is Bind, returning the pin made. A move to another worker takes
+// the next number after the binding it replaces, expired or not.
+func (s *Sessions) bind(id string, w kv.Worker, ttl time.Duration, now time.Time) (pin, error) {
 	if ttl <= 0 {
 		ttl = DefaultSessionTimeout
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.pins[id]; !ok && len(s.pins) >= s.limits.MaxSessions {
+	old, ok := s.pins[id]
+	if !ok && len(s.pins) >= s.limits.MaxSessions {
 		s.sweepLocked(now)
 		if len(s.pins) >= s.limits.MaxSessions {
-			return fmt.Errorf("%w: %d sessions are open, the most this router holds", ErrTooManySessions, len(s.pins))
+			return pin{}, fmt.Errorf("%w: %d sessions are open, the most this router holds", ErrTooManySessions, len(s.pins))
 		}
 	}
-	s.pins[id] = pin{worker: w, ttl: ttl, lastUsed: now}
-	return nil
+	p := pin{worker: w, ttl: ttl, lastUsed: now, seq: 1}
+	if ok {
+		p.seq = old.seq
+		if old.worker != w {
+			p.seq++
+		}
+	}
+	s.pins[id] = p
+	return p, nil
 }
 
 // full reports whether a new id would be refused now.
@@ -216,10 +352,15 @@ func (s *Sessions) full(id string, now time.Time) bool {
 }
 
 // Unbind drops id's pin, if any.
-func (s *Sessions) Unbind(id string) {
+func (s *Sessions) Unbind(id string) { s.unbind(id) }
+
+// unbind is Unbind, returning the pin dropped.
+func (s *Sessions) unbind(id string) (pin, bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pins[id]
 	delete(s.pins, id)
-	s.mu.Unlock()
+	return p, ok
 }
 
 // Sweep drops every pin expired at now and returns how many it dropped.

@@ -33,6 +33,11 @@ type planeState struct {
 	sub     *natsplane.Subscriber
 	watcher *natsplane.Watcher
 	sync    *natsplane.ReplicaSync
+	// sessions shares session bindings with the other replicas on the
+	// plane, as Dynamo does whenever bindings have a TTL (here always):
+	// without it a session whose requests a load balancer spreads over
+	// replicas would be bound once by each, to different engines.
+	sessions *natsplane.SessionSync
 }
 
 func (s *Server) startPlane(ctx context.Context) error {
@@ -65,12 +70,17 @@ func (s *Server) startPlane(ctx context.Context) error {
 		s.toks.wait()
 		return err
 	}
+	syncCfg := natsplane.ReplicaSyncConfig{Names: p.Names, RouterID: p.RouterID, Logger: s.log}
+	ss, err := natsplane.StartSessionSync(p.Conn, syncCfg, s.router)
+	if err != nil {
+		s.closePlane()
+		return err
+	}
+	s.plane.sessions = ss
 	if p.ReplicaSync {
-		rs, err := natsplane.StartReplicaSync(p.Conn, natsplane.ReplicaSyncConfig{Names: p.Names, RouterID: p.RouterID, Logger: s.log}, s.router)
+		rs, err := natsplane.StartReplicaSync(p.Conn, syncCfg, s.router)
 		if err != nil {
-			watcher.Close()
-			s.toks.wait()
-			sub.Close()
+			s.closePlane()
 			return err
 		}
 		s.plane.sync = rs
@@ -86,6 +96,9 @@ func (s *Server) closePlane() {
 	s.toks.wait()
 	if s.plane.sync != nil {
 		_ = s.plane.sync.Close()
+	}
+	if s.plane.sessions != nil {
+		_ = s.plane.sessions.Close()
 	}
 	s.plane.sub.Close()
 }

@@ -42,9 +42,14 @@ const testLease = time.Second
 
 func startAgent(t *testing.T, url string, id uint64, f *fleet.Fleet) *agent.Agent {
 	t.Helper()
+	return startAgentLeased(t, url, id, f, testLease)
+}
+
+func startAgentLeased(t *testing.T, url string, id uint64, f *fleet.Fleet, lease time.Duration) *agent.Agent {
+	t.Helper()
 	e := f.Engines()[0]
 	a, err := agent.Start(context.Background(), natsConn(t, url), agent.Config{
-		Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay, LeaseTTL: testLease, ReportInterval: 100 * time.Millisecond,
+		Events: e.Ranks[0].Events, Replay: e.Ranks[0].Replay, LeaseTTL: lease, ReportInterval: 100 * time.Millisecond,
 		Instance: natsplane.Instance{WorkerID: id, Name: e.Name, Model: "kvrouter-mock", URL: e.HTTPURL, BlockSize: 16, DPSize: 1, TotalKVBlocks: 16384, MaxNumBatchedTokens: 8192},
 	})
 	if err != nil {
@@ -55,9 +60,14 @@ func startAgent(t *testing.T, url string, id uint64, f *fleet.Fleet) *agent.Agen
 
 func planeServer(t *testing.T, url, id string, durable, sync bool) *Server {
 	t.Helper()
+	return planeServerLeased(t, url, id, durable, sync, testLease)
+}
+
+func planeServerLeased(t *testing.T, url, id string, durable, sync bool, lease time.Duration) *Server {
+	t.Helper()
 	s, err := Start(context.Background(), Config{
 		Router: router.DefaultConfig(), Addr: "127.0.0.1:0",
-		Plane: &Plane{Conn: natsConn(t, url), RouterID: id, Durable: durable, ReplicaSync: sync, LeaseTTL: testLease},
+		Plane: &Plane{Conn: natsConn(t, url), RouterID: id, Durable: durable, ReplicaSync: sync, LeaseTTL: lease},
 	})
 	if err != nil {
 		t.Fatal(err)

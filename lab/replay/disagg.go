@@ -30,6 +30,10 @@ type Setup struct {
 	// MinUncached is --disagg-min-uncached-tokens; -1 keeps Config's.
 	MinUncached int
 	NoReuse     bool
+	// Replicas, when above 0, serves the setup with that many router
+	// replicas on a NATS plane with replica sync (+replicas=N), requests
+	// spread over them round-robin; 0 is one frontend given the engines.
+	Replicas int
 }
 
 // Disaggregated reports whether the setup splits prefill and decode.
@@ -79,15 +83,28 @@ func ParseSetup(name string, workers, prefill, decode int) (Setup, error) {
 			s.MinUncached = n
 		case "no-reuse":
 			s.NoReuse = true
+		case "replicas":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxReplicas {
+				return Setup{}, fmt.Errorf("setup %q: replicas=%q: want a number of routers from 1 to %d", name, v, maxReplicas)
+			}
+			s.Replicas = n
 		default:
-			return Setup{}, fmt.Errorf("setup %q: unknown option %q (uncached=N, no-reuse)", name, opt)
+			return Setup{}, fmt.Errorf("setup %q: unknown option %q (uncached=N, no-reuse, replicas=N)", name, opt)
 		}
+	}
+	if s.Replicas > 0 && s.Disaggregated() {
+		return Setup{}, fmt.Errorf("setup %q: replicas= applies to an aggregated layout", name)
 	}
 	if (s.MinUncached >= 0 || s.NoReuse) && !s.Disaggregated() {
 		return Setup{}, fmt.Errorf("setup %q: uncached= and no-reuse apply to a disaggregated layout (e.g. %s@4p4d+...)", name, head)
 	}
 	return s, nil
 }
+
+// maxReplicas bounds +replicas=N: each replica follows every engine's
+// events on one machine.
+const maxReplicas = 16
 
 // roles lays the fleet out: prefill engines first, then decode ones.
 func (s Setup) roles() []server.Role {

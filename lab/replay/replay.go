@@ -50,6 +50,7 @@ type Config struct {
 	Seed           uint64   // --seed: the router's tie-breaks
 	// Target drives this OpenAI-compatible endpoint (--target) instead of
 	// spawned fleets; Modes is then ignored and the run is named "target".
+	// Several endpoints, comma-separated, take the requests in turn.
 	Target string
 	Model  string // --model; "" = the fleet's, or the target's first model
 	// Fleet configures the engines (block size, KV blocks, ...); its
@@ -170,13 +171,15 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 	res := &Results{Modes: map[string]*ModeResult{}, Config: cfg.describe(len(reqs))}
 	res.Config.CeilingHitRate = CeilingHitRate(reqs, cfg.Fleet.Engine.BlockSize)
 	if cfg.Target != "" {
-		model, err := probeTarget(ctx, cfg.Target, cfg.Model)
-		if err != nil {
-			return nil, err
+		for _, t := range targets(cfg.Target) {
+			model, err := probeTarget(ctx, t, cfg.Model)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Model = model
 		}
-		cfg.Model = model
-		res.Config.Model = model
-		recs, dur, err := drive(ctx, &cfg, "target", 1, 1, strings.TrimRight(cfg.Target, "/"), reqs)
+		res.Config.Model = cfg.Model
+		recs, dur, err := drive(ctx, &cfg, "target", 1, 1, targets(cfg.Target), reqs)
 		if err != nil {
 			return nil, err
 		}
@@ -204,6 +207,8 @@ func (c *Config) validate(n int) error {
 	switch {
 	case n == 0:
 		return errors.New("replay: the workload has no requests")
+	case c.Target != "" && len(targets(c.Target)) == 0:
+		return fmt.Errorf("replay: --target %q names no endpoint", c.Target)
 	case c.Target == "" && len(c.Modes) == 0:
 		return errors.New("replay: no modes to run")
 	case c.Target == "" && c.Workers < 1:
@@ -294,7 +299,7 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 		rcfg.Routing.AssumeKVReuse, disagg.NoAssumeKVReuse = &off, true
 	}
 	metricsEvery := max(time.Duration(float64(cfg.EngineMetricsInterval)/cfg.Speedup), 5*time.Millisecond)
-	s, err := serve.Start(ctx, serve.Config{
+	scfg := serve.Config{
 		Router: rcfg, Workers: workers, Addr: "127.0.0.1:0",
 		HealthInterval: time.Second, EngineMetricsInterval: metricsEvery,
 		// The replay compares routing: a request the router's overload
@@ -302,19 +307,31 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 		// figures, and an overloaded policy would look better for it.
 		HTTP:   serve.HTTPLimits{MaxConcurrentRequests: -1, MaxConnections: -1},
 		Disagg: disagg,
-	})
-	if err != nil {
-		return nil, 0, nil, server.Timing{}, nil, err
 	}
-	defer s.Close()
-	ready, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := s.WaitReady(ready); err != nil {
-		return nil, 0, nil, server.Timing{}, nil, fmt.Errorf("engines did not join routing: %w", err)
+	var urls []string
+	if setup.Replicas > 0 {
+		var stop func()
+		urls, stop, err = startReplicas(ctx, setup.Replicas, scfg, workers, fcfg.Engine.BlockSize, cfg.Seed)
+		if err != nil {
+			return nil, 0, nil, server.Timing{}, nil, err
+		}
+		defer stop()
+	} else {
+		s, err := serve.Start(ctx, scfg)
+		if err != nil {
+			return nil, 0, nil, server.Timing{}, nil, err
+		}
+		defer s.Close()
+		ready, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		if err := s.WaitReady(ready); err != nil {
+			return nil, 0, nil, server.Timing{}, nil, fmt.Errorf("engines did not join routing: %w", err)
+		}
+		urls = []string{"http://" + s.Addr()}
 	}
 	run := *cfg
 	run.Model = fcfg.Server.Model
-	recs, dur, err := drive(ctx, &run, name, nth, of, "http://"+s.Addr(), reqs)
+	recs, dur, err := drive(ctx, &run, name, nth, of, urls, reqs)
 	for i := range recs {
 		if id, err := strconv.ParseUint(recs[i].Worker, 10, 64); err == nil && names[id] != "" {
 			recs[i].Worker = names[id]
@@ -323,14 +340,27 @@ func runMode(ctx context.Context, cfg *Config, name string, nth, of int, reqs []
 	if err != nil || !setup.Disaggregated() {
 		return recs, dur, names, engines.Timing(), nil, err
 	}
-	pd, err := disaggStats(ctx, setup, engines, "http://"+s.Addr(), len(recs))
+	pd, err := disaggStats(ctx, setup, engines, urls[0], len(recs))
 	return recs, dur, names, engines.Timing(), pd, err
 }
 
+// targets splits --target into its endpoints.
+func targets(target string) []string {
+	var urls []string
+	for _, u := range strings.Split(target, ",") {
+		if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
+}
+
 // drive sends every request at its scaled arrival time and waits for all
-// of them. It returns the records and the model-time span from the first
-// send to the last completion.
-func drive(ctx context.Context, cfg *Config, name string, nth, of int, url string, reqs []workload.Request) ([]Record, time.Duration, error) {
+// of them, the n-th request sent to urls[n mod len(urls)]: a client that
+// alternates between router replicas, as a round-robin load balancer in
+// front of them would. It returns the records and the model-time span
+// from the first send to the last completion.
+func drive(ctx context.Context, cfg *Config, name string, nth, of int, urls []string, reqs []workload.Request) ([]Record, time.Duration, error) {
 	scale := cfg.ArrivalSpeedup * cfg.Speedup
 	client := &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute,
@@ -350,7 +380,8 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, url strin
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
-	for _, i := range order {
+	for n, i := range order {
+		url := urls[n%len(urls)]
 		at := start.Add(time.Duration(float64(reqs[i].At) / scale))
 		if d := time.Until(at); d > 0 {
 			t := time.NewTimer(d)

@@ -279,6 +279,10 @@ func TestParseSetup(t *testing.T) {
 		{in: "kv@4p4d+uncached=-1", err: true},
 		{in: "kv@4p4d+colour=blue", err: true},
 		{in: "direct@4p4d", err: true},
+		{in: "kv@4+replicas=2", want: Setup{Mode: "kv", Workers: 4, MinUncached: -1, Replicas: 2}},
+		{in: "kv+replicas=0", err: true},
+		{in: "kv+replicas=x", err: true},
+		{in: "kv@4p4d+replicas=2", err: true},
 	} {
 		got, err := ParseSetup(tc.in, 8, 0, 0)
 		if (err != nil) != tc.err || !tc.err && got != tc.want {

@@ -104,8 +104,11 @@ type ReplicaStats struct {
 	// a replica applied, Refused those ApplyRemoteLoad refused (a free of
 	// a booking that expired).
 	Messages int64 `json:"sync_messages"`
-	Applied  int64 `json:"sync_applied"`
-	Refused  int64 `json:"sync_refused"`
+	// Bytes are the sent messages' bodies, as NATS carries them once to
+	// the subject (each subscriber receives them again).
+	Bytes   int64 `json:"sync_bytes"`
+	Applied int64 `json:"sync_applied"`
+	Refused int64 `json:"sync_refused"`
 }
 
 // syncMsg is a replica-sync message on its way to the other replicas.
@@ -330,6 +333,9 @@ func (s *sim) flushSync() error {
 		out := rs.out
 		rs.out = nil
 		rs.stats.Messages += int64(len(out))
+		for _, m := range out {
+			rs.stats.Bytes += int64(len(m.data))
+		}
 		if rs.cfg.SyncDelay > 0 {
 			for range out {
 				s.schedule(s.now+int64(rs.cfg.SyncDelay), evSync, 0)

@@ -63,12 +63,14 @@ func TestReplicasConserveLoad(t *testing.T) {
 			}
 			st := s.point().Replicas
 			switch {
-			case tc.rep.NoSync && (st.Messages != 0 || st.Sync):
+			case tc.rep.NoSync && (st.Messages != 0 || st.Bytes != 0 || st.Sync):
 				t.Fatalf("replicas without sync exchanged %d messages", st.Messages)
 			case !tc.rep.NoSync && (st.Messages != int64(3*len(s.reqs)) || st.Applied != 2*st.Messages || st.Refused != 0):
 				// An add, a first token and an end per request, applied
 				// by the two other replicas.
 				t.Fatalf("%d requests: %+v", len(s.reqs), st)
+			case !tc.rep.NoSync && (st.Bytes < 20*st.Messages || st.Bytes > 4096*st.Messages):
+				t.Fatalf("%d bytes in %d messages", st.Bytes, st.Messages)
 			case st.Decisions != int64(len(s.reqs)) || st.IdenticalShare <= 0 || st.IdenticalShare > 1:
 				t.Fatalf("%d requests: %+v", len(s.reqs), st)
 			}

@@ -32,6 +32,7 @@ func newSimCmd() *cobra.Command {
 		cpuProfile  string
 		workers     []int
 		replicas    int
+		spread      string
 		syncDelay   = replicaSyncDelay{}
 	)
 	cmd := &cobra.Command{
@@ -77,7 +78,9 @@ prefilled, the blocks and bytes pulled, and prefill against total TTFT.
 KV events reach the router --kv-event-delay after the step that made them;
 the peers' policies read engine load every --engine-metrics-interval.
 --router-replicas R runs R router replicas instead of one, as serve runs
-them behind a load balancer, requests sent to them in turn: each indexes
+them behind a load balancer, requests spread over them by --replica-spread
+(request: each to the next in turn; burst: the requests of one instant to
+one replica; session: by a hash of the session): each indexes
 every engine's KV events and learns the others' bookings
 --replica-sync-delay after they were made, through the messages
 --router-replica-sync sends over NATS (off: replicas without sync). The
@@ -125,7 +128,7 @@ size's).`,
 			if err := disaggConfig(cmd.Flags(), &cfg.Sim, rf.noAssumeReuse); err != nil {
 				return err
 			}
-			if err := replicasConfig(cmd.Flags(), replicas, syncDelay, &cfg.Sim); err != nil {
+			if err := replicasConfig(cmd.Flags(), replicas, syncDelay, spread, &cfg.Sim); err != nil {
 				return err
 			}
 			if out == "" && !asJSON {
@@ -221,6 +224,7 @@ size's).`,
 	f.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the sweep to this file (go tool pprof)")
 	f.IntVar(&replicas, "router-replicas", 1, "router replicas, requests sent to them in turn; with it, the report compares their decisions with a single router's")
+	f.StringVar(&spread, "replica-spread", string(sim.SpreadRequest), "how the load balancer in front of the replicas spreads requests: request (each to the next replica in turn), burst (the requests of one instant to one replica, as one client's connection), session (a hash of the session)")
 	f.Var(&syncDelay, "replica-sync-delay", "model time for a replica's booking to reach the other replicas (the NATS replica sync); off = replicas without sync")
 	registerEngineFlags(f, &cfg.Sim.Engine)
 	registerSimDisaggFlags(f, &cfg.Sim.Disagg)
@@ -367,12 +371,18 @@ func (v *replicaSyncDelay) Type() string { return "duration|off" }
 
 // replicasConfig reads --router-replicas and --replica-sync-delay: the
 // default, one router, is not measured against one.
-func replicasConfig(f *pflag.FlagSet, n int, delay replicaSyncDelay, c *sim.Config) error {
+func replicasConfig(f *pflag.FlagSet, n int, delay replicaSyncDelay, spread string, c *sim.Config) error {
 	if !f.Changed("router-replicas") {
-		if f.Changed("replica-sync-delay") {
-			return fmt.Errorf("--replica-sync-delay is for --router-replicas")
+		for _, name := range []string{"replica-sync-delay", "replica-spread"} {
+			if f.Changed(name) {
+				return fmt.Errorf("--%s is for --router-replicas", name)
+			}
 		}
 		return nil
+	}
+	sp, err := sim.ParseSpread(spread)
+	if err != nil {
+		return fmt.Errorf("--replica-spread: %w", err)
 	}
 	if n < 1 {
 		return fmt.Errorf("--router-replicas %d: want at least one", n)
@@ -380,6 +390,6 @@ func replicasConfig(f *pflag.FlagSet, n int, delay replicaSyncDelay, c *sim.Conf
 	if c.Disagg.Enabled() && n > 1 {
 		return fmt.Errorf("--router-replicas is simulated on aggregated fleets, not --prefill-workers/--decode-workers")
 	}
-	c.Replicas = sim.Replicas{Count: n, SyncDelay: delay.d, NoSync: delay.off}
+	c.Replicas = sim.Replicas{Count: n, SyncDelay: delay.d, NoSync: delay.off, Spread: sp}
 	return nil
 }

@@ -208,14 +208,19 @@ func TestSimCommandRouterReplicas(t *testing.T) {
 	if p == nil || p.Replicas != 3 || p.Decisions != 120 || p.IdenticalShare == nil || p.Messages != 360 {
 		t.Fatalf("points[0].replicas: %s", out)
 	}
-	if out, err = run("--router-replicas", "3", "--replica-sync-delay", "off"); err != nil || !bytes.Contains([]byte(out), []byte(`"sync": false`)) {
+	if out, err = run("--router-replicas", "3", "--replica-sync-delay", "off"); err != nil || !bytes.Contains([]byte(out), []byte(`"sync": false`)) || !bytes.Contains([]byte(out), []byte(`"spread": "request"`)) {
 		t.Fatalf("off: %v\n%s", err, out)
+	}
+	if out, err = run("--router-replicas", "3", "--replica-spread", "session"); err != nil || !bytes.Contains([]byte(out), []byte(`"spread": "session"`)) {
+		t.Fatalf("session: %v\n%s", err, out)
 	}
 	for _, bad := range [][]string{
 		{"--replica-sync-delay", "10ms"},
 		{"--router-replicas", "0"},
 		{"--router-replicas", "2", "--replica-sync-delay", "soon"},
 		{"--router-replicas", "2", "--replica-sync-delay", "-1ms"},
+		{"--replica-spread", "burst"},
+		{"--router-replicas", "2", "--replica-spread", "sticky"},
 	} {
 		if _, err := run(bad...); err == nil {
 			t.Fatalf("%v: no error", bad)

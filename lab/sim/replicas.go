@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -21,8 +22,8 @@ import (
 // index, and learns the others' bookings, their prefill completions and
 // their ends through the messages the NATS replica sync sends
 // (natsplane.EncodeLoadUpdate and DecodeLoadUpdate), delivered SyncDelay
-// of model time after they were booked. Requests go to the replicas in
-// turn: request i to replica i mod Count.
+// of model time after they were booked. Spread says how the load balancer
+// in front of them hands out requests.
 type Replicas struct {
 	// Count is the replicas (--router-replicas); 0 is one router and no
 	// agreement measured, 1 one router measured against its shadow.
@@ -34,6 +35,43 @@ type Replicas struct {
 	// NoSync runs the replicas without replica sync: each scores against
 	// its own bookings alone (--replica-sync-delay off).
 	NoSync bool
+	// Spread is the load balancer's policy (--replica-spread); "" is
+	// SpreadRequest.
+	Spread Spread
+}
+
+// Spread is how a load balancer in front of the replicas hands them
+// requests.
+type Spread string
+
+const (
+	// SpreadRequest sends each request to the next replica in turn, as an
+	// L7 balancer's round-robin does: request i to replica i mod Count.
+	SpreadRequest Spread = "request"
+	// SpreadBurst keeps the requests that arrive at one instant on the
+	// replica the first of them went to, and sends the next instant's to
+	// the next replica in turn: a burst from one client over one
+	// connection (HTTP/2, or a keep-alive connection balanced at L4 as a
+	// Kubernetes Service balances) reaches one replica.
+	SpreadBurst Spread = "burst"
+	// SpreadSession hashes the request's session (conversation) to a
+	// replica, as a balancer's consistent hash on a session header does
+	// (Envoy's ring hash, nginx's hash ... consistent); requests without
+	// one go round-robin.
+	SpreadSession Spread = "session"
+)
+
+// Spreads are the load-balancer policies, the default first.
+func Spreads() []Spread { return []Spread{SpreadRequest, SpreadBurst, SpreadSession} }
+
+// ParseSpread reads --replica-spread.
+func ParseSpread(s string) (Spread, error) {
+	for _, v := range Spreads() {
+		if s == string(v) {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("unknown replica spread %q (valid: request, burst, session)", s)
 }
 
 // Enabled reports replicas measured against a single router.
@@ -66,8 +104,11 @@ type ReplicaStats struct {
 	// a replica applied, Refused those ApplyRemoteLoad refused (a free of
 	// a booking that expired).
 	Messages int64 `json:"sync_messages"`
-	Applied  int64 `json:"sync_applied"`
-	Refused  int64 `json:"sync_refused"`
+	// Bytes are the sent messages' bodies, as NATS carries them once to
+	// the subject (each subscriber receives them again).
+	Bytes   int64 `json:"sync_bytes"`
+	Applied int64 `json:"sync_applied"`
+	Refused int64 `json:"sync_refused"`
 }
 
 // syncMsg is a replica-sync message on its way to the other replicas.
@@ -88,6 +129,13 @@ type replicaState struct {
 	out, inflight []syncMsg
 	agreeing      bool // the mode scores by cost: decisions are compared
 	stats         ReplicaStats
+	// of is the replica each request went to; next the replica the next
+	// request (burst) goes to in turn; last the instant and replica of the
+	// last arrival, for SpreadBurst.
+	of     []int32
+	next   int
+	lastAt int64
+	lastTo int32
 }
 
 // lastDecision is the shadow's decision tap: it keeps the record of the
@@ -109,6 +157,10 @@ func (c Replicas) validate(d Disagg, speculative bool) error {
 		return errors.New("sim: router replicas are not simulated with --speculative-prefill")
 	case c.SyncDelay < 0:
 		return fmt.Errorf("sim: negative replica sync delay %v", c.SyncDelay)
+	case c.Spread != "":
+		if _, err := ParseSpread(string(c.Spread)); err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
 	}
 	return nil
 }
@@ -125,7 +177,7 @@ func (s *sim) newReplicas(rcfg router.Config) error {
 	if !c.Enabled() {
 		return nil
 	}
-	rs := &replicaState{cfg: c, agreeing: rcfg.Mode == sched.ModeKV}
+	rs := &replicaState{cfg: c, agreeing: rcfg.Mode == sched.ModeKV, of: make([]int32, s.w.Len()), lastAt: -1}
 	rs.stats = ReplicaStats{Replicas: c.Count, Sync: !c.NoSync, SyncDelayMS: ms(c.SyncDelay)}
 	for k := 1; k < c.Count; k++ {
 		seed := s.cfg.Seed + uint64(k)
@@ -164,7 +216,44 @@ func (s *sim) newReplicas(rcfg router.Config) error {
 }
 
 // routerOf is the replica that routes request i.
-func (s *sim) routerOf(i int) *router.Router { return s.routers[i%len(s.routers)] }
+func (s *sim) routerOf(i int) *router.Router {
+	if s.rep == nil {
+		return s.r
+	}
+	return s.routers[s.rep.of[i]]
+}
+
+// assign hands request i, arriving now, to a replica as the load
+// balancer does.
+func (rs *replicaState) assign(i int, now int64, req *workload.Request) {
+	n := len(rs.ids)
+	turn := func() int32 {
+		k := rs.next
+		rs.next = (rs.next + 1) % n
+		return int32(k)
+	}
+	var k int32
+	switch rs.cfg.Spread {
+	case SpreadBurst:
+		k = rs.lastTo
+		if now != rs.lastAt {
+			k = turn()
+		}
+	case SpreadSession:
+		if req.Session == "" {
+			k = turn()
+			break
+		}
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(req.Session))
+		k = int32(h.Sum64() % uint64(n))
+	default:
+		// Numbered in the workload's order, which is the arrival order
+		// but for closed-loop turns: the same spread as round-robin.
+		k = int32(i % n)
+	}
+	rs.of[i], rs.lastAt, rs.lastTo = k, now, k
+}
 
 // everyRouter runs fn on every replica and the shadow: what every router
 // of the fleet hears (KV events, engine loads, new workers).
@@ -244,6 +333,9 @@ func (s *sim) flushSync() error {
 		out := rs.out
 		rs.out = nil
 		rs.stats.Messages += int64(len(out))
+		for _, m := range out {
+			rs.stats.Bytes += int64(len(m.data))
+		}
 		if rs.cfg.SyncDelay > 0 {
 			for range out {
 				s.schedule(s.now+int64(rs.cfg.SyncDelay), evSync, 0)

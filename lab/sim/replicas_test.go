@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
 // Three replicas, each told of the others' bookings 10 ms late through
@@ -62,12 +63,14 @@ func TestReplicasConserveLoad(t *testing.T) {
 			}
 			st := s.point().Replicas
 			switch {
-			case tc.rep.NoSync && (st.Messages != 0 || st.Sync):
+			case tc.rep.NoSync && (st.Messages != 0 || st.Bytes != 0 || st.Sync):
 				t.Fatalf("replicas without sync exchanged %d messages", st.Messages)
 			case !tc.rep.NoSync && (st.Messages != int64(3*len(s.reqs)) || st.Applied != 2*st.Messages || st.Refused != 0):
 				// An add, a first token and an end per request, applied
 				// by the two other replicas.
 				t.Fatalf("%d requests: %+v", len(s.reqs), st)
+			case !tc.rep.NoSync && (st.Bytes < 20*st.Messages || st.Bytes > 4096*st.Messages):
+				t.Fatalf("%d bytes in %d messages", st.Bytes, st.Messages)
 			case st.Decisions != int64(len(s.reqs)) || st.IdenticalShare <= 0 || st.IdenticalShare > 1:
 				t.Fatalf("%d requests: %+v", len(s.reqs), st)
 			}
@@ -136,6 +139,7 @@ func TestReplicasRefuseWhatTheyCannotSimulate(t *testing.T) {
 	}{
 		{func(c *Config) { c.Replicas = Replicas{Count: -1} }, "replicas"},
 		{func(c *Config) { c.Replicas = Replicas{Count: 2, SyncDelay: -time.Millisecond} }, "negative"},
+		{func(c *Config) { c.Replicas = Replicas{Count: 2, Spread: "hash"} }, "spread"},
 		{func(c *Config) { *c = pdConfig(2, 2); c.Replicas = Replicas{Count: 2} }, "aggregated"},
 	} {
 		cfg := smallConfig()
@@ -143,5 +147,85 @@ func TestReplicasRefuseWhatTheyCannotSimulate(t *testing.T) {
 		if _, err := Run(cfg, "kv", w, 1); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%+v: %v, want an error about %s", cfg.Replicas, err, tc.want)
 		}
+	}
+}
+
+// bursts is a workload whose requests arrive in bursts of size at one
+// instant, every gap, as the conversation trace logs them: each a prompt
+// of its own behind a shared first block, so that load decides where it
+// goes.
+func bursts(n, size int, gap time.Duration) Requests {
+	var reqs Requests
+	for i := range n {
+		toks := append(seqTokens(0, 16), seqTokens(uint32(1000+2000*i), 1200+i%5*16)...)
+		reqs = append(reqs, workload.Request{At: time.Duration(i/size) * gap, Tokens: toks, OSL: 16})
+	}
+	return FromRequests(reqs)
+}
+
+// Requests that arrive at one instant reach the replicas one by one under
+// round-robin, and each replica sends its share to the engines it believes
+// least loaded, which are the same engines: few of their decisions are a
+// single router's. A balancer that keeps an instant's requests on one
+// replica (one client's connection) lets that replica book them one after
+// the other, as a single router would.
+func TestBurstsOnOneReplicaAgreeWithASingleRouter(t *testing.T) {
+	w := bursts(480, 8, 400*time.Millisecond)
+	share := map[Spread]float64{}
+	for _, sp := range Spreads() {
+		cfg := smallConfig()
+		cfg.Replicas = Replicas{Count: 3, SyncDelay: 10 * time.Millisecond, Spread: sp}
+		s := runSim(t, cfg, "kv", w, 1)
+		st := s.point().Replicas
+		share[sp] = st.IdenticalShare
+		t.Logf("%s: %+v", sp, *st)
+		used := map[int32]int{}
+		for i := range s.reqs {
+			if !s.reqs[i].finished {
+				t.Fatalf("%s: request %d unfinished", sp, i)
+			}
+			k := s.rep.of[i]
+			used[k]++
+			switch {
+			case sp == SpreadRequest && int(k) != i%3:
+				t.Fatalf("request: request %d on replica %d", i, k)
+			case sp == SpreadBurst && i > 0 && w.At(i) == w.At(i-1) && k != s.rep.of[i-1]:
+				t.Fatalf("burst: requests %d and %d of one instant on replicas %d and %d", i-1, i, s.rep.of[i-1], k)
+			case sp == SpreadBurst && i > 0 && w.At(i) != w.At(i-1) && k != (s.rep.of[i-1]+1)%3:
+				t.Fatalf("burst: the burst of request %d on replica %d after %d", i, k, s.rep.of[i-1])
+			}
+		}
+		if len(used) != 3 {
+			t.Fatalf("%s: replicas used %v", sp, used)
+		}
+	}
+	if share[SpreadRequest] > 0.9 || share[SpreadBurst] < 0.97 {
+		t.Fatalf("identical decisions: %v", share)
+	}
+}
+
+// A balancer hashing the session sends every request of a session to one
+// replica.
+func TestSessionSpreadKeepsASessionOnOneReplica(t *testing.T) {
+	w := synthetic(t, 240)
+	cfg := smallConfig()
+	cfg.Replicas = Replicas{Count: 3, SyncDelay: 10 * time.Millisecond, Spread: SpreadSession}
+	s := runSim(t, cfg, "kv", w, 2)
+	of := map[string]int32{}
+	used := map[int32]bool{}
+	for i := range s.reqs {
+		sess := w[i].Session
+		if sess == "" {
+			t.Fatalf("request %d has no session", i)
+		}
+		k, seen := of[sess]
+		if seen && k != s.rep.of[i] {
+			t.Fatalf("session %s on replicas %d and %d", sess, k, s.rep.of[i])
+		}
+		of[sess] = s.rep.of[i]
+		used[s.rep.of[i]] = true
+	}
+	if len(used) != 3 {
+		t.Fatalf("replicas used: %v", used)
 	}
 }

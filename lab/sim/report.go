@@ -169,14 +169,19 @@ func replicaTable(w io.Writer, c *ReplicasConfig, m *ModeResult) {
 	if c.Sync {
 		sync = fmt.Sprintf("each told of the others' bookings %.0f ms late by the replica-sync messages", c.SyncDelayMS)
 	}
-	fmt.Fprintf(w, "\n%d router replicas, requests sent to them in turn, %s. A decision is identical when a single router, "+
-		"seeing the same engines at the same instant and every booking at once, rates the replica's choice cheapest (ties included).\n\n", c.Replicas, sync)
-	loadRows(w, "| arrival speedup | decisions | identical | sync messages | applied | refused |", m, func(p *Point) string {
+	spread := map[Spread]string{
+		SpreadRequest: "requests sent to them in turn",
+		SpreadBurst:   "the requests of one instant sent to one of them, each instant's to the next in turn",
+		SpreadSession: "each session's requests sent to one of them by a hash of the session",
+	}[c.Spread]
+	fmt.Fprintf(w, "\n%d router replicas, %s, %s. A decision is identical when a single router, "+
+		"seeing the same engines at the same instant and every booking at once, rates the replica's choice cheapest (ties included).\n\n", c.Replicas, spread, sync)
+	loadRows(w, "| arrival speedup | decisions | identical | sync messages | bytes | applied | refused |", m, func(p *Point) string {
 		r := p.Replicas
 		if r == nil {
 			return ""
 		}
-		return fmt.Sprintf("| %.3g | %d | %.1f%% | %d | %d | %d |", p.ArrivalSpeedup, r.Decisions, 100*r.IdenticalShare, r.Messages, r.Applied, r.Refused)
+		return fmt.Sprintf("| %.3g | %d | %.1f%% | %d | %d | %d | %d |", p.ArrivalSpeedup, r.Decisions, 100*r.IdenticalShare, r.Messages, r.Bytes, r.Applied, r.Refused)
 	})
 }
 

@@ -821,6 +821,9 @@ func (s *sim) arrive(i int) error {
 	rs := &s.reqs[i]
 	rs.arrival = s.now
 	rs.prompt = int32(len(req.Tokens))
+	if s.rep != nil {
+		s.rep.assign(i, s.now, &req)
+	}
 	if s.pd != nil {
 		s.arriveDisagg(i, &req)
 	} else {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -117,6 +118,8 @@ type ReplicasConfig struct {
 	Replicas    int     `json:"replicas"`
 	Sync        bool    `json:"sync"`
 	SyncDelayMS float64 `json:"sync_delay_ms"`
+	// Spread is the load balancer's policy: request, burst or session.
+	Spread Spread `json:"spread"`
 }
 
 // DisaggConfig is results.json's config.disagg.
@@ -241,7 +244,7 @@ func Sweep(cfg SweepConfig, w Workload) (*Results, error) {
 			NoAssumeKVReuse: d.NoAssumeKVReuse, KVBytesPerToken: d.KVBytesPerToken, KVTransferBandwidth: d.KVTransferBandwidth}
 	}
 	if r := cfg.Sim.Replicas; r.Enabled() {
-		res.Config.Replicas = &ReplicasConfig{Replicas: r.Count, Sync: !r.NoSync, SyncDelayMS: ms(r.SyncDelay)}
+		res.Config.Replicas = &ReplicasConfig{Replicas: r.Count, Sync: !r.NoSync, SyncDelayMS: ms(r.SyncDelay), Spread: cmp.Or(r.Spread, SpreadRequest)}
 	}
 	res.WallS = time.Since(start).Seconds()
 	return res, nil

@@ -92,12 +92,15 @@ func sharedPrefixWorkload(t *testing.T) []workload.Request {
 	return reqs
 }
 
-func TestReplayModesEndToEnd(t *testing.T) {
+// replaySharedPrefix replays the shared-prefix workload on a small fleet
+// in each of modes and returns the results and the requests replayed.
+func replaySharedPrefix(t *testing.T, modes ...string) (*Results, []workload.Request) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts fleets")
 	}
 	cfg := smallConfig()
-	cfg.Modes = []string{"kv", DynamoKV, "round-robin", "llm-d-precise", "sglang-cache-aware", "gie-approx-prefix"}
+	cfg.Modes = modes
 	reqs := sharedPrefixWorkload(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -105,13 +108,18 @@ func TestReplayModesEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return res, reqs
+}
+
+func TestReplayModesEndToEnd(t *testing.T) {
+	res, reqs := replaySharedPrefix(t, "kv", DynamoKV, "round-robin", "llm-d-precise", "sglang-cache-aware", "gie-approx-prefix")
 	for _, mode := range res.Order {
 		m := res.Modes[mode]
 		if m.Requests != len(reqs) || m.Errors != 0 {
 			t.Fatalf("%s: %d requests, %d errors (%s)", mode, m.Requests, m.Errors, m.FirstError)
 		}
-		if len(m.WorkerShare) != cfg.Workers {
-			t.Fatalf("%s: shares of %d workers, want %d: %v", mode, len(m.WorkerShare), cfg.Workers, m.WorkerShare)
+		if len(m.WorkerShare) != res.Config.Workers {
+			t.Fatalf("%s: shares of %d workers, want %d: %v", mode, len(m.WorkerShare), res.Config.Workers, m.WorkerShare)
 		}
 		var sum float64
 		for _, s := range m.WorkerShare {
@@ -298,18 +306,7 @@ func TestParseSetup(t *testing.T) {
 }
 
 func TestReplayDisaggregatedSetups(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts fleets")
-	}
-	cfg := smallConfig()
-	cfg.Modes = []string{"kv@1p1d", "kv@1p1d+no-reuse", "kv@1p1d+uncached=100000"}
-	reqs := sharedPrefixWorkload(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, cfg, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res, reqs := replaySharedPrefix(t, "kv@1p1d", "kv@1p1d+no-reuse", "kv@1p1d+uncached=100000")
 	for _, mode := range res.Order {
 		m := res.Modes[mode]
 		if m.Requests != len(reqs) || m.Errors != 0 || m.Disagg == nil {
@@ -325,7 +322,7 @@ func TestReplayDisaggregatedSetups(t *testing.T) {
 	}
 	// One decode engine holds every earlier turn: it pulls only what is
 	// new, far less than the prompts' blocks.
-	if prompt := promptBlocks(reqs, cfg.Fleet.Engine.BlockSize); pd.TransferredBlocks >= prompt/2 {
+	if prompt := promptBlocks(reqs, smallConfig().Fleet.Engine.BlockSize); pd.TransferredBlocks >= prompt/2 {
 		t.Fatalf("pulled %d blocks of %d prompt blocks: the decode engine's cache was not reused", pd.TransferredBlocks, prompt)
 	}
 	if local.Prefills["short_uncached"] != len(reqs) || local.TransferredBlocks != 0 {

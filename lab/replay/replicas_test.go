@@ -69,19 +69,8 @@ func TestReplayTargetsTakeTurns(t *testing.T) {
 // Two router replicas on a NATS plane with replica sync, the requests in
 // turn, find the caches one router finds.
 func TestReplayRouterReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts fleets")
-	}
-	cfg := smallConfig()
-	cfg.Modes = []string{"kv+replicas=1", "kv+replicas=2"}
-	reqs := sharedPrefixWorkload(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, cfg, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mode := range cfg.Modes {
+	res, reqs := replaySharedPrefix(t, "kv+replicas=1", "kv+replicas=2")
+	for _, mode := range res.Order {
 		m := res.Modes[mode]
 		if m.Requests != len(reqs) || m.Errors != 0 {
 			t.Fatalf("%s: %d requests, %d errors (%s)", mode, m.Requests, m.Errors, m.FirstError)

@@ -788,11 +788,13 @@ func (s *Source) apply(seq uint64, payload []byte, replayed bool) {
 		s.log.Warn("malformed kv event batch skipped", "seq", seq, "err", err)
 		return
 	}
+	s.applyBatch(seq, b)
+	// Counted once applied, so that a reader who sees the batch counted
+	// also sees every counter its events moved.
 	s.st.batches.Add(1)
 	if replayed {
 		s.st.replayed.Add(1)
 	}
-	s.applyBatch(seq, b)
 }
 
 // applyBatch passes a decoded batch's events to the sink.

@@ -139,6 +139,12 @@ func (s *Stream) Request(method, path string, header http.Header, body []byte, c
 		if err := s.pc.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
 			Body: body[i:end], EndOfStream: end == len(body),
 		}}}); err != nil {
+			// io.EOF: the picker ended the stream early (a refusal
+			// before the whole body); its answer waits in Recv, as
+			// it does for Envoy.
+			if errors.Is(err, io.EOF) {
+				break
+			}
 			return nil, err
 		}
 	}

@@ -36,11 +36,10 @@ func hangHandler(t *testing.T) http.HandlerFunc {
 var goodStream = sseHandler([]string{"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n", "data: [DONE]\n\n"}, "")
 
 // outlierEnv is a frontend with bad as worker 1 and two good engines,
-// with a short header bound (long enough for a loaded machine's good
-// engines) and ejection after three failures.
-func outlierEnv(t *testing.T, bad http.HandlerFunc, base time.Duration) (*env, Worker) {
+// with the given header bound and ejection after three failures.
+func outlierEnv(t *testing.T, bad http.HandlerFunc, header, base time.Duration) (*env, Worker) {
 	e := newEnv(t, envOpts{frontend: func(c *Config) {
-		c.HeaderTimeout = time.Second
+		c.HeaderTimeout = header
 		c.Outlier = outlier.Config{Consecutive: 3, BaseEjection: base, MaxEjection: 10 * base}
 	}})
 	w := e.fake(1, "fake", 1, bad)
@@ -131,7 +130,16 @@ func TestFailingEnginesAreRetriedElsewhereAndEjected(t *testing.T) {
 		{"resets the connection", func(*testing.T) http.HandlerFunc { return resetHandler }, failReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, bad := outlierEnv(t, tc.bad(t), time.Minute)
+			// A short header bound (long enough for a loaded machine's
+			// good engines) for the engine that never answers; the others
+			// answer at once, and under load their answer can take longer
+			// than a second, when it would count as a timeout, not as
+			// what the engine did.
+			header := 10 * time.Second
+			if tc.reason == failTimeout {
+				header = time.Second
+			}
+			e, bad := outlierEnv(t, tc.bad(t), header, time.Minute)
 			start := time.Now()
 			e.clients(20)
 			// A client waits for the hung engine a header bound at most
@@ -232,7 +240,7 @@ func TestEjectedEngineReturnsAfterItsBackoff(t *testing.T) {
 		goodStream(w, r)
 	}
 	const base = 300 * time.Millisecond
-	e, bad := outlierEnv(t, flaky, base)
+	e, bad := outlierEnv(t, flaky, time.Second, base)
 	testwait.Until(t, 10*time.Second, "the engine ejected", func() bool {
 		e.clients(8)
 		return e.ejections(bad.ID) == 1

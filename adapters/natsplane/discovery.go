@@ -35,6 +35,9 @@ type Instance struct {
 	// names it (a model id, or a path valid on the routers' machines);
 	// routers resolve it locally and never download it.
 	Tokenizer string `json:"tokenizer,omitempty"`
+	// Device is what the engine computes on: cpu, or an accelerator such
+	// as cuda ("" is one), for device-aware-weighted routing.
+	Device string `json:"device,omitempty"`
 	// Incarnation changes each time the agent starts, so routers resync a
 	// worker that restarted within its lease.
 	Incarnation uint64 `json:"incarnation"`

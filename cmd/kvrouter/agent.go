@@ -11,6 +11,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
+	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/internal/agent"
 )
 
@@ -50,6 +51,9 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 			if pf.natsURL == "" {
 				return fmt.Errorf("--nats-url (or NATS_SERVER) is required: the agent joins the routers' NATS")
 			}
+			if _, err := router.ParseDevice(inst.Device); err != nil {
+				return fmt.Errorf("--device: %w", err)
+			}
 			if inst.Name == "" {
 				inst.Name = inst.URL
 			}
@@ -88,6 +92,7 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 	fs.IntVar(&inst.BlockSize, "block-size", 16, "the engine's KV block size in tokens, announced to routers until its KV events say otherwise")
 	fs.IntVar(&inst.DPSize, "data-parallel-size", 1, "the engine's data-parallel ranks")
 	fs.StringVar(&inst.Role, "role", "both", "both, prefill or decode")
+	fs.StringVar(&inst.Device, "device", "", "what the engine computes on: cpu, or an accelerator such as cuda (the default), for routers in --router-mode device-aware-weighted")
 	fs.StringVar(&inst.Tokenizer, "tokenizer", "", "the model's Hugging Face tokenizer, announced to routers, which resolve it on their machine and tokenize the model's prompts in process: a model id (org/name) in their local Hugging Face cache or a path valid there; one they cannot load leaves the model to the engine's /tokenize")
 	registerModelPath(fs)
 	fs.IntVar(&inst.TotalKVBlocks, "num-gpu-blocks", 0, "the engine's KV blocks per rank (for busy detection; 0: unknown)")

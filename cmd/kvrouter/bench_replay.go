@@ -136,6 +136,7 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 	f.Float64Var(&cfg.ArrivalSpeedup, "arrival-speedup", cfg.ArrivalSpeedup, "divide the workload's arrival times by this (more load)")
 	f.IntVar(&maxRequests, "max-requests", 0, "replay only the first N requests of the trace (0 = all)")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the router's tie-breaks and of the synthetic workload")
+	f.BoolVar(&cfg.SessionHeader, "session-header", false, "name each request's session in X-Dynamo-Session-ID (binding it to its first engine); with several routers a session's turns take them in turn, and the report counts the sessions whose turns went to more than one engine")
 	f.StringVar(&cfg.Target, "target", "", "drive this OpenAI-compatible endpoint instead of spawned fleets; several, comma-separated, take the requests in turn (router replicas behind a round-robin client)")
 	f.StringVar(&cfg.Model, "model", "", "model name to request (default: the fleet's, or the target's first)")
 	f.BoolVar(&strict, "strict", false, "fail on a malformed trace line instead of skipping it")

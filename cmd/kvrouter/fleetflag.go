@@ -29,7 +29,7 @@ func (f fleetFlag) String() string {
 
 func (fleetFlag) Type() string { return "fleet" }
 
-const fleetUsage = "unequal engines, as comma-separated groups COUNTxSPEED[:KV]: 4x1,4x0.5 is four engines at full speed and four at half (step times doubled), 4x1,4x1:0.5 four with half the KV blocks; sets the engine count"
+const fleetUsage = "unequal engines, as comma-separated groups COUNTxSPEED[:KV][:cpu]: 4x1,4x0.5 is four engines at full speed and four at half (step times doubled), 4x1,4x1:0.5 four with half the KV blocks, 4x1,2x0.125:cpu two CPU engines at an eighth of the speed (for --router-mode device-aware-weighted); sets the engine count"
 
 func registerFleetFlag(fs *pflag.FlagSet, specs *[]fleet.EngineSpec) {
 	fs.Var(fleetFlag{specs}, "fleet", fleetUsage)

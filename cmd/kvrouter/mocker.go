@@ -143,7 +143,7 @@ adapter not loaded gets vLLM's 404.`,
 				fmt.Fprintf(out, "a hybrid model: KV-cache groups %s, by group_idx\n\n", kvCacheGroupsFlag{&cfg.Engine.KVCacheGroups})
 			}
 			if len(cfg.Specs) > 0 {
-				fmt.Fprintf(out, "unequal engines: --fleet %s (COUNTxSPEED[:KV])\n\n", fleet.SpecsString(cfg.Specs))
+				fmt.Fprintf(out, "unequal engines: --fleet %s (COUNTxSPEED[:KV][:cpu])\n\n", fleet.SpecsString(cfg.Specs))
 			}
 			f.PrintTable(out)
 			if pf.natsURL != "" {

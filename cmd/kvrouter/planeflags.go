@@ -179,7 +179,7 @@ func startAgents(ctx context.Context, nc *nats.Conn, pf *planeFlags, workers []s
 			Names: pf.names(), Events: w.Events, Replay: w.Replay, LeaseTTL: pf.leaseTTL, Logger: log, ZMQMaxMessageBytes: zmqMaxMessageBytes, SilenceProbe: silenceProbe,
 			Instance: natsplane.Instance{
 				WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: blockSize,
-				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens, Role: w.Role, Tokenizer: w.Tokenizer,
+				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens, Role: w.Role, Tokenizer: w.Tokenizer, Device: w.Device,
 			},
 		})
 		if err != nil {

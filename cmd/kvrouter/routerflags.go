@@ -36,6 +36,7 @@ type routerFlags struct {
 	noAssumeReuse, noTrackPrefill bool
 	overlapRefreshSecs            float64
 	kvEventsGraceSecs             float64
+	cpuRatio                      int
 }
 
 func newRouterFlags() *routerFlags {
@@ -46,6 +47,7 @@ func newRouterFlags() *routerFlags {
 		queueThreshold: fmt.Sprint(sched.DefaultQueueThreshold), queuePolicy: string(sched.FCFS),
 		ttlSecs: cfg.ApproxTTL.Seconds(), overlapRefreshSecs: cfg.OverlapRefreshAfter.Seconds(),
 		kvEventsGraceSecs: cfg.KVEventsGrace.Seconds(), predictedTTLSecs: cfg.PredictedTTL.Seconds(),
+		cpuRatio: sched.DefaultNonCPUToCPURatio,
 	}
 }
 
@@ -82,6 +84,9 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.queueThreshold, "router-queue-threshold", f.queueThreshold, "hold requests while every worker's prefill backlog exceeds this × its max batched tokens; \"none\" disables")
 	fs.StringVar(&f.queuePolicy, "router-queue-policy", f.queuePolicy, "queue order: fcfs, lcfs or wspt")
 	fs.Float64Var(&f.overlapRefreshSecs, "router-overlap-refresh-after-secs", f.overlapRefreshSecs, "re-match queued requests that waited this long; 0 = never")
+	// Dynamo reads the ratio from DYN_ENCODER_CUDA_TO_CPU_RATIO only; the
+	// flag is named so that its DYN_<FLAG> is that variable.
+	fs.IntVar(&f.cpuRatio, "encoder-cuda-to-cpu-ratio", f.cpuRatio, "device-aware-weighted mode: requests one accelerator engine serves for each one a CPU engine serves (engines say device=cpu)")
 }
 
 func modeNames() string {
@@ -209,6 +214,10 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	if cfg.QueuePolicy, err = sched.ParseQueuePolicy(f.queuePolicy); err != nil {
 		return cfg, err
 	}
+	if f.cpuRatio < 1 {
+		return cfg, fmt.Errorf("--encoder-cuda-to-cpu-ratio (DYN_ENCODER_CUDA_TO_CPU_RATIO) %d: want a whole number ≥ 1, the throughput of one accelerator engine in CPU engines", f.cpuRatio)
+	}
+	cfg.NonCPUToCPURatio = f.cpuRatio
 	if fs.Changed("router-kv-overlap-score-weight") || f.weight >= 0 {
 		warn(sched.LegacyWeightWarning)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -60,10 +61,48 @@ func TestParseWorker(t *testing.T) {
 	if err != nil || w.URL != "http://h:8000" || w.DPSize != 2 || w.ID != 7 || w.KVBlocks != 100 || w.MaxBatchedTokens != 64 || w.Replay != "tcp://h:5558" || w.Role != "prefill" {
 		t.Fatalf("%+v %v", w, err)
 	}
-	for _, bad := range []string{"url", "dp=two", "colour=blue", "role=prefil"} {
+	if w, err := parseWorker("url=http://h:8000,device=cpu"); err != nil || w.Device != "cpu" {
+		t.Fatalf("device: %+v %v", w, err)
+	}
+	for _, bad := range []string{"url", "dp=two", "colour=blue", "role=prefil", "url=http://h:8000,device=c p u"} {
 		if _, err := parseWorker(bad); err == nil {
 			t.Fatalf("%q accepted", bad)
 		}
+	}
+}
+
+// DYN_ENCODER_CUDA_TO_CPU_RATIO is Dynamo's only spelling of the ratio;
+// where Dynamo falls back to 8 on a value it cannot read, kvrouter stops.
+func TestCUDAToCPURatio(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want int
+		err  string
+	}{
+		{nil, nil, 8, ""},
+		{map[string]string{"DYN_ENCODER_CUDA_TO_CPU_RATIO": "3"}, nil, 3, ""},
+		{map[string]string{"DYN_ENCODER_CUDA_TO_CPU_RATIO": "3"}, []string{"--encoder-cuda-to-cpu-ratio", "5"}, 5, ""},
+		{map[string]string{"DYN_ENCODER_CUDA_TO_CPU_RATIO": "eight"}, nil, 0, `DYN_ENCODER_CUDA_TO_CPU_RATIO="eight"`},
+		{map[string]string{"DYN_ENCODER_CUDA_TO_CPU_RATIO": "2.5"}, nil, 0, `DYN_ENCODER_CUDA_TO_CPU_RATIO="2.5"`},
+		{map[string]string{"DYN_ENCODER_CUDA_TO_CPU_RATIO": "0"}, nil, 0, "want a whole number ≥ 1"},
+		{nil, []string{"--encoder-cuda-to-cpu-ratio", "-2"}, 0, "DYN_ENCODER_CUDA_TO_CPU_RATIO"},
+	} {
+		t.Run(fmt.Sprint(tc.env, tc.args), func(t *testing.T) {
+			rf, fs, _, err := parseRouterFlags(t, tc.env, tc.args...)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("error %v, want one naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg, _ := rf.config(fs, func(string) {}); cfg.NonCPUToCPURatio != tc.want {
+				t.Errorf("ratio %d, want %d", cfg.NonCPUToCPURatio, tc.want)
+			}
+		})
 	}
 }
 

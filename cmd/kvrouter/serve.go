@@ -313,6 +313,9 @@ func parseWorker(spec string) (serve.WorkerSpec, error) {
 			_, err = router.ParseRole(v)
 		case "tokenizer":
 			w.Tokenizer = v
+		case "device":
+			w.Device = v
+			_, err = router.ParseDevice(v)
 		default:
 			return w, fmt.Errorf("--worker %q: unknown key %q", spec, k)
 		}

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/core/sched"
 )
@@ -112,4 +113,18 @@ func (r *Router) Uncached(ctx context.Context, req Request) (int, bool) {
 		return 0, false
 	}
 	return len(req.Tokens) - d.OverlapBlocks*r.cfg.BlockSize, true
+}
+
+// ParseDevice reads the device an engine computes on, as flags, configs
+// and discovery entries name it: cpu, or an accelerator's name (cuda,
+// rocm, xpu, ...); "" is an accelerator, as Dynamo takes an engine that
+// does not say. Only CPU against the rest matters to routing.
+func ParseDevice(s string) (cpu bool, err error) {
+	d := strings.ToLower(strings.TrimSpace(s))
+	for _, c := range d {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '_' {
+			return false, fmt.Errorf("device %q: want cpu or an accelerator's name such as cuda", s)
+		}
+	}
+	return d == "cpu", nil
 }

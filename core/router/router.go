@@ -89,6 +89,10 @@ type Config struct {
 	QueueThreshold      *float64              // --router-queue-threshold; nil = no queue
 	QueuePolicy         sched.QueuePolicy     // --router-queue-policy
 	OverlapRefreshAfter time.Duration         // re-match queued requests older than this; 0 = never
+	// NonCPUToCPURatio is device-aware-weighted's throughput of one
+	// accelerator engine in CPU engines (DYN_ENCODER_CUDA_TO_CPU_RATIO);
+	// 0 = sched.DefaultNonCPUToCPURatio.
+	NonCPUToCPURatio int
 
 	// Now is the clock of expiry, sessions and queueing; nil = time.Now.
 	Now func() time.Time
@@ -133,6 +137,10 @@ type WorkerInfo struct {
 	// the engine's own events carry overrides it.
 	BlockSize int
 	Role      Role
+	// CPU says the engine computes on CPU, for --router-mode
+	// device-aware-weighted; an engine that does not say is taken to run on
+	// an accelerator, as Dynamo takes it.
+	CPU bool
 }
 
 // Request is one request to route.
@@ -392,6 +400,11 @@ func New(cfg Config) (*Router, error) {
 			return nil, err
 		}
 		scheduler.SetSessionAffinity(a)
+	}
+	if cfg.NonCPUToCPURatio != 0 {
+		if err := scheduler.SetNonCPUToCPURatio(cfg.NonCPUToCPURatio); err != nil {
+			return nil, err
+		}
 	}
 	policy := cfg.QueuePolicy
 	if policy == "" {
@@ -1126,6 +1139,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		c.TotalKVBlocks = info.TotalKVBlocks
 		c.MaxNumBatchedTokens = info.MaxNumBatchedTokens
 		c.ActiveRequests = pot.ActiveRequests
+		c.CPU = info.CPU
 		if engine != nil {
 			c.Engine = engine[pot.Worker]
 		}

@@ -18,6 +18,9 @@ const (
 	ModeDirect      Mode = "direct"
 	ModeLeastLoaded Mode = "least-loaded"
 	ModePowerOfTwo  Mode = "power-of-two"
+	// ModeDeviceAwareWeighted shares requests between CPU and accelerator
+	// workers by their throughput ratio (Dynamo's device-aware-weighted).
+	ModeDeviceAwareWeighted Mode = "device-aware-weighted"
 )
 
 // policy picks one of cands, which the Scheduler has already checked to be
@@ -35,6 +38,8 @@ var policies = map[Mode]func() policy{
 	ModeDirect:      func() policy { return directPolicy{} },
 	ModeLeastLoaded: func() policy { return leastLoaded{} },
 	ModePowerOfTwo:  func() policy { return powerOfTwo{} },
+
+	ModeDeviceAwareWeighted: func() policy { return &deviceAware{ratio: DefaultNonCPUToCPURatio} },
 
 	ModeSGLangCacheAware: newSGLangCacheAware,
 	ModeLLMDPrecise:      func() policy { return llmdPrecise{} },
@@ -167,4 +172,57 @@ func (powerOfTwo) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 		return b, nil
 	}
 	return a, nil
+}
+
+// DefaultNonCPUToCPURatio is how many requests one accelerator worker is
+// taken to serve for each one a CPU worker serves, as Dynamo's
+// DYN_ENCODER_CUDA_TO_CPU_RATIO defaults.
+const DefaultNonCPUToCPURatio = 8
+
+// deviceAware splits the fleet into CPU workers and the others and keeps
+// the requests in flight on the CPU side within a budget: a CPU worker
+// may hold 1/ratio of what an accelerator worker holds on average. When
+// the CPU side is under budget the request goes there, otherwise to the
+// accelerators; within the side, to the worker with the fewest requests
+// in flight (ties at random). Counting requests rather than blocks is
+// Dynamo's measure, and the budget's integer arithmetic is its too: an
+// idle fleet starts on the accelerators, and the CPU side gets work only
+// once they hold ratio requests per CPU worker. A fleet of one kind is
+// least-loaded by requests.
+type deviceAware struct{ ratio int }
+
+func (d *deviceAware) pick(_ *Request, cands []Candidate, rng Rand) (int, error) {
+	var cpus, others, cpuLoad, otherLoad int
+	for i := range cands {
+		if cands[i].CPU {
+			cpus++
+			cpuLoad += cands[i].ActiveRequests
+		} else {
+			others++
+			otherLoad += cands[i].ActiveRequests
+		}
+	}
+	useCPU := others == 0
+	if cpus > 0 && others > 0 {
+		useCPU = cpuLoad < otherLoad*cpus/(d.ratio*others)
+	}
+	return pickMin(len(cands), func(i int) float64 {
+		if cands[i].CPU != useCPU {
+			return math.Inf(1)
+		}
+		return float64(cands[i].ActiveRequests)
+	}, rng), nil
+}
+
+// SetNonCPUToCPURatio sets device-aware-weighted's throughput ratio of one
+// accelerator worker to one CPU worker (DYN_ENCODER_CUDA_TO_CPU_RATIO);
+// other modes ignore it. Call it before the first Select.
+func (s *Scheduler) SetNonCPUToCPURatio(ratio int) error {
+	if ratio < 1 {
+		return fmt.Errorf("sched: the accelerator to CPU throughput ratio must be at least 1, got %d", ratio)
+	}
+	if d, ok := s.policy.(*deviceAware); ok {
+		d.ratio = ratio
+	}
+	return nil
 }

@@ -26,6 +26,9 @@ type Candidate struct {
 	TotalKVBlocks                        int // capacity; 0 when the worker has not said
 	MaxNumBatchedTokens                  int // per-step token budget; 0 when unknown
 	ActiveRequests                       int
+	// CPU says the worker computes on CPU rather than an accelerator, for
+	// device-aware-weighted routing.
+	CPU bool
 	// Prefill is the worker's learned prefill time
 	// (--router-prefill-load-model learned); with it kv mode's cost is in
 	// time, not blocks.

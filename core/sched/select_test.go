@@ -195,7 +195,7 @@ func TestSoftmaxExtremes(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for _, s := range []string{"kv", "round-robin", "random", "direct", "least-loaded", "power-of-two", "sglang-cache-aware", "llm-d-precise", "gie-approx-prefix", " KV "} {
+	for _, s := range []string{"kv", "round-robin", "random", "direct", "least-loaded", "power-of-two", "sglang-cache-aware", "llm-d-precise", "gie-approx-prefix", "device-aware-weighted", " KV "} {
 		m, err := ParseMode(s)
 		if err != nil {
 			t.Errorf("ParseMode(%q): %v", s, err)
@@ -217,8 +217,8 @@ func TestParseMode(t *testing.T) {
 	if _, err := New("fastest", nil); err == nil {
 		t.Error("New accepted an unknown mode")
 	}
-	if got := len(Modes()); got != 9 {
-		t.Errorf("%d modes, want 9", got)
+	if got := len(Modes()); got != 10 {
+		t.Errorf("%d modes, want 10", got)
 	}
 }
 

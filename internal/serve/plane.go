@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvrouter/kvrouter/adapters/natsplane"
-	"github.com/kvrouter/kvrouter/core/router"
 )
 
 // Plane puts the frontend on kvrouter's NATS plane: engines come from
@@ -109,6 +108,7 @@ func (s *Server) discovered(in natsplane.Instance) {
 	spec := WorkerSpec{
 		ID: in.WorkerID, Name: in.Name, URL: in.URL, Model: in.Model, DPSize: max(in.DPSize, 1),
 		KVBlocks: in.TotalKVBlocks, MaxBatchedTokens: in.MaxNumBatchedTokens, Role: in.Role, Tokenizer: in.Tokenizer,
+		Device: in.Device,
 	}
 	if err := spec.validate(); err != nil {
 		s.log.Warn("discovered engine skipped", "worker", in.Name, "err", err)
@@ -127,8 +127,9 @@ func (s *Server) discovered(in natsplane.Instance) {
 	}
 	s.mu.Unlock()
 	s.toks.engineLater(in.Model, in.Tokenizer)
-	role, _ := router.ParseRole(spec.Role) // validated
-	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, BlockSize: in.BlockSize, Role: role})
+	info := spec.info()
+	info.BlockSize = in.BlockSize
+	s.router.AddWorker(info)
 	s.warnBlockSize(in.WorkerID, spec.Name, s.router.WorkerBlockSize(in.WorkerID), "announces")
 	s.plane.sub.WorkerAdded(in)
 	s.mu.Lock()

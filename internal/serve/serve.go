@@ -61,6 +61,9 @@ type WorkerSpec struct {
 	// Tokenizer is the model's Hugging Face tokenizer (directory or
 	// tokenizer.json), for tokenizing its prompts in process.
 	Tokenizer string `json:"tokenizer,omitempty"`
+	// Device is what the engine computes on: cpu, or an accelerator
+	// (cuda, the default), for --router-mode device-aware-weighted.
+	Device string `json:"device,omitempty"`
 }
 
 // Config is the frontend's configuration.
@@ -228,8 +231,18 @@ func (w *WorkerSpec) validate() error {
 	if _, err := router.ParseRole(w.Role); err != nil {
 		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
 	}
+	if _, err := router.ParseDevice(w.Device); err != nil {
+		return fmt.Errorf("serve: worker %q: %w", w.Name, err)
+	}
 	_, err := enginesource.RankEndpoint(w.Events, w.DPSize-1)
 	return err
+}
+
+// info is what the router knows of the engine; validate has checked it.
+func (w *WorkerSpec) info() router.WorkerInfo {
+	role, _ := router.ParseRole(w.Role)
+	cpu, _ := router.ParseDevice(w.Device)
+	return router.WorkerInfo{ID: w.ID, Model: w.Model, DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens, Role: role, CPU: cpu}
 }
 
 // CheckAddresses reports a malformed url=, events=, replay= or dump= with
@@ -645,8 +658,7 @@ func (s *Server) join(ctx context.Context, w *supervised) error {
 	w.adapters = nil
 	s.mu.Unlock()
 	s.rereadAdapters(ctx, spec.ID)
-	role, _ := router.ParseRole(spec.Role) // validated
-	s.router.AddWorker(router.WorkerInfo{ID: spec.ID, Model: spec.Model, DPSize: spec.DPSize, TotalKVBlocks: spec.KVBlocks, MaxNumBatchedTokens: spec.MaxBatchedTokens, Role: role})
+	s.router.AddWorker(spec.info())
 	var sources []*enginesource.Source
 	// With a remote primary, the indexer follows the engines' events.
 	if spec.Events != "" && s.remote == nil {

@@ -144,7 +144,7 @@ func runHotSet(ctx context.Context, cfg *HotSetConfig, clients int, mode string)
 	// router learns it from the engine's KV events.
 	for i, h := range histories {
 		r := workload.Request{Tokens: h, OSL: 1}
-		if rec := send(ctx, client, workers[0].URL, model, &r, cfg.Speedup); rec.Err != "" {
+		if rec := send(ctx, client, workers[0].URL, model, &r, cfg.Speedup, ""); rec.Err != "" {
 			return row, fmt.Errorf("warming conversation %d: %s", i, rec.Err)
 		}
 	}
@@ -164,7 +164,7 @@ func runHotSet(ctx context.Context, cfg *HotSetConfig, clients int, mode string)
 	url := "http://" + s.Addr()
 	win, err := bench.ClosedLoop(ctx, clients, cfg.Warmup, cfg.Duration, func(ctx context.Context, c, i int) (Record, error) {
 		toks := append(append(make([]uint32, 0, cfg.HistoryTokens+cfg.TurnTokens), histories[(c+i)%len(histories)]...), hotSetTokens(rngs[c], cfg.TurnTokens)...)
-		rec := send(ctx, client, url, model, &workload.Request{Tokens: toks, OSL: cfg.OutputTokens}, cfg.Speedup)
+		rec := send(ctx, client, url, model, &workload.Request{Tokens: toks, OSL: cfg.OutputTokens}, cfg.Speedup, "")
 		if rec.Err != "" {
 			return rec, errors.New(rec.Err)
 		}

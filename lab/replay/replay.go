@@ -52,7 +52,15 @@ type Config struct {
 	// spawned fleets; Modes is then ignored and the run is named "target".
 	// Several endpoints, comma-separated, take the requests in turn.
 	Target string
-	Model  string // --model; "" = the fleet's, or the target's first model
+	// SessionHeader (--session-header) names each request's session in
+	// Dynamo's X-Dynamo-Session-ID header, which binds the session to the
+	// engine of its first turn. With several routers (--target a,b, a
+	// setup's +replicas=N) a session's turns then take the routers in turn,
+	// so that every turn after the first comes through another router than
+	// the turn before it, and the results count the sessions whose turns
+	// went to more than one engine.
+	SessionHeader bool
+	Model         string // --model; "" = the fleet's, or the target's first model
 	// Fleet configures the engines (block size, KV blocks, ...); its
 	// worker count, speedup and ports are set by the replay.
 	Fleet fleet.Config
@@ -183,7 +191,11 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 		if err != nil {
 			return nil, err
 		}
-		res.add("target", summarise(recs, dur, res.Config.CeilingHitRate, nil), recs)
+		m := summarise(recs, dur, res.Config.CeilingHitRate, nil)
+		if cfg.SessionHeader {
+			m.Sessions, m.SplitSessions = splitSessions(recs, reqs)
+		}
+		res.add("target", m, recs)
 		return res, nil
 	}
 	for i, mode := range cfg.Modes {
@@ -193,6 +205,9 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Results, er
 		}
 		m := summarise(recs, dur, res.Config.CeilingHitRate, names)
 		m.EngineDrift, m.EngineLagResets = pace.Drift(), pace.LagResets
+		if cfg.SessionHeader {
+			m.Sessions, m.SplitSessions = splitSessions(recs, reqs)
+		}
 		if pd != nil {
 			// Decode engines report pulled blocks as cached: the prefill
 			// engines' hits are the reuse that spared work.
@@ -380,8 +395,19 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, urls []st
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].At, reqs[b].At) })
+	turns := map[string][2]int{} // a session's first-seen rank and turns sent
 	for n, i := range order {
-		url := urls[n%len(urls)]
+		k := n
+		if sess := reqs[i].Session; cfg.SessionHeader && sess != "" {
+			t, ok := turns[sess]
+			if !ok {
+				t[0] = len(turns)
+			}
+			k = t[0] + t[1]
+			t[1]++
+			turns[sess] = t
+		}
+		url := urls[k%len(urls)]
 		at := start.Add(time.Duration(float64(reqs[i].At) / scale))
 		if d := time.Until(at); d > 0 {
 			t := time.NewTimer(d)
@@ -397,7 +423,11 @@ func drive(ctx context.Context, cfg *Config, name string, nth, of int, urls []st
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			recs[i] = send(ctx, client, url, cfg.Model, &reqs[i], cfg.Speedup)
+			session := ""
+			if cfg.SessionHeader {
+				session = reqs[i].Session
+			}
+			recs[i] = send(ctx, client, url, cfg.Model, &reqs[i], cfg.Speedup, session)
 			recs[i].Index = i
 			recs[i].SentMS = float64(at.Sub(start)) / 1e6 * cfg.Speedup
 			if recs[i].Err != "" {
@@ -458,8 +488,9 @@ type chunk struct {
 	} `json:"error"`
 }
 
-// send streams one request and measures it in model time.
-func send(ctx context.Context, client *http.Client, url, model string, r *workload.Request, speedup float64) Record {
+// send streams one request and measures it in model time; a session
+// other than "" is named in X-Dynamo-Session-ID.
+func send(ctx context.Context, client *http.Client, url, model string, r *workload.Request, speedup float64, session string) Record {
 	rec := Record{PromptTokens: len(r.Tokens)}
 	modelMS := func(d time.Duration) float64 { return float64(d) / 1e6 * speedup }
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(RequestBody(model, r)))
@@ -468,6 +499,9 @@ func send(ctx context.Context, client *http.Client, url, model string, r *worklo
 		return rec
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if session != "" {
+		req.Header.Set("X-Dynamo-Session-ID", session)
+	}
 	t0 := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {

@@ -60,7 +60,7 @@ func startReplicas(ctx context.Context, n int, base serve.Config, workers []serv
 			Events: w.Events, Replay: w.Replay, ReportInterval: 100 * time.Millisecond,
 			Instance: natsplane.Instance{
 				WorkerID: w.ID, Name: w.Name, Model: w.Model, URL: w.URL, BlockSize: blockSize,
-				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens, Role: w.Role,
+				DPSize: w.DPSize, TotalKVBlocks: w.KVBlocks, MaxNumBatchedTokens: w.MaxBatchedTokens, Role: w.Role, Device: w.Device,
 			},
 		})
 		if err != nil {

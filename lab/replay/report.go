@@ -108,6 +108,11 @@ func Markdown(w io.Writer, res *Results) error {
 			m.E2E.Mean, m.E2E.P90, m.OutputTokensPerS, m.PrefixHitRate, 100*ofCeiling, share, peak)
 	}
 	for _, name := range res.Order {
+		if m := res.Modes[name]; m.Sessions > 0 {
+			fmt.Fprintf(bw, "\n%s: %d of %d sessions had turns on more than one engine.\n", name, m.SplitSessions, m.Sessions)
+		}
+	}
+	for _, name := range res.Order {
 		if m := res.Modes[name]; m.EngineDrift > DriftWarning {
 			fmt.Fprintf(bw, "\n**Warning:** in %s the engines ran %.1f %% slower than the timing model (%d times more than 50 ms behind): the machine did not keep up with speedup %g, and the latencies above are too long. Rerun at a lower --speedup.\n",
 				name, 100*m.EngineDrift, m.EngineLagResets, c.Speedup)

@@ -51,6 +51,10 @@ type ModeResult struct {
 	// Disagg is a disaggregated setup's traffic between its pools; its
 	// PrefixHitRate is then DisaggResult.PrefillHitRate.
 	Disagg *DisaggResult `json:"disagg,omitempty"`
+	// Sessions and SplitSessions, with --session-header: the sessions
+	// answered, and those whose turns went to more than one engine.
+	Sessions      int `json:"sessions,omitempty"`
+	SplitSessions int `json:"split_sessions,omitempty"`
 }
 
 // RunConfig is results.json's config: what was run, to rerun it.
@@ -156,6 +160,27 @@ func summarise(recs []Record, dur time.Duration, ceiling float64, names map[uint
 		m.PeakActive[w] = p
 	}
 	return m
+}
+
+// splitSessions counts the sessions with an answered turn, and those whose
+// answered turns went to more than one engine.
+func splitSessions(recs []Record, reqs []workload.Request) (sessions, split int) {
+	first := map[string]string{}
+	isSplit := map[string]bool{}
+	for i := range recs {
+		r := &recs[i]
+		sess := reqs[r.Index].Session
+		if r.Err != "" || r.Worker == "" || sess == "" {
+			continue
+		}
+		w, ok := first[sess]
+		if !ok {
+			first[sess] = r.Worker
+		} else if w != r.Worker {
+			isSplit[sess] = true
+		}
+	}
+	return len(first), len(isSplit)
 }
 
 // DistOf summarises samples in model milliseconds; xs keeps its order.

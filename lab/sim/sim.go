@@ -662,6 +662,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	}
 	for id := range workers {
 		info := router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)}
+		info.CPU = id < len(cfg.Specs) && cfg.Specs[id].CPU
 		s.everyRouter(func(r *router.Router) { r.AddWorker(info) })
 	}
 	if cfg.Disagg.Enabled() {

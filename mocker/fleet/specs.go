@@ -14,6 +14,9 @@ import (
 type EngineSpec struct {
 	Speed float64 // step times are divided by it: 0.5 is half as fast
 	KV    float64 // fraction of the configured GPU blocks
+	// CPU announces the engine to the router as a CPU engine, for
+	// --router-mode device-aware-weighted; its speed is still Speed.
+	CPU bool
 }
 
 // Apply is cfg for an engine of this spec.
@@ -26,24 +29,29 @@ func (sp EngineSpec) Apply(cfg engine.Config) engine.Config {
 	return cfg
 }
 
-// ParseSpecs reads --fleet: comma-separated groups COUNTxSPEED[:KV], each
-// COUNT engines at SPEED times the configured engine's speed, with KV
-// times its GPU blocks (default 1). "4x1,4x0.5" is four engines at full
-// speed and four at half; "4x1,4x1:0.5" four with half the KV blocks.
+// ParseSpecs reads --fleet: comma-separated groups COUNTxSPEED[:KV][:cpu],
+// each COUNT engines at SPEED times the configured engine's speed, with KV
+// times its GPU blocks (default 1), announced as CPU engines with :cpu.
+// "4x1,4x0.5" is four engines at full speed and four at half;
+// "4x1,4x1:0.5" four with half the KV blocks; "4x1,2x0.125:cpu" four
+// accelerators and two CPU engines at an eighth of their speed.
 func ParseSpecs(s string) ([]EngineSpec, error) {
 	var out []EngineSpec
 	for _, g := range strings.Split(s, ",") {
 		g = strings.TrimSpace(g)
 		count, rest, ok := strings.Cut(g, "x")
 		if !ok {
-			return nil, fmt.Errorf("fleet %q: group %q: want COUNTxSPEED[:KV], e.g. 4x1,4x0.5 or 4x1:0.5", s, g)
+			return nil, fmt.Errorf("fleet %q: group %q: want COUNTxSPEED[:KV][:cpu], e.g. 4x1,4x0.5, 4x1:0.5 or 2x0.125:cpu", s, g)
 		}
 		n, err := strconv.Atoi(count)
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("fleet %q: group %q: the count must be a whole number ≥ 1", s, g)
 		}
-		speed, kv, hasKV := strings.Cut(rest, ":")
 		sp := EngineSpec{KV: 1}
+		if r, ok := strings.CutSuffix(rest, ":cpu"); ok {
+			rest, sp.CPU = r, true
+		}
+		speed, kv, hasKV := strings.Cut(rest, ":")
 		if sp.Speed, err = positive(speed); err != nil {
 			return nil, fmt.Errorf("fleet %q: group %q: speed %w", s, g, err)
 		}
@@ -89,6 +97,9 @@ func SpecsString(specs []EngineSpec) string {
 		fmt.Fprintf(&b, "%dx%g", j-i, specs[i].Speed)
 		if specs[i].KV != 1 {
 			fmt.Fprintf(&b, ":%g", specs[i].KV)
+		}
+		if specs[i].CPU {
+			b.WriteString(":cpu")
 		}
 		i = j
 	}

@@ -8,15 +8,15 @@ import (
 )
 
 func TestParseSpecs(t *testing.T) {
-	got, err := ParseSpecs("2x1, 1x0.5:0.25,1x2")
-	want := []EngineSpec{{1, 1}, {1, 1}, {0.5, 0.25}, {2, 1}}
+	got, err := ParseSpecs("2x1, 1x0.5:0.25,1x2,2x0.125:cpu,1x0.25:0.5:cpu")
+	want := []EngineSpec{{1, 1, false}, {1, 1, false}, {0.5, 0.25, false}, {2, 1, false}, {0.125, 1, true}, {0.125, 1, true}, {0.25, 0.5, true}}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("%v %v, want %v", got, err, want)
 	}
-	if s := SpecsString(got); s != "2x1,1x0.5:0.25,1x2" {
+	if s := SpecsString(got); s != "2x1,1x0.5:0.25,1x2,2x0.125:cpu,1x0.25:0.5:cpu" {
 		t.Errorf("SpecsString %q", s)
 	}
-	for _, bad := range []string{"", "4", "0x1", "4x0", "4x-1", "4x1:0", "4xfast", "4x1:NaN", "4x+Inf", "200000x1"} {
+	for _, bad := range []string{"", "4", "0x1", "4x0", "4x-1", "4x1:0", "4xfast", "4x1:NaN", "4x+Inf", "200000x1", "4x1:gpu", "4x1:0.5:gpu", "4x1:cpu:0.5", "4x:cpu"} {
 		if _, err := ParseSpecs(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -1202,7 +1202,7 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
 		Target: p.req.Target, OverrideBusy: p.req.OverrideBusy, Session: p.req.Session,
 		Busy: sc.busy, Now: now,
-		Tokens: p.req.Tokens, Commit: book,
+		Tokens: p.req.Tokens, Commit: book, OSL: p.req.OSL,
 	}
 	if p.req.Prefill {
 		sreq.Pool = sched.PoolPrefill

@@ -154,6 +154,22 @@ type Lightest struct {
 	// MostKVBlocks is the largest candidate's KV blocks, with a learned
 	// prefill only (0 otherwise, or when no worker has said).
 	MostKVBlocks int
+	// OSL is the request's expected output length (agent_hints.osl) and
+	// MeanOSL the mean of the hints the scheduler has booked; both 0 when
+	// unknown.
+	OSL     int
+	MeanOSL float64
+}
+
+// holdRatio is how much longer than the average request this one is
+// expected to hold its blocks: its OSL hint over the mean hint, 1 without
+// one. Decode steps run at one pace on an engine, so the steps a request
+// holds its blocks through follow its output length.
+func (l Lightest) holdRatio() float64 {
+	if l.OSL <= 0 || l.MeanOSL <= 0 {
+		return 1
+	}
+	return float64(l.OSL) / l.MeanOSL
 }
 
 // LightestOf summarises cands for Cost.
@@ -359,7 +375,8 @@ func (p Params) Terms(c *Candidate, isl, blockSize int, fleet Lightest) CostTerm
 // twice. A decode block also counts as much more as the worker's KV cache
 // is smaller than the largest candidate's: it fills that much more of it,
 // and an engine's decode step time and its preemptions follow the share
-// of its cache in use, not the block count.
+// of its cache in use, not the block count; there the request's own blocks
+// count by its expected output length too (see holdRatio).
 func (p *Params) timed(c *Candidate, isl, blockSize int, fleet Lightest, own, shared float64) CostTerms {
 	rel := c.Prefill.SecondsPerToken / fleet.SecondsPerToken
 	perBlock := fleet.SecondsPerToken * float64(blockSize)
@@ -367,7 +384,14 @@ func (p *Params) timed(c *Candidate, isl, blockSize int, fleet Lightest, own, sh
 	affinity := p.affinity(c, blockSize, fleet, own)
 	decode := rel * p.decode(c)
 	if c.TotalKVBlocks > 0 && fleet.MostKVBlocks > c.TotalKVBlocks {
-		decode *= float64(fleet.MostKVBlocks) / float64(c.TotalKVBlocks)
+		// On a smaller cache the request's own new blocks also weigh by
+		// how long it will hold them (holdRatio): its share of the cache
+		// times its decode steps is what it takes of the engine's room
+		// (Little's law), so long answers go to the large caches and
+		// short ones fill the small caches' gaps.
+		own := c.PotentialDecodeBlocks - c.ActiveDecodeBlocks
+		decode = rel * float64(fleet.MostKVBlocks) / float64(c.TotalKVBlocks) *
+			(c.ActiveDecodeBlocks + own*fleet.holdRatio() + p.DecodeRequestWeight*float64(c.ActiveRequests))
 	}
 	t := CostTerms{Prefill: p.PrefillLoadScale * prefill, CacheCredit: p.PrefillLoadScale * affinity, Decode: decode}
 	t.Total = p.PrefillLoadScale*(prefill-affinity) + t.Decode

@@ -226,3 +226,82 @@ func TestLearnedPrefillWeighsDecodeByCacheShare(t *testing.T) {
 		t.Fatalf("untimed: %+v, costs %v and %v", l, p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l))
 	}
 }
+
+// On a smaller cache the request's own new blocks weigh by its output
+// length over the mean one too: a long answer holds them through more
+// decode steps, so it takes more of that cache's room and goes to the
+// larger one, while a short answer still fills the smaller cache.
+func TestLearnedPrefillWeighsOwnBlocksByOutputLength(t *testing.T) {
+	p := dynamoWhole(nil)
+	const bs, isl = 16, 1600 // 100 blocks, all new on both
+	known := PrefillTime{Known: true, SecondsPerToken: 1e-4}
+	cands := []Candidate{
+		{Prefill: known, ActiveDecodeBlocks: 800, PotentialDecodeBlocks: 900, TotalKVBlocks: 5000},
+		{Prefill: known, ActiveDecodeBlocks: 1900, PotentialDecodeBlocks: 2000, TotalKVBlocks: 10000},
+	}
+	for _, tc := range []struct {
+		name       string
+		osl        int
+		mean       float64
+		small, big float64 // costs: 100 prefill blocks + decode
+		pick       int
+	}{
+		{"no hint: blocks by cache share", 0, 300, 100 + 2*900, 100 + 2000, 0},
+		{"no mean yet", 600, 0, 100 + 2*900, 100 + 2000, 0},
+		{"average answer", 300, 300, 100 + 2*900, 100 + 2000, 0},
+		{"short answer", 150, 300, 100 + 2*(800+50), 100 + 2000, 0},
+		{"three times the mean: the large cache", 900, 300, 100 + 2*(800+300), 100 + 2000, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := LightestOf(cands)
+			l.OSL, l.MeanOSL = tc.osl, tc.mean
+			if s, b := p.Cost(&cands[0], isl, bs, l), p.Cost(&cands[1], isl, bs, l); math.Abs(s-tc.small) > 1e-9 || math.Abs(b-tc.big) > 1e-9 {
+				t.Fatalf("small %v, big %v: want %v and %v", s, b, tc.small, tc.big)
+			}
+			req := &Request{ISL: isl, OSL: tc.osl, meanOSL: tc.mean, BlockSize: bs, Params: p}
+			if got, _ := (kvPolicy{}).pick(req, cands, rand.New(rand.NewPCG(1, 1))); got != tc.pick {
+				t.Fatalf("picked %d, want %d", got, tc.pick)
+			}
+		})
+	}
+}
+
+// The mean output length is that of the committed requests' hints: a
+// query does not move it, and the request being routed counts in it.
+func TestSchedulerLearnsTheMeanOutputLength(t *testing.T) {
+	s, err := New(ModeKV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := dynamoWhole(nil)
+	known := PrefillTime{Known: true, SecondsPerToken: 1e-4}
+	cands := []Candidate{
+		{Worker: worker(1), Prefill: known, ActiveDecodeBlocks: 800, PotentialDecodeBlocks: 900, TotalKVBlocks: 5000},
+		{Worker: worker(2), Prefill: known, ActiveDecodeBlocks: 1900, PotentialDecodeBlocks: 2000, TotalKVBlocks: 10000},
+	}
+	route := func(osl int, commit bool) (Choice, float64) {
+		t.Helper()
+		req := &Request{ISL: 1600, OSL: osl, BlockSize: 16, Params: p, Commit: commit}
+		c, err := s.Select(req, cands, rand.New(rand.NewPCG(1, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, req.meanOSL
+	}
+	for range 3 {
+		route(100, true)
+	}
+	// 900 against a mean of (300 + 900) / 4 = 300 if it were booked; as a
+	// query it is not, and a second query sees the same mean.
+	for range 2 {
+		if c, mean := route(900, false); c.Worker != worker(2) || mean != 300 {
+			t.Fatalf("query: %v, mean %v; want worker 2 at mean 300", c.Worker, mean)
+		}
+	}
+	if c, mean := route(100, true); c.Worker != worker(1) || mean != 100 {
+		t.Fatalf("short answer: %v, mean %v", c.Worker, mean)
+	}
+	if _, mean := route(0, true); mean != 0 {
+		t.Fatalf("no hint: mean %v", mean)
+	}
+}

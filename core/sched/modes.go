@@ -75,6 +75,7 @@ type kvPolicy struct{}
 func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
 	lightest := LightestOf(cands)
+	lightest.OSL, lightest.MeanOSL = req.OSL, req.meanOSL
 	if p.Temperature == 0 && lightest.SecondsPerToken > 0 {
 		return pickMin(len(cands), func(i int) float64 {
 			return p.Cost(&cands[i], req.ISL, req.BlockSize, lightest)

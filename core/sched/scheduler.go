@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -20,8 +21,12 @@ var (
 // Request is what Select needs to know about one request besides the
 // candidates.
 type Request struct {
-	ISL       int // prompt tokens
-	BlockSize int // tokens per KV block, > 0
+	ISL int // prompt tokens
+	// OSL is the expected output length (nvext agent_hints.osl), 0 when
+	// not given.
+	OSL       int
+	meanOSL   float64 // set by Select
+	BlockSize int     // tokens per KV block, > 0
 	Params    Params
 	// Target names the worker to use (nvext backend_instance_id and
 	// dp_rank); the caller fills DPRank, 0 when the client gave none. A
@@ -91,6 +96,24 @@ type Scheduler struct {
 	policy   policy
 	sessions *Sessions
 	affinity SessionAffinity
+	// oslSum and oslN are the output-length hints of the booked requests,
+	// for their mean (Lightest.MeanOSL).
+	oslSum, oslN atomic.Uint64
+}
+
+// meanOSL books req's output-length hint when req is committed and returns
+// the mean hint so far (req's included), 0 before any.
+func (s *Scheduler) meanOSL(req *Request) float64 {
+	if req.OSL <= 0 {
+		return 0
+	}
+	sum, n := s.oslSum.Load(), s.oslN.Load()
+	if req.Commit {
+		sum, n = s.oslSum.Add(uint64(req.OSL)), s.oslN.Add(1)
+	} else {
+		sum, n = sum+uint64(req.OSL), n+1
+	}
+	return float64(sum) / float64(n)
 }
 
 // New returns a scheduler for mode. sessions may be nil, in which case
@@ -127,6 +150,7 @@ func (s *Scheduler) Select(req *Request, cands []Candidate, rng Rand) (Choice, e
 	if len(cands) == 0 {
 		return Choice{}, ErrNoCandidates
 	}
+	req.meanOSL = s.meanOSL(req)
 	if req.Target != nil {
 		i := indexOf(cands, *req.Target)
 		if i < 0 {

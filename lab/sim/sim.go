@@ -73,7 +73,10 @@ type Config struct {
 	// Router is the configuration every mode starts from
 	// (replay.ModeConfig sets the mode's part).
 	Router router.Config
-	Seed   uint64 // the router's tie-breaks and sampling
+	// NoOSLHints routes without the requests' output lengths (the engines
+	// still generate them), as a router that is not told them.
+	NoOSLHints bool
+	Seed       uint64 // the router's tie-breaks and sampling
 	// KVEventDelay is the model time from a step's end to its KV events'
 	// arrival at the router.
 	KVEventDelay time.Duration
@@ -835,7 +838,11 @@ func (s *sim) arrive(i int) error {
 
 // submit routes a request to be prefilled and decoded on one engine.
 func (s *sim) submit(i int, req *workload.Request) {
-	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
+	osl := req.OSL
+	if s.cfg.NoOSLHints {
+		osl = 0
+	}
+	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)

@@ -269,12 +269,12 @@ type Router struct {
 	// without an event-fed index or with detection off.
 	watch *eventWatch
 
-	scratch  sync.Pool
-	stats    counters
-	offload  offloadBooks                     // see offloaded.go
+	scratch sync.Pool
+	stats   counters
+	offload offloadBooks // see offloaded.go
 	// remotePrefill settles other replicas' prefills from KV events.
 	remotePrefill remotePrefills
-	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
+	observer      atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
 	tap          atomic.Pointer[tapHolder] // see SetDecisionTap

@@ -122,16 +122,28 @@ func (r *Router) ApplyRemoteLoad(u LoadUpdate) error {
 			}
 			return err
 		}
-		if n := min(u.Predict, len(u.Request.Blocks)); r.predicted != nil && n > 0 {
+		n := min(u.Predict, len(u.Request.Blocks))
+		if r.predicted != nil && n > 0 {
 			r.predicted.Add(u.Request.ID, w, u.Request.Blocks[:n], r.now())
+		}
+		// The engine's events show the prefill's end only by the blocks
+		// it stores: a prompt it already held whole, or one past an
+		// unknown multimodal item (never whole in the index), waits for
+		// the relayed first token.
+		if r.exact != nil && n == len(u.Request.Blocks) && u.Request.OverlapBlocks < n {
+			r.remotePrefill.watch(u.Request.ID, w, u.Request.Blocks)
 		}
 		return nil
 	case LoadPrefillDone:
+		if r.remotePrefill.ended(u.ID) {
+			return nil // settled from the engine's events
+		}
 		if !r.tracker.MarkPrefillCompleted(u.ID) {
 			return fmt.Errorf("%w: prefill completed of %q", ErrUnknownRequest, u.ID)
 		}
 		r.settlePrediction(u.ID)
 	case LoadFree:
+		r.remotePrefill.ended(u.ID)
 		if !r.tracker.Free(u.ID) {
 			return fmt.Errorf("%w: free of %q", ErrUnknownRequest, u.ID)
 		}

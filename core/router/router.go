@@ -277,10 +277,12 @@ type Router struct {
 	// without an event-fed index or with detection off.
 	watch *eventWatch
 
-	scratch  sync.Pool
-	stats    counters
-	offload  offloadBooks                     // see offloaded.go
-	observer atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
+	scratch sync.Pool
+	stats   counters
+	offload offloadBooks // see offloaded.go
+	// remotePrefill settles other replicas' prefills from KV events.
+	remotePrefill remotePrefills
+	observer      atomic.Pointer[func(LoadUpdate)] // see SetLoadObserver
 	// sizeObserver: see SetBlockSizeObserver.
 	sizeObserver atomic.Pointer[func(BlockSizeChange)]
 	tap          atomic.Pointer[tapHolder] // see SetDecisionTap
@@ -533,6 +535,7 @@ func (r *Router) RemoveWorker(id uint64) {
 	if r.predicted != nil {
 		r.predicted.RemoveWorker(id)
 	}
+	r.remotePrefill.removeWorker(id)
 	for rank := 0; rank < info.DPSize; rank++ {
 		r.tracker.RemoveWorker(kv.Worker{ID: id, DPRank: uint32(rank)})
 		if r.prefill != nil {
@@ -662,7 +665,13 @@ func (r *Router) ApplyEvent(ev *kv.Event) error {
 	if b := r.offload.of(ev.Worker); b != nil && ev.Kind != kv.KindStored {
 		b.removed(ev.Tier, ev.Removed.EngineHashes, ev.Kind == kv.KindCleared)
 	}
-	return r.exact.Apply(ev)
+	if err := r.exact.Apply(ev); err != nil {
+		return err
+	}
+	if ev.Kind == kv.KindStored && (ev.Tier == "" || ev.Tier == kv.TierDevice) {
+		r.remoteStored(ev.Worker)
+	}
+	return nil
 }
 
 // EngineStored is a block-stored event as engines emit it (vLLM's and

@@ -56,6 +56,13 @@ type Config struct {
 	// the default cap, sized from the machine's memory; 0 = none.
 	IndexBudgetPairs uint64
 	IndexPruneRatio  float64 // the cap's low-water mark, fraction of MaxIndexedPairs
+	// OneGoroutine says the caller applies events and routes from one
+	// goroutine, over at most index.MaxSingleRanks ranks, with device-tier
+	// events only and never near IndexBudgetPairs (the simulator): the
+	// event-fed index is then index.Single, which answers as index.Index
+	// for less work per block, and keeps no dumps. MaxIndexedPairs needs
+	// index.Index and takes precedence.
+	OneGoroutine bool
 
 	ApproxTTL        time.Duration // --router-ttl-secs
 	MaxTreeSize      int           // --router-max-tree-size
@@ -230,7 +237,7 @@ type Router struct {
 	now     func() time.Time
 	rng     sched.Rand
 
-	exact  *index.Index  // event-fed index; nil without events or overlap credit
+	exact  exactIndex    // event-fed index; nil without events or overlap credit
 	approx *index.Approx // approximate mode's index: no events, decisions are the cache
 	// predicted is predict-on-route beside the event-fed index; nil when off.
 	predicted *index.Predicted
@@ -447,7 +454,11 @@ func New(cfg Config) (*Router, error) {
 				r.predicted = index.NewPredicted(index.ApproxConfig{TTL: cfg.PredictedTTL, MaxBlocks: cfg.MaxTreeSize, PruneRatio: cfg.PruneTargetRatio, Now: cfg.Now})
 			}
 		case cfg.KVEvents:
-			r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, BudgetPairs: cfg.IndexBudgetPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
+			if cfg.OneGoroutine && cfg.MaxIndexedPairs == 0 {
+				r.exact = index.NewSingle()
+			} else {
+				r.exact = index.New(index.Config{Shards: cfg.EventThreads, MaxPairs: cfg.MaxIndexedPairs, BudgetPairs: cfg.IndexBudgetPairs, PruneRatio: cfg.IndexPruneRatio, Locate: r.recovery.locate})
+			}
 			// Only a policy that scores cached prefixes suffers from, or
 			// is helped around, an engine's missing events.
 			if cfg.KVEventsGrace > 0 && cfg.Mode.ScoresOverlap() {
@@ -1428,12 +1439,13 @@ func (r *Router) Loads() []WorkerLoad {
 }
 
 // DumpEvents returns events that rebuild the event-fed index (see
-// index.Index.Dump); nil in approximate mode.
+// index.Index.Dump); nil in approximate mode and with OneGoroutine.
 func (r *Router) DumpEvents() []kv.Event {
-	if r.exact == nil {
+	ix, ok := r.exact.(*index.Index)
+	if !ok {
 		return nil
 	}
-	return r.exact.Dump()
+	return ix.Dump()
 }
 
 // EngineCapacity takes the KV capacity an engine rank reports (vLLM's
@@ -1461,12 +1473,17 @@ func (r *Router) OverBound() []index.OverBound {
 }
 
 // DumpEventsTo streams what DumpEvents returns through d in bounded
-// batches (see index.Index.DumpTo); nothing in approximate mode.
+// batches (see index.Index.DumpTo); nothing in approximate mode, and
+// ErrNoDump with OneGoroutine.
 func (r *Router) DumpEventsTo(d *index.Dumper, visit func([]kv.Event) error) error {
 	if r.exact == nil {
 		return nil
 	}
-	return r.exact.DumpTo(d, visit)
+	ix, ok := r.exact.(*index.Index)
+	if !ok {
+		return ErrNoDump
+	}
+	return ix.DumpTo(d, visit)
 }
 
 // HeldBlocks returns the sequence hashes of the blocks the event-fed index

@@ -40,6 +40,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/index"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
 	"github.com/kvrouter/kvrouter/core/sched"
@@ -116,6 +117,28 @@ func (c *Config) engineConfig(i int) engine.Config {
 		return c.Specs[i].Apply(c.Engine)
 	}
 	return c.Engine
+}
+
+// oneGoroutineIndex reports whether the routers of a run on workers
+// engines may keep the one-goroutine index (router.Config.OneGoroutine):
+// the run's loop applies every event and routes every request, and the
+// index holds few enough ranks, device blocks only (or only those are
+// indexed), and never comes near budget pairs, so that it answers as the
+// sharded index would (the same results, for less work per block).
+func (c *Config) oneGoroutineIndex(workers int, budget uint64) bool {
+	dp := max(c.DPSize, 1)
+	if workers*dp > index.MaxSingleRanks {
+		return false
+	}
+	var most uint64
+	for i := range workers {
+		e := c.engineConfig(i)
+		if e.NumCPUBlocks > 0 && !c.IgnoreLowerTiers {
+			return false
+		}
+		most += uint64(index.RankBound(e.NumGPUBlocks)) * uint64(dp)
+	}
+	return budget == 0 || most <= budget
 }
 
 // fleetSize is what the bounds need of a fleet of workers engines: its
@@ -639,6 +662,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
+	rcfg.OneGoroutine = cfg.oneGoroutineIndex(workers, rcfg.IndexBudgetPairs)
 	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}, gaps: map[int64]int{}}
 	rcfg.Now = func() time.Time { return s.base.Add(time.Duration(s.now)) }
 	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))

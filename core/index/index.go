@@ -44,8 +44,12 @@
 // (an allocation for each holder added to or dropped from a shared block)
 // or versions with delayed reuse. All of that taxes the single-threaded
 // apply path the simulator runs and every event, for the rare lookup that
-// meets a writer which lost its core. A sequence lock alone does not help
-// (it cannot serve a reader while a writer is inside), and copy-on-write
+// meets a writer which lost its core. A sequence lock alone does not help:
+// it cannot serve a reader while a writer is inside a block's change, which
+// is where a writer that lost its core most often stops (a prototype
+// bumping it around each block left the p99 of bench index under load
+// where the lock leaves it, docs/benchmarks.md "A sequence lock,
+// measured"). Copy-on-write
 // nodes or a second, left-right copy of the lookup's structures (table
 // slots, nodes, holder sets: most of the 56–62 bytes a (block, worker)
 // pair costs) break the 64-byte budget. Dynamo's Flash Indexer does not

@@ -86,7 +86,7 @@ func (p *remotePrefills) forget(w kv.Worker, id string) {
 
 // stored returns the bookings on w whose whole prompt ix now holds there,
 // and stops watching them until their relayed first token.
-func (p *remotePrefills) stored(ix *index.Index, w kv.Worker) []string {
+func (p *remotePrefills) stored(ix exactIndex, w kv.Worker) []string {
 	if p.n.Load() == 0 {
 		return nil
 	}

@@ -417,7 +417,18 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		defer s.wg.Done()
 		_ = s.http.Serve(ln)
 	}()
+	// Discovery runs by now and changes the map under s.mu; the engines
+	// it brings are supervised (or leased) by its own path, so only the
+	// configured ones are started here.
+	s.mu.Lock()
+	var configured []*supervised
 	for _, w := range s.workers {
+		if !w.discovered && w.stop == nil {
+			configured = append(configured, w)
+		}
+	}
+	s.mu.Unlock()
+	for _, w := range configured {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

@@ -37,7 +37,10 @@ func TestHotSetLiveSpreadsOverTheIdleEngine(t *testing.T) {
 	if r.Errors > 0 || total == 0 {
 		t.Fatalf("%d errors (%s), %d requests served", r.Errors, r.FirstErr, total)
 	}
-	if share := float64(r.Served[1]) / float64(total); share < 0.25 {
+	// The router that starved it sent the idle engine nothing; a fair
+	// share is 40–50 % on a quiet machine and fell to 20 % on a loaded
+	// one, where the window holds fewer requests.
+	if share := float64(r.Served[1]) / float64(total); share < 0.1 {
 		t.Errorf("the idle engine served %.0f %% of the requests (%v)", 100*share, r.Served)
 	}
 }

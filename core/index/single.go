@@ -463,6 +463,15 @@ func (p *pairMap) find(k uint64) (*pairSlot, bool) {
 	if len(p.slots) == 0 {
 		return nil, false
 	}
+	if s, ok := p.probe(k); ok {
+		return s, true
+	}
+	return nil, false
+}
+
+// probe returns k's slot if present, else the empty slot where it would
+// go; the table must have one.
+func (p *pairMap) probe(k uint64) (*pairSlot, bool) {
 	mask := len(p.slots) - 1
 	for i := p.home(k); ; i = (i + 1) & mask {
 		s := &p.slots[i]
@@ -470,7 +479,7 @@ func (p *pairMap) find(k uint64) (*pairSlot, bool) {
 			return s, true
 		}
 		if s.k == 0 {
-			return nil, false
+			return s, false
 		}
 	}
 }
@@ -495,18 +504,12 @@ func (p *pairMap) slot(k uint64) (*pairSlot, bool) {
 	if (p.n+1)*4 > len(p.slots)*3 {
 		p.rehash(max(2*len(p.slots), 16))
 	}
-	mask := len(p.slots) - 1
-	for i := p.home(k); ; i = (i + 1) & mask {
-		s := &p.slots[i]
-		if s.k == k {
-			return s, true
-		}
-		if s.k == 0 {
-			s.k, s.v = k, 0
-			p.n++
-			return s, false
-		}
+	s, ok := p.probe(k)
+	if !ok {
+		s.k, s.v = k, 0
+		p.n++
 	}
+	return s, ok
 }
 
 // put maps k to v and returns the value it replaced.

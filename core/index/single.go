@@ -203,13 +203,7 @@ func (x *Single) hold(b int, s uint64) {
 
 // unref drops one engine id of rank b naming the block of sequence hash s.
 func (x *Single) unref(b int, s uint64) {
-	r := &x.ranks[b]
-	if c := r.extra[s]; c > 0 {
-		if c == 1 {
-			delete(r.extra, s)
-		} else {
-			r.extra[s] = c - 1
-		}
+	if dropExtraRef(x.ranks[b].extra, s) {
 		return
 	}
 	slot, ok := x.bySeq.find(s)

@@ -442,15 +442,24 @@ func (t *tree) collectIfLive(n uint32) {
 	}
 }
 
+// dropExtraRef drops one of the extra references counted for k (engine
+// ids beyond the first naming one block), reporting whether there was one.
+func dropExtraRef[K comparable](extra map[K]uint32, k K) bool {
+	c := extra[k]
+	switch {
+	case c == 0:
+		return false
+	case c == 1:
+		delete(extra, k)
+	default:
+		extra[k] = c - 1
+	}
+	return true
+}
+
 // unref drops one engine reference of worker slot s to node n.
 func (t *tree) unref(s uint32, n uint32) {
-	ws := &t.workers[s]
-	if c := ws.extraRefs[n]; c > 0 {
-		if c == 1 {
-			delete(ws.extraRefs, n)
-		} else {
-			ws.extraRefs[n] = c - 1
-		}
+	if dropExtraRef(t.workers[s].extraRefs, n) {
 		return
 	}
 	nd := t.nodes.at(n)

@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"encoding/binary"
 	"math"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/replay"
@@ -22,17 +25,28 @@ import (
 // it lies above its chord: DecodeTime(u) ≥ D(0) + (D(1) − D(0))·u. Summed
 // over a fleet's decode steps that is at least D(0) for every MaxNumSeqs
 // decoded tokens, plus (D(1) − D(0)) / NumGPUBlocks for every block a
-// decoding request holds in every step it decodes. The blocks counted are
-// the request's private prompt blocks: full blocks no request of another
-// owner has, where the turns of one closed-loop session share an owner
-// (they never run at once) and every other request is its own. Whatever the
-// routing, those blocks are held, once each, while their request decodes.
+// decoding request holds in every step it decodes.
+//
+// The blocks counted are those no two decoding requests of one step can
+// share, so that they are distinct slots of the engine in every step
+// they are counted in:
+//   - Each prompt block is charged to one owner of the requests whose
+//     prompts hold it, in every step that owner's requests decode: the
+//     turns of a closed-loop session share an owner (they never run at
+//     once, so each holds the block alone while it decodes), every other
+//     request is its own. A block is charged to all the requests of the
+//     first owner whose prompts hold it, or, when that is more, to the
+//     one request among its holders with the most decode steps: it holds
+//     the block through all of them, wherever the routing sends it.
+//   - Each decode step also writes its request's answer into blocks of
+//     its own (decodeTails): the partial last block, and every full block
+//     holding generated tokens only.
 //
 // Prefill is charged as in PrefillBoundRPS. The sum is a lower bound on the
 // stepping time any fleet spends on w, so w's requests over it, per engine,
 // bound the rate. It leaves out the memory idle sessions need to keep
-// their hits, generated tokens' blocks, queueing and imbalance: real
-// goodputs lie below it. 0 when there is nothing to bound.
+// their hits, queueing and imbalance: real goodputs lie below it. 0 when
+// there is nothing to bound.
 func EngineBoundRPS(c *replay.Ceiling, w Workload, eng engine.Config, workers int) float64 {
 	return engineBound(c, decodeStatsOf(w, eng.BlockSize), eng, float64(workers))
 }
@@ -67,32 +81,32 @@ func engineBound(c *replay.Ceiling, d decodeStats, eng engine.Config, speed floa
 type decodeStats struct {
 	requests int
 	steps    int64 // every request's OSL−1, summed
-	// privateBlockSteps is, summed over requests, the decode steps times
-	// the request's private prompt blocks (see EngineBoundRPS).
+	// privateBlockSteps is, summed over the blocks charged to decoding
+	// requests (see EngineBoundRPS), the decode steps each is charged in.
 	privateBlockSteps int64
 }
 
-// ownership finds each request's private blocks in one pass: a block's
-// decode steps accumulate while one owner's prompts hold it and count only
-// if no other owner's prompt ever does. Summed over blocks, that is each
-// request's private blocks times its steps, summed over requests, without
-// keeping any prompt's hashes for a second pass (8 bytes per block of the
-// workload: half a GB for the agentic one).
+// ownership finds each block's charge in one pass: the steps of the
+// first owner's requests whose prompts hold it, or, if another owner's
+// prompt holds it too and one request of any owner decodes longer, that
+// request's steps. Summed over blocks, that is the charge of
+// EngineBoundRPS, without keeping any prompt's hashes for a second pass
+// (8 bytes per block of the workload: half a GB for the agentic one).
 type ownership struct {
 	owners []int32
 	blocks map[uint64]blockOwner
+	tails  decodeTails
 	stats  decodeStats
 }
 
 type blockOwner struct {
-	owner int32 // sharedBlock once two owners' prompts hold it
-	steps uint32
+	owner int32  // the first owner whose prompt holds it
+	steps uint32 // that owner's steps
+	most  uint32 // the most steps of one request holding it
 }
 
-const sharedBlock = -1
-
-func newOwnership(w Workload) *ownership {
-	return &ownership{owners: requestOwners(w), blocks: map[uint64]blockOwner{}}
+func newOwnership(w Workload, blockSize int) *ownership {
+	return &ownership{owners: requestOwners(w), blocks: map[uint64]blockOwner{}, tails: newDecodeTails(w.Len(), blockSize)}
 }
 
 // add takes request i's full blocks (its prompt's chained hashes).
@@ -100,26 +114,28 @@ func (o *ownership) add(i int, r *workload.Request, seq []uint64) {
 	steps := uint32(max(r.OSL-1, 0))
 	o.stats.requests++
 	o.stats.steps += int64(steps)
+	o.tails.add(r, seq)
 	own := o.owners[i]
 	for _, b := range seq {
-		switch bo, ok := o.blocks[b]; {
-		case !ok:
-			o.blocks[b] = blockOwner{owner: own, steps: steps}
-		case bo.owner == own:
-			bo.steps += steps
-			o.blocks[b] = bo
-		case bo.owner != sharedBlock:
-			o.blocks[b] = blockOwner{owner: sharedBlock}
+		bo, ok := o.blocks[b]
+		if !ok {
+			bo.owner = own
 		}
+		if bo.owner == own {
+			bo.steps += steps
+		}
+		bo.most = max(bo.most, steps)
+		o.blocks[b] = bo
 	}
 }
 
 func (o *ownership) result() decodeStats {
 	d := o.stats
 	for _, bo := range o.blocks {
-		if bo.owner != sharedBlock {
-			d.privateBlockSteps += int64(bo.steps)
-		}
+		d.privateBlockSteps += int64(max(bo.steps, bo.most))
+	}
+	for i := range o.tails.requests() {
+		d.privateBlockSteps += o.tails.blockSteps(i)
 	}
 	return d
 }
@@ -127,7 +143,7 @@ func (o *ownership) result() decodeStats {
 // decodeStatsOf hashes every prompt under its cache salt: salted copies of
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
-	o := newOwnership(w)
+	o := newOwnership(w, blockSize)
 	var local, seq []uint64
 	for i := range w.Len() {
 		r := w.Request(i)
@@ -135,6 +151,76 @@ func decodeStatsOf(w Workload, blockSize int) decodeStats {
 		o.add(i, &r, seq)
 	}
 	return o.result()
+}
+
+// decodeTails counts the blocks each request's decode steps write into,
+// beyond its prompt's full blocks. In the decode step that produces its
+// token g (g ≥ 1) a request of L prompt tokens holds ⌈(L + g)/bs⌉ blocks:
+// its prompt's ⌊L/bs⌋ full blocks and the rest. Two of the rest count:
+//   - the partial last block, whenever L + g is not a multiple of bs: an
+//     engine never shares a block that is not full;
+//   - the full blocks that start at or after token L: they hold generated
+//     tokens only, which an engine draws from its seed and the request's
+//     prompt. No request's prompt carries them (the workloads' prompts are
+//     their own tokens), so only a request with the same prompt on the
+//     same engine could write the same blocks: a request whose prompt
+//     another request repeats is credited none.
+//
+// A full block that holds both prompt and generated tokens is not counted.
+type decodeTails struct {
+	bs      int
+	prompts []promptTail
+	seen    map[uint64]int32 // how many requests send each prompt
+	buf     []byte
+}
+
+type promptTail struct {
+	tokens, steps int32
+	print         uint64 // the whole prompt's fingerprint
+}
+
+func newDecodeTails(n, blockSize int) decodeTails {
+	return decodeTails{bs: blockSize, prompts: make([]promptTail, 0, n), seen: map[uint64]int32{}}
+}
+
+// add takes the next request, its full blocks' chained hashes seq.
+func (d *decodeTails) add(r *workload.Request, seq []uint64) {
+	var last uint64
+	if len(seq) > 0 {
+		last = seq[len(seq)-1]
+	}
+	// The chained hash of the last full block stands for the prompt up to
+	// it (salt included); the partial block's tokens and the salt (for a
+	// prompt shorter than a block) complete the fingerprint.
+	b := binary.LittleEndian.AppendUint64(d.buf[:0], last)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(r.Tokens)))
+	for _, t := range r.Tokens[len(seq)*d.bs:] {
+		b = binary.LittleEndian.AppendUint32(b, t)
+	}
+	b = append(b, r.CacheSalt...)
+	d.buf = b
+	fp := xxh3.Hash(b)
+	d.seen[fp]++
+	d.prompts = append(d.prompts, promptTail{tokens: int32(len(r.Tokens)), steps: int32(max(r.OSL-1, 0)), print: fp})
+}
+
+func (d *decodeTails) requests() int { return len(d.prompts) }
+
+// blockSteps is request i's counted blocks summed over its decode steps.
+func (d *decodeTails) blockSteps(i int) int64 {
+	p := d.prompts[i]
+	alone := d.seen[p.print] == 1
+	bs, l := d.bs, int(p.tokens)
+	var sum int64
+	for g := 1; g <= int(p.steps); g++ {
+		if (l+g)%bs != 0 {
+			sum++
+		}
+		if alone {
+			sum += int64(max((l+g)/bs-(l+bs-1)/bs, 0))
+		}
+	}
+	return sum
 }
 
 // requestOwners gives the requests that can never run at once the same

@@ -81,11 +81,14 @@ type fleetBounds struct {
 func boundsOf(cfg *Config, w Workload, workers int) fleetBounds {
 	speed, maxBlocks, totalBlocks := cfg.fleetSize(workers)
 	classes := cfg.kvClasses(workers)
-	m := measure(w, cfg.Engine.BlockSize, totalBlocks, unequalKV(classes))
+	m := measure(w, cfg.Engine.BlockSize, totalBlocks, len(classes) <= 2)
 	eng := cfg.Engine
 	eng.NumGPUBlocks = maxBlocks
 	b := fleetBounds{ceiling: m.infinite, pooled: m.pooled, engineRPS: engineBound(m.infinite, m.decode, eng, speed)}
-	if m.kv != nil {
+	// A disaggregated request prefills on one engine and decodes on
+	// another: its work splits between classes, which kvBound's
+	// assignment does not allow (one class is a sum, and holds).
+	if m.kv != nil && (len(classes) == 1 || !cfg.Disagg.Enabled()) {
 		b.kvRPS = kvBound(m.kv, classes, cfg.Engine)
 	}
 	if b.kvRPS > 0 && b.kvRPS < b.engineRPS {
@@ -105,56 +108,83 @@ type kvClass struct {
 type kvRequests struct {
 	private []int32 // the request's tokens no other request holds (≥ 1)
 	steps   []int32 // its decode steps, OSL − 1
-	blocks  []int32 // its full prompt blocks no other request holds
-	misses  int64   // the infinite cache's misses, every request's
+	// blockSteps is the blocks charged to the request, summed over its
+	// decode steps: its designated prompt blocks (see privacy) and its
+	// answer's own blocks (decodeTails) in each.
+	blockSteps []int64
+	misses     int64 // the infinite cache's misses, every request's
 }
 
 // privacy finds, in one pass, each request's full blocks that no other
-// request holds: a block's first holder keeps it until a second request
-// holds it too. A prompt's chained hashes make the blocks it shares a
-// prefix of it, so its private blocks are the rest.
+// request holds (a prompt's chained hashes make the blocks it shares a
+// prefix of it, so its private blocks are the rest), and designates
+// every block to one of the requests whose prompts hold it: the one with
+// the most decode steps, the first of them on a tie. A request holds
+// every block of its prompt, on its engine, in every step it decodes in,
+// and no block is designated twice, so the blocks designated to the
+// requests that decode in one step are distinct slots of their engine.
 type privacy struct {
-	first map[uint64]int32 // first holder, sharedBlock once two hold it
-	out   kvRequests
-	full  []int32 // each request's full blocks
-	toks  []int32 // each request's prompt tokens
+	holders map[uint64]blockHolder
+	tails   decodeTails
+	steps   []int32
+	full    []int32 // each request's full blocks
+	toks    []int32 // each request's prompt tokens
 }
 
-func newPrivacy(n int) *privacy {
-	return &privacy{first: map[uint64]int32{}, out: kvRequests{
-		private: make([]int32, 0, n), steps: make([]int32, 0, n), blocks: make([]int32, 0, n),
-	}, full: make([]int32, 0, n), toks: make([]int32, 0, n)}
+// blockHolder is a block's designated request so far.
+type blockHolder struct {
+	req    int32
+	steps  int32 // its decode steps
+	shared bool  // another request's prompt holds it too
+}
+
+func newPrivacy(n, blockSize int) *privacy {
+	return &privacy{holders: map[uint64]blockHolder{}, tails: newDecodeTails(n, blockSize),
+		steps: make([]int32, 0, n), full: make([]int32, 0, n), toks: make([]int32, 0, n)}
 }
 
 func (p *privacy) add(i int, r *workload.Request, seq []uint64) {
-	p.out.steps = append(p.out.steps, int32(max(r.OSL-1, 0)))
-	p.out.blocks = append(p.out.blocks, int32(len(seq)))
+	steps := int32(max(r.OSL-1, 0))
+	p.steps = append(p.steps, steps)
 	p.full = append(p.full, int32(len(seq)))
 	p.toks = append(p.toks, int32(len(r.Tokens)))
+	p.tails.add(r, seq)
 	for _, b := range seq {
-		switch f, ok := p.first[b]; {
+		h, ok := p.holders[b]
+		switch {
 		case !ok:
-			p.first[b] = int32(i)
-		case f != sharedBlock && int(f) != i:
-			p.out.blocks[f]--
-			p.first[b] = sharedBlock
-			p.out.blocks[i]--
-		case f == sharedBlock:
-			p.out.blocks[i]--
+			p.holders[b] = blockHolder{req: int32(i), steps: steps}
+			continue
+		case int(h.req) == i:
+			continue
 		}
+		h.shared = true
+		if steps > h.steps {
+			h.req, h.steps = int32(i), steps
+		}
+		p.holders[b] = h
 	}
 }
 
 func (p *privacy) result(blockSize int, misses int64) kvRequests {
-	out := p.out
-	out.misses = misses
+	n := len(p.steps)
+	private := make([]int32, n) // full blocks no other request holds
+	designated := make([]int64, n)
+	for _, h := range p.holders {
+		designated[h.req]++
+		if !h.shared {
+			private[h.req]++
+		}
+	}
+	out := kvRequests{private: make([]int32, n), steps: p.steps, blockSteps: make([]int64, n), misses: misses}
 	for i, n := range p.toks {
-		shared := int(p.full[i] - out.blocks[i])
+		shared := int(p.full[i] - private[i])
 		// The last token is always computed: at most (n−1)/bs blocks hit.
 		cacheable := min(shared*blockSize, (int(n)-1)/blockSize*blockSize)
-		out.private = append(out.private, n-int32(max(cacheable, 0)))
+		out.private[i] = n - int32(max(cacheable, 0))
+		out.blockSteps[i] = designated[i]*int64(p.steps[i]) + p.tails.blockSteps(i)
 	}
-	p.first = nil
+	p.holders = nil
 	return out
 }
 
@@ -208,7 +238,7 @@ func kvBound(r *kvRequests, classes []kvClass, eng engine.Config) float64 {
 		cost := func(i, c int) float64 {
 			k := classes[c]
 			lam := float64(lambdas >> c & 1)
-			steps, blocks := float64(r.steps[i]), float64(r.blocks[i])*float64(r.steps[i])
+			steps, blocks := float64(r.steps[i]), float64(r.blockSteps[i])
 			return (cstar*float64(r.private[i]) + d0*(lam*steps/float64(eng.MaxNumSeqs)+(1-lam)*blocks/float64(k.blocks)) + slope*blocks/float64(k.blocks)) / k.speed
 		}
 		if t := leastTime(n, classes, cost, pool); t > 0 {

@@ -22,8 +22,8 @@ func TestKVBound(t *testing.T) {
 	perSecond := func(private, steps, blocks, n float64) float64 {
 		return float64(time.Second) / (cstar*private + d0*max(steps/m, blocks*steps/n) + slope*blocks*steps/n)
 	}
-	one := kvRequests{private: []int32{1000}, steps: []int32{300}, blocks: []int32{500}, misses: 1000}
-	two := kvRequests{private: []int32{1000, 1000}, steps: []int32{300, 300}, blocks: []int32{500, 500}, misses: 2000}
+	one := kvRequests{private: []int32{1000}, steps: []int32{300}, blockSteps: []int64{500 * 300}, misses: 1000}
+	two := kvRequests{private: []int32{1000, 1000}, steps: []int32{300, 300}, blockSteps: []int64{500 * 300, 500 * 300}, misses: 2000}
 	cases := []struct {
 		name    string
 		r       kvRequests
@@ -36,7 +36,7 @@ func TestKVBound(t *testing.T) {
 		{"half speed", one, []kvClass{{0.5, 1000, 1}}, 0.5 * perSecond(1000, 300, 500, 1000)},
 		// Equal requests on a full and a half engine: each serves at its own rate.
 		{"a full and a half engine", two, []kvClass{{1, 1000, 1}, {1, 500, 1}}, perSecond(1000, 300, 500, 1000) + perSecond(1000, 300, 500, 500)},
-		{"shared prompt tokens go anywhere", kvRequests{private: []int32{1}, steps: []int32{0}, blocks: []int32{0}, misses: 2001},
+		{"shared prompt tokens go anywhere", kvRequests{private: []int32{1}, steps: []int32{0}, blockSteps: []int64{0}, misses: 2001},
 			[]kvClass{{1, 1000, 1}, {1, 10, 3}}, 4 * float64(time.Second) / (cstar * 2001)},
 		{"three classes: not bounded here", two, []kvClass{{1, 1000, 1}, {1, 500, 1}, {1, 250, 1}}, 0},
 		{"no requests", kvRequests{}, []kvClass{{1, 1000, 1}}, 0},
@@ -54,7 +54,7 @@ func TestKVBound(t *testing.T) {
 // the rate of equal shares.
 func TestKVBoundAssignsByBlocks(t *testing.T) {
 	eng := engine.DefaultConfig()
-	r := kvRequests{private: []int32{8000, 8000, 100, 100}, steps: []int32{10, 10, 2000, 2000}, blocks: []int32{500, 500, 700, 700}, misses: 16200}
+	r := kvRequests{private: []int32{8000, 8000, 100, 100}, steps: []int32{10, 10, 2000, 2000}, blockSteps: []int64{500 * 10, 500 * 10, 700 * 2000, 700 * 2000}, misses: 16200}
 	merged := kvBound(&r, []kvClass{{1, 4000, 4}}, eng)
 	split := kvBound(&r, []kvClass{{1, 4000, 2}, {1, 4000, 2}}, eng)
 	if math.Abs(merged-split) > 1e-9*merged {
@@ -70,7 +70,7 @@ func TestKVBoundAssignsByBlocks(t *testing.T) {
 	cost := func(i int, blocks float64) float64 {
 		d0 := float64(engine.DecodeTime(0))
 		slope := float64(engine.DecodeTime(1)) - d0
-		s, b := float64(r.steps[i]), float64(r.blocks[i])*float64(r.steps[i])
+		s, b := float64(r.steps[i]), float64(r.blockSteps[i])
 		return cheapestPrefillPerToken(eng.MaxNumBatchedTokens)*float64(r.private[i]) + d0*max(s/float64(eng.MaxNumSeqs), b/blocks) + slope*b/blocks
 	}
 	best := math.Inf(1)
@@ -91,7 +91,9 @@ func TestKVBoundAssignsByBlocks(t *testing.T) {
 }
 
 // A request's private blocks are those no other request holds; its
-// private tokens add its partial block, and at least its last token.
+// private tokens add its partial block, and at least its last token. Each
+// block is designated to the holder with the most decode steps, and each
+// decode step adds the answer's own blocks.
 func TestPrivacy(t *testing.T) {
 	bs := 4
 	tok := func(from, n int) []uint32 {
@@ -108,21 +110,67 @@ func TestPrivacy(t *testing.T) {
 		{Tokens: append(tok(0, 4), tok(300, 2)...), OSL: 10}, // 1 full, shared
 	}
 	m := measure(reqs, bs, 0, true)
-	if want := []int32{1, 2, 0, 0}; !slices.Equal(m.kv.blocks, want) {
-		t.Errorf("private blocks %v, want %v", m.kv.blocks, want)
-	}
 	if want := []int32{6, 8, 4, 2}; !slices.Equal(m.kv.private, want) {
 		t.Errorf("private tokens %v, want %v", m.kv.private, want)
 	}
 	if want := []int32{4, 0, 2, 9}; !slices.Equal(m.kv.steps, want) {
 		t.Errorf("steps %v, want %v", m.kv.steps, want)
 	}
+	// Designated: [0 1 2 3] to request 3 (9 steps), [4 5 6 7] to request
+	// 0 (4 steps, more than request 2's), the rest to their only holder:
+	// 2, 2, 0 and 1 blocks. Answers' blocks (decodeTails): request 0
+	// (14 tokens) holds a partial block at 15, 17 and 18 tokens; request 2
+	// (8 tokens) at 9 and 10; request 3 (6 tokens) at 7, 9, 10, 11, 13,
+	// 14 and 15 tokens, and from 12 tokens on the full block of tokens
+	// 8–11, all generated (4 steps).
+	if want := []int64{2*4 + 3, 0, 0*2 + 2, 1*9 + 7 + 4}; !slices.Equal(m.kv.blockSteps, want) {
+		t.Errorf("block steps %v, want %v", m.kv.blockSteps, want)
+	}
 }
 
-// No policy carries requests faster than the KV bound: on small fleets of
-// unequal caches, every mode's completed requests per second of model
-// time, offered far more than the fleet can take, stay below it, and the
-// bound is below the engine bound's largest-cache charge.
+// The answer's blocks of decodeTails by hand: 4-token blocks.
+func TestDecodeTails(t *testing.T) {
+	cases := []struct {
+		name        string
+		prompt, osl int
+		repeated    bool
+		want        int64
+	}{
+		{"one token out: no decode step", 5, 1, false, 0},
+		// 6 tokens: steps hold 7..10 tokens; partial at 7, 9, 10; the
+		// block of tokens 4–7 mixes prompt and answer: not counted.
+		{"prompt ends inside a block", 6, 5, false, 3},
+		// 8 tokens: steps at 9..16; partial at 9–11 and 13–15; the block of
+		// tokens 8–11 is all answer from 12 tokens on (5 steps), that of
+		// 12–15 at 16 (1 step).
+		{"prompt ends on a block", 8, 9, false, 6 + 5 + 1},
+		{"a repeated prompt: partial blocks only", 8, 9, true, 6},
+	}
+	for _, c := range cases {
+		d := newDecodeTails(2, 4)
+		r := workload.Request{Tokens: make([]uint32, c.prompt), OSL: c.osl}
+		for i := range r.Tokens {
+			r.Tokens[i] = uint32(i + 1)
+		}
+		seq := make([]uint64, c.prompt/4) // only its length matters here
+		d.add(&r, seq)
+		other := workload.Request{Tokens: []uint32{9, 9, 9}, OSL: 2}
+		if c.repeated {
+			other = r
+		}
+		d.add(&other, seq[:len(other.Tokens)/4])
+		if got := d.blockSteps(0); got != c.want {
+			t.Errorf("%s: %d block steps, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// No policy carries requests faster than the bound: on small fleets of
+// equal engines, engines of two speeds and engines of two cache sizes,
+// every mode's completed requests per second of model time, offered far
+// more than the fleet can take, stay below the engine bound the sim
+// reports (the KV bound wherever it applies), and on unequal caches the
+// KV bound is below the compute bound's largest-cache charge.
 func TestNoPolicyExceedsTheKVBound(t *testing.T) {
 	reqs, err := workload.Synthetic(workload.SyntheticConfig{
 		Requests: 160, Groups: 16, SystemTokens: 256, QuestionTokens: 512, OutputTokens: 200,
@@ -132,7 +180,7 @@ func TestNoPolicyExceedsTheKVBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := FromRequests(reqs)
-	for _, fl := range []string{"1x1,1x1:0.25", "2x1,1x0.5:0.5"} {
+	for _, fl := range []string{"1x1,1x1:0.25", "2x1,1x0.5:0.5", "2x1,2x1:0.5", "2x1,2x0.5", "4x1"} {
 		cfg := smallConfig()
 		cfg.Specs = mustSpecs(t, fl)
 		cfg.Workers = len(cfg.Specs)
@@ -141,18 +189,21 @@ func TestNoPolicyExceedsTheKVBound(t *testing.T) {
 		eng := cfg.Engine
 		eng.NumGPUBlocks = maxBlocks
 		compute := unequalEngineBound(b.ceiling, w, eng, speed)
-		if !(b.kvRPS > 0 && b.kvRPS < compute && b.engineRPS == b.kvRPS) {
+		if !(b.kvRPS > 0 && b.kvRPS <= compute && b.engineRPS == b.kvRPS) {
 			t.Fatalf("%s: KV bound %g, compute bound %g, reported %g", fl, b.kvRPS, compute, b.engineRPS)
+		}
+		if unequalKV(cfg.kvClasses(cfg.Workers)) && b.kvRPS >= compute {
+			t.Errorf("%s: KV bound %g not below the compute bound %g", fl, b.kvRPS, compute)
 		}
 		for _, mode := range []string{"kv", "round-robin", "dynamo-kv", "sglang-cache-aware", "least-loaded"} {
 			p, err := Run(cfg, mode, w, 50)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rate := float64(p.Requests) / p.ModelS; rate > b.kvRPS {
-				t.Errorf("%s on %s: %.2f req/s above the KV bound %.2f", mode, fl, rate, b.kvRPS)
+			if rate := float64(p.Requests) / p.ModelS; rate > b.engineRPS {
+				t.Errorf("%s on %s: %.2f req/s above the bound %.2f", mode, fl, rate, b.engineRPS)
 			} else {
-				t.Logf("%s on %s: %.2f req/s, KV bound %.2f, compute %.2f", mode, fl, rate, b.kvRPS, compute)
+				t.Logf("%s on %s: %.2f req/s, bound %.2f, compute %.2f", mode, fl, rate, b.engineRPS, compute)
 			}
 		}
 	}

@@ -258,10 +258,10 @@ func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBo
 	if fleetBlocks > 0 {
 		b.pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
 	}
-	own := newOwnership(w)
+	own := newOwnership(w, blockSize)
 	var priv *privacy
 	if perRequest {
-		priv = newPrivacy(w.Len())
+		priv = newPrivacy(w.Len(), blockSize)
 	}
 	var local, seq []uint64
 	for i := range w.Len() {

@@ -210,7 +210,7 @@ func TestPrefillBoundByHand(t *testing.T) {
 
 // The engine bound by hand: three requests of 4-token blocks, two the turns
 // of one closed-loop session, the third an open request repeating the
-// first's prompt, so that only the second turn's own block is private.
+// first's prompt.
 func TestEngineBoundByHand(t *testing.T) {
 	toks := func(n int) []uint32 { return seqTokens(3, n) }
 	w := FromRequests([]workload.Request{
@@ -227,7 +227,14 @@ func TestEngineBoundByHand(t *testing.T) {
 	for n := 1; n <= 64; n++ {
 		best = min(best, float64(engine.PrefillTime(n))/float64(n))
 	}
-	busy := 16*best + 2*(d0/2) + 1*(d0/2+(d1-d0)*1/10) // ns, one engine
+	// Held blocks, summed over decode steps: the first two blocks are the
+	// session's, whose turns decode 2 + 1 steps (more than the open
+	// request's 0), each holding them alone; the second turn's third
+	// block, 1 step; the partial blocks of the answers, at 9 and 10
+	// tokens for the first turn and 13 for the second (the first turn's
+	// prompt is repeated: no full answer block would count).
+	held := 2*3 + 1 + 2 + 1
+	busy := 16*best + 3*(d0/2) + (d1-d0)*float64(held)/10 // ns, one engine
 	for _, workers := range []int{1, 3} {
 		want := 3 / (busy / float64(workers) / 1e9)
 		if got := EngineBoundRPS(c, w, eng, workers); math.Abs(got-want) > want*1e-9 {

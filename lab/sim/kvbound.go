@@ -10,8 +10,10 @@ import (
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
-// The KV bound: EngineBoundRPS on a fleet whose engines hold unequal KV
-// caches, with each request's work kept on one engine.
+// The KV bound: EngineBoundRPS with each request's work kept on one
+// engine and each engine's blocks charged at its own KV size. The sim
+// computes it for every fleet of one or two classes (engines of one speed
+// and size), and the engine bound it reports is the lower of the two.
 //
 // EngineBoundRPS charges every held block at the largest engine's size and
 // lets all the work spread freely, so on a fleet with smaller caches it
@@ -30,9 +32,15 @@ import (
 //     the infinite cache's misses (blocks several prompts share) can be
 //     computed wherever any one of those prompts runs; the bound lets that
 //     pool go anywhere.
-//   - Memory (Little's law, step by step): a step's usage is at most 1, and
-//     the blocks decoding requests hold alone sum over e's decode steps to
-//     B_e, their private blocks times their decode steps. So e's decode steps
+//   - Memory (Little's law, step by step): a step's usage is at most 1.
+//     Every prompt block is designated to one request whose prompt holds
+//     it, the one with the most decode steps (privacy): that request
+//     holds it, on its engine, in each of its decode steps, and no two
+//     requests are designated one block, so the blocks designated to the
+//     requests that decode in one step, with their answers' own blocks
+//     (decodeTails), are distinct slots of that engine. Summed over e's
+//     decode steps they are B_e, each request's designated blocks times
+//     its decode steps plus its answer's blocks. So e's decode steps
 //     number at least B_e/N_e, as well as K_e/MaxNumSeqs (K_e the tokens
 //     decoded), and each costs at least D(0).
 //
@@ -45,35 +53,41 @@ import (
 // the engines of one class (same speed and size), max(K/M, B/N) ≥
 // λ·K/M + (1 − λ)·B/N for any λ in [0, 1] makes every request's charge on
 // a class linear: a_ic = c*·p_i + D(0)·(λ_c·k_i/M + (1 − λ_c)·b_i/N_c) +
-// (D(1) − D(0))·b_i/N_c, in time at speed 1. Whatever the routing, some
-// fractional assignment x_ic of the requests to the classes (Σ_c x_ic = 1)
-// and of the pool has Σ_i x_ic·a_ic + pool_c ≤ n_c·s_c·T for every class.
-// The least T for which such an assignment exists (a linear program) is
-// therefore at most the run's length, and n/T bounds its rate; every λ
-// gives a bound, and the lowest over λ_c ∈ {0, 1} is kept.
+// (D(1) − D(0))·b_i/N_c, in time at speed 1 (b_i the request's share of
+// B). Whatever the routing, some fractional assignment x_ic of the
+// requests to the classes (Σ_c x_ic = 1) and of the pool has
+// Σ_i x_ic·a_ic + pool_c ≤ n_c·s_c·T for every class. The least T for
+// which such an assignment exists (a linear program) is therefore at most
+// the run's length, and n/T bounds its rate; every λ gives a bound, and
+// the lowest over λ_c ∈ {0, 1} is kept (a finer grid of λ moved no figure
+// of docs/benchmarks.md).
 //
 // With two classes the program is solved exactly: for a T, putting on the
 // first class the requests (and pool) whose cost there is smallest against
 // their cost on the second, until its capacity is full, leaves the least
 // work to the second (an exchange argument), so T is feasible if and only
 // if that greedy fill fits; T is found by bisection. One class is the sum.
-// More classes fall back to EngineBoundRPS's charge (kvBound returns 0).
+// More classes fall back to EngineBoundRPS's charge (kvBound returns 0),
+// and so do disaggregated fleets of two classes, where a request's prefill
+// and decode run on different engines.
 //
 // What it leaves out is what EngineBoundRPS leaves out (queueing,
-// imbalance, the blocks idle sessions keep for their hits, generated
-// tokens' blocks, and the time a decoding request holds its blocks while
-// others' prompts fill the step). As EngineBoundRPS it assumes each token
-// after the first comes from a decode step: a preempted request that
-// resumes with its whole context still cached may take one token from a
-// step that prefills only its last token (PrefillTime(1), 16.5 ms, where
-// the chord would charge its blocks' share of up to D(1) − D(0), 28.3 ms).
-// Preemption otherwise only adds work.
+// imbalance, the blocks idle sessions keep for their hits, the time a
+// decoding request holds its blocks while others' prompts fill the step,
+// and the hit rate a finite cache loses against the infinite one). As
+// EngineBoundRPS it assumes each token after the first comes from a
+// decode step: a preempted request that resumes with its whole context
+// still cached may take one token from a step that prefills only its last
+// tokens (PrefillTime(1), 16.5 ms, where the chord would charge its
+// blocks' share of up to D(1) − D(0), 28.3 ms). Preemption otherwise only
+// adds work.
 
 // fleetBounds is what a sweep reports of a fleet's bounds.
 type fleetBounds struct {
 	ceiling, pooled *replay.Ceiling
-	// engineRPS is the lower of EngineBoundRPS's charge and kvRPS, the
-	// KV bound (0 when it does not apply).
+	// engineRPS is the lower of EngineBoundRPS's charge and the KV bound
+	// (wherever it applies); kvRPS is the KV bound on a fleet of unequal
+	// caches, else 0.
 	engineRPS, kvRPS float64
 }
 
@@ -88,11 +102,17 @@ func boundsOf(cfg *Config, w Workload, workers int) fleetBounds {
 	// A disaggregated request prefills on one engine and decodes on
 	// another: its work splits between classes, which kvBound's
 	// assignment does not allow (one class is a sum, and holds).
+	var kv float64
 	if m.kv != nil && (len(classes) == 1 || !cfg.Disagg.Enabled()) {
-		b.kvRPS = kvBound(m.kv, classes, cfg.Engine)
+		kv = kvBound(m.kv, classes, cfg.Engine)
 	}
-	if b.kvRPS > 0 && b.kvRPS < b.engineRPS {
-		b.engineRPS = b.kvRPS
+	if kv > 0 && kv < b.engineRPS {
+		b.engineRPS = kv
+	}
+	// Reported apart only where the caches differ; elsewhere it is part
+	// of the engine bound.
+	if unequalKV(classes) {
+		b.kvRPS = kv
 	}
 	return b
 }

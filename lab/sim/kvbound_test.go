@@ -189,11 +189,11 @@ func TestNoPolicyExceedsTheKVBound(t *testing.T) {
 		eng := cfg.Engine
 		eng.NumGPUBlocks = maxBlocks
 		compute := unequalEngineBound(b.ceiling, w, eng, speed)
-		if !(b.kvRPS > 0 && b.kvRPS <= compute && b.engineRPS == b.kvRPS) {
-			t.Fatalf("%s: KV bound %g, compute bound %g, reported %g", fl, b.kvRPS, compute, b.engineRPS)
+		if !(b.engineRPS > 0 && b.engineRPS <= compute) {
+			t.Fatalf("%s: bound %g, compute bound %g", fl, b.engineRPS, compute)
 		}
-		if unequalKV(cfg.kvClasses(cfg.Workers)) && b.kvRPS >= compute {
-			t.Errorf("%s: KV bound %g not below the compute bound %g", fl, b.kvRPS, compute)
+		if unequalKV(cfg.kvClasses(cfg.Workers)) && !(b.kvRPS == b.engineRPS && b.kvRPS < compute) {
+			t.Errorf("%s: KV bound %g, compute bound %g, reported %g", fl, b.kvRPS, compute, b.engineRPS)
 		}
 		for _, mode := range []string{"kv", "round-robin", "dynamo-kv", "sglang-cache-aware", "least-loaded"} {
 			p, err := Run(cfg, mode, w, 50)

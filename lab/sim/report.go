@@ -104,7 +104,7 @@ func Markdown(w io.Writer, res *Results) error {
 	}
 	if c.EngineBoundRPS > 0 {
 		fmt.Fprintf(bw, "\nNor more than %.1f req/s once decoding is charged too: a decode step's fixed cost for every `--max-num-seqs` tokens decoded, "+
-			"and, in every step a request decodes in, the KV reads of the prompt blocks it holds alone (the engine bound).\n", c.EngineBoundRPS)
+			"and, in every step a request decodes in, the KV reads of the blocks it holds that no other decoding request can share (the engine bound; see docs/benchmarks.md).\n", c.EngineBoundRPS)
 	}
 	if c.KVBoundRPS > 0 && c.KVBoundRPS <= c.EngineBoundRPS {
 		fmt.Fprintf(bw, "\nThe engines' caches differ: that bound charges each engine's blocks at its own KV size, "+

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
@@ -430,7 +431,7 @@ func (p *pairMap) reserve(n int) {
 
 func (p *pairMap) rehash(size int) {
 	old := p.slots
-	p.slots = make([]pairSlot, size)
+	p.slots = hugepage.Make[pairSlot](size)
 	p.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	for _, s := range old {
 		if s.k != 0 {

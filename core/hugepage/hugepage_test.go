@@ -36,5 +36,8 @@ func TestMakeOfOddSizedElements(t *testing.T) {
 	if len(s) != 1<<18 {
 		t.Fatalf("len %d", len(s))
 	}
-	s[len(s)-1].b[4] = 7
+	s[len(s)-1] = odd{a: 1, b: [5]byte{4: 7}}
+	if s[len(s)-1].a != 1 || s[0].a != 0 {
+		t.Fatal("elements overlap")
+	}
 }

@@ -348,7 +348,7 @@ func (m *blockManager) newIndex() int32 {
 		// Grown by hand rather than by append, so that a large array
 		// lands on huge pages: each block is read at random, as the
 		// block map's slots are.
-		grown := hugepage.Make[block](max(2*len(m.blocks), 64))
+		grown := hugepage.Make[block](min(max(2*len(m.blocks), 64), max(m.capacity, len(m.blocks)+1)))
 		m.blocks = grown[:copy(grown, m.blocks)]
 	}
 	m.blocks = append(m.blocks, block{})

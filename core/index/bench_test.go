@@ -182,21 +182,28 @@ func BenchmarkApproxInsert(b *testing.B) {
 // instructions: 256 workers at 8,192 blocks each (2 M pairs), every
 // operation storing a 64-block chain below the shared system prompt on one
 // worker and evicting that worker's oldest 64 blocks, as a full engine does.
-func BenchmarkApplyChurn(b *testing.B) { applyChurn(b, false) }
+func BenchmarkApplyChurn(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, false) }
 
 // BenchmarkApplyChurnBounded is BenchmarkApplyChurn with every worker's
 // capacity announced, so that each chunk stored is checked against the
 // worker's bound (RankBound).
-func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, true) }
+func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, true) }
 
-func applyChurn(b *testing.B, bounded bool) {
+// BenchmarkSingleApplyChurn is the churn on the simulator's one-goroutine
+// index at the simulator's size: 8 engines of 131,072 blocks (1 M pairs),
+// each announced.
+func BenchmarkSingleApplyChurn(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true) }
+
+type churnIndex interface {
+	Apply(*kv.Event) error
+	Reserve(kv.Worker, int)
+}
+
+func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded bool) {
 	const (
-		workers  = 256
-		capacity = 8192
-		chain    = 64
-		sys      = 8
+		chain = 64
+		sys   = 8
 	)
-	ix := New(Config{})
 	rng := rand.New(rand.NewPCG(5, 6))
 	type fifo struct {
 		hashes []uint64
@@ -234,7 +241,7 @@ func applyChurn(b *testing.B, bounded bool) {
 	}
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		w := int(rng.Uint64() % workers)
+		w := int(rng.Uint64() % uint64(workers))
 		store(w)
 		f := &fifos[w]
 		rm := kv.RemovedEvent(kv.Worker{ID: uint64(w)}, 0, f.hashes[:chain]...)

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
@@ -212,7 +213,7 @@ func (x *Single) unref(b int, s uint64) {
 	}
 	x.pairs--
 	if slot.v &^= 1 << b; slot.v == 0 {
-		x.bySeq.take(s)
+		x.bySeq.drop(slot)
 	}
 }
 
@@ -249,7 +250,7 @@ func (x *Single) clear(b int) {
 		if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
 			x.pairs--
 			if slot.v &^= 1 << b; slot.v == 0 {
-				x.bySeq.take(s)
+				x.bySeq.drop(slot)
 			}
 		}
 	})
@@ -430,7 +431,7 @@ func (p *pairMap) reserve(n int) {
 
 func (p *pairMap) rehash(size int) {
 	old := p.slots
-	p.slots = make([]pairSlot, size)
+	p.slots = hugepage.Make[pairSlot](size)
 	p.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	for _, s := range old {
 		if s.k != 0 {
@@ -526,14 +527,25 @@ func (p *pairMap) take(k uint64) (uint64, bool) {
 	if len(p.slots) == 0 {
 		return 0, false
 	}
-	mask := len(p.slots) - 1
-	i := p.home(k)
-	for ; p.slots[i].k != k; i = (i + 1) & mask {
-		if p.slots[i].k == 0 {
-			return 0, false
-		}
+	s, ok := p.probe(k)
+	if !ok {
+		return 0, false
 	}
-	v := p.slots[i].v
+	v := s.v
+	p.drop(s)
+	return v, true
+}
+
+// drop removes the entry in slot s, as find or slot returned it: the
+// caller that has just found a key deletes it without probing again.
+func (p *pairMap) drop(s *pairSlot) {
+	if s == &p.zero {
+		p.hasZero = false
+		p.n--
+		return
+	}
+	mask := len(p.slots) - 1
+	i := int((uintptr(unsafe.Pointer(s)) - uintptr(unsafe.Pointer(&p.slots[0]))) / unsafe.Sizeof(pairSlot{}))
 	// Shift back the entries after i whose home does not lie in (i, j].
 	for j := (i + 1) & mask; p.slots[j].k != 0; j = (j + 1) & mask {
 		if h := p.home(p.slots[j].k); (j-h)&mask >= (j-i)&mask {
@@ -543,7 +555,6 @@ func (p *pairMap) take(k uint64) (uint64, bool) {
 	}
 	p.slots[i] = pairSlot{}
 	p.n--
-	return v, true
 }
 
 func (p *pairMap) each(f func(k, v uint64)) {

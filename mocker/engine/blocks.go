@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
@@ -342,6 +343,13 @@ func (m *blockManager) newIndex() int32 {
 		idx := m.freeIdx[n-1]
 		m.freeIdx = m.freeIdx[:n-1]
 		return idx
+	}
+	if len(m.blocks) == cap(m.blocks) {
+		// Grown by hand rather than by append, so that a large array
+		// lands on huge pages: each block is read at random, as the
+		// block map's slots are.
+		grown := hugepage.Make[block](min(max(2*len(m.blocks), 64), max(m.capacity, len(m.blocks)+1)))
+		m.blocks = grown[:copy(grown, m.blocks)]
 	}
 	m.blocks = append(m.blocks, block{})
 	idx := int32(len(m.blocks) - 1)

@@ -3,6 +3,7 @@ package engine
 import (
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
 
@@ -37,7 +38,7 @@ func newBlockMap() blockMap {
 // grow doubles the table and reinserts every entry.
 func (m *blockMap) grow() {
 	old := m.slots
-	m.slots = make([]mapSlot, 2*len(old))
+	m.slots = hugepage.Make[mapSlot](2 * len(old))
 	m.mask = uint64(len(m.slots) - 1)
 	m.clear()
 	for _, s := range old {

@@ -76,6 +76,7 @@ var dynamoEnvAliases = []envAlias{
 	{env: "DYN_ROUTER_LOAD_AWARE", flag: "load-aware"},
 	{env: "DYN_TLS_CERT_PATH", flag: "tls-cert-file"},
 	{env: "DYN_TLS_KEY_PATH", flag: "tls-key-file"},
+	{env: "DYN_LOCAL_INDEXER", flag: "enable-local-indexer"},
 }
 
 // offByNone are the flags whose 0 switches a check off, which Dynamo

@@ -154,17 +154,22 @@ func TestUnknownSpellingsFail(t *testing.T) {
 func TestDynamoEnvAliases(t *testing.T) {
 	for _, a := range dynamoEnvAliases {
 		t.Run(a.env, func(t *testing.T) {
-			fs := newServeCmd().Flags()
+			// A worker's flag (DYN_LOCAL_INDEXER) is the agent's.
+			newCmd := newServeCmd
+			if newServeCmd().Flags().Lookup(a.flag) == nil {
+				newCmd = newAgentCmd
+			}
+			fs := newCmd().Flags()
 			target := fs.Lookup(a.flag)
 			if target == nil {
-				t.Fatalf("serve has no --%s", a.flag)
+				t.Fatalf("neither serve nor agent has --%s", a.flag)
 			}
 			want := nonDefault(t, target)
 			given := want
 			if a.negated {
 				given = "false" // Dynamo's spelling of the positive: DYN_ROUTER_USE_KV_EVENTS=false
 			}
-			ref := newServeCmd().Flags()
+			ref := newCmd().Flags()
 			if err := applyEnvFrom(ref, lookupIn(map[string]string{envName(a.flag): want}), &bytes.Buffer{}); err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Dynamo's transport choices, given as flags or as the variables Dynamo
+// reads, are taken or refused at start with what kvrouter offers.
+func TestTransportFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string // "" = accepted
+		notice  string // printed when accepted
+		system  string // the system address on host 0.0.0.0
+	}{
+		{name: "nothing", args: nil},
+		{name: "request plane http", args: []string{"--request-plane", "http"}},
+		{name: "request plane tcp", env: map[string]string{"DYN_REQUEST_PLANE": "tcp"}, notice: "read as http"},
+		{name: "request plane nats", env: map[string]string{"DYN_REQUEST_PLANE": "nats"}, wantErr: "use http or tcp"},
+		{name: "request plane other", args: []string{"--request-plane", "quic"}, wantErr: "want http or tcp"},
+		{name: "event plane nats", env: map[string]string{"DYN_EVENT_PLANE": "NATS"}},
+		{name: "event plane zmq", args: []string{"--event-plane", "zmq"}},
+		{name: "event plane other", args: []string{"--event-plane", "kafka"}, wantErr: "want nats or zmq"},
+		{name: "static endpoint", args: []string{"--static-endpoint", "dyn://dynamo.backend.generate"}, wantErr: "--worker url="},
+		{name: "system port", env: map[string]string{"DYN_SYSTEM_PORT": "8081"}, system: "0.0.0.0:8081"},
+		{name: "system port flag", args: []string{"--system-port", "9090"}, system: "0.0.0.0:9090"},
+		{name: "system port out of range", args: []string{"--system-port", "70000"}, wantErr: "must be a port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tr transportFlags
+			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+			tr.register(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			err := tr.check(&out)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out.String(), tc.notice) {
+				t.Errorf("notice %q, want it to contain %q", out.String(), tc.notice)
+			}
+			if got := tr.systemAddr("0.0.0.0"); got != tc.system {
+				t.Errorf("system address %q, want %q", got, tc.system)
+			}
+		})
+	}
+}
+
+// --event-plane decides whether serve joins NATS.
+func TestEventPlaneDecidesThePlane(t *testing.T) {
+	for _, tc := range []struct {
+		plane            string
+		wanted           bool
+		natsURL          string
+		workers, dynamic bool
+		want             bool
+		wantErr          string
+	}{
+		{plane: "", wanted: false, workers: true, want: false},
+		{plane: "", wanted: true, want: true},
+		{plane: "nats", wanted: false, workers: true, want: true},
+		{plane: "zmq", wanted: true, workers: true, want: false},
+		{plane: "zmq", wanted: true, dynamic: true, want: false},
+		{plane: "zmq", wanted: true, wantErr: "needs engines"},
+		{plane: "zmq", wanted: true, workers: true, natsURL: "nats://x:4222", wantErr: "drop one"},
+	} {
+		tr := transportFlags{eventPlane: tc.plane}
+		got, err := tr.plane(tc.wanted, tc.natsURL, tc.workers, tc.dynamic)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%+v: want an error containing %q, got %v", tc, tc.wantErr, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%+v: plane %v (%v), want %v", tc, got, err, tc.want)
+		}
+	}
+}
+
+// The agent and the mocker take --enable-local-indexer (DYN_LOCAL_INDEXER)
+// as on, which they are, and refuse it off.
+func TestLocalIndexerFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		env     map[string]string
+		wantErr bool
+	}{
+		{},
+		{args: []string{"--enable-local-indexer"}},
+		{args: []string{"--enable-local-indexer=true"}},
+		{args: []string{"--enable-local-indexer=false"}, wantErr: true},
+		{env: map[string]string{"DYN_LOCAL_INDEXER": "false"}, wantErr: true},
+		{env: map[string]string{"DYN_LOCAL_INDEXER": "true"}},
+	} {
+		for name, newCmd := range map[string]func() *cobra.Command{"agent": newAgentCmd, "mocker": newMockerCmd} {
+			cmd, _, err := parsedCmd(t, newCmd, tc.args...)
+			if err != nil {
+				t.Fatalf("%s %v: %v", name, tc.args, err)
+			}
+			if err := applyEnvFrom(cmd.Flags(), lookupIn(tc.env), &bytes.Buffer{}); err != nil {
+				t.Fatal(err)
+			}
+			on, err := cmd.Flags().GetBool("enable-local-indexer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkLocalIndexer(on); (err != nil) != tc.wantErr {
+				t.Errorf("%s %v %v: error %v, want one: %v", name, tc.args, tc.env, err, tc.wantErr)
+			}
+		}
+	}
+}
+
+// serve, the agent and the mocker refuse at start what they cannot honour,
+// before listening or connecting anywhere.
+func TestCommandsRefuseTransportsAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--request-plane", "nats"}, "use http or tcp"},
+		{[]string{"serve", "--static-endpoint", "dyn://dynamo.backend.generate"}, "--worker url="},
+		{[]string{"serve", "--event-plane", "zmq", "--http-port", "0"}, "needs engines"},
+		{[]string{"serve", "--system-port", "-1"}, "must be a port"},
+		{[]string{"agent", "--enable-local-indexer=false", "--engine-url", "http://127.0.0.1:1", "--nats-url", "nats://127.0.0.1:1"}, "--enable-local-indexer=false"},
+		{[]string{"mocker", "--enable-local-indexer=false"}, "--enable-local-indexer=false"},
+	} {
+		_, err := runCmd(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want an error containing %q, got %v", tc.args, tc.want, err)
+		}
+	}
+}

@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -16,6 +19,9 @@ type disaggFlags struct {
 	maxRatio       float64
 	enforce        bool
 	prefillTimeout time.Duration
+	policy         string
+	prefillBusy    string
+	decodeBusy     string
 }
 
 // defaultDisaggMinUncachedTokens is --disagg-min-uncached-tokens' default:
@@ -38,11 +44,19 @@ func (f *disaggFlags) register(fs *pflag.FlagSet) {
 		"answer 503 when no prefill worker can take a request of a disaggregated model (none, all busy, failed or timed out) instead of prefilling on the decode worker")
 	fs.DurationVar(&f.prefillTimeout, "disagg-prefill-timeout", frontend.DefaultPrefillTimeout,
 		"a prefill worker that has not answered within this long is given up and the decode worker prefills")
+	fs.StringVar(&f.policy, "router-conditional-disagg-policy", frontend.PolicyISLBounding,
+		"when the decode worker prefills itself: isl_bounding (it lacks little of the prompt), prefill_load (the prefill worker the router would pick is busy), isl_or_load (either)")
+	fs.StringVar(&f.prefillBusy, "router-conditional-disagg-prefill-busy-threshold", "",
+		"prefill_load, isl_or_load: a prefill worker whose prompt backlog exceeds this × its max batched tokens is busy (unset: --router-queue-threshold)")
+	fs.StringVar(&f.decodeBusy, "router-conditional-disagg-decode-busy-threshold", "",
+		"the decode worker prefills itself only while its KV blocks with the request stay within this fraction of its capacity (unset or none: no such check)")
 }
 
 // config is the frontend's disaggregation settings; noAssumeReuse is
-// --no-router-assume-kv-reuse, which also routes decode as Dynamo does.
-func (f *disaggFlags) config(noAssumeReuse bool) (frontend.Disagg, error) {
+// --no-router-assume-kv-reuse, which also routes decode as Dynamo does, and
+// queueThreshold the router's, which the prefill load policies fall back on
+// as Dynamo's do.
+func (f *disaggFlags) config(noAssumeReuse bool, queueThreshold *float64) (frontend.Disagg, error) {
 	if f.minUncached < 0 {
 		return frontend.Disagg{}, fmt.Errorf("--disagg-min-uncached-tokens must be at least 0, got %d", f.minUncached)
 	}
@@ -52,5 +66,41 @@ func (f *disaggFlags) config(noAssumeReuse bool) (frontend.Disagg, error) {
 	if !(f.maxRatio >= 0 && f.maxRatio <= 1) {
 		return frontend.Disagg{}, fmt.Errorf("--router-conditional-disagg-eff-isl-ratio-threshold must be in [0, 1], got %v", f.maxRatio)
 	}
-	return frontend.Disagg{MinUncachedTokens: f.minUncached, MaxUncachedRatio: f.maxRatio, Enforce: f.enforce, PrefillTimeout: f.prefillTimeout, NoAssumeKVReuse: noAssumeReuse}, nil
+	d := frontend.Disagg{MinUncachedTokens: f.minUncached, MaxUncachedRatio: f.maxRatio, Enforce: f.enforce, PrefillTimeout: f.prefillTimeout, NoAssumeKVReuse: noAssumeReuse, Policy: f.policy}
+	switch f.policy {
+	case frontend.PolicyISLBounding:
+	case frontend.PolicyPrefillLoad, frontend.PolicyISLOrLoad:
+		v, err := optionalThreshold("--router-conditional-disagg-prefill-busy-threshold", f.prefillBusy)
+		if err != nil {
+			return d, err
+		}
+		if v == nil {
+			v = queueThreshold
+		}
+		if v == nil {
+			return d, fmt.Errorf("--router-conditional-disagg-policy %s needs a busy threshold: --router-conditional-disagg-prefill-busy-threshold, or --router-queue-threshold not none", f.policy)
+		}
+		d.PrefillBusyThreshold = *v
+	default:
+		return d, fmt.Errorf("--router-conditional-disagg-policy %q: want isl_bounding, prefill_load or isl_or_load", f.policy)
+	}
+	v, err := optionalThreshold("--router-conditional-disagg-decode-busy-threshold", f.decodeBusy)
+	if err != nil {
+		return d, err
+	}
+	d.DecodeBusyThreshold = v
+	return d, nil
+}
+
+// optionalThreshold reads a fraction ≥ 0; "" or Dynamo's None is unset.
+func optionalThreshold(flag, s string) (*float64, error) {
+	t := strings.TrimSpace(s)
+	if t == "" || strings.EqualFold(t, "none") || strings.EqualFold(t, "null") {
+		return nil, nil
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || !(v >= 0) || math.IsInf(v, 0) {
+		return nil, fmt.Errorf("%s %q: want a fraction ≥ 0, or none", flag, s)
+	}
+	return &v, nil
 }

@@ -292,7 +292,7 @@ func TestUpBlockSizeByEitherName(t *testing.T) {
 }
 
 // Dynamo's conditional-disaggregation flags set kvrouter's where the
-// meaning is the same, and fail where it is not.
+// meaning is the same.
 func TestDynamoConditionalDisaggFlags(t *testing.T) {
 	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
 		for args, want := range map[string]string{
@@ -309,9 +309,6 @@ func TestDynamoConditionalDisaggFlags(t *testing.T) {
 			if got := cmd.Flags().Lookup("disagg-min-uncached-tokens").Value.String(); got != want {
 				t.Errorf("%s %s: --disagg-min-uncached-tokens %s, want %s", cmd.Name(), args, got, want)
 			}
-		}
-		if _, _, err := parsedCmd(t, newCmd, "--router-conditional-disagg-policy=prefill_load"); err == nil || !strings.Contains(err.Error(), "isl_bounding") {
-			t.Errorf("policy prefill_load: %v", err)
 		}
 	}
 }
@@ -335,8 +332,8 @@ func TestDynamoDisaggAndStartFlags(t *testing.T) {
 			}
 		}
 	}
-	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5}
-	if _, err := d.config(false); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
+	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5, policy: "isl_bounding"}
+	if _, err := d.config(false, nil); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
 		t.Errorf("a ratio above 1: %v", err)
 	}
 	l := limitFlags{minInitialWorkers: -1}

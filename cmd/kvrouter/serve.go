@@ -111,7 +111,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
-			disagg, err := df.config(rf.noAssumeReuse)
+			disagg, err := df.config(rf.noAssumeReuse, rcfg.QueueThreshold)
 			if err != nil {
 				return err
 			}

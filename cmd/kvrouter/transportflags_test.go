@@ -150,3 +150,61 @@ func TestCommandsRefuseTransportsAtStart(t *testing.T) {
 		}
 	}
 }
+
+// Dynamo's conditional disaggregation policies and their busy thresholds,
+// as flags and as DYN_ variables, resolve into the frontend's settings.
+func TestConditionalDisaggPolicyFlags(t *testing.T) {
+	half, sixteen := 0.5, 16.0
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		env         map[string]string
+		queue       *float64
+		wantErr     string
+		policy      string
+		prefillBusy float64
+		decodeBusy  *float64
+	}{
+		{name: "default", policy: "isl_bounding"},
+		{name: "prefill_load with its threshold", args: []string{"--router-conditional-disagg-policy", "prefill_load", "--router-conditional-disagg-prefill-busy-threshold", "0.5"}, policy: "prefill_load", prefillBusy: 0.5},
+		{name: "isl_or_load from the environment", env: map[string]string{"DYN_ROUTER_CONDITIONAL_DISAGG_POLICY": "isl_or_load", "DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD": "0.5"}, policy: "isl_or_load", prefillBusy: 0.5},
+		{name: "prefill threshold falls back on the queue's", args: []string{"--router-conditional-disagg-policy", "prefill_load"}, queue: &sixteen, policy: "prefill_load", prefillBusy: 16},
+		{name: "no threshold at all", args: []string{"--router-conditional-disagg-policy", "prefill_load"}, wantErr: "needs a busy threshold"},
+		{name: "decode gate", env: map[string]string{"DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD": "0.5"}, policy: "isl_bounding", decodeBusy: &half},
+		{name: "decode gate none", args: []string{"--router-conditional-disagg-decode-busy-threshold", "None"}, policy: "isl_bounding"},
+		{name: "negative threshold", args: []string{"--router-conditional-disagg-decode-busy-threshold", "-1"}, wantErr: "fraction ≥ 0"},
+		{name: "unknown policy", args: []string{"--router-conditional-disagg-policy", "cost"}, wantErr: "want isl_bounding, prefill_load or isl_or_load"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var df disaggFlags
+			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+			df.register(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
+				t.Fatal(err)
+			}
+			d, err := df.config(false, tc.queue)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Policy != tc.policy || d.PrefillBusyThreshold != tc.prefillBusy || (d.DecodeBusyThreshold == nil) != (tc.decodeBusy == nil) || (d.DecodeBusyThreshold != nil && *d.DecodeBusyThreshold != *tc.decodeBusy) {
+				t.Errorf("got policy %q prefill %v decode %v, want %q %v %v", d.Policy, d.PrefillBusyThreshold, d.DecodeBusyThreshold, tc.policy, tc.prefillBusy, tc.decodeBusy)
+			}
+		})
+	}
+	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
+		for _, n := range []string{"router-conditional-disagg-policy", "router-conditional-disagg-prefill-busy-threshold", "router-conditional-disagg-decode-busy-threshold"} {
+			if newCmd().Flags().Lookup(n) == nil {
+				t.Errorf("%s has no --%s", newCmd().Name(), n)
+			}
+		}
+	}
+}

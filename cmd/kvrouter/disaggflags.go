@@ -22,6 +22,10 @@ type disaggFlags struct {
 	policy         string
 	prefillBusy    string
 	decodeBusy     string
+	// poolPolicy is Dynamo's per-pool worker selection
+	// (--router-prefill-policy, --router-decode-policy), by pool.
+	poolPolicy   [2]string
+	policyConfig string
 }
 
 // defaultDisaggMinUncachedTokens is --disagg-min-uncached-tokens' default:
@@ -50,13 +54,36 @@ func (f *disaggFlags) register(fs *pflag.FlagSet) {
 		"prefill_load, isl_or_load: a prefill worker whose prompt backlog exceeds this × its max batched tokens is busy (unset: --router-queue-threshold)")
 	fs.StringVar(&f.decodeBusy, "router-conditional-disagg-decode-busy-threshold", "",
 		"the decode worker prefills itself only while its KV blocks with the request stay within this fraction of its capacity (unset or none: no such check)")
+	fs.StringVar(&f.poolPolicy[0], "router-prefill-policy", "", "Dynamo's worker selection for the prefill pool: default (or --router-mode's name) is --router-mode, which routes both pools")
+	fs.StringVar(&f.poolPolicy[1], "router-decode-policy", "", "Dynamo's worker selection for the decode pool: default (or --router-mode's name) is --router-mode, which routes both pools")
+	fs.StringVar(&f.policyConfig, "router-policy-config", "", "Dynamo's YAML of policy classes; refused: kvrouter's policies are flags (--router-mode, --router-queue-policy, --router-conditional-disagg-policy)")
+}
+
+// checkPoolPolicies takes Dynamo's per-pool selection where it names
+// what kvrouter does, the built-in selector (default) or --router-mode
+// itself, and refuses a provider kvrouter does not have.
+func (f *disaggFlags) checkPoolPolicies(mode string) error {
+	if f.policyConfig != "" {
+		return fmt.Errorf("--router-policy-config %s: kvrouter has no YAML policy classes; its policies are flags: --router-mode (both pools), --router-queue-policy, --router-conditional-disagg-policy, --active-*-threshold", f.policyConfig)
+	}
+	for i, flag := range []string{"--router-prefill-policy", "--router-decode-policy"} {
+		p := strings.TrimSpace(f.poolPolicy[i])
+		if p == "" || p == "default" || p == mode || strings.ReplaceAll(p, "_", "-") == mode {
+			continue
+		}
+		return fmt.Errorf("%s %q: kvrouter routes the prefill and decode pools alike with --router-mode (%s now); give default or %s, or choose the mode for both with --router-mode", flag, p, mode, mode)
+	}
+	return nil
 }
 
 // config is the frontend's disaggregation settings; noAssumeReuse is
-// --no-router-assume-kv-reuse, which also routes decode as Dynamo does, and
+// --no-router-assume-kv-reuse, which also routes decode as Dynamo does,
 // queueThreshold the router's, which the prefill load policies fall back on
-// as Dynamo's do.
-func (f *disaggFlags) config(noAssumeReuse bool, queueThreshold *float64) (frontend.Disagg, error) {
+// as Dynamo's do, and mode --router-mode, which routes both pools.
+func (f *disaggFlags) config(noAssumeReuse bool, queueThreshold *float64, mode string) (frontend.Disagg, error) {
+	if err := f.checkPoolPolicies(mode); err != nil {
+		return frontend.Disagg{}, err
+	}
 	if f.minUncached < 0 {
 		return frontend.Disagg{}, fmt.Errorf("--disagg-min-uncached-tokens must be at least 0, got %d", f.minUncached)
 	}

@@ -333,7 +333,7 @@ func TestDynamoDisaggAndStartFlags(t *testing.T) {
 		}
 	}
 	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5, policy: "isl_bounding"}
-	if _, err := d.config(false, nil); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
+	if _, err := d.config(false, nil, "kv"); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
 		t.Errorf("a ratio above 1: %v", err)
 	}
 	l := limitFlags{minInitialWorkers: -1}

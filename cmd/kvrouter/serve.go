@@ -111,7 +111,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
-			disagg, err := df.config(rf.noAssumeReuse, rcfg.QueueThreshold)
+			disagg, err := df.config(rf.noAssumeReuse, rcfg.QueueThreshold, rf.mode)
 			if err != nil {
 				return err
 			}

@@ -173,6 +173,11 @@ func TestConditionalDisaggPolicyFlags(t *testing.T) {
 		{name: "decode gate", env: map[string]string{"DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD": "0.5"}, policy: "isl_bounding", decodeBusy: &half},
 		{name: "decode gate none", args: []string{"--router-conditional-disagg-decode-busy-threshold", "None"}, policy: "isl_bounding"},
 		{name: "negative threshold", args: []string{"--router-conditional-disagg-decode-busy-threshold", "-1"}, wantErr: "fraction ≥ 0"},
+		{name: "pool policies that are the mode", args: []string{"--router-prefill-policy", "default", "--router-decode-policy", "kv"}, policy: "isl_bounding"},
+		{name: "pool policy from the environment", env: map[string]string{"DYN_ROUTER_DECODE_POLICY": "default"}, policy: "isl_bounding"},
+		{name: "a pool policy kvrouter lacks", args: []string{"--router-prefill-policy", "round-robin"}, wantErr: "--router-mode (kv now)"},
+		{name: "a pool policy kvrouter lacks, from the environment", env: map[string]string{"DYN_ROUTER_DECODE_POLICY": "soft-pin-repin"}, wantErr: "--router-decode-policy"},
+		{name: "policy config", args: []string{"--router-policy-config", "p.yaml"}, wantErr: "no YAML policy classes"},
 		{name: "unknown policy", args: []string{"--router-conditional-disagg-policy", "cost"}, wantErr: "want isl_bounding, prefill_load or isl_or_load"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -185,7 +190,7 @@ func TestConditionalDisaggPolicyFlags(t *testing.T) {
 			if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
 				t.Fatal(err)
 			}
-			d, err := df.config(false, tc.queue)
+			d, err := df.config(false, tc.queue, "kv")
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
@@ -201,7 +206,7 @@ func TestConditionalDisaggPolicyFlags(t *testing.T) {
 		})
 	}
 	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
-		for _, n := range []string{"router-conditional-disagg-policy", "router-conditional-disagg-prefill-busy-threshold", "router-conditional-disagg-decode-busy-threshold"} {
+		for _, n := range []string{"router-conditional-disagg-policy", "router-conditional-disagg-prefill-busy-threshold", "router-conditional-disagg-decode-busy-threshold", "router-prefill-policy", "router-decode-policy", "router-policy-config"} {
 			if newCmd().Flags().Lookup(n) == nil {
 				t.Errorf("%s has no --%s", newCmd().Name(), n)
 			}

@@ -81,7 +81,7 @@ var dynamoEnvAliases = []envAlias{
 
 // offByNone are the flags whose 0 switches a check off, which Dynamo
 // spells None.
-var offByNone = []string{"active-decode-blocks-threshold", "active-prefill-tokens-threshold"}
+var offByNone = []string{"active-decode-blocks-threshold", "active-prefill-tokens-threshold", "active-prefill-tokens-threshold-frac"}
 
 // registerDynamoAliases adds Dynamo's spellings of the flags fs has,
 // after they are registered. They stay out of --help; pflag's deprecation

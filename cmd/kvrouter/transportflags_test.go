@@ -213,3 +213,48 @@ func TestConditionalDisaggPolicyFlags(t *testing.T) {
 		}
 	}
 }
+
+// --active-prefill-tokens-threshold-frac (DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC)
+// sets the busy check on a multiple of the worker's batch budget.
+func TestPrefillThresholdFrac(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		env     map[string]string
+		want    float64 // 0 = off
+		wantErr bool
+	}{
+		{},
+		{args: []string{"--active-prefill-tokens-threshold-frac", "1.5"}, want: 1.5},
+		{env: map[string]string{"DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC": "64"}, want: 64},
+		{args: []string{"--active-prefill-tokens-threshold-frac", "None"}},
+		{args: []string{"--active-prefill-tokens-threshold-frac", "1e9"}, wantErr: true},
+	} {
+		rf := newRouterFlags()
+		fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+		rf.register(fs)
+		registerDynamoAliases(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := rf.config(fs, func(string) {})
+		if tc.wantErr {
+			if err == nil {
+				t.Errorf("%v: accepted", tc.args)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		got := 0.0
+		if cfg.Busy.ActivePrefillTokensFrac != nil {
+			got = *cfg.Busy.ActivePrefillTokensFrac
+		}
+		if got != tc.want {
+			t.Errorf("%v %v: frac %v, want %v", tc.args, tc.env, got, tc.want)
+		}
+	}
+}

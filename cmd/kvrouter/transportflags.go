@@ -20,12 +20,14 @@ type transportFlags struct {
 	eventPlane     string
 	staticEndpoint string
 	systemPort     int
+	approxPolicy   string
 }
 
 func (f *transportFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.requestPlane, "request-plane", "", "Dynamo's request transport: http or tcp (kvrouter sends requests to the engines' HTTP API either way); nats is refused")
 	fs.StringVar(&f.eventPlane, "event-plane", "", "how KV events arrive: nats (the NATS plane, joined or embedded even with only --worker engines), zmq (only the engines' own ZMQ sockets, no NATS); unset: both")
 	fs.StringVar(&f.staticEndpoint, "static-endpoint", "", "Dynamo's static endpoint; kvrouter's static engines are --worker url=...,events=... (refused with that advice)")
+	fs.StringVar(&f.approxPolicy, "router-approximate-cache-policy", "ttl", "how the approximate index (--no-router-kv-events) forgets blocks: ttl (--router-ttl-secs, bounded by --router-max-tree-size); Dynamo's experimental lru is refused")
 	fs.IntVar(&f.systemPort, "system-port", 0, "also serve /metrics, /health, /live and /ready on this port of --http-host, apart from the request port (Dynamo's DYN_SYSTEM_PORT; 0: off)")
 }
 
@@ -44,6 +46,13 @@ func (f *transportFlags) check(w io.Writer) error {
 	case "", "nats", "zmq":
 	default:
 		return fmt.Errorf("--event-plane (DYN_EVENT_PLANE) %q: want nats or zmq", f.eventPlane)
+	}
+	switch strings.ToLower(strings.TrimSpace(f.approxPolicy)) {
+	case "", "ttl":
+	case "lru":
+		return fmt.Errorf("--router-approximate-cache-policy lru: kvrouter's approximate index forgets blocks by age only: --router-ttl-secs, bounded by --router-max-tree-size and --router-prune-target-ratio; give ttl")
+	default:
+		return fmt.Errorf("--router-approximate-cache-policy %q: want ttl", f.approxPolicy)
 	}
 	if f.staticEndpoint != "" {
 		return fmt.Errorf("--static-endpoint %q: a Dynamo endpoint path names no address; give kvrouter the engine itself, --worker url=http://HOST:PORT,events=tcp://HOST:5557 (static engines, KV routing included)", f.staticEndpoint)

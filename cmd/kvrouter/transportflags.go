@@ -21,6 +21,8 @@ type transportFlags struct {
 	staticEndpoint string
 	systemPort     int
 	approxPolicy   string
+	trackingHash   string
+	trackingKey    [2]string // --router-tracking-key-file, --router-tracking-key-id
 }
 
 func (f *transportFlags) register(fs *pflag.FlagSet) {
@@ -28,6 +30,9 @@ func (f *transportFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.eventPlane, "event-plane", "", "how KV events arrive: nats (the NATS plane, joined or embedded even with only --worker engines), zmq (only the engines' own ZMQ sockets, no NATS); unset: both")
 	fs.StringVar(&f.staticEndpoint, "static-endpoint", "", "Dynamo's static endpoint; kvrouter's static engines are --worker url=...,events=... (refused with that advice)")
 	fs.StringVar(&f.approxPolicy, "router-approximate-cache-policy", "ttl", "how the approximate index (--no-router-kv-events) forgets blocks: ttl (--router-ttl-secs, bounded by --router-max-tree-size); Dynamo's experimental lru is refused")
+	fs.StringVar(&f.trackingHash, "router-tracking-hash", "public-xxh3-v1", "how request identities are hashed: public-xxh3-v1 (Dynamo's default); Dynamo's experimental keyed-xxh3-v1 is refused")
+	fs.StringVar(&f.trackingKey[0], "router-tracking-key-file", "", "keyed-xxh3-v1's key file; refused (kvrouter has no keyed hashing)")
+	fs.StringVar(&f.trackingKey[1], "router-tracking-key-id", "", "keyed-xxh3-v1's key epoch; refused (kvrouter has no keyed hashing)")
 	fs.IntVar(&f.systemPort, "system-port", 0, "also serve /metrics, /health, /live and /ready on this port of --http-host, apart from the request port (Dynamo's DYN_SYSTEM_PORT; 0: off)")
 }
 
@@ -53,6 +58,12 @@ func (f *transportFlags) check(w io.Writer) error {
 		return fmt.Errorf("--router-approximate-cache-policy lru: kvrouter's approximate index forgets blocks by age only: --router-ttl-secs, bounded by --router-max-tree-size and --router-prune-target-ratio; give ttl")
 	default:
 		return fmt.Errorf("--router-approximate-cache-policy %q: want ttl", f.approxPolicy)
+	}
+	if h := strings.TrimSpace(f.trackingHash); h != "" && h != "public-xxh3-v1" {
+		return fmt.Errorf("--router-tracking-hash %q: kvrouter hashes request identities with public XXH3 only; give public-xxh3-v1", f.trackingHash)
+	}
+	if f.trackingKey != [2]string{} {
+		return fmt.Errorf("--router-tracking-key-file and --router-tracking-key-id key Dynamo's keyed-xxh3-v1, which kvrouter does not have: its identities are public XXH3 (--router-tracking-hash public-xxh3-v1)")
 	}
 	if f.staticEndpoint != "" {
 		return fmt.Errorf("--static-endpoint %q: a Dynamo endpoint path names no address; give kvrouter the engine itself, --worker url=http://HOST:PORT,events=tcp://HOST:5557 (static engines, KV routing included)", f.staticEndpoint)

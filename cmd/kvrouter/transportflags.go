@@ -23,6 +23,7 @@ type transportFlags struct {
 	approxPolicy   string
 	trackingHash   string
 	trackingKey    [2]string // --router-tracking-key-file, --router-tracking-key-id
+	sessionIndex   bool
 }
 
 func (f *transportFlags) register(fs *pflag.FlagSet) {
@@ -33,6 +34,7 @@ func (f *transportFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.trackingHash, "router-tracking-hash", "public-xxh3-v1", "how request identities are hashed: public-xxh3-v1 (Dynamo's default); Dynamo's experimental keyed-xxh3-v1 is refused")
 	fs.StringVar(&f.trackingKey[0], "router-tracking-key-file", "", "keyed-xxh3-v1's key file; refused (kvrouter has no keyed hashing)")
 	fs.StringVar(&f.trackingKey[1], "router-tracking-key-id", "", "keyed-xxh3-v1's key epoch; refused (kvrouter has no keyed hashing)")
+	fs.BoolVar(&f.sessionIndex, "enable-session-prefix-index", false, "Dynamo's per-session prefix index; refused (sessions stay on their engine by session affinity)")
 	fs.IntVar(&f.systemPort, "system-port", 0, "also serve /metrics, /health, /live and /ready on this port of --http-host, apart from the request port (Dynamo's DYN_SYSTEM_PORT; 0: off)")
 }
 
@@ -64,6 +66,9 @@ func (f *transportFlags) check(w io.Writer) error {
 	}
 	if f.trackingKey != [2]string{} {
 		return fmt.Errorf("--router-tracking-key-file and --router-tracking-key-id key Dynamo's keyed-xxh3-v1, which kvrouter does not have: its identities are public XXH3 (--router-tracking-hash public-xxh3-v1)")
+	}
+	if f.sessionIndex {
+		return fmt.Errorf("--enable-session-prefix-index: kvrouter keeps no per-session prefix index; a session's turns stay on their engine by session affinity (nvext.session_control, X-Dynamo-Session-ID, --router-session-affinity-mode), and their prefix is found in the KV index")
 	}
 	if f.staticEndpoint != "" {
 		return fmt.Errorf("--static-endpoint %q: a Dynamo endpoint path names no address; give kvrouter the engine itself, --worker url=http://HOST:PORT,events=tcp://HOST:5557 (static engines, KV routing included)", f.staticEndpoint)

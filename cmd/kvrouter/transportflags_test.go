@@ -35,6 +35,8 @@ func TestTransportFlags(t *testing.T) {
 		{name: "tracking hash public", env: map[string]string{"DYN_ROUTER_TRACKING_HASH": "public-xxh3-v1"}},
 		{name: "tracking hash keyed", args: []string{"--router-tracking-hash", "keyed-xxh3-v1"}, wantErr: "public-xxh3-v1"},
 		{name: "tracking key", env: map[string]string{"DYN_ROUTER_TRACKING_KEY_FILE": "/k", "DYN_ROUTER_TRACKING_KEY_ID": "2026-01"}, wantErr: "keyed-xxh3-v1"},
+		{name: "session prefix index", args: []string{"--enable-session-prefix-index"}, wantErr: "session affinity"},
+		{name: "session prefix index off", env: map[string]string{"DYN_ENABLE_SESSION_PREFIX_INDEX": "false"}},
 		{name: "system port", env: map[string]string{"DYN_SYSTEM_PORT": "8081"}, system: "0.0.0.0:8081"},
 		{name: "system port flag", args: []string{"--system-port", "9090"}, system: "0.0.0.0:9090"},
 		{name: "system port out of range", args: []string{"--system-port", "70000"}, wantErr: "must be a port"},

@@ -284,6 +284,14 @@ func TestBusyThresholdAPI(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != `{"model":"`+mockModel+`","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":1000}`+"\n" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel, "active_prefill_tokens_threshold_frac": 1.5})
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"active_prefill_tokens_threshold_frac":1.5`) {
+		t.Fatalf("setting the fraction: %d %s", resp.StatusCode, body)
+	}
+	resp, body = e.post("/busy_threshold", map[string]any{"model": mockModel, "active_prefill_tokens_threshold_frac": nil})
+	if resp.StatusCode != 200 || strings.Contains(string(body), "frac") {
+		t.Fatalf("switching the fraction off: %d %s", resp.StatusCode, body)
+	}
 	resp, body = e.get("/busy_threshold")
 	var list struct {
 		Thresholds []sched.ModelThreshold `json:"thresholds"`

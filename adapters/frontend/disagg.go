@@ -65,7 +65,30 @@ type Disagg struct {
 	// PrefillTimeout bounds the prefill request, routing included; 0 means
 	// DefaultPrefillTimeout.
 	PrefillTimeout time.Duration
+	// Policy is when the decode worker prefills itself (Dynamo's
+	// conditional disaggregation policies): PolicyISLBounding (the
+	// default) when it lacks little of the prompt (MinUncachedTokens,
+	// MaxUncachedRatio); PolicyPrefillLoad when the prefill worker the
+	// router would pick is busy by PrefillBusyThreshold; PolicyISLOrLoad
+	// when either holds.
+	Policy string
+	// PrefillBusyThreshold is the prefill load policies' threshold: a
+	// prefill worker whose prompt backlog exceeds it × its max batched
+	// tokens is busy (one whose budget is unknown never is).
+	PrefillBusyThreshold float64
+	// DecodeBusyThreshold, when set, lets the decode worker prefill
+	// itself only if its KV blocks with the request stay within it × its
+	// capacity: a full decode worker is not given prompt work too, and one
+	// of unknown capacity never is.
+	DecodeBusyThreshold *float64
 }
+
+// Conditional disaggregation policies, by Dynamo's names.
+const (
+	PolicyISLBounding = "isl_bounding"
+	PolicyPrefillLoad = "prefill_load"
+	PolicyISLOrLoad   = "isl_or_load"
+)
 
 // DefaultPrefillTimeout is Disagg.PrefillTimeout's default: a long prompt
 // behind a full queue still prefills within it, and a request whose prefill
@@ -75,6 +98,7 @@ const DefaultPrefillTimeout = 60 * time.Second
 // Why a request was not disaggregated: the causes the metrics count.
 const (
 	localShortUncached  = "short_uncached"
+	localPrefillLoad    = "prefill_load"
 	localPrefillBusy    = "prefill_busy"
 	localNoPrefill      = "no_prefill_worker"
 	localPrefillError   = "prefill_error"
@@ -133,8 +157,13 @@ func (c *call) disaggregated() bool {
 // decode worker should prefill itself (the reason is counted).
 func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	f := c.f
-	if c.shortUncached(req) {
-		c.local(localShortUncached)
+	preq := router.Request{
+		ID: req.ID + "-prefill", Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM, Model: req.Model,
+		Priority: req.Priority, Overrides: req.Overrides, Target: c.prefillTarget,
+		OverrideBusy: req.OverrideBusy, Prefill: true,
+	}
+	if reason := c.localByPolicy(req, &preq); reason != "" {
+		c.local(reason)
 		return nil
 	}
 	timeout := f.cfg.Disagg.PrefillTimeout
@@ -149,11 +178,6 @@ func (c *call) prefillRemotely(req *router.Request) *prefillResult {
 	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	preq := router.Request{
-		ID: req.ID + "-prefill", Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM, Model: req.Model,
-		Priority: req.Priority, Overrides: req.Overrides, Target: c.prefillTarget,
-		OverrideBusy: req.OverrideBusy, Prefill: true,
-	}
 	d, err := f.cfg.Router.BestWorker(ctx, f.withoutEjected(&preq))
 	switch {
 	case err == nil:
@@ -209,18 +233,42 @@ func (c *call) local(reason string) {
 	c.f.dm.decisions.WithLabelValues(c.label, "local", reason).Inc()
 }
 
-// shortUncached is conditional disaggregation: whether the decode worker
-// lacks so little of req's prompt that it prefills it itself.
-func (c *call) shortUncached(req *router.Request) bool {
+// localByPolicy is conditional disaggregation: why the decode worker is to
+// prefill req itself by the policy, or "". Every question is a preview:
+// nothing is booked.
+func (c *call) localByPolicy(req, preq *router.Request) string {
 	d := c.f.cfg.Disagg
-	if d.MinUncachedTokens <= 0 {
-		return false
+	rt := c.f.cfg.Router
+	var decode *router.Preview
+	reason := ""
+	if d.Policy != PolicyPrefillLoad && d.MinUncachedTokens > 0 {
+		if pv, err := rt.Preview(c.ctx, *req, d.DecodeBusyThreshold != nil); err == nil {
+			decode = &pv
+			if pv.Uncached < d.MinUncachedTokens && (d.MaxUncachedRatio <= 0 || d.MaxUncachedRatio >= 1 || len(req.Tokens) == 0 || float64(pv.Uncached)/float64(len(req.Tokens)) < d.MaxUncachedRatio) {
+				reason = localShortUncached
+			}
+		}
 	}
-	n, ok := c.f.cfg.Router.Uncached(c.ctx, *req)
-	if !ok || n >= d.MinUncachedTokens {
-		return false
+	if reason == "" && (d.Policy == PolicyPrefillLoad || d.Policy == PolicyISLOrLoad) {
+		pv, err := rt.Preview(c.ctx, *c.f.withoutEjected(preq), true)
+		if errors.Is(err, sched.ErrAllBusy) || (err == nil && pv.PrefillBusy(d.PrefillBusyThreshold)) {
+			reason = localPrefillLoad
+		}
 	}
-	return d.MaxUncachedRatio <= 0 || d.MaxUncachedRatio >= 1 || len(req.Tokens) == 0 || float64(n)/float64(len(req.Tokens)) < d.MaxUncachedRatio
+	if reason == "" || d.DecodeBusyThreshold == nil {
+		return reason
+	}
+	if decode == nil {
+		pv, err := rt.Preview(c.ctx, *req, true)
+		if err != nil {
+			return ""
+		}
+		decode = &pv
+	}
+	if busy, known := decode.DecodeBusy(*d.DecodeBusyThreshold); busy || !known {
+		return ""
+	}
+	return reason
 }
 
 // refusedUndisaggregated is the answer, under Disagg.Enforce, to a

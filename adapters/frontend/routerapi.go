@@ -393,9 +393,10 @@ func (f *Frontend) postThreshold(w http.ResponseWriter, r *http.Request) {
 		Set:        mt.BusyThreshold,
 		DecodeOff:  isNull("active_decode_blocks_threshold"),
 		PrefillOff: isNull("active_prefill_tokens_threshold"),
+		FracOff:    isNull("active_prefill_tokens_threshold_frac"),
 	}
 	th := f.cfg.Router.Thresholds()
-	if u.Set.ActiveDecodeBlocks == nil && u.Set.ActivePrefillTokens == nil && !u.DecodeOff && !u.PrefillOff {
+	if u.Set.ActiveDecodeBlocks == nil && u.Set.ActivePrefillTokens == nil && u.Set.ActivePrefillTokensFrac == nil && !u.DecodeOff && !u.PrefillOff && !u.FracOff {
 		writeJSON(w, http.StatusOK, sched.ModelThreshold{Model: mt.Model, BusyThreshold: th.Get(mt.Model)})
 		return
 	}

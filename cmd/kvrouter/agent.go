@@ -23,6 +23,7 @@ func newAgentCmd() *cobra.Command {
 		replay   string
 		interval = agent.DefaultReportInterval
 		zmqMax   int64
+		localIx  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -42,6 +43,9 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			if err := checkLocalIndexer(localIx); err != nil {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
@@ -99,5 +103,6 @@ A NATS that requires credentials gets them with --nats-token, --nats-user and
 	fs.IntVar(&inst.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "the engine's token budget per step (for the queue; 0: unknown)")
 	fs.DurationVar(&interval, "report-interval", interval, "how often load and last event ids are published")
 	registerZMQMaxMessageBytes(fs, &zmqMax)
+	registerLocalIndexer(fs, &localIx)
 	return cmd
 }

@@ -87,7 +87,7 @@ DIR/worker_load.png, DIR/hit_rate.png and DIR/requests/<mode>.jsonl.`,
 				return err
 			}
 			cfg.Router, cfg.Progress = rcfg, progress
-			if cfg.Disagg, err = df.config(rf.noAssumeReuse); err != nil {
+			if cfg.Disagg, err = df.config(rf.noAssumeReuse, rcfg.QueueThreshold, rf.mode); err != nil {
 				return err
 			}
 			if (cfg.Prefill > 0) != (cfg.Decode > 0) || cfg.Prefill < 0 || cfg.Decode < 0 {

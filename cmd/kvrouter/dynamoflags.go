@@ -76,11 +76,12 @@ var dynamoEnvAliases = []envAlias{
 	{env: "DYN_ROUTER_LOAD_AWARE", flag: "load-aware"},
 	{env: "DYN_TLS_CERT_PATH", flag: "tls-cert-file"},
 	{env: "DYN_TLS_KEY_PATH", flag: "tls-key-file"},
+	{env: "DYN_LOCAL_INDEXER", flag: "enable-local-indexer"},
 }
 
 // offByNone are the flags whose 0 switches a check off, which Dynamo
 // spells None.
-var offByNone = []string{"active-decode-blocks-threshold", "active-prefill-tokens-threshold"}
+var offByNone = []string{"active-decode-blocks-threshold", "active-prefill-tokens-threshold", "active-prefill-tokens-threshold-frac"}
 
 // registerDynamoAliases adds Dynamo's spellings of the flags fs has,
 // after they are registered. They stay out of --help; pflag's deprecation
@@ -112,14 +113,11 @@ func registerDynamoAliases(fs *pflag.FlagSet) {
 // registerConditionalDisagg takes Dynamo's switch of conditional
 // disaggregation, which kvrouter does by default: on leaves
 // --disagg-min-uncached-tokens as it is, off sets it to 0 (always
-// disaggregate, Dynamo's default). Of Dynamo's policies only isl_bounding
-// has kvrouter's meaning; the others fail.
+// disaggregate, Dynamo's default).
 func registerConditionalDisagg(fs *pflag.FlagSet, minUncached *pflag.Flag) {
 	on := fs.VarPF(&conditionalDisagg{target: minUncached}, "router-conditional-disagg", "", "Dynamo's switch of conditional disaggregation")
 	on.NoOptDefVal = "true"
 	_ = fs.MarkDeprecated("router-conditional-disagg", "kvrouter disaggregates conditionally by default (--disagg-min-uncached-tokens; false sets it to 0); read as that")
-	fs.Var(conditionalDisaggPolicy{}, "router-conditional-disagg-policy", "Dynamo's conditional disaggregation policy; only isl_bounding")
-	_ = fs.MarkDeprecated("router-conditional-disagg-policy", "kvrouter's conditional disaggregation is isl_bounding's token threshold (--disagg-min-uncached-tokens); read as that")
 }
 
 type conditionalDisagg struct {
@@ -142,18 +140,6 @@ func (v *conditionalDisagg) Set(s string) error {
 
 func (v *conditionalDisagg) String() string { return strconv.FormatBool(v != nil && v.on) }
 func (v *conditionalDisagg) Type() string   { return "bool" }
-
-type conditionalDisaggPolicy struct{}
-
-func (conditionalDisaggPolicy) Set(s string) error {
-	if s != "isl_bounding" {
-		return fmt.Errorf("%q: kvrouter's conditional disaggregation is the isl_bounding policy only (its token threshold, --disagg-min-uncached-tokens); prefill_load and isl_or_load are not supported", s)
-	}
-	return nil
-}
-
-func (conditionalDisaggPolicy) String() string { return "isl_bounding" }
-func (conditionalDisaggPolicy) Type() string   { return "string" }
 
 // aliasValue writes through to the target flag and marks it set, so that
 // DYN_<TARGET> does not override what the command line said.

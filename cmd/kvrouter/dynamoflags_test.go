@@ -154,17 +154,22 @@ func TestUnknownSpellingsFail(t *testing.T) {
 func TestDynamoEnvAliases(t *testing.T) {
 	for _, a := range dynamoEnvAliases {
 		t.Run(a.env, func(t *testing.T) {
-			fs := newServeCmd().Flags()
+			// A worker's flag (DYN_LOCAL_INDEXER) is the agent's.
+			newCmd := newServeCmd
+			if newServeCmd().Flags().Lookup(a.flag) == nil {
+				newCmd = newAgentCmd
+			}
+			fs := newCmd().Flags()
 			target := fs.Lookup(a.flag)
 			if target == nil {
-				t.Fatalf("serve has no --%s", a.flag)
+				t.Fatalf("neither serve nor agent has --%s", a.flag)
 			}
 			want := nonDefault(t, target)
 			given := want
 			if a.negated {
 				given = "false" // Dynamo's spelling of the positive: DYN_ROUTER_USE_KV_EVENTS=false
 			}
-			ref := newServeCmd().Flags()
+			ref := newCmd().Flags()
 			if err := applyEnvFrom(ref, lookupIn(map[string]string{envName(a.flag): want}), &bytes.Buffer{}); err != nil {
 				t.Fatal(err)
 			}
@@ -287,7 +292,7 @@ func TestUpBlockSizeByEitherName(t *testing.T) {
 }
 
 // Dynamo's conditional-disaggregation flags set kvrouter's where the
-// meaning is the same, and fail where it is not.
+// meaning is the same.
 func TestDynamoConditionalDisaggFlags(t *testing.T) {
 	for _, newCmd := range []func() *cobra.Command{newServeCmd, newUpCmd} {
 		for args, want := range map[string]string{
@@ -304,9 +309,6 @@ func TestDynamoConditionalDisaggFlags(t *testing.T) {
 			if got := cmd.Flags().Lookup("disagg-min-uncached-tokens").Value.String(); got != want {
 				t.Errorf("%s %s: --disagg-min-uncached-tokens %s, want %s", cmd.Name(), args, got, want)
 			}
-		}
-		if _, _, err := parsedCmd(t, newCmd, "--router-conditional-disagg-policy=prefill_load"); err == nil || !strings.Contains(err.Error(), "isl_bounding") {
-			t.Errorf("policy prefill_load: %v", err)
 		}
 	}
 }
@@ -330,8 +332,8 @@ func TestDynamoDisaggAndStartFlags(t *testing.T) {
 			}
 		}
 	}
-	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5}
-	if _, err := d.config(false); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
+	d := disaggFlags{minUncached: 1, prefillTimeout: time.Second, maxRatio: 1.5, policy: "isl_bounding"}
+	if _, err := d.config(false, nil, "kv"); err == nil || !strings.Contains(err.Error(), "ratio-threshold") {
 		t.Errorf("a ratio above 1: %v", err)
 	}
 	l := limitFlags{minInitialWorkers: -1}

@@ -28,6 +28,7 @@ func newMockerCmd() *cobra.Command {
 	var pf planeFlags
 	var serveConfig string
 	var loraModules []string
+	var localIx bool
 	cmd := &cobra.Command{
 		Use:   "mocker",
 		Short: "Run simulated vLLM engines: OpenAI HTTP API, vLLM metrics, KV events on ZMQ",
@@ -88,6 +89,9 @@ adapter not loaded gets vLLM's 404.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			if err := checkLocalIndexer(localIx); err != nil {
 				return err
 			}
 			mods, err := mockerLoRAModules(loraModules)
@@ -202,6 +206,7 @@ adapter not loaded gets vLLM's 404.`,
 	fl.IntVar(&cfg.ReplayBufferSize, "kv-events-buffer-steps", zmqevents.DefaultBufferSize, "KV-event batches each rank keeps for replay (vLLM's buffer_steps)")
 	pf.register(fl, false, 0)
 	registerZMQMaxMessageBytes(fl, &cfg.ZMQMaxMessageBytes)
+	registerLocalIndexer(fl, &localIx)
 	fl.StringVar(&role, "role", role, "disaggregated serving: prefill (hold the prompt's KV for decode engines to pull), decode (pull it from the prefill engine kv_transfer_params name) or both (either, as vLLM's kv_both; without kv_transfer_params every role serves a request whole); one role for every engine, or a comma-separated one per engine")
 	fl.Float64Var(&cfg.Server.KVTransfer.Bandwidth, "kv-transfer-bandwidth", cfg.Server.KVTransfer.Bandwidth, "bytes per second of the link decode engines pull KV over; the default is one 200 Gb/s RDMA NIC, NIXL's usual fabric")
 	fl.IntVar(&cfg.Server.KVTransfer.BytesPerToken, "kv-bytes-per-token", cfg.Server.KVTransfer.BytesPerToken, "KV bytes of one token over all layers, sizing a transfer; the default is Llama-3.1-8B in bf16: 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes")

@@ -30,6 +30,7 @@ type routerFlags struct {
 	sharedType, prefillModel      string
 	decodeThreshold               float64
 	prefillThreshold              int
+	prefillFrac                   float64
 	queueThreshold, queuePolicy   string
 	ttlSecs, predictedTTLSecs     float64
 	noKVEvents, noTrackActive     bool
@@ -81,6 +82,7 @@ func (f *routerFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.noTrackPrefill, "no-router-track-prefill-tokens", false, "do not count prompt tokens awaiting prefill")
 	fs.Float64Var(&f.decodeThreshold, "active-decode-blocks-threshold", 0, "busy above this fraction of a worker's KV blocks in use; 0 = off")
 	fs.IntVar(&f.prefillThreshold, "active-prefill-tokens-threshold", 0, "busy above this many prompt tokens awaiting prefill; 0 = off")
+	fs.Float64Var(&f.prefillFrac, "active-prefill-tokens-threshold-frac", 0, "busy above this many times the worker's max batched tokens awaiting prefill (with either prefill threshold); 0 = off")
 	fs.StringVar(&f.queueThreshold, "router-queue-threshold", f.queueThreshold, "hold requests while every worker's prefill backlog exceeds this × its max batched tokens; \"none\" disables")
 	fs.StringVar(&f.queuePolicy, "router-queue-policy", f.queuePolicy, "queue order: fcfs, lcfs or wspt")
 	fs.Float64Var(&f.overlapRefreshSecs, "router-overlap-refresh-after-secs", f.overlapRefreshSecs, "re-match queued requests that waited this long; 0 = never")
@@ -207,6 +209,13 @@ func (f *routerFlags) config(fs *pflag.FlagSet, warn func(string)) (router.Confi
 	if f.prefillThreshold > 0 {
 		v := f.prefillThreshold
 		cfg.Busy.ActivePrefillTokens = &v
+	}
+	if f.prefillFrac > 0 {
+		v := f.prefillFrac
+		cfg.Busy.ActivePrefillTokensFrac = &v
+	}
+	if err := cfg.Busy.Validate(); err != nil {
+		return cfg, fmt.Errorf("--active-prefill-tokens-threshold-frac: %w", err)
 	}
 	if cfg.QueueThreshold, err = sched.ParseQueueThreshold(f.queueThreshold); err != nil {
 		return cfg, err

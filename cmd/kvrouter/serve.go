@@ -41,6 +41,7 @@ func newServeCmd() *cobra.Command {
 		eppHealth  int
 		serveIx    bool
 		remoteIx   string
+		tr         transportFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -87,6 +88,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			if err := tr.check(cmd.ErrOrStderr()); err != nil {
+				return err
+			}
 			if migrationLimit < 0 {
 				return fmt.Errorf("--migration-limit must be at least 0, got %d", migrationLimit)
 			}
@@ -107,7 +111,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
-			disagg, err := df.config(rf.noAssumeReuse)
+			disagg, err := df.config(rf.noAssumeReuse, rcfg.QueueThreshold, rf.mode)
 			if err != nil {
 				return err
 			}
@@ -139,7 +143,11 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			if err != nil {
 				return err
 			}
-			if wantsPlane(cmd.Flags(), pf.natsURL, workers, discovery != nil) {
+			joinPlane, err := tr.plane(wantsPlane(cmd.Flags(), pf.natsURL, workers, discovery != nil), pf.natsURL, len(workers) > 0, discovery != nil)
+			if err != nil {
+				return err
+			}
+			if joinPlane {
 				nc, url, closeNATS, err := pf.connect(cmd.Flags(), "kvrouter-serve", log)
 				if err != nil {
 					return err
@@ -150,7 +158,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			// The engines stay in routing while the frontend drains: the
 			// signal does not end serve's own context.
 			headerTimeout, responseTimeout := hard.engineTimeouts()
-			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, MinInitialWorkers: lf.minInitialWorkers, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll, Discovery: discovery, ServeIndexer: serveIx, RemoteIndexer: remoteIx})
+			s, err := serve.Start(cmd.Context(), serve.Config{EPPAddr: eppAddr, EPPHealthAddr: eppHealthAddr, Router: rcfg, Workers: workers, Plane: plane, Addr: net.JoinHostPort(host, strconv.Itoa(port)), Logger: log, Access: hf.access, MigrationLimit: migrationLimit, ZMQMaxMessageBytes: zmqMax, SilenceProbe: hard.silenceProbeConfig(), MaxBookings: hard.maxBookings, StrictNvext: hard.strictNvext, DynamoMetricNames: hard.dynamoMetrics, EngineHeaderTimeout: headerTimeout, EngineResponseTimeout: responseTimeout, Outlier: hard.outlierConfig(), HTTP: lf.httpLimits(), Disagg: disagg, MinInitialWorkers: lf.minInitialWorkers, Tokenizers: tokenizers, TokenizerCacheLookup: tf.cacheLookup, MMPlaceholders: placeholders, LoRA: loraCfg, LoRAPollInterval: loraPoll, Discovery: discovery, ServeIndexer: serveIx, RemoteIndexer: remoteIx, SystemAddr: tr.systemAddr(host)})
 			if err != nil {
 				return err
 			}
@@ -169,6 +177,9 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 			}
 			if remoteIx != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "routing by the remote KV indexer %s (the local approximate index while it does not answer)\n", remoteIx)
+			}
+			if a := s.SystemAddr(); a != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "system port (/metrics, /health, /live, /ready) on %s\n", a)
 			}
 			if a := s.EPPAddr(); a != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "endpoint picker (Gateway API Inference Extension, Envoy ext_proc) on %s\n", a)
@@ -198,6 +209,7 @@ DYN_ROUTER_TEMPERATURE=0.5.`,
 	fs.IntVar(&eppHealth, "epp-health-port", 0, "also serve the endpoint picker's gRPC health service alone on this port (0: only on --epp-port; the Inference Extension uses 9003)")
 	fs.BoolVar(&serveIx, "serve-indexer", false, "also serve this router's KV index to other routers and gateways, with kvrouter indexer's HTTP API under /indexer (docs/indexer.md)")
 	fs.StringVar(&remoteIx, "use-remote-indexer", "", "route by the KV index of this indexer (kvrouter indexer's URL, or a --serve-indexer router's http://HOST:PORT/indexer) instead of subscribing to the engines' KV events; while it does not answer, by the local approximate index")
+	tr.register(fs)
 	registerDynamoAliases(fs)
 	return cmd
 }

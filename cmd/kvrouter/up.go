@@ -88,7 +88,7 @@ flags.`,
 				return err
 			}
 			rcfg.RecoveryWindow = hard.recoveryWindow
-			disagg, err := df.config(rf.noAssumeReuse)
+			disagg, err := df.config(rf.noAssumeReuse, rcfg.QueueThreshold, rf.mode)
 			if err != nil {
 				return err
 			}

@@ -128,3 +128,55 @@ func ParseDevice(s string) (cpu bool, err error) {
 	}
 	return d == "cpu", nil
 }
+
+// Preview is where a request would go and that rank's load with it there;
+// nothing is booked. Conditional disaggregation's load policies read it.
+type Preview struct {
+	Decision
+	// Uncached is how many of the prompt's tokens the rank lacks.
+	Uncached int
+	// Load is the rank's load now, and Potential* with the request on it.
+	Load WorkerLoad
+	// TotalKVBlocks and MaxNumBatchedTokens are the engine's; 0 unknown.
+	TotalKVBlocks, MaxNumBatchedTokens int
+}
+
+// Preview routes req without booking it (its ID is ignored); the rank's
+// load and capacity only withLoad, which costs a second match.
+func (r *Router) Preview(ctx context.Context, req Request, withLoad bool) (Preview, error) {
+	req.ID = ""
+	d, err := r.BestWorker(ctx, &req)
+	if err != nil {
+		return Preview{}, err
+	}
+	pv := Preview{Decision: d, Uncached: max(0, len(req.Tokens)-d.OverlapBlocks*r.cfg.BlockSize)}
+	if !withLoad {
+		return pv, nil
+	}
+	for _, l := range r.potentialLoads(&req) {
+		if l.Worker == d.Worker {
+			pv.Load = l
+			break
+		}
+	}
+	if info, ok := r.fleet.Load().infos[d.Worker.ID]; ok {
+		pv.TotalKVBlocks, pv.MaxNumBatchedTokens = info.TotalKVBlocks, info.MaxNumBatchedTokens
+	}
+	return pv, nil
+}
+
+// PrefillBusy is whether the rank's prompt backlog exceeds threshold × its
+// per-step token budget; an unknown budget never counts as busy, as in busy
+// detection and the queue.
+func (p Preview) PrefillBusy(threshold float64) bool {
+	return p.MaxNumBatchedTokens > 0 && float64(p.Load.ActivePrefillTokens) > threshold*float64(p.MaxNumBatchedTokens)
+}
+
+// DecodeBusy is whether the rank's KV blocks with the request on it exceed
+// threshold × its capacity; known is false when the capacity is unknown.
+func (p Preview) DecodeBusy(threshold float64) (busy, known bool) {
+	if p.TotalKVBlocks <= 0 {
+		return false, false
+	}
+	return p.Load.PotentialDecodeBlocks > threshold*float64(p.TotalKVBlocks), true
+}

@@ -1389,7 +1389,13 @@ func (r *Router) PotentialLoads(tokens []uint32, lora string) []WorkerLoad {
 // of its blocks' identity (adapter, cache salt, multimodal items); nothing
 // is booked.
 func (r *Router) PotentialLoadsFor(req *Request) []WorkerLoad {
-	p, err := r.prepare(&Request{Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM})
+	return r.potentialLoads(&Request{Tokens: req.Tokens, LoRA: req.LoRA, CacheSalt: req.CacheSalt, MM: req.MM})
+}
+
+// potentialLoads is PotentialLoadsFor over the ranks req itself may go to
+// (its pool, model and exclusions).
+func (r *Router) potentialLoads(req *Request) []WorkerLoad {
+	p, err := r.prepare(req)
 	if err != nil {
 		return nil
 	}

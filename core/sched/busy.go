@@ -21,6 +21,12 @@ type BusyThreshold struct {
 	// ActivePrefillTokens is an absolute token count, ≥ 0. 0 is allowed:
 	// it means "at most one prompt in prefill per worker".
 	ActivePrefillTokens *int `json:"active_prefill_tokens_threshold"`
+	// ActivePrefillTokensFrac is a multiple of the worker's
+	// MaxNumBatchedTokens, ≥ 0 (Dynamo's
+	// active_prefill_tokens_threshold_frac): busy above it; a worker whose
+	// budget is unknown never is. Either prefill check suffices. Left out
+	// of the JSON when unset, so answers without it read as before.
+	ActivePrefillTokensFrac *float64 `json:"active_prefill_tokens_threshold_frac,omitempty"`
 }
 
 // MinActiveDecodeBlocks is the smallest decode threshold accepted.
@@ -41,6 +47,9 @@ func (t BusyThreshold) Validate() error {
 	if v := t.ActivePrefillTokens; v != nil && *v < 0 {
 		return fmt.Errorf("%w: active_prefill_tokens_threshold %d: want a token count ≥ 0, or null to switch it off", ErrInvalidThreshold, *v)
 	}
+	if v := t.ActivePrefillTokensFrac; v != nil && !(*v >= 0 && *v <= maxPrefillFrac) {
+		return fmt.Errorf("%w: active_prefill_tokens_threshold_frac %v: want a multiple of max_num_batched_tokens in [0, %v], or null to switch it off", ErrInvalidThreshold, *v, maxPrefillFrac)
+	}
 	return nil
 }
 
@@ -58,11 +67,18 @@ func (t BusyThreshold) Busy(c *Candidate) bool {
 			return true
 		}
 	}
+	if v := t.ActivePrefillTokensFrac; v != nil && c.MaxNumBatchedTokens > 0 && float64(c.ActivePrefillTokens) > *v*float64(c.MaxNumBatchedTokens) {
+		return true
+	}
 	return t.ActivePrefillTokens != nil && c.ActivePrefillTokens > *t.ActivePrefillTokens
 }
 
+// maxPrefillFrac bounds the fraction: Dynamo's largest default is 64
+// budgets; far beyond it the check could never trigger and is a mistake.
+const maxPrefillFrac = 1e6
+
 func (t BusyThreshold) enabled() bool {
-	return t.ActiveDecodeBlocks != nil || t.ActivePrefillTokens != nil
+	return t.ActiveDecodeBlocks != nil || t.ActivePrefillTokens != nil || t.ActivePrefillTokensFrac != nil
 }
 
 // clone gives the caller pointers of its own, so no one can change the
@@ -75,6 +91,10 @@ func (t BusyThreshold) clone() BusyThreshold {
 	if t.ActivePrefillTokens != nil {
 		v := *t.ActivePrefillTokens
 		t.ActivePrefillTokens = &v
+	}
+	if t.ActivePrefillTokensFrac != nil {
+		v := *t.ActivePrefillTokensFrac
+		t.ActivePrefillTokensFrac = &v
 	}
 	return t
 }
@@ -133,8 +153,8 @@ func (t *Thresholds) Defaults() BusyThreshold { return t.defaults.clone() }
 // ThresholdUpdate changes a model's thresholds: the non-nil fields of Set
 // take their value, the Off ones are switched off, the others are kept.
 type ThresholdUpdate struct {
-	Set                   BusyThreshold
-	DecodeOff, PrefillOff bool
+	Set                            BusyThreshold
+	DecodeOff, PrefillOff, FracOff bool
 }
 
 // Set changes the non-nil fields of update for model and returns the
@@ -157,7 +177,7 @@ func (t *Thresholds) Update(model string, u ThresholdUpdate) (BusyThreshold, err
 	if err := u.Set.Validate(); err != nil {
 		return BusyThreshold{}, err
 	}
-	if (u.DecodeOff && u.Set.ActiveDecodeBlocks != nil) || (u.PrefillOff && u.Set.ActivePrefillTokens != nil) {
+	if (u.DecodeOff && u.Set.ActiveDecodeBlocks != nil) || (u.PrefillOff && u.Set.ActivePrefillTokens != nil) || (u.FracOff && u.Set.ActivePrefillTokensFrac != nil) {
 		return BusyThreshold{}, fmt.Errorf("%w: a threshold both set and switched off", ErrInvalidThreshold)
 	}
 	update := u.Set.clone()
@@ -175,6 +195,9 @@ func (t *Thresholds) Update(model string, u ThresholdUpdate) (BusyThreshold, err
 	}
 	if update.ActivePrefillTokens != nil || u.PrefillOff {
 		cur.ActivePrefillTokens = update.ActivePrefillTokens
+	}
+	if update.ActivePrefillTokensFrac != nil || u.FracOff {
+		cur.ActivePrefillTokensFrac = update.ActivePrefillTokensFrac
 	}
 	t.byModel[model] = cur
 	t.mu.Unlock()

@@ -31,6 +31,10 @@ func TestBusy(t *testing.T) {
 		{"engine reports usage under, prediction over", BusyThreshold{ActiveDecodeBlocks: f(0.5)}, Candidate{ActiveDecodeBlocks: 60, TotalKVBlocks: 100, Engine: EngineLoad{Known: true, KVUsage: 0.1}}, true},
 		{"engine report not yet known", BusyThreshold{ActiveDecodeBlocks: f(0.5)}, Candidate{Engine: EngineLoad{KVUsage: 0.9}}, false},
 		{"engine usage without a decode threshold", BusyThreshold{ActivePrefillTokens: n(10)}, Candidate{Engine: EngineLoad{Known: true, KVUsage: 1}}, false},
+		{"prefill over a fraction of the budget", BusyThreshold{ActivePrefillTokensFrac: f(1.5)}, Candidate{ActivePrefillTokens: 769, MaxNumBatchedTokens: 512}, true},
+		{"prefill at a fraction of the budget", BusyThreshold{ActivePrefillTokensFrac: f(1.5)}, Candidate{ActivePrefillTokens: 768, MaxNumBatchedTokens: 512}, false},
+		{"prefill fraction with the budget unknown", BusyThreshold{ActivePrefillTokensFrac: f(1.5)}, Candidate{ActivePrefillTokens: 1e9}, false},
+		{"fraction or count: the count", BusyThreshold{ActivePrefillTokensFrac: f(100), ActivePrefillTokens: n(10)}, Candidate{ActivePrefillTokens: 11, MaxNumBatchedTokens: 512}, true},
 		{"either suffices", BusyThreshold{ActiveDecodeBlocks: f(0.9), ActivePrefillTokens: n(10)}, Candidate{ActivePrefillTokens: 11, TotalKVBlocks: 100}, true},
 	} {
 		if got := tc.thr.Busy(&tc.c); got != tc.want {

@@ -147,6 +147,9 @@ type Config struct {
 	// RemoteIndexerTimeout bounds one query (0: the default).
 	RemoteIndexer        string
 	RemoteIndexerTimeout time.Duration
+	// SystemAddr, when set, also serves /metrics, /health, /live and
+	// /ready there (Dynamo's DYN_SYSTEM_PORT).
+	SystemAddr string
 }
 
 // Server is a running frontend.
@@ -182,6 +185,9 @@ type Server struct {
 	// remote is the primary index asked for overlaps, nil when the router
 	// keeps its own.
 	remote *indexerapi.Remote
+
+	system   *http.Server // nil without Config.SystemAddr
+	systemLn net.Listener
 }
 
 type supervised struct {
@@ -407,6 +413,18 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			if cfg.Discovery != nil {
 				cfg.Discovery.Close()
 			}
+			s.closePlane()
+			return nil, err
+		}
+	}
+	if cfg.SystemAddr != "" {
+		if err := s.startSystem(fe.Handler()); err != nil {
+			cancel()
+			ln.Close()
+			if cfg.Discovery != nil {
+				cfg.Discovery.Close()
+			}
+			s.stopEPP()
 			s.closePlane()
 			return nil, err
 		}
@@ -737,6 +755,7 @@ func (s *Server) Close() error {
 		s.cancel()
 		err = s.http.Close()
 		s.stopEPP()
+		s.stopSystem()
 		if s.cfg.Discovery != nil {
 			s.cfg.Discovery.Close()
 		}

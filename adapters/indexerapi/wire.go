@@ -177,8 +177,8 @@ type WorkerView struct {
 type Listener struct {
 	Endpoint       string `json:"endpoint"`
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
-	Status    string `json:"status"`
-	LastError string `json:"last_error,omitempty"`
+	Status         string `json:"status"`
+	LastError      string `json:"last_error,omitempty"`
 }
 
 // Listener statuses.

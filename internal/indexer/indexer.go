@@ -439,7 +439,7 @@ func (s *Service) recoverFrom(peer string) error {
 			// lost for good: nothing else carries them.
 			reg := indexerapi.Registration{InstanceID: w.InstanceID, DPRank: uint32(rank), Endpoint: ep,
 				ReplayEndpoint: w.Listeners[rk].ReplayEndpoint,
-				Key: indexerapi.GroupKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: w.BlockSize}
+				Key:            indexerapi.GroupKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: w.BlockSize}
 			if err := s.Register(reg); err != nil {
 				s.log.Warn("peer's worker not registered", "peer", peer, "instance", w.InstanceID, "err", err)
 				continue

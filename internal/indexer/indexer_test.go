@@ -304,6 +304,26 @@ func TestIndexerReplaysHistoryFromTheEngine(t *testing.T) {
 	})
 }
 
+// indexedPeer starts one engine and indexer a following it as instance 4,
+// and has the engine serve p, a prompt of 2 blocks, until a indexes it.
+// indexed reports whether an indexer credits instance 4 with all of a
+// prompt.
+func indexedPeer(t *testing.T) (e fleet.Engine, model string, a *Service, p []uint32, indexed func(base string, pr []uint32) bool) {
+	t.Helper()
+	f, cfg := mockFleet(t, 1)
+	bs := cfg.Engine.BlockSize
+	e, model = f.Engines()[0], cfg.Server.Model
+	a = startIndexer(t, Config{})
+	register(t, a.URL(), 4, e, model, bs)
+	indexed = func(base string, pr []uint32) bool {
+		return query(t, base, map[string]any{"token_ids": pr, "model_name": model}).Scores["4"]["0"] == uint32(len(pr))
+	}
+	p = prompt(6, 2*bs)
+	complete(t, e, model, p)
+	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool { return indexed(a.URL(), p) })
+	return e, model, a, p, indexed
+}
+
 // A peer's dump is older than the engine's stream whenever the engine
 // publishes between the dump and the new indexer's subscription joining
 // the stream (ZeroMQ delivers nothing published before a subscriber has
@@ -312,17 +332,8 @@ func TestIndexerReplaysHistoryFromTheEngine(t *testing.T) {
 // peer's workers. Here the peer answers with a dump taken before q was
 // served: q is in no dump and on no live stream b can see.
 func TestIndexerRecoveredFromAStaleDumpReplaysTheRest(t *testing.T) {
-	f, cfg := mockFleet(t, 1)
-	bs, model := cfg.Engine.BlockSize, cfg.Server.Model
-	e := f.Engines()[0]
-	a := startIndexer(t, Config{})
-	register(t, a.URL(), 4, e, model, bs)
-	p, q := prompt(6, 2*bs), prompt(7, 2*bs)
-	indexed := func(base string, pr []uint32) bool {
-		return query(t, base, map[string]any{"token_ids": pr, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
-	}
-	complete(t, e, model, p)
-	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool { return indexed(a.URL(), p) })
+	e, model, a, p, indexed := indexedPeer(t)
+	q := prompt(7, len(p))
 	code, staleDump := call(t, "GET", a.URL()+"/dump", "", nil)
 	if code != http.StatusOK {
 		t.Fatalf("dump: %d %s", code, staleDump)
@@ -361,21 +372,11 @@ func TestIndexerRecoveredFromAStaleDumpReplaysTheRest(t *testing.T) {
 // workers and index before the engine publishes anything new, and lists
 // its peers; peers registered later are listed too.
 func TestIndexerRecoversFromAPeer(t *testing.T) {
-	f, cfg := mockFleet(t, 1)
-	bs, model := cfg.Engine.BlockSize, cfg.Server.Model
-	e := f.Engines()[0]
-	a := startIndexer(t, Config{})
-	register(t, a.URL(), 4, e, model, bs)
-	p := prompt(6, 2*bs)
-	complete(t, e, model, p)
-	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool {
-		return query(t, a.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
-	})
-
+	e, model, a, p, indexed := indexedPeer(t)
 	b := startIndexer(t, Config{Peers: []string{"http://127.0.0.1:1", a.URL()}})
 	// Recovery runs before b serves: its first answer already holds p.
-	if got := query(t, b.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"]; got != uint32(2*bs) {
-		t.Errorf("b recovered %d tokens of p, want %d", got, 2*bs)
+	if !indexed(b.URL(), p) {
+		t.Errorf("b did not recover p")
 	}
 	code, body := call(t, "GET", b.URL()+"/workers", "", nil)
 	if code != http.StatusOK || !strings.Contains(string(body), e.Ranks[0].Events) {
@@ -384,11 +385,9 @@ func TestIndexerRecoversFromAPeer(t *testing.T) {
 	// b follows the engine from its first moment: a prompt served before
 	// b's subscription has joined the engine's stream is replayed from
 	// the engine.
-	q := prompt(7, 2*bs)
+	q := prompt(7, len(p))
 	complete(t, e, model, q)
-	testwait.Until(t, 30*time.Second, "indexer b indexes q", func() bool {
-		return query(t, b.URL(), map[string]any{"token_ids": q, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
-	})
+	testwait.Until(t, 30*time.Second, "indexer b indexes q", func() bool { return indexed(b.URL(), q) })
 	if code, body := call(t, "POST", b.URL()+"/register_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusCreated {
 		t.Fatalf("register_peer: %d %s", code, body)
 	}

@@ -170,11 +170,15 @@ type WorkerView struct {
 	Listeners    map[string]Listener `json:"listeners"`
 }
 
-// Listener is one rank's event subscription.
+// Listener is one rank's event subscription. ReplayEndpoint is kvrouter's
+// addition: a peer recovering from this list needs it to replay what its
+// copy of the index missed (the batches published before its subscription
+// joined the engine's stream).
 type Listener struct {
-	Endpoint  string `json:"endpoint"`
-	Status    string `json:"status"`
-	LastError string `json:"last_error,omitempty"`
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Status         string `json:"status"`
+	LastError      string `json:"last_error,omitempty"`
 }
 
 // Listener statuses.

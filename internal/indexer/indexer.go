@@ -333,7 +333,7 @@ func (s *Service) Workers(model, groupName string) []indexerapi.WorkerView {
 // view is the listener's state: active once a batch has come, failed
 // when its subscription could not start.
 func (l *listener) view() indexerapi.Listener {
-	v := indexerapi.Listener{Endpoint: l.endpoint, Status: indexerapi.StatusPending, LastError: l.err}
+	v := indexerapi.Listener{Endpoint: l.endpoint, ReplayEndpoint: l.replay, Status: indexerapi.StatusPending, LastError: l.err}
 	switch {
 	case l.src == nil:
 		v.Status = indexerapi.StatusFailed
@@ -434,8 +434,12 @@ func (s *Service) recoverFrom(peer string) error {
 			if err != nil {
 				continue
 			}
+			// Without the replay endpoint the batches published between
+			// the peer's dump and this subscription's joining would be
+			// lost for good: nothing else carries them.
 			reg := indexerapi.Registration{InstanceID: w.InstanceID, DPRank: uint32(rank), Endpoint: ep,
-				Key: indexerapi.GroupKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: w.BlockSize}
+				ReplayEndpoint: w.Listeners[rk].ReplayEndpoint,
+				Key:            indexerapi.GroupKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: w.BlockSize}
 			if err := s.Register(reg); err != nil {
 				s.log.Warn("peer's worker not registered", "peer", peer, "instance", w.InstanceID, "err", err)
 				continue

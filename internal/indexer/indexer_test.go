@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -303,46 +304,90 @@ func TestIndexerReplaysHistoryFromTheEngine(t *testing.T) {
 	})
 }
 
+// indexedPeer starts one engine and indexer a following it as instance 4,
+// and has the engine serve p, a prompt of 2 blocks, until a indexes it.
+// indexed reports whether an indexer credits instance 4 with all of a
+// prompt.
+func indexedPeer(t *testing.T) (e fleet.Engine, model string, a *Service, p []uint32, indexed func(base string, pr []uint32) bool) {
+	t.Helper()
+	f, cfg := mockFleet(t, 1)
+	bs := cfg.Engine.BlockSize
+	e, model = f.Engines()[0], cfg.Server.Model
+	a = startIndexer(t, Config{})
+	register(t, a.URL(), 4, e, model, bs)
+	indexed = func(base string, pr []uint32) bool {
+		return query(t, base, map[string]any{"token_ids": pr, "model_name": model}).Scores["4"]["0"] == uint32(len(pr))
+	}
+	p = prompt(6, 2*bs)
+	complete(t, e, model, p)
+	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool { return indexed(a.URL(), p) })
+	return e, model, a, p, indexed
+}
+
+// A peer's dump is older than the engine's stream whenever the engine
+// publishes between the dump and the new indexer's subscription joining
+// the stream (ZeroMQ delivers nothing published before a subscriber has
+// joined). Those batches reach the recovered indexer only by replay from
+// the engine, so recovery takes each rank's replay endpoint from the
+// peer's workers. Here the peer answers with a dump taken before q was
+// served: q is in no dump and on no live stream b can see.
+func TestIndexerRecoveredFromAStaleDumpReplaysTheRest(t *testing.T) {
+	e, model, a, p, indexed := indexedPeer(t)
+	q := prompt(7, len(p))
+	code, staleDump := call(t, "GET", a.URL()+"/dump", "", nil)
+	if code != http.StatusOK {
+		t.Fatalf("dump: %d %s", code, staleDump)
+	}
+	complete(t, e, model, q)
+	testwait.Until(t, 30*time.Second, "indexer a indexes q", func() bool { return indexed(a.URL(), q) })
+
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/dump" {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(staleDump)
+			return
+		}
+		resp, err := http.Get(a.URL() + r.URL.Path)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(peer.Close)
+	b := startIndexer(t, Config{Peers: []string{peer.URL}})
+	if !indexed(b.URL(), p) {
+		t.Errorf("b did not recover p from the peer's dump")
+	}
+	testwait.Until(t, 15*time.Second, "indexer b replays q from the engine", func() bool { return indexed(b.URL(), q) })
+	code, body := call(t, "GET", b.URL()+"/workers", "", nil)
+	if code != http.StatusOK || !strings.Contains(string(body), `"replay_endpoint":"`+e.Ranks[0].Replay+`"`) {
+		t.Errorf("b's workers do not pass the replay endpoint on: %d %s", code, body)
+	}
+}
+
 // A second indexer started with --peers recovers the first one's
 // workers and index before the engine publishes anything new, and lists
 // its peers; peers registered later are listed too.
 func TestIndexerRecoversFromAPeer(t *testing.T) {
-	f, cfg := mockFleet(t, 1)
-	bs, model := cfg.Engine.BlockSize, cfg.Server.Model
-	e := f.Engines()[0]
-	a := startIndexer(t, Config{})
-	register(t, a.URL(), 4, e, model, bs)
-	p := prompt(6, 2*bs)
-	complete(t, e, model, p)
-	testwait.Until(t, 30*time.Second, "indexer a indexes p", func() bool {
-		return query(t, a.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"] == uint32(2*bs)
-	})
-
+	e, model, a, p, indexed := indexedPeer(t)
 	b := startIndexer(t, Config{Peers: []string{"http://127.0.0.1:1", a.URL()}})
 	// Recovery runs before b serves: its first answer already holds p.
-	if got := query(t, b.URL(), map[string]any{"token_ids": p, "model_name": model}).Scores["4"]["0"]; got != uint32(2*bs) {
-		t.Errorf("b recovered %d tokens of p, want %d", got, 2*bs)
+	if !indexed(b.URL(), p) {
+		t.Errorf("b did not recover p")
 	}
 	code, body := call(t, "GET", b.URL()+"/workers", "", nil)
 	if code != http.StatusOK || !strings.Contains(string(body), e.Ranks[0].Events) {
 		t.Errorf("b's workers: %d %s", code, body)
 	}
-	// b follows the engine from there on: a prompt the engine serves once
-	// b's subscription is live is indexed. (One served in b's first
-	// moments could stay missing, 1 run in 30 under -race, so each poll
-	// that finds none serves a new one.)
-	next, last, served := uint32(0), time.Time{}, []uint32(nil)
-	testwait.Until(t, 30*time.Second, "indexer b indexes a new prompt", func() bool {
-		if served != nil && query(t, b.URL(), map[string]any{"token_ids": served, "model_name": model}).Scores["4"]["0"] == uint32(2*bs) {
-			return true
-		}
-		if time.Since(last) > 100*time.Millisecond {
-			served = prompt(7+next%100, 2*bs)
-			complete(t, e, model, served)
-			next, last = next+1, time.Now()
-		}
-		return false
-	})
+	// b follows the engine from its first moment: a prompt served before
+	// b's subscription has joined the engine's stream is replayed from
+	// the engine.
+	q := prompt(7, len(p))
+	complete(t, e, model, q)
+	testwait.Until(t, 30*time.Second, "indexer b indexes q", func() bool { return indexed(b.URL(), q) })
 	if code, body := call(t, "POST", b.URL()+"/register_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusCreated {
 		t.Fatalf("register_peer: %d %s", code, body)
 	}

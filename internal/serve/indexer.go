@@ -78,9 +78,10 @@ func (b servedIndex) Workers(model, group string) []indexerapi.WorkerView {
 		}
 		for rank := range max(w.spec.DPSize, 1) {
 			ep, _ := enginesource.RankEndpoint(w.spec.Events, rank)
+			replay, _ := enginesource.RankEndpoint(w.spec.Replay, rank)
 			k := strconv.Itoa(rank)
 			v.Endpoints[k] = ep
-			v.Listeners[k] = indexerapi.Listener{Endpoint: ep, Status: v.Status}
+			v.Listeners[k] = indexerapi.Listener{Endpoint: ep, ReplayEndpoint: replay, Status: v.Status}
 		}
 		out = append(out, v)
 	}

@@ -64,7 +64,10 @@ func TestServeIndexerServesTheRoutersIndex(t *testing.T) {
 	var ws []indexerapi.WorkerView
 	_ = json.NewDecoder(resp.Body).Decode(&ws)
 	resp.Body.Close()
-	if len(ws) != 1 || ws[0].InstanceID != 7 || ws[0].Status != "active" || ws[0].Endpoints["0"] != f.Engines()[0].Ranks[0].Events {
+	// The replay endpoint is listed too: an indexer recovering from this
+	// one replays from it what the dump missed.
+	if len(ws) != 1 || ws[0].InstanceID != 7 || ws[0].Status != "active" || ws[0].Endpoints["0"] != f.Engines()[0].Ranks[0].Events ||
+		ws[0].Listeners["0"].ReplayEndpoint != f.Engines()[0].Ranks[0].Replay {
 		t.Errorf("workers: %+v", ws)
 	}
 	// The frontend's own routes are untouched.

@@ -195,17 +195,27 @@ func TestMinInitialWorkersHoldsRoutingUntilEnoughEngines(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	// The one engine joins routing, and still the router waits for two.
 	testwait.Until(t, 10*time.Second, "the engine to join routing", func() bool { return len(s.router.Workers()) == 1 })
-	status, body := postTo(t, s, "/v1/completions", map[string]any{"model": "kvrouter-mock", "prompt": prompt(0, 1, 32), "max_tokens": 2})
-	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "waiting_for_workers") {
-		t.Fatalf("a request before --router-min-initial-workers engines: %d %s, want 503 waiting_for_workers", status, body)
-	}
-	resp, err := http.Get("http://" + s.Addr() + "/ready")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "min-initial-workers") {
-		t.Fatalf("/ready: %d %s, want 503 naming the wait", resp.StatusCode, b)
-	}
+	// A health probe that times out on a loaded machine takes the one
+	// engine out of routing for an interval; no request may be served
+	// meanwhile either way.
+	testwait.Until(t, 10*time.Second, "a request refused for the wait", func() bool {
+		status, body := postTo(t, s, "/v1/completions", map[string]any{"model": "kvrouter-mock", "prompt": prompt(0, 1, 32), "max_tokens": 2})
+		if status != http.StatusServiceUnavailable {
+			t.Fatalf("a request before --router-min-initial-workers engines: %d %s, want 503", status, body)
+		}
+		return strings.Contains(string(body), "waiting_for_workers")
+	})
+	// /ready names the wait, and never says ready.
+	testwait.Until(t, 10*time.Second, "/ready naming the wait", func() bool {
+		resp, err := http.Get("http://" + s.Addr() + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("/ready: %d %s, want 503 while one engine of two is in routing", resp.StatusCode, b)
+		}
+		return strings.Contains(string(b), "min-initial-workers")
+	})
 }

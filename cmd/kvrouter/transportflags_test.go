@@ -43,24 +43,11 @@ func TestTransportFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tr transportFlags
-			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-			tr.register(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
-				t.Fatal(err)
-			}
+			parseServeFlags(t, tr.register, tc.args, tc.env)
 			var out bytes.Buffer
 			err := tr.check(&out)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
-				}
+			if !errorAsWanted(t, err, tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if !strings.Contains(out.String(), tc.notice) {
 				t.Errorf("notice %q, want it to contain %q", out.String(), tc.notice)
@@ -190,23 +177,10 @@ func TestConditionalDisaggPolicyFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var df disaggFlags
-			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-			df.register(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
-				t.Fatal(err)
-			}
+			parseServeFlags(t, df.register, tc.args, tc.env)
 			d, err := df.config(false, tc.queue, "kv")
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
-				}
+			if !errorAsWanted(t, err, tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if d.Policy != tc.policy || d.PrefillBusyThreshold != tc.prefillBusy || (d.DecodeBusyThreshold == nil) != (tc.decodeBusy == nil) || (d.DecodeBusyThreshold != nil && *d.DecodeBusyThreshold != *tc.decodeBusy) {
 				t.Errorf("got policy %q prefill %v decode %v, want %q %v %v", d.Policy, d.PrefillBusyThreshold, d.DecodeBusyThreshold, tc.policy, tc.prefillBusy, tc.decodeBusy)
@@ -238,15 +212,7 @@ func TestPrefillThresholdFrac(t *testing.T) {
 		{args: []string{"--active-prefill-tokens-threshold-frac", "1e9"}, wantErr: true},
 	} {
 		rf := newRouterFlags()
-		fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-		rf.register(fs)
-		registerDynamoAliases(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		if err := applyEnvFrom(fs, lookupIn(tc.env), &bytes.Buffer{}); err != nil {
-			t.Fatal(err)
-		}
+		fs := parseServeFlags(t, func(fs *pflag.FlagSet) { rf.register(fs); registerDynamoAliases(fs) }, tc.args, tc.env)
 		cfg, err := rf.config(fs, func(string) {})
 		if tc.wantErr {
 			if err == nil {
@@ -265,4 +231,35 @@ func TestPrefillThresholdFrac(t *testing.T) {
 			t.Errorf("%v %v: frac %v, want %v", tc.args, tc.env, got, tc.want)
 		}
 	}
+}
+
+// parseServeFlags registers flags on a fresh flag set and reads args,
+// then env as the process environment.
+func parseServeFlags(t *testing.T, register func(*pflag.FlagSet), args []string, env map[string]string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyEnvFrom(fs, lookupIn(env), &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// errorAsWanted fails t unless err contains want (or is nil when want is
+// empty) and reports whether the case goes on to check a result.
+func errorAsWanted(t *testing.T, err error, want string) bool {
+	t.Helper()
+	if want != "" {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want an error containing %q, got %v", want, err)
+		}
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
 }

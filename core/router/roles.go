@@ -99,20 +99,9 @@ func (r *Router) ShortUncached(ctx context.Context, req Request, minUncached int
 	if minUncached <= 0 {
 		return false
 	}
-	n, ok := r.Uncached(ctx, req)
-	return ok && n < minUncached
-}
-
-// Uncached is how many of req's prompt tokens the decode worker it would
-// go to lacks; ok is false when no decode worker can take it. It only
-// asks: nothing is booked.
-func (r *Router) Uncached(ctx context.Context, req Request) (int, bool) {
-	req.ID, req.Prefill = "", false
-	d, err := r.BestWorker(ctx, &req)
-	if err != nil {
-		return 0, false
-	}
-	return len(req.Tokens) - d.OverlapBlocks*r.cfg.BlockSize, true
+	req.Prefill = false
+	pv, err := r.Preview(ctx, req, false)
+	return err == nil && pv.Uncached < minUncached
 }
 
 // ParseDevice reads the device an engine computes on, as flags, configs

@@ -69,7 +69,7 @@ arrival speedup 1 is the reference figure of docs/benchmarks.md.`,
 			}
 			syn.Seed = cfg.Seed
 			return runBench(cmd, quiet, asJSON, func(_ context.Context, progress io.Writer) (simBenchResult, error) {
-				w, name, err := simWorkload(tracePath, synthetic, syn, maxRequests, false, progress)
+				w, name, err := simWorkload(tracePath, synthetic, syn, maxRequests, false, false, progress)
 				if err != nil {
 					return simBenchResult{}, err
 				}

@@ -25,6 +25,7 @@ func newSimCmd() *cobra.Command {
 		synthetic   bool
 		modes       string
 		maxRequests int
+		spreadBatch bool
 		strict      bool
 		out         string
 		asJSON      bool
@@ -149,10 +150,13 @@ size's).`,
 				w    sim.Workload
 				name string
 			)
+			if spreadBatch && (kind == "agentic" || synthetic) {
+				return fmt.Errorf("--trace-spread-batches spaces a trace's batches: give --trace")
+			}
 			if kind == "agentic" {
 				w, name, err = agenticWorkload(agentic, maxRequests)
 			} else {
-				w, name, err = simWorkload(tracePath, synthetic, syn, maxRequests, strict, cmd.ErrOrStderr())
+				w, name, err = simWorkload(tracePath, synthetic, syn, maxRequests, spreadBatch, strict, cmd.ErrOrStderr())
 			}
 			if err != nil {
 				return err
@@ -214,6 +218,7 @@ size's).`,
 	f.DurationVar(&cfg.Sim.KVEventDelay, "kv-event-delay", cfg.Sim.KVEventDelay, "model time from an engine's step to its KV events' arrival at the router")
 	f.DurationVar(&cfg.Sim.EngineMetricsInterval, "engine-metrics-interval", cfg.Sim.EngineMetricsInterval, "model-time interval of engine-load reads for modes scoring by engine load")
 	f.IntVar(&maxRequests, "max-requests", 0, "simulate only the first N requests (0 = all)")
+	f.BoolVar(&spreadBatch, "trace-spread-batches", false, "trace: space the requests that share one timestamp evenly until the next timestamp, instead of sending each such batch at one instant (traces that log arrivals in batches)")
 	f.BoolVar(&cfg.Sim.IgnoreCacheSalt, "ignore-cache-salt", false, "the router ignores requests' cache_salt and the salts in KV events (keys blocks by tokens alone); the engines still cache each salt apart")
 	f.BoolVar(&cfg.Sim.IgnoreLowerTiers, "ignore-lower-tiers", false, "the router never hears of the engines' host tier (--num-cpu-blocks): device overlaps only, as kvrouter before storage tiers; the engines still load their host hits")
 	f.BoolVar(&cfg.Sim.SpeculativePrefill, "speculative-prefill", false, "session turns carry agent_hints.speculative_prefill: when a turn ends, the router prefills the next turn's prefix (prompt and answer) on the same engine with one output token, booked as load")
@@ -277,7 +282,7 @@ func disaggConfig(f *pflag.FlagSet, c *sim.Config, noAssumeReuse bool) error {
 
 // simWorkload is the trace, its prompts built as they are sent, or the
 // synthetic workload.
-func simWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max int, strict bool, warn io.Writer) (sim.Workload, string, error) {
+func simWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max int, spreadBatches, strict bool, warn io.Writer) (sim.Workload, string, error) {
 	if synthetic || path == "" {
 		reqs, name, err := loadWorkload(path, synthetic, syn, max, strict, warn)
 		if err != nil {
@@ -290,6 +295,9 @@ func simWorkload(path string, synthetic bool, syn workload.SyntheticConfig, max 
 		return nil, "", err
 	}
 	w, err := sim.FromTrace(tr, max)
+	if err == nil && spreadBatches {
+		w.SpreadBatches()
+	}
 	return w, name, err
 }
 

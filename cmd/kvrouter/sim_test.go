@@ -227,3 +227,42 @@ func TestSimCommandRouterReplicas(t *testing.T) {
 		}
 	}
 }
+
+// --trace-spread-batches spaces a batch logged at one timestamp over the
+// gap that follows it (the last batch over the mean gap), so the run
+// offers the same requests over a longer span; other workloads refuse it.
+func TestSimSpreadsTraceBatches(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 3000, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
+{"timestamp": 3000, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rate := func(extra ...string) float64 {
+		t.Helper()
+		out, err := runCmd(t, append([]string{"sim", "--trace", path, "--workers", "2", "--modes", "kv",
+			"--arrival-speedup", "1", "--bisect-steps", "0", "--json", "--quiet"}, extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Modes map[string]struct {
+				Points []struct {
+					ArrivalRPS float64 `json:"arrival_rps"`
+				} `json:"points"`
+			} `json:"modes"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Modes["kv"].Points) != 1 {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return res.Modes["kv"].Points[0].ArrivalRPS
+	}
+	if at, spread := rate(), rate("--trace-spread-batches"); at != 1 || spread != 3/4.5 {
+		t.Fatalf("arrival rate %v at the logged instants, %v spread; want 1 (3 requests over 3 s) and 0.667 (over 4.5 s)", at, spread)
+	}
+	if _, err := runCmd(t, "sim", "--synthetic", "--trace-spread-batches", "--json"); err == nil {
+		t.Fatal("--trace-spread-batches accepted without a trace")
+	}
+}

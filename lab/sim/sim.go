@@ -197,6 +197,8 @@ func FromRequests(reqs []workload.Request) Requests {
 // the conversation trace's 12,031 prompts would take 580 MB at once.
 type Trace struct {
 	reqs []trace.Request
+	// at, when set, replaces the trace's own arrival times (SpreadBatches).
+	at []time.Duration
 }
 
 // FromTrace keeps the first max requests of tr (all with max <= 0). It
@@ -216,7 +218,50 @@ func FromTrace(tr *trace.Trace, max int) (*Trace, error) {
 
 func (t *Trace) Len() int { return len(t.reqs) }
 func (t *Trace) At(i int) time.Duration {
+	if t.at != nil {
+		return t.at[i]
+	}
 	return time.Duration(t.reqs[i].Timestamp) * time.Millisecond
+}
+
+// SpreadBatches spaces the requests that share one timestamp evenly over
+// the time until the next timestamp, in trace order. Traces that log
+// arrivals in batches (the conversation trace stamps 2 to 28 requests
+// with one millisecond, every 3 s) otherwise replay each batch at one
+// instant, a burst no client sent. The last batch keeps the mean gap
+// between the trace's timestamps.
+func (t *Trace) SpreadBatches() {
+	n := len(t.reqs)
+	if n == 0 {
+		return
+	}
+	ms := func(i int) time.Duration { return time.Duration(t.reqs[i].Timestamp) * time.Millisecond }
+	distinct := 1
+	for i := 1; i < n; i++ {
+		if t.reqs[i].Timestamp != t.reqs[i-1].Timestamp {
+			distinct++
+		}
+	}
+	meanGap := time.Duration(0)
+	if distinct > 1 {
+		meanGap = (ms(n-1) - ms(0)) / time.Duration(distinct-1)
+	}
+	t.at = make([]time.Duration, n)
+	for start := 0; start < n; {
+		end := start + 1
+		for end < n && t.reqs[end].Timestamp == t.reqs[start].Timestamp {
+			end++
+		}
+		gap := meanGap
+		if end < n {
+			gap = ms(end) - ms(start)
+		}
+		k := time.Duration(end - start)
+		for i := start; i < end; i++ {
+			t.at[i] = ms(start) + gap*time.Duration(i-start)/k
+		}
+		start = end
+	}
 }
 
 func (t *Trace) Request(i int) workload.Request { return workload.FromTraceRequest(&t.reqs[i]) }

@@ -173,12 +173,24 @@ func TestShardLockProgressUnderLoad(t *testing.T) {
 				stop atomic.Bool
 				wg   sync.WaitGroup
 			)
+			var busyTurns atomic.Int64
 			for range 4 {
 				wg.Go(func() {
 					for !stop.Load() {
 						tc.busy(&l)
+						busyTurns.Add(1)
 					}
 				})
+			}
+			// The waiter starts once the others contend, or it could
+			// finish before they run.
+			for deadline := time.Now().Add(10 * time.Second); busyTurns.Load() < 1000; {
+				if time.Now().After(deadline) {
+					stop.Store(true)
+					wg.Wait()
+					t.Fatalf("the busy goroutines made %d turns in 10 s", busyTurns.Load())
+				}
+				time.Sleep(time.Millisecond) // polling, bounded by the deadline
 			}
 			done := make(chan struct{})
 			var turns atomic.Int32
@@ -191,8 +203,11 @@ func TestShardLockProgressUnderLoad(t *testing.T) {
 			}()
 			select {
 			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Errorf("starved: %d of 100 acquisitions in 20 s", turns.Load())
+			case <-time.After(60 * time.Second):
+				// A rate bound on a machine of unknown load: a starved
+				// waiter makes no progress at all, a loaded machine
+				// made 92 turns in 20 s.
+				t.Errorf("starved: %d of 100 acquisitions in 60 s", turns.Load())
 			}
 			stop.Store(true)
 			wg.Wait()

@@ -55,6 +55,41 @@ type Predicted struct {
 	pairs   uint64
 	expired uint64
 	evicted uint64
+	// spareHeld are the held lists of dropped predictions, for the next
+	// ones: a booking allocated one per decision.
+	spareHeld [][]uint32
+	// slab hands out predictions from one allocation per predictionSlab.
+	// A prediction cannot be reused, since the queue may still point to
+	// it, so a slab is collected once its last entry has left the queue.
+	slab []prediction
+}
+
+const (
+	predictionSlab  = 64
+	maxSpareHeld    = 1024
+	maxSpareHeldCap = 4096/predictedStride + 1 // a 64 K-token prompt's
+)
+
+func (p *Predicted) newPrediction() *prediction {
+	if len(p.slab) == 0 {
+		p.slab = make([]prediction, predictionSlab)
+	}
+	pr := &p.slab[0]
+	p.slab = p.slab[1:]
+	return pr
+}
+
+// heldBuf is an empty held list with room for n holders.
+func (p *Predicted) heldBuf(n int) []uint32 {
+	if k := len(p.spareHeld); k > 0 {
+		// One too short is let go, so that short lists do not pile up.
+		b := p.spareHeld[k-1]
+		p.spareHeld = p.spareHeld[:k-1]
+		if cap(b) >= n {
+			return b
+		}
+	}
+	return make([]uint32, 0, n)
 }
 
 // holder is one worker's hold on one block: n live predictions pass
@@ -120,7 +155,8 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64, at time.Time) {
 		p.heads.prefetchHome(seq[i])
 	}
 	p.heads.prefetchHome(seq[len(seq)-1])
-	pr := &prediction{id: id, w: w, held: make([]uint32, 0, len(seq)/predictedStride+1), at: now + int64(p.cfg.TTL), live: true}
+	pr := p.newPrediction()
+	*pr = prediction{id: id, w: w, held: p.heldBuf(len(seq)/predictedStride + 1), at: now + int64(p.cfg.TTL), live: true}
 	for i := predictedStride - 1; i < len(seq); i += predictedStride {
 		pr.held = append(pr.held, p.hold(seq[i], w))
 	}
@@ -352,6 +388,9 @@ func (p *Predicted) expireLocked(now int64) {
 func (p *Predicted) dropLocked(pr *prediction) {
 	for _, i := range pr.held {
 		p.release(i)
+	}
+	if len(p.spareHeld) < maxSpareHeld && cap(pr.held) <= maxSpareHeldCap {
+		p.spareHeld = append(p.spareHeld, pr.held[:0])
 	}
 	pr.live, pr.held = false, nil
 	if p.open[pr.id] == pr {

@@ -68,7 +68,7 @@ type warmFleet struct {
 
 // build makes the router and returns it with the conversations cached, the
 // system prompt and a source of random tokens for new prompts.
-func (f warmFleet) build(b *testing.B) (r *Router, convs [][]uint32, system []uint32, random func(n int) []uint32) {
+func (f warmFleet) build(b testing.TB) (r *Router, convs [][]uint32, system []uint32, random func(n int) []uint32) {
 	b.Helper()
 	cfg := DefaultConfig()
 	cfg.BlockSize = bs
@@ -259,5 +259,44 @@ func timeBooked(b *testing.B, inFlight int, book func()) {
 	b.ReportAllocs()
 	for b.Loop() {
 		book()
+	}
+}
+
+// A booked decision on a warm router, with predict-on-route, allocates
+// nothing once its pools have grown: no per-decision garbage for the
+// collector to chase at thousands of decisions a second.
+func TestSteadyDecisionAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector empties sync.Pool at random")
+	}
+	clock := time.Unix(1_000_000, 0)
+	r, convs, system, random := warmFleet{workers: 8, perWorker: 2, systemTokens: 256, convTokens: 2048, vocab: 32000,
+		edit: func(c *Config) { c.Now = func() time.Time { return clock } }}.build(t)
+	var reqs [256]Request
+	for i := range reqs {
+		toks := append(append([]uint32{}, system...), random(1024)...)
+		if i%2 == 0 {
+			toks = append(append([]uint32{}, convs[i%len(convs)][:1536]...), random(512)...)
+		}
+		reqs[i] = Request{ID: strconv.Itoa(i), Tokens: toks}
+	}
+	n := 0
+	book := func() {
+		// Past the confirm window every few decisions, so that settled
+		// predictions are dropped and their lists recycled.
+		clock = clock.Add(100 * time.Millisecond)
+		req := &reqs[n%len(reqs)]
+		if _, err := r.BestWorker(ctx(), req); err != nil {
+			t.Fatal(err)
+		}
+		r.MarkPrefillCompleted(req.ID)
+		r.Free(reqs[(n+len(reqs)-32)%len(reqs)].ID)
+		n++
+	}
+	for range 4 * len(reqs) {
+		book()
+	}
+	if a := testing.AllocsPerRun(1000, book); a != 0 {
+		t.Fatalf("%.2f allocations per decision", a)
 	}
 }

@@ -815,6 +815,8 @@ type scratch struct {
 	mapped      int
 	mappedMatch uint64
 	mappedFleet *fleet
+	// sreq is decide's request to the scheduler.
+	sreq sched.Request
 }
 
 // prepared is a request after hashing and matching.
@@ -958,12 +960,18 @@ func (r *Router) book(p *prepared, sc *scratch, fn func(Decision, error)) (d Dec
 }
 
 func (r *Router) prepare(req *Request) (*prepared, error) {
-	params, warning, err := sched.Resolve(r.cfg.Routing, req.Overrides)
-	if err != nil {
-		return nil, err
-	}
-	if warning == "" {
-		warning = r.warning
+	// A request that overrides nothing gets the configuration's knobs,
+	// resolved once by New: resolving them again cost an allocation and a
+	// pass over every knob per decision.
+	params, warning := r.params, r.warning
+	if req.Overrides != (sched.Overrides{}) {
+		var err error
+		if params, warning, err = sched.Resolve(r.cfg.Routing, req.Overrides); err != nil {
+			return nil, err
+		}
+		if warning == "" {
+			warning = r.warning
+		}
 	}
 	if err := checkMM(req.MM, len(req.Tokens)); err != nil {
 		return nil, err
@@ -1218,7 +1226,10 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 		r.stats.errors.Add(1)
 		return Decision{}, ErrNoWorkers
 	}
-	sreq := sched.Request{
+	// The scheduler's policies are called through an interface, so a
+	// request built here would escape: it lives in the scratch instead.
+	sreq := &sc.sreq
+	*sreq = sched.Request{
 		ISL: len(p.req.Tokens), BlockSize: r.cfg.BlockSize, Params: p.params,
 		Target: p.req.Target, OverrideBusy: p.req.OverrideBusy, Session: p.req.Session,
 		Busy: sc.busy, Now: now,
@@ -1227,7 +1238,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	if p.req.Prefill {
 		sreq.Pool = sched.PoolPrefill
 	}
-	choice, err := r.scheduler.Select(&sreq, cands, r.rng)
+	choice, err := r.scheduler.Select(sreq, cands, r.rng)
+	// The pooled scratch must not keep the prompt alive.
+	*sreq = sched.Request{}
 	if err != nil {
 		if errors.Is(err, sched.ErrAllBusy) {
 			r.stats.allBusy.Add(1)

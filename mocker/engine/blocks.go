@@ -467,7 +467,7 @@ func (m *blockManager) warmVictims() {
 		prefetch.Line(unsafe.Pointer(&m.blocks[m.lru[far]]))
 	}
 	if near := m.lruOff + warmAhead; near < len(m.lru) {
-		m.byHash.warm(m.blocks[m.lru[near]].hash)
+		m.byHash.warmRun(m.blocks[m.lru[near]].hash)
 	}
 }
 

@@ -179,8 +179,8 @@ func (x *Single) warmStore(r *singleRank, parent uint64, root bool, blocks []kv.
 			parent = blockhash.Chain(parent, blk.LocalHash)
 		}
 		seqs = append(seqs, parent)
-		x.bySeq.prefetch(parent)
-		r.ids.prefetch(blk.EngineHash)
+		x.bySeq.prefetchRun(parent)
+		r.ids.prefetchRun(blk.EngineHash)
 	}
 	x.seqs = seqs
 	return seqs
@@ -224,11 +224,11 @@ func (x *Single) remove(b int, hashes []uint64) {
 		chunk := hashes[:n]
 		hashes = hashes[n:]
 		for _, h := range chunk {
-			r.ids.prefetch(h)
+			r.ids.prefetchRun(h)
 		}
 		for _, h := range chunk {
 			if s, ok := r.ids.get(h); ok {
-				x.bySeq.prefetch(s)
+				x.bySeq.prefetchRun(s)
 			}
 		}
 		for _, h := range chunk {
@@ -447,6 +447,18 @@ func (p *pairMap) rehash(size int) {
 func (p *pairMap) prefetch(k uint64) {
 	if len(p.slots) > 0 {
 		prefetch.Line(unsafe.Pointer(&p.slots[p.home(k)]))
+	}
+}
+
+// prefetchRun is prefetch for an insertion or a deletion, which read on
+// past k's slot (to the run's end, and a deletion shifts the run back):
+// it also asks for the line after k's when the slot lies in the second
+// half of its line, where the run most often crosses into the next.
+func (p *pairMap) prefetchRun(k uint64) {
+	if len(p.slots) > 0 {
+		h := p.home(k)
+		prefetch.Line(unsafe.Pointer(&p.slots[h]))
+		prefetch.Line(unsafe.Pointer(&p.slots[(h+2)&(len(p.slots)-1)]))
 	}
 }
 

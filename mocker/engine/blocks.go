@@ -408,7 +408,13 @@ func (m *blockManager) reset() {
 }
 
 func (m *blockManager) lruPushBack(idx int32) {
-	if live := len(m.lru) - m.lruOff; live >= lruCompactMin && live >= 2*m.numInactive {
+	// Compact when stale entries are half the live ones, or before the
+	// queue would grow while its evicted front is half of it: a full
+	// cache's churn evicts from the front as fast as it appends, and
+	// without the second rule the queue grew by copying itself for ever.
+	live := len(m.lru) - m.lruOff
+	if live >= lruCompactMin && live >= 2*m.numInactive ||
+		len(m.lru) >= lruCompactMin && len(m.lru) == cap(m.lru) && m.lruOff >= live {
 		m.compactLRU()
 	}
 	m.blocks[idx].lruPos = int32(len(m.lru))
@@ -461,7 +467,7 @@ func (m *blockManager) warmVictims() {
 		prefetch.Line(unsafe.Pointer(&m.blocks[m.lru[far]]))
 	}
 	if near := m.lruOff + warmAhead; near < len(m.lru) {
-		m.byHash.warm(m.blocks[m.lru[near]].hash)
+		m.byHash.warmRun(m.blocks[m.lru[near]].hash)
 	}
 }
 

@@ -540,3 +540,30 @@ func TestBlockMapGrows(t *testing.T) {
 		t.Fatalf("%d slots, content equal: %v", len(m.slots), reflect.DeepEqual(m.all(), want))
 	}
 }
+
+// TestLRUQueueStaysBoundedUnderChurn churns a full cache with requests of
+// new blocks: every allocation evicts from the queue's front and every
+// release appends, and the queue must reuse its evicted front rather than
+// grow with the number of evictions.
+func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
+	const capacity, bs, blocks = 64, 4, 8
+	m := newBlockManager(bs, capacity, true, 1)
+	next := uint32(1)
+	for range 5000 {
+		s := &seqBlocks{tokens: make([]uint32, bs*blocks)}
+		for i := range s.tokens {
+			s.tokens[i], next = next, next+1
+		}
+		if !m.allocate(s, len(s.tokens)) {
+			t.Fatal("a request of 8 blocks did not fit a cache of 64 with nothing active")
+		}
+		m.release(s)
+		m.events = m.events[:0]
+	}
+	if c := cap(m.lru); c > 8*capacity {
+		t.Fatalf("LRU queue capacity %d after 5,000 requests on a cache of %d blocks; want at most %d", c, capacity, 8*capacity)
+	}
+	if m.numInactive != capacity {
+		t.Fatalf("%d inactive blocks, want the full cache's %d", m.numInactive, capacity)
+	}
+}

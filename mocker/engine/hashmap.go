@@ -76,6 +76,14 @@ func (m *blockMap) warm(key uint64) {
 	prefetch.Line(unsafe.Pointer(&m.slots[key&m.mask]))
 }
 
+// warmRun is warm for a deletion, which reads on past key's slot to the
+// end of its run, shifting the run back: it also asks for the line after
+// key's when the slot lies in the second half of its line.
+func (m *blockMap) warmRun(key uint64) {
+	prefetch.Line(unsafe.Pointer(&m.slots[key&m.mask]))
+	prefetch.Line(unsafe.Pointer(&m.slots[(key+2)&m.mask]))
+}
+
 // put inserts or replaces key.
 func (m *blockMap) put(key uint64, val int32) {
 	for i := key & m.mask; ; i = (i + 1) & m.mask {

@@ -223,7 +223,7 @@ type Stats struct {
 	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 	Probes          uint64 // replay requests sent because the stream was silent
-	Joins           uint64 // subscriptions that joined the stream, each followed by a replay from the last seq applied
+	Joins           uint64 // subscriptions that joined the stream and the replays from the last seq applied that followed, done
 
 	// Unsupported counts, by field name, the events or blocks whose field
 	// the router could not honour (see unsupported.go); nil when none.
@@ -488,8 +488,8 @@ func (s *Source) probe() {
 // stream, for what was published between the last catch-up and that
 // moment (see Joining in the package doc).
 func (s *Source) join() {
-	s.st.joins.Add(1)
 	s.askReplay("kv event subscription joined", false)
+	s.st.joins.Add(1) // once done: a reader who sees it counted sees what it applied
 }
 
 // askReplay asks the replay endpoint for what followed the last seq

@@ -43,6 +43,18 @@
 //     applied twice and the source never goes backwards. The same catch-up
 //     runs when the first live message is not the one expected (ZeroMQ's
 //     slow joiner).
+//   - Joining: a PUB socket sends nothing to a subscriber before its
+//     subscription arrives, and the start-up catch-up does not wait for
+//     the subscriber to connect (an engine whose PUB socket cannot be
+//     reached still has its cache learnt). A batch published after the
+//     catch-up and before the subscription joined would then show only
+//     with the next gap or the next silence probe. So each time the
+//     subscriber connects and has sent its subscription, the source asks
+//     the replay endpoint from the last seq applied, as a silence probe
+//     does (Stats.Joins), before any message of that connection: what
+//     was published before the join comes by replay, what follows it
+//     live. A reconnection after a broken connection is caught up the
+//     same way.
 //   - Gap (a live seq above the one expected): the source asks the replay
 //     endpoint for [expected, ...] and applies the batches up to the
 //     current one, in order, then the current one (Stats.Gaps,
@@ -211,6 +223,7 @@ type Stats struct {
 	BadHandshakes   uint64 // live connections dropped: the engine's ZMTP handshake was malformed or stalled
 	ReplayTruncated uint64 // of ReplayErrors, replays stopped at their bound (zmqevents.ReplayConfig)
 	Probes          uint64 // replay requests sent because the stream was silent
+	Joins           uint64 // subscriptions that joined the stream and the replays from the last seq applied that followed, done
 
 	// Unsupported counts, by field name, the events or blocks whose field
 	// the router could not honour (see unsupported.go); nil when none.
@@ -225,7 +238,7 @@ type counters struct {
 	replayErrors, applyErrors              atomic.Uint64
 	dumps, dumpErrors, historyLost         atomic.Uint64
 	replayOversized, replayTruncated       atomic.Uint64
-	probes                                 atomic.Uint64
+	probes, joins                          atomic.Uint64
 }
 
 // ErrClosed is returned by WaitSeq once the source has stopped.
@@ -253,7 +266,8 @@ type Source struct {
 	done   chan struct{}
 	st     counters
 	unsup  unsupportedFields
-	groups GroupFilter // owned by the run goroutine
+	groups GroupFilter   // owned by the run goroutine
+	joined chan struct{} // a subscription joined the stream; buffered 1
 
 	// Owned by the run goroutine.
 	started bool   // a batch has been applied since start or the last reset
@@ -298,15 +312,25 @@ func Start(ctx context.Context, cfg Config, sink Sink) (*Source, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("worker", cfg.Worker.String(), "events", cfg.Events)
+	joined := make(chan struct{}, 1)
+	var onJoin func()
+	if cfg.Replay != "" {
+		onJoin = func() {
+			select {
+			case joined <- struct{}{}:
+			default: // one catch-up covers every join not handled yet
+			}
+		}
+	}
 	sub, err := zmqevents.NewSubscriber(zmqevents.SubscriberConfig{
-		Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096, MaxMessageBytes: cfg.MaxMessageBytes, Log: logger,
+		Endpoint: cfg.Events, Topic: cfg.Topic, Buffer: 4096, MaxMessageBytes: cfg.MaxMessageBytes, Log: logger, OnJoin: onJoin,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("enginesource: %w", err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	s := detached(cfg, sink)
-	s.log, s.sub, s.client, s.ctx, s.cancel = logger, sub, client, sctx, cancel
+	s.log, s.sub, s.client, s.ctx, s.cancel, s.joined = logger, sub, client, sctx, cancel, joined
 	go s.run()
 	return s, nil
 }
@@ -382,7 +406,7 @@ func (s *Source) Stats() Stats {
 		Rebuilds: c.rebuilds.Load(), Resets: c.resets.Load(), ReplayErrors: c.replayErrors.Load(), ApplyErrors: c.applyErrors.Load(),
 		Dumps: c.dumps.Load(), DumpErrors: c.dumpErrors.Load(), HistoryLost: c.historyLost.Load(),
 		Oversized: sub.Oversized + c.replayOversized.Load(), ReplayTruncated: c.replayTruncated.Load(),
-		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(), Unsupported: s.unsup.snapshot(),
+		BadHandshakes: sub.BadHandshakes, Probes: c.probes.Load(), Joins: c.joins.Load(), Unsupported: s.unsup.snapshot(),
 	}
 	// The position is read after the counters: a counter bumped after a
 	// position change (see restarted) then never shows beside the position
@@ -426,7 +450,17 @@ func (s *Source) run() {
 				return
 			}
 			live = true
+			// A message of a new connection comes after that connection's
+			// catch-up: the snapshot-then-stream order.
+			select {
+			case <-s.joined:
+				s.join()
+			default:
+			}
 			s.handle(m)
+			s.wake()
+		case <-s.joined:
+			s.join()
 			s.wake()
 		case <-tick:
 			if live {
@@ -447,8 +481,24 @@ func (s *Source) run() {
 // may have lost at its end (see Silence in the package doc).
 func (s *Source) probe() {
 	s.st.probes.Add(1)
+	s.askReplay("kv event stream silent", true)
+}
+
+// join asks the replay endpoint, once the subscription has joined the
+// stream, for what was published between the last catch-up and that
+// moment (see Joining in the package doc).
+func (s *Source) join() {
+	s.askReplay("kv event subscription joined", false)
+	s.st.joins.Add(1) // once done: a reader who sees it counted sees what it applied
+}
+
+// askReplay asks the replay endpoint for what followed the last seq
+// applied, and applies it; when is what made it ask, for the log. Batches
+// found count as a recovered gap when lost says they were lost (a silence
+// probe), not when they were expected there (a join).
+func (s *Source) askReplay(when string, lost bool) {
 	if !s.started {
-		s.log.Debug("kv event stream silent: catching up")
+		s.log.Debug(when + ": catching up")
 		s.catchUp(math.MaxUint64)
 		return
 	}
@@ -463,26 +513,28 @@ func (s *Source) probe() {
 	}
 	msgs, err := s.fetchReplay(from, true)
 	if s.ctx.Err() != nil || (err != nil && len(msgs) == 0) {
-		return // nothing learnt; the next silent period asks again
+		return // nothing learnt; the next gap or silent period asks again
 	}
 	if known && (len(msgs) == 0 || (msgs[0].Seq == from && s.differs(msgs[0]))) {
-		s.log.Warn("kv event stream silent and the engine no longer has its last batch: engine restarted", "last", from)
+		s.log.Warn(when+" and the engine no longer has its last batch: engine restarted", "last", from)
 		s.restarted()
 		s.catchUp(math.MaxUint64)
 		return
 	}
 	if len(msgs) == 0 || msgs[len(msgs)-1].Seq < s.next {
-		s.log.Debug("kv event stream silent: nothing missed", "next", s.next)
+		s.log.Debug(when+": nothing missed", "next", s.next)
 		return
 	}
 	until := msgs[len(msgs)-1].Seq + 1
-	s.log.Info("kv event stream silent: batches lost at its end", "expected", s.next, "last", until-1)
+	s.log.Info(when+": batches missed", "expected", s.next, "last", until-1)
 	if msgs[0].Seq <= s.next {
 		s.applyReplayed(msgs, until)
 		if s.next == until {
-			s.st.gaps.Add(1)
-			s.st.recovered.Add(1)
-			s.log.Info("kv event gap recovered", "by", "replay after silence", "to", until-1)
+			if lost {
+				s.st.gaps.Add(1)
+				s.st.recovered.Add(1)
+				s.log.Info("kv event gap recovered", "by", "replay: "+when, "to", until-1)
+			}
 			return
 		}
 	}

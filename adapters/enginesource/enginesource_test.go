@@ -374,7 +374,8 @@ func TestStartupReplayAndOverlapWithLiveMessages(t *testing.T) {
 	}
 	p.release() // the replay covers every batch, including those received live
 	held := p.nextSeq() - 1
-	waitFor(t, s, "the start-up replay", func(st Stats) bool { return st.HaveSeq && st.LastSeq >= held })
+	// The subscription's join asks again once the start-up replay is done.
+	waitFor(t, s, "the start-up replay", func(st Stats) bool { return st.HaveSeq && st.LastSeq >= held && st.Joins > 0 })
 	seq := p.publish(t, stored(t, nil, a, 1000, 2, 3), true)
 	wait(t, s, seq)
 	if got := overlap(t, r, w, a); got != 3 {

@@ -26,6 +26,7 @@ type testPub struct {
 	wg          sync.WaitGroup
 	keep        int
 	hold        chan struct{} // non-nil: replay answers wait for it to close
+	pubAt       string        // the PUB socket's endpoint
 
 	mu   sync.Mutex
 	next uint64
@@ -41,6 +42,7 @@ type pubOpts struct {
 	noReplay bool
 	keep     int  // ring size; 0 = 10,000
 	hold     bool // hold replay answers until release()
+	late     bool // the PUB socket binds only at listen(): no subscriber can join before
 }
 
 func newTestPub(t testing.TB, o pubOpts) *testPub {
@@ -58,8 +60,16 @@ func newTestPub(t testing.TB, o pubOpts) *testPub {
 	if err := p.pub.SetOption(zmq4.OptionHWM, 100_000); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
+	if o.late {
+		// A port free now; nothing listens on it until listen().
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.pubAt = endpoint(l.Addr())
+		_ = l.Close()
+	} else {
+		p.listen(t)
 	}
 	if !o.noReplay {
 		p.router = zmq4.NewRouter(ctx, quiet)
@@ -75,7 +85,20 @@ func newTestPub(t testing.TB, o pubOpts) *testPub {
 
 func endpoint(a net.Addr) string { return fmt.Sprintf("tcp://%s", a.String()) }
 
-func (p *testPub) events() string { return endpoint(p.pub.Addr()) }
+func (p *testPub) events() string { return p.pubAt }
+
+// listen binds the PUB socket (of a late publisher: on its reserved port).
+func (p *testPub) listen(t testing.TB) {
+	t.Helper()
+	at := p.pubAt
+	if at == "" {
+		at = "tcp://127.0.0.1:0"
+	}
+	if err := p.pub.Listen(at); err != nil {
+		t.Fatal(err)
+	}
+	p.pubAt = endpoint(p.pub.Addr())
+}
 
 func (p *testPub) replay() string {
 	if p.router == nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 // probeEvery is short so that the tests wait little for a silence.
@@ -140,5 +141,30 @@ func TestEngineRestartedOnTheSamePortsIsResetAfterSilence(t *testing.T) {
 	}
 	if got := overlap(t, r, w, y); got != 2 {
 		t.Fatalf("the new engine's blocks: overlap %d, want 2", got)
+	}
+}
+
+// A batch published after the start-up catch-up and before the
+// subscription joined the stream (ZeroMQ sends a subscriber nothing from
+// before it joined) is applied once the subscription joins, not only with
+// the next batch or a silence probe (switched off here).
+func TestBatchPublishedBeforeTheSubscriptionJoinedIsCaughtUp(t *testing.T) {
+	p := newTestPub(t, pubOpts{late: true})
+	r := newRouter(t, router.WorkerInfo{ID: 1})
+	w := kv.Worker{ID: 1}
+	a := toks(3, 16)
+	first := p.publish(t, stored(t, nil, a, 1600, 0, 1), false)
+	s := start(t, Config{Worker: w, Events: p.events(), Replay: p.replay(), SilenceProbe: -1}, r)
+	wait(t, s, first) // the start-up catch-up, while nothing listens for the subscriber yet
+	missed := p.publish(t, stored(t, nil, a, 1600, 1, 3), false)
+	p.listen(t)
+	testwait.Until(t, 10*time.Second, "the batch published before the subscription joined is applied", func() bool {
+		return s.Synced(missed)
+	})
+	if got := overlap(t, r, w, a); got != 3 {
+		t.Fatalf("overlap %d, want 3", got)
+	}
+	if st := s.Stats(); st.Joins == 0 || st.Probes != 0 || st.Received != 0 || st.Rebuilds != 0 || st.HistoryLost != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -45,6 +45,13 @@ type SubscriberConfig struct {
 	// Log receives a rate-limited warning when a peer is dropped (an
 	// oversized message, a bad or stalled handshake); nil discards.
 	Log *slog.Logger
+	// OnJoin, when set, is called on the Subscriber's goroutine after each
+	// connection is made and the subscription sent, before anything is
+	// received on it: what the publisher sends from then on reaches the
+	// Subscriber, what it sent before did not. A consumer that caught up
+	// by replay before that moment asks again from where it stopped. It
+	// must not block.
+	OnJoin func()
 
 	handshakeTimeout time.Duration // 0: defaultHandshakeTimeout
 }
@@ -168,6 +175,9 @@ func (s *Subscriber) run() {
 			s.mu.Lock()
 			s.stats.Connects++
 			s.mu.Unlock()
+			if s.cfg.OnJoin != nil {
+				s.cfg.OnJoin()
+			}
 			if !s.receive() {
 				return
 			}

@@ -457,3 +457,37 @@ func TestCloseStopsEverything(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// OnJoin is called once per connection, before anything is received on
+// it, and again after a redial.
+func TestSubscriberOnJoinPrecedesTheConnectionsMessages(t *testing.T) {
+	p := newPublisher(t, PublisherConfig{})
+	ep := p.Endpoint()
+	joins := make(chan uint64, 16) // Received when each join was reported
+	var s *Subscriber
+	ready := make(chan struct{})
+	s = newSubscriber(t, SubscriberConfig{Endpoint: ep, OnJoin: func() {
+		<-ready
+		joins <- s.Stats().Received
+	}})
+	close(ready)
+	select {
+	case n := <-joins:
+		if n != 0 {
+			t.Fatalf("join reported after %d messages", n)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("no join reported")
+	}
+	join(t, func(int) { p.Publish(probe) }, s.Messages())
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newPublisher(t, PublisherConfig{Endpoint: ep})
+	select {
+	case <-joins:
+	case <-time.After(testTimeout):
+		t.Fatal("no join reported after the redial")
+	}
+	join(t, func(int) { p2.Publish(probe) }, s.Messages())
+}

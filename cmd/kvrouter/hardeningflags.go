@@ -31,7 +31,7 @@ type hardeningFlags struct {
 
 func (f *hardeningFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.recoveryWindow, "kv-recovery-window", router.DefaultRecoveryWindow, "after an event below an unknown parent, how long the rank re-anchors events from routed prompts")
-	fs.DurationVar(&f.silenceProbe, "kv-events-silence-probe", enginesource.DefaultSilenceProbe, "ask an engine's replay endpoint for a lost tail after its event stream was silent this long; 0 = off")
+	registerSilenceProbe(fs, &f.silenceProbe)
 	fs.IntVar(&f.maxBookings, "router-max-bookings", frontend.DefaultMaxBookings, "requests booked through /router/best_worker and not yet freed; more are answered 429")
 	fs.DurationVar(&f.headerTimeout, "engine-header-timeout", frontend.DefaultHeaderTimeout, "an engine that has not sent a stream's response headers (or a prefill's answer) within this long has failed the request, which goes to another engine; 0 = no bound")
 	fs.DurationVar(&f.responseTimeout, "engine-response-timeout", frontend.DefaultResponseTimeout, "the same for a non-streamed request, whose headers engines send with its last token; 0 = no bound")
@@ -47,8 +47,8 @@ func (f *hardeningFlags) validate() error {
 	if f.recoveryWindow <= 0 {
 		return fmt.Errorf("--kv-recovery-window must be positive, got %s", f.recoveryWindow)
 	}
-	if f.silenceProbe < 0 {
-		return fmt.Errorf("--kv-events-silence-probe must be at least 0 (0 = off), got %s", f.silenceProbe)
+	if err := checkSilenceProbe(f.silenceProbe); err != nil {
+		return err
 	}
 	if f.maxBookings < 1 {
 		return fmt.Errorf("--router-max-bookings must be at least 1, got %d", f.maxBookings)
@@ -92,11 +92,28 @@ func (f *hardeningFlags) outlierConfig() outlier.Config {
 	return c
 }
 
+func (f *hardeningFlags) silenceProbeConfig() time.Duration {
+	return silenceProbeConfig(f.silenceProbe)
+}
+
+// registerSilenceProbe adds --kv-events-silence-probe, the same for every
+// command that follows engines' KV events (serve, up, indexer).
+func registerSilenceProbe(fs *pflag.FlagSet, d *time.Duration) {
+	fs.DurationVar(d, "kv-events-silence-probe", enginesource.DefaultSilenceProbe, "ask an engine's replay endpoint for a lost tail after its event stream was silent this long; 0 = off")
+}
+
+func checkSilenceProbe(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("--kv-events-silence-probe must be at least 0 (0 = off), got %s", d)
+	}
+	return nil
+}
+
 // silenceProbeConfig maps the flag's 0 ("off") onto enginesource's
 // negative, since enginesource reads 0 as its default.
-func (f *hardeningFlags) silenceProbeConfig() time.Duration {
-	if f.silenceProbe == 0 {
+func silenceProbeConfig(d time.Duration) time.Duration {
+	if d == 0 {
 		return -1
 	}
-	return f.silenceProbe
+	return d
 }

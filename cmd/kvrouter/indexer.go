@@ -9,21 +9,65 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvrouter/kvrouter/adapters/indexerapi"
 	"github.com/kvrouter/kvrouter/internal/indexer"
 )
 
+// indexerFlags are kvrouter indexer's flags.
+type indexerFlags struct {
+	host, model, group string
+	port, blockSize    int
+	threads            int
+	workers, peers     string
+	zmqMax             int64
+	silenceProbe       time.Duration
+}
+
+func (f *indexerFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.host, "host", "0.0.0.0", "address to listen on")
+	fs.IntVar(&f.port, "port", 8090, "port to listen on")
+	fs.IntVar(&f.threads, "threads", 0, "write parallelism of each index (--router-event-threads; 0: the default, 4)")
+	fs.StringVar(&f.workers, "workers", "", `engines to register at start: "instance_id[:dp_rank]=tcp://host:port,..." (needs --block-size)`)
+	fs.IntVar(&f.blockSize, "block-size", 0, "KV block size of the --workers engines, in tokens")
+	fs.StringVar(&f.model, "model-name", "default", "model of the --workers engines")
+	fs.StringVar(&f.group, "routing-group", indexerapi.DefaultRoutingGroup, "routing group of the --workers engines")
+	fs.StringVar(&f.peers, "peers", "", "comma-separated indexer URLs to recover from at start (the first that answers)")
+	registerZMQMaxMessageBytes(fs, &f.zmqMax)
+	registerSilenceProbe(fs, &f.silenceProbe)
+}
+
+// config checks the flags and makes the service's config (without its
+// logger).
+func (f *indexerFlags) config() (indexer.Config, error) {
+	if f.port < 0 || f.port > 65535 {
+		return indexer.Config{}, fmt.Errorf("--port must be a port (0-65535), got %d", f.port)
+	}
+	if err := checkSilenceProbe(f.silenceProbe); err != nil {
+		return indexer.Config{}, err
+	}
+	regs, err := parseIndexerWorkers(f.workers, f.model, f.group, f.blockSize)
+	if err != nil {
+		return indexer.Config{}, err
+	}
+	var peerList []string
+	for _, p := range strings.Split(f.peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			peerList = append(peerList, p)
+		}
+	}
+	return indexer.Config{
+		Addr: net.JoinHostPort(f.host, strconv.Itoa(f.port)), Peers: peerList, Workers: regs,
+		EventThreads: f.threads, ZMQMaxMessageBytes: f.zmqMax, SilenceProbe: silenceProbeConfig(f.silenceProbe),
+	}, nil
+}
+
 func newIndexerCmd() *cobra.Command {
-	var (
-		host, model, group string
-		port, blockSize    int
-		threads            int
-		workers, peers     string
-		zmqMax             int64
-	)
+	var f indexerFlags
 	cmd := &cobra.Command{
 		Use:   "indexer",
 		Short: "Standalone KV indexer: engines' KV events in, overlap queries out, over HTTP",
@@ -48,45 +92,24 @@ streams. "kvrouter serve --use-remote-indexer URL" routes by this index.
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
-			if port < 0 || port > 65535 {
-				return fmt.Errorf("--port must be a port (0-65535), got %d", port)
-			}
-			regs, err := parseIndexerWorkers(workers, model, group, blockSize)
+			cfg, err := f.config()
 			if err != nil {
 				return err
 			}
-			var peerList []string
-			for _, p := range strings.Split(peers, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					peerList = append(peerList, p)
-				}
-			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			signalled, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			s, err := indexer.Start(cmd.Context(), indexer.Config{
-				Addr: net.JoinHostPort(host, strconv.Itoa(port)), Peers: peerList, Workers: regs,
-				EventThreads: threads, ZMQMaxMessageBytes: zmqMax, Logger: log,
-			})
+			s, err := indexer.Start(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter indexer serving on %s (%d workers registered)\n", s.URL(), len(regs))
+			fmt.Fprintf(cmd.OutOrStdout(), "kvrouter indexer serving on %s (%d workers registered)\n", s.URL(), len(cfg.Workers))
 			<-signalled.Done()
 			return nil
 		},
 	}
-	fs := cmd.Flags()
-	fs.StringVar(&host, "host", "0.0.0.0", "address to listen on")
-	fs.IntVar(&port, "port", 8090, "port to listen on")
-	fs.IntVar(&threads, "threads", 0, "write parallelism of each index (--router-event-threads; 0: the default, 4)")
-	fs.StringVar(&workers, "workers", "", `engines to register at start: "instance_id[:dp_rank]=tcp://host:port,..." (needs --block-size)`)
-	fs.IntVar(&blockSize, "block-size", 0, "KV block size of the --workers engines, in tokens")
-	fs.StringVar(&model, "model-name", "default", "model of the --workers engines")
-	fs.StringVar(&group, "routing-group", indexerapi.DefaultRoutingGroup, "routing group of the --workers engines")
-	fs.StringVar(&peers, "peers", "", "comma-separated indexer URLs to recover from at start (the first that answers)")
-	registerZMQMaxMessageBytes(fs, &zmqMax)
+	f.register(cmd.Flags())
 	return cmd
 }
 

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
+	"github.com/kvrouter/kvrouter/adapters/enginesource"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
@@ -62,5 +66,52 @@ func TestIndexerCommandServes(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("stopping: %v", err)
+	}
+}
+
+// --kv-events-silence-probe is serve's flag, with its default, its
+// DYN_ variable and its 0 = off.
+func TestIndexerSilenceProbeFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want time.Duration
+	}{
+		{nil, nil, enginesource.DefaultSilenceProbe},
+		{[]string{"--kv-events-silence-probe", "500ms"}, nil, 500 * time.Millisecond},
+		{nil, map[string]string{"DYN_KV_EVENTS_SILENCE_PROBE": "7s"}, 7 * time.Second},
+		{[]string{"--kv-events-silence-probe", "1s"}, map[string]string{"DYN_KV_EVENTS_SILENCE_PROBE": "7s"}, time.Second},
+	} {
+		var f indexerFlags
+		fs := pflag.NewFlagSet("indexer", pflag.ContinueOnError)
+		f.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+		if err := applyEnvFrom(fs, lookup, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := f.config()
+		if err != nil || cfg.SilenceProbe != tc.want {
+			t.Errorf("%v %v: silence probe %s (%v), want %s", tc.args, tc.env, cfg.SilenceProbe, err, tc.want)
+		}
+	}
+	var f indexerFlags
+	fs := pflag.NewFlagSet("indexer", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse([]string{"--kv-events-silence-probe", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	// enginesource reads 0 as its default; off must reach it as negative.
+	if cfg, err := f.config(); err != nil || cfg.SilenceProbe >= 0 {
+		t.Fatalf("--kv-events-silence-probe 0: %s (%v), want off", cfg.SilenceProbe, err)
+	}
+	root := newRootCmd()
+	root.SetOut(&strings.Builder{})
+	root.SetErr(&strings.Builder{})
+	root.SetArgs([]string{"indexer", "--host", "127.0.0.1", "--port", "0", "--kv-events-silence-probe", "-1s"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--kv-events-silence-probe") {
+		t.Fatalf("a negative probe: %v", err)
 	}
 }

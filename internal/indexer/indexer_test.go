@@ -5,15 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvrouter/kvrouter/adapters/vllmevents"
+	"github.com/kvrouter/kvrouter/adapters/zmqevents"
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/mocker/fleet"
 )
@@ -399,4 +405,62 @@ func TestIndexerRecoversFromAPeer(t *testing.T) {
 	if code, body := call(t, "POST", b.URL()+"/deregister_peer", "application/json", map[string]any{"url": "http://peer-c:8090"}); code != http.StatusOK {
 		t.Errorf("deregister_peer: %d %s", code, body)
 	}
+}
+
+// A batch the engine publishes after the indexer's start-up catch-up and
+// before its subscription has joined the engine's stream (ZeroMQ sends a
+// subscriber nothing from before it joined) is indexed as the subscription
+// joins, with the silence probe off. The engine's PUB socket binds only
+// after the catch-up, so the subscription cannot join earlier.
+func TestIndexerCatchesUpWhenItsSubscriptionJoins(t *testing.T) {
+	const bs = 16
+	engine, err := zmqevents.NewPublisher(zmqevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = engine.Close() })
+	// The indexer subscribes to a port nothing listens on yet; the
+	// engine's replay endpoint answers from the start.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := "tcp://" + l.Addr().String()
+	_ = l.Close()
+	p := prompt(8, 2*bs)
+	publish := func(block int) {
+		t.Helper()
+		var parent *uint64
+		if block > 0 {
+			parent = kv.Ptr(uint64(900 + block - 1))
+		}
+		payload, err := vllmevents.EncodeBatch(&vllmevents.Batch{TS: 1, Events: []vllmevents.Event{&vllmevents.BlockStored{
+			BlockHashes: []uint64{uint64(900 + block)}, ParentBlockHash: parent, TokenIDs: p[block*bs : (block+1)*bs], BlockSize: bs, Medium: "GPU",
+		}}}, vllmevents.EncodingArray)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := engine.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(0)
+	s := startIndexer(t, Config{SilenceProbe: -1})
+	code, b := call(t, "POST", s.URL()+"/register", "application/json", map[string]any{
+		"instance_id": 9, "endpoint": events, "replay_endpoint": engine.ReplayEndpoint(), "model_name": "m", "block_size": bs,
+	})
+	if code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, b)
+	}
+	matched := func() uint32 {
+		return query(t, s.URL(), map[string]any{"token_ids": p, "model_name": "m"}).Scores["9"]["0"]
+	}
+	testwait.Until(t, 10*time.Second, "the start-up catch-up indexes the first block", func() bool { return matched() == bs })
+	publish(1) // nobody subscribed: only the replay ring has it
+	pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	t.Cleanup(func() { _ = pub.Close() })
+	if err := pub.Listen(events); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 10*time.Second, "the block published before the subscription joined is indexed", func() bool { return matched() == 2*bs })
 }

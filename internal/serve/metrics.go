@@ -25,7 +25,7 @@ func newSourceCollector(s *Server) *sourceCollector {
 	return &sourceCollector{
 		s: s,
 		counter: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "kv_event_stream_total"),
-			"KV-event stream of an engine rank, by what happened: batches, replayed, malformed (payloads that did not decode), skipped (events), bad_frames, gaps, recovered (by replay), rebuilds (blocks dropped), resets (engine restarts), apply_errors, dumps (the rank's blocks reloaded from the engine's dump), dump_errors, history_lost (went on without the earlier events: the index is rebuilt from traffic), oversized (connections dropped for a message above --zmq-max-message-bytes), bad_handshakes (connections dropped for a malformed or stalled ZMTP handshake), replay_truncated (replays stopped at their bound), probes (replay requests sent after a silence, to find batches lost at the end of the stream or an unheard engine restart).",
+			"KV-event stream of an engine rank, by what happened: batches, replayed, malformed (payloads that did not decode), skipped (events), bad_frames, gaps, recovered (by replay), rebuilds (blocks dropped), resets (engine restarts), apply_errors, dumps (the rank's blocks reloaded from the engine's dump), dump_errors, history_lost (went on without the earlier events: the index is rebuilt from traffic), oversized (connections dropped for a message above --zmq-max-message-bytes), bad_handshakes (connections dropped for a malformed or stalled ZMTP handshake), replay_truncated (replays stopped at their bound), probes (replay requests sent after a silence, to find batches lost at the end of the stream or an unheard engine restart), joins (subscriptions that joined the engine's stream, each followed by a replay of what was published before it).",
 			[]string{"worker_id", "dp_rank", "what"}, nil),
 		up: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "engine", "up"),
 			"1 while the engine answers /health and takes part in routing.", []string{"worker_id", "name"}, nil),
@@ -71,7 +71,7 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 				{"dumps", st.Dumps}, {"dump_errors", st.DumpErrors}, {"history_lost", st.HistoryLost},
 				{"oversized", st.Oversized},
 				{"bad_handshakes", st.BadHandshakes}, {"replay_truncated", st.ReplayTruncated},
-				{"probes", st.Probes}, {"other_group", st.OtherGroup},
+				{"probes", st.Probes}, {"joins", st.Joins}, {"other_group", st.OtherGroup},
 			} {
 				ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(kv.v), id, r, kv.what)
 			}

@@ -20,15 +20,22 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func TestBenchIndexCommand(t *testing.T) {
+// writeTrace writes a Mooncake JSONL trace of these lines to a temporary
+// file and returns its path.
+func writeTrace(t *testing.T, lines string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
-{"timestamp": 1, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
-{"timestamp": 2, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
-`
 	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return path
+}
+
+func TestBenchIndexCommand(t *testing.T) {
+	path := writeTrace(t, `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 1, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
+{"timestamp": 2, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
+`)
 	out, err := runCmd(t, "bench", "index", "--trace", path, "--workers", "4", "--group-size", "2",
 		"--max-requests", "50", "--duration", "0", "--json", "--quiet")
 	if err != nil {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -37,14 +35,10 @@ func TestParseReplayModes(t *testing.T) {
 }
 
 func TestReplayWorkloadSkipsBadTraceLines(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	trace := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+	path := writeTrace(t, `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
 {"timestamp": 1, "input_length": 600}
 {"timestamp": 2, "input_length": 10, "output_length": 0, "hash_ids": [3]}
-`
-	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	var warn bytes.Buffer
 	reqs, _, err := loadWorkload(path, false, workload.DefaultSyntheticConfig(), 0, false, &warn)
 	if err != nil {

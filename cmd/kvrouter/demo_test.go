@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,14 +26,10 @@ func TestDemoCommand(t *testing.T) {
 	}
 
 	// A named trace is replayed; a named trace that is missing is an error.
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+	path := writeTrace(t, `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
 {"timestamp": 1, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
 {"timestamp": 2, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
-`
-	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	out, err = runCmd(t, "demo", "--trace", path, "--num-gpu-blocks", "1024")
 	if err != nil || !strings.Contains(out, "first 3 requests of "+path) {
 		t.Errorf("trace: %v\n%s", err, out)

@@ -232,14 +232,10 @@ func TestSimCommandRouterReplicas(t *testing.T) {
 // gap that follows it (the last batch over the mean gap), so the run
 // offers the same requests over a longer span; other workloads refuse it.
 func TestSimSpreadsTraceBatches(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	lines := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+	path := writeTrace(t, `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
 {"timestamp": 3000, "input_length": 1500, "output_length": 5, "hash_ids": [0, 1, 2]}
 {"timestamp": 3000, "input_length": 700, "output_length": 5, "hash_ids": [0, 3]}
-`
-	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	rate := func(extra ...string) float64 {
 		t.Helper()
 		out, err := runCmd(t, append([]string{"sim", "--trace", path, "--workers", "2", "--modes", "kv",

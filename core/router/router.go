@@ -817,6 +817,10 @@ type scratch struct {
 	mappedFleet *fleet
 	// sreq is decide's request to the scheduler.
 	sreq sched.Request
+	// lightest is sched.LightestOf(cands), summarised by candidates as it
+	// fills them, when lightestOK.
+	lightest   sched.Lightest
+	lightestOK bool
 }
 
 // prepared is a request after hashing and matching.
@@ -1129,6 +1133,7 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
 	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0 || p.req.Only != nil
 	k := 0
+	lt := &sc.lightest
 	for i := range sc.pots {
 		info := &f.rinfo[i]
 		if filter {
@@ -1171,10 +1176,21 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		if engine != nil {
 			c.Engine = engine[pot.Worker]
 		}
+		// sched.LightestOf's minima, taken while the candidate is at hand.
+		if k == 1 {
+			*lt = sched.Lightest{PrefillTokens: c.ActivePrefillTokens, DecodeBlocks: c.ActiveDecodeBlocks, Requests: c.ActiveRequests}
+		} else {
+			lt.PrefillTokens = min(lt.PrefillTokens, c.ActivePrefillTokens)
+			lt.DecodeBlocks = min(lt.DecodeBlocks, c.ActiveDecodeBlocks)
+			lt.Requests = min(lt.Requests, c.ActiveRequests)
+		}
 	}
 	sc.cands = sc.cands[:k]
+	// A learned prefill time enters the summary; LightestOf takes it then.
+	sc.lightestOK = k > 0
 	if r.prefill != nil && p.params.TrackPrefillTokens && r.cfg.Mode == sched.ModeKV {
 		r.learnedPrefill(sc.cands, p.matchedAt)
+		sc.lightestOK = k > 0 && !sc.cands[0].Prefill.Known
 	}
 	return sc.cands
 }
@@ -1237,6 +1253,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	}
 	if p.req.Prefill {
 		sreq.Pool = sched.PoolPrefill
+	}
+	if sc.lightestOK && len(cands) == len(sc.cands) && &cands[0] == &sc.cands[0] {
+		sreq.Lightest = &sc.lightest
 	}
 	choice, err := r.scheduler.Select(sreq, cands, r.rng)
 	// The pooled scratch must not keep the prompt alive.

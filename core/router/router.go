@@ -1133,7 +1133,10 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
 	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0 || p.req.Only != nil
 	k := 0
-	lt := &sc.lightest
+	// sched.LightestOf's minima, taken while each candidate is at hand;
+	// in locals, which the stores to the candidates cannot alias.
+	var fewestPrefill, fewestRequests int
+	var fewestDecode float64
 	for i := range sc.pots {
 		info := &f.rinfo[i]
 		if filter {
@@ -1176,16 +1179,16 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		if engine != nil {
 			c.Engine = engine[pot.Worker]
 		}
-		// sched.LightestOf's minima, taken while the candidate is at hand.
 		if k == 1 {
-			*lt = sched.Lightest{PrefillTokens: c.ActivePrefillTokens, DecodeBlocks: c.ActiveDecodeBlocks, Requests: c.ActiveRequests}
+			fewestPrefill, fewestDecode, fewestRequests = c.ActivePrefillTokens, c.ActiveDecodeBlocks, c.ActiveRequests
 		} else {
-			lt.PrefillTokens = min(lt.PrefillTokens, c.ActivePrefillTokens)
-			lt.DecodeBlocks = min(lt.DecodeBlocks, c.ActiveDecodeBlocks)
-			lt.Requests = min(lt.Requests, c.ActiveRequests)
+			fewestPrefill = min(fewestPrefill, c.ActivePrefillTokens)
+			fewestDecode = min(fewestDecode, c.ActiveDecodeBlocks)
+			fewestRequests = min(fewestRequests, c.ActiveRequests)
 		}
 	}
 	sc.cands = sc.cands[:k]
+	sc.lightest = sched.Lightest{PrefillTokens: fewestPrefill, DecodeBlocks: fewestDecode, Requests: fewestRequests}
 	// A learned prefill time enters the summary; LightestOf takes it then.
 	sc.lightestOK = k > 0
 	if r.prefill != nil && p.params.TrackPrefillTokens && r.cfg.Mode == sched.ModeKV {

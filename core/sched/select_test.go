@@ -409,19 +409,37 @@ func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1000} {
 		for _, temp := range []float64{0, 0.5} {
 			b.Run(fmt.Sprintf("n=%d/T=%v", n, temp), func(b *testing.B) {
-				s := mustNew(b, ModeKV, nil)
-				cands := benchCands(n)
-				p := DefaultParams()
-				p.Temperature = temp
-				req := &Request{ISL: 1024, BlockSize: 16, Params: p, Busy: BusyThreshold{ActiveDecodeBlocks: f(0.9)}}
-				rng := rand.New(rand.NewPCG(1, 2))
-				b.ReportAllocs()
-				for b.Loop() {
-					if _, err := s.Select(req, cands, rng); err != nil {
-						b.Fatal(err)
-					}
-				}
+				benchSelect(b, n, temp, true, false)
 			})
+		}
+		// The router's decisions: no busy threshold, and the lightest
+		// loads summarised by the caller (lightest=caller) or by kv mode.
+		for _, caller := range []bool{false, true} {
+			b.Run(fmt.Sprintf("n=%d/T=0/busy=none/lightest=%s", n, map[bool]string{false: "policy", true: "caller"}[caller]), func(b *testing.B) {
+				benchSelect(b, n, 0, false, caller)
+			})
+		}
+	}
+}
+
+func benchSelect(b *testing.B, n int, temp float64, busy, caller bool) {
+	s := mustNew(b, ModeKV, nil)
+	cands := benchCands(n)
+	p := DefaultParams()
+	p.Temperature = temp
+	req := &Request{ISL: 1024, BlockSize: 16, Params: p}
+	if busy {
+		req.Busy = BusyThreshold{ActiveDecodeBlocks: f(0.9)}
+	}
+	if caller {
+		l := LightestOf(cands)
+		req.Lightest = &l
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Select(req, cands, rng); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

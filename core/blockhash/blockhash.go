@@ -189,22 +189,37 @@ func (h Hasher) AppendLocalHashes(dst []uint64, tokens []uint32) []uint64 {
 // of tokens to local and seq: AppendLocalHashes then
 // AppendSequenceHashes, in one pass where the default block size allows
 // it, so that hashing a block overlaps the wait on the previous link of
-// the chain.
+// the chain. Two passes, the independent local hashes first, measured
+// half again as slow: the loop is bound by its instructions more than by
+// the chain, so the 16-token hash is written out here with its seeded
+// keys mixed once, rather than called per block, and the results are
+// stored in place rather than appended.
 func (h Hasher) AppendHashes(local, seq []uint64, tokens []uint32) ([]uint64, []uint64) {
 	if h.blockSize != 16 {
 		n := len(local)
 		local = h.AppendLocalHashes(local, tokens)
 		return local, AppendSequenceHashes(seq, local[n:])
 	}
-	prev := uint64(0)
-	for start := 0; start+16 <= len(tokens); start += 16 {
-		l := hash16Tokens((*[16]uint32)(tokens[start:start+16]), h.seed)
-		if start > 0 {
-			prev = chain16(prev, l)
-		} else {
-			prev = l
-		}
-		local, seq = append(local, l), append(seq, prev)
+	n := len(tokens) / 16
+	if n == 0 {
+		return local, seq
+	}
+	l0, s0 := len(local), len(seq)
+	local, seq = slices.Grow(local, n)[:l0+n], slices.Grow(seq, n)[:s0+n]
+	ls, ss := local[l0:], seq[s0:]
+	k := newKeys16(h.seed)
+	prev := hash16Tokens((*[16]uint32)(tokens[:16]), h.seed)
+	ls[0], ss[0] = prev, prev
+	for i := 1; i < n && i < len(ls) && i < len(ss); i++ {
+		t := (*[16]uint32)(tokens[16*i : 16*i+16])
+		acc := uint64(64 * xxPrime64_1 & mask64)
+		acc += mulFold(word(t[0], t[1])^k[0], word(t[2], t[3])^k[1])
+		acc += mulFold(word(t[12], t[13])^k[2], word(t[14], t[15])^k[3])
+		acc += mulFold(word(t[4], t[5])^k[4], word(t[6], t[7])^k[5])
+		acc += mulFold(word(t[8], t[9])^k[6], word(t[10], t[11])^k[7])
+		l := avalanche(acc)
+		prev = chain16(prev, l)
+		ls[i], ss[i] = l, prev
 	}
 	return local, seq
 }

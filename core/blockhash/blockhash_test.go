@@ -191,9 +191,9 @@ func FuzzSmallXXH3(f *testing.F) {
 // block size, appending to what the slices hold.
 func TestAppendHashesMatchesTwoPasses(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, bs := range []int{1, 7, 16, 32} {
-		h := New(bs, "adapter")
-		for n := range 70 {
+	for _, h := range []Hasher{New(1, "adapter"), New(7, "adapter"), New(16, ""), New(16, "adapter"), NewKeyed(16, "", "salt"), New(32, "adapter")} {
+		bs := h.BlockSize()
+		for n := range 200 {
 			tokens := make([]uint32, n)
 			for i := range tokens {
 				tokens[i] = rng.Uint32()

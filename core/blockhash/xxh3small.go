@@ -64,3 +64,13 @@ func chain16(parent, local uint64) uint64 {
 	lo, hi := parent^chainLo, local^chainHi
 	return avalanche(16 + bits.ReverseBytes64(lo) + hi + mulFold(lo, hi))
 }
+
+// keys16 are the secret's words of hash16Tokens mixed with one seed:
+// AppendHashes mixes them once per prompt, where a call to hash16Tokens
+// mixes them again for every block.
+type keys16 [8]uint64
+
+func newKeys16(seed uint64) keys16 {
+	return keys16{secret00 + seed, secret08 - seed, secret16 + seed, secret24 - seed,
+		secret32 + seed, secret40 - seed, secret48 + seed, secret56 - seed}
+}

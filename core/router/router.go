@@ -817,6 +817,10 @@ type scratch struct {
 	mappedFleet *fleet
 	// sreq is decide's request to the scheduler.
 	sreq sched.Request
+	// lightest is sched.LightestOf(cands), summarised by candidates as it
+	// fills them, when lightestOK.
+	lightest   sched.Lightest
+	lightestOK bool
 }
 
 // prepared is a request after hashing and matching.
@@ -1129,6 +1133,10 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 	sc.cands = slices.Grow(sc.cands[:0], len(sc.pots))[:len(sc.pots)]
 	filter := f.mixed || p.req.Prefill || len(p.req.Exclude) > 0 || p.req.Only != nil
 	k := 0
+	// sched.LightestOf's minima, taken while each candidate is at hand;
+	// in locals, which the stores to the candidates cannot alias.
+	var fewestPrefill, fewestRequests int
+	var fewestDecode float64
 	for i := range sc.pots {
 		info := &f.rinfo[i]
 		if filter {
@@ -1171,10 +1179,21 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 		if engine != nil {
 			c.Engine = engine[pot.Worker]
 		}
+		if k == 1 {
+			fewestPrefill, fewestDecode, fewestRequests = c.ActivePrefillTokens, c.ActiveDecodeBlocks, c.ActiveRequests
+		} else {
+			fewestPrefill = min(fewestPrefill, c.ActivePrefillTokens)
+			fewestDecode = min(fewestDecode, c.ActiveDecodeBlocks)
+			fewestRequests = min(fewestRequests, c.ActiveRequests)
+		}
 	}
 	sc.cands = sc.cands[:k]
+	sc.lightest = sched.Lightest{PrefillTokens: fewestPrefill, DecodeBlocks: fewestDecode, Requests: fewestRequests}
+	// A learned prefill time enters the summary; LightestOf takes it then.
+	sc.lightestOK = k > 0
 	if r.prefill != nil && p.params.TrackPrefillTokens && r.cfg.Mode == sched.ModeKV {
 		r.learnedPrefill(sc.cands, p.matchedAt)
+		sc.lightestOK = k > 0 && !sc.cands[0].Prefill.Known
 	}
 	return sc.cands
 }
@@ -1237,6 +1256,9 @@ func (r *Router) decide(p *prepared, sc *scratch, cands []sched.Candidate, book 
 	}
 	if p.req.Prefill {
 		sreq.Pool = sched.PoolPrefill
+	}
+	if sc.lightestOK && len(cands) == len(sc.cands) && &cands[0] == &sc.cands[0] {
+		sreq.Lightest = &sc.lightest
 	}
 	choice, err := r.scheduler.Select(sreq, cands, r.rng)
 	// The pooled scratch must not keep the prompt alive.

@@ -74,7 +74,12 @@ type kvPolicy struct{}
 
 func (kvPolicy) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
 	p := &req.Params
-	lightest := LightestOf(cands)
+	var lightest Lightest
+	if req.Lightest != nil {
+		lightest = *req.Lightest
+	} else {
+		lightest = LightestOf(cands)
+	}
 	lightest.OSL, lightest.MeanOSL = req.OSL, req.meanOSL
 	if p.Temperature == 0 && lightest.SecondsPerToken > 0 {
 		return pickMin(len(cands), func(i int) float64 {

@@ -55,6 +55,11 @@ type Request struct {
 	// decode-capable workers, PoolPrefill for a disaggregated request's
 	// prefill workers.
 	Pool int
+	// Lightest, when not nil, is LightestOf the candidates given to
+	// Select, summarised by the caller while it built them: at a thousand
+	// candidates a pass over them less. Select does not pass it on to a
+	// policy that sees only some of them.
+	Lightest *Lightest
 }
 
 // PoolPrefill is Request.Pool of a disaggregated request's prefill half.
@@ -238,6 +243,10 @@ func (s *Scheduler) route(req *Request, cands []Candidate, rng Rand) (int, error
 	case len(cands):
 		return 0, ErrAllBusy
 	}
+	// The caller's summary is of every candidate, busy ones included.
+	all := req.Lightest
+	req.Lightest = nil
+	defer func() { req.Lightest = all }()
 	free := make([]Candidate, 0, len(cands)-busy)
 	orig := make([]int, 0, len(cands)-busy)
 	for i := range cands {

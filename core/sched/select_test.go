@@ -409,19 +409,99 @@ func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1000} {
 		for _, temp := range []float64{0, 0.5} {
 			b.Run(fmt.Sprintf("n=%d/T=%v", n, temp), func(b *testing.B) {
-				s := mustNew(b, ModeKV, nil)
-				cands := benchCands(n)
-				p := DefaultParams()
-				p.Temperature = temp
-				req := &Request{ISL: 1024, BlockSize: 16, Params: p, Busy: BusyThreshold{ActiveDecodeBlocks: f(0.9)}}
-				rng := rand.New(rand.NewPCG(1, 2))
-				b.ReportAllocs()
-				for b.Loop() {
-					if _, err := s.Select(req, cands, rng); err != nil {
-						b.Fatal(err)
-					}
-				}
+				benchSelect(b, n, temp, true, false)
+			})
+		}
+		// The router's decisions: no busy threshold, and the lightest
+		// loads summarised by the caller (lightest=caller) or by kv mode.
+		for _, caller := range []bool{false, true} {
+			b.Run(fmt.Sprintf("n=%d/T=0/busy=none/lightest=%s", n, map[bool]string{false: "policy", true: "caller"}[caller]), func(b *testing.B) {
+				benchSelect(b, n, 0, false, caller)
 			})
 		}
 	}
+}
+
+func benchSelect(b *testing.B, n int, temp float64, busy, caller bool) {
+	s := mustNew(b, ModeKV, nil)
+	cands := benchCands(n)
+	p := DefaultParams()
+	p.Temperature = temp
+	req := &Request{ISL: 1024, BlockSize: 16, Params: p}
+	if busy {
+		req.Busy = BusyThreshold{ActiveDecodeBlocks: f(0.9)}
+	}
+	if caller {
+		l := LightestOf(cands)
+		req.Lightest = &l
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Select(req, cands, rng); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// A caller's Lightest of every candidate chooses as LightestOf does, and
+// Select does not hand it to the policy when busy workers are left out:
+// the lightest of the rest may be heavier.
+func TestCallersLightestChoosesAsLightestOf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	s := mustNew(t, ModeKV, nil)
+	p := DefaultParams()
+	differ := 0
+	for trial := range 3000 {
+		cands := make([]Candidate, 2+rng.IntN(30))
+		for i := range cands {
+			cands[i] = Candidate{
+				Worker:                 worker(uint64(i + 1)),
+				OverlapBlocks:          rng.IntN(4) * 8,
+				ActivePrefillTokens:    rng.IntN(4) * 512,
+				ActiveDecodeBlocks:     float64(rng.IntN(4) * 32),
+				ActiveRequests:         rng.IntN(12),
+				PotentialDecodeBlocks:  float64(rng.IntN(3) * 64),
+				PotentialPrefillTokens: rng.IntN(3) * 1024,
+				TotalKVBlocks:          1024,
+				MaxNumBatchedTokens:    2048,
+			}
+		}
+		req := func() *Request {
+			r := &Request{ISL: 1024, BlockSize: 16, Params: p}
+			if trial%2 == 1 {
+				limit := 1024
+				r.Busy.ActivePrefillTokens = &limit
+			}
+			return r
+		}
+		want, errWant := s.Select(req(), cands, rand.New(rand.NewPCG(uint64(trial), 1)))
+		all := LightestOf(cands)
+		withSummary := req()
+		withSummary.Lightest = &all
+		got, errGot := s.Select(withSummary, cands, rand.New(rand.NewPCG(uint64(trial), 1)))
+		if got != want || (errGot == nil) != (errWant == nil) {
+			t.Fatalf("trial %d: chose %+v (%v) with the caller's summary, %+v (%v) without", trial, got, errGot, want, errWant)
+		}
+		if withSummary.Lightest != &all {
+			t.Fatalf("trial %d: Select did not give the caller's summary back", trial)
+		}
+		if l := withoutBusy(req(), cands); errWant == nil && l != all {
+			differ++
+		}
+	}
+	if differ == 0 {
+		t.Fatal("no trial left out a busy lightest worker: the test cannot tell")
+	}
+}
+
+// withoutBusy is LightestOf the candidates req's thresholds leave.
+func withoutBusy(req *Request, cands []Candidate) Lightest {
+	var free []Candidate
+	for i := range cands {
+		if !req.Busy.Busy(&cands[i]) {
+			free = append(free, cands[i])
+		}
+	}
+	return LightestOf(free)
 }

@@ -51,7 +51,7 @@
 // sets reused only after a grace period. A prototype of it, reading the
 // tree without atomics, took bench index's find_matches p99 from
 // 0.45–6.3 ms to 17.5–47 µs at 1000 workers, with no more bytes a pair,
-// and made the writer slower; it still fails one run in 300 of
+// and made the writer slower; it still fails one run in 600 of
 // TestLookupsSeeStatesTheIndexPassedThrough. Until it passes that and its
 // reads are ones the race detector accepts, lookups keep the lock. Dynamo's Flash Indexer does not avoid
 // locks either: its lookups take a read lock on each node (or run) they

@@ -53,11 +53,12 @@
 // 0.45–6.3 ms to 17.5–47 µs at 1000 workers, with no more bytes a pair,
 // and made the writer slower; it still fails one run in 600 of
 // TestLookupsSeeStatesTheIndexPassedThrough. Until it passes that and its
-// reads are ones the race detector accepts, lookups keep the lock. Dynamo's Flash Indexer does not avoid
-// locks either: its lookups take a read lock on each node (or run) they
-// step through, and only the root's child table is published read-only,
-// under epoch-based reclamation; each event thread owns its workers, as
-// each shard here has one writer per event source.
+// reads are ones the race detector accepts, lookups keep the lock.
+// Dynamo's Flash Indexer does not avoid locks either: its lookups take a
+// read lock on each node (or run) they step through, and only the root's
+// child table is published read-only, under epoch-based reclamation; each
+// event thread owns its workers, as each shard here has one writer per
+// event source.
 package index
 
 import (

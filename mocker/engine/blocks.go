@@ -423,6 +423,14 @@ func (m *blockManager) lruPushBack(idx int32) {
 		len(m.lru) >= lruCompactMin && len(m.lru) == cap(m.lru) && m.lruOff >= live {
 		m.compactLRU()
 	}
+	if len(m.lru) == cap(m.lru) {
+		// Doubling: append grows a large slice by a quarter, and a
+		// queue that fills an engine of 131,072 blocks (stale entries
+		// included) was copied some fifteen times on its way there.
+		grown := make([]int32, len(m.lru), max(2*cap(m.lru), lruCompactMin))
+		copy(grown, m.lru)
+		m.lru = grown
+	}
 	m.blocks[idx].lruPos = int32(len(m.lru))
 	m.lru = append(m.lru, idx)
 }

@@ -23,6 +23,7 @@ func pdConfig(prefill, decode int) Config {
 // runSim runs w to its end and fails the test on a loop error.
 func runSim(t *testing.T, cfg Config, mode string, w Workload, speedup float64) *sim {
 	t.Helper()
+	cfg.listsBlocks = true
 	s, err := newSim(cfg, mode, w, speedup)
 	if err != nil {
 		t.Fatal(err)

@@ -109,6 +109,10 @@ type Config struct {
 	// answer) on the same engine with one output token, booked as any
 	// request, while the tool runs (aggregated fleets).
 	SpeculativePrefill bool
+	// listsBlocks keeps the engines' copies of their blocks' tokens, for
+	// a test that lists the engines' cached blocks (Engine.CachedBlocks);
+	// the loop itself never does.
+	listsBlocks bool
 }
 
 // engineConfig is engine i's configuration.
@@ -724,6 +728,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	for i := range s.engines {
 		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
+		ecfg.NoBlockTokens = !cfg.listsBlocks
 		eng, err := engine.New(ecfg)
 		if err != nil {
 			return nil, err

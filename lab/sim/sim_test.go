@@ -72,6 +72,7 @@ func TestConservation(t *testing.T) {
 		}
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := smallConfig()
+			cfg.listsBlocks = true
 			if tc.edit != nil {
 				tc.edit(&cfg)
 			}

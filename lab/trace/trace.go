@@ -251,7 +251,13 @@ func mix64(z uint64) uint64 {
 // 64-bit output giving two tokens scaled into [0, Vocab).
 func AppendBlockTokens(dst []uint32, cid uint64) []uint32 {
 	n := len(dst)
-	dst = append(dst, make([]uint32, BlockTokens)...)
+	if cap(dst)-n >= BlockTokens {
+		// Every token is written below: clearing the room first cost
+		// as much as generating the tokens.
+		dst = dst[:n+BlockTokens]
+	} else {
+		dst = append(dst, make([]uint32, BlockTokens)...)
+	}
 	blockTokens((*[BlockTokens]uint32)(dst[n:]), cid)
 	return dst
 }

@@ -336,3 +336,31 @@ func TestStretch(t *testing.T) {
 		t.Error("factor 0 accepted")
 	}
 }
+
+// Tokens appended into room that holds old values are those appended
+// into a fresh array: the room is overwritten, not assumed zero.
+func TestAppendBlockTokensOverwritesRoom(t *testing.T) {
+	want := AppendBlockTokens([]uint32{7}, 42)
+	room := make([]uint32, 1, 1+2*BlockTokens)
+	room[0] = 7
+	for i := range room[:cap(room)] {
+		room[:cap(room)][i+0] = ^uint32(i)
+	}
+	room[0] = 7
+	if got := AppendBlockTokens(room, 42); !slices.Equal(got, want) {
+		t.Fatal("tokens appended into used room differ from a fresh append")
+	}
+}
+
+// BenchmarkAppendBlockTokens: one block's tokens into presized room, as a
+// request's prompt is built.
+func BenchmarkAppendBlockTokens(b *testing.B) {
+	buf := make([]uint32, 0, 64*BlockTokens)
+	b.SetBytes(BlockTokens * 4)
+	for i := 0; i < b.N; i++ {
+		if len(buf) == cap(buf) {
+			buf = buf[:0]
+		}
+		buf = AppendBlockTokens(buf, uint64(i))
+	}
+}

@@ -54,9 +54,10 @@ type blockManager struct {
 	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
 	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
 	// array would be copied on every doubling (megabytes per engine).
-	tokens  [][]uint32
-	freeIdx []int32 // unused indices into blocks
-	byHash  blockMap
+	tokens   [][]uint32
+	noTokens bool    // Config.NoBlockTokens: tokens stays empty
+	freeIdx  []int32 // unused indices into blocks
+	byHash   blockMap
 	// extra holds the adapter and extra keys of the cached blocks that
 	// have any, for CachedBlocks; most blocks have none.
 	extra map[int32]slotKeys
@@ -259,7 +260,9 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 			if i > 0 {
 				m.blocks[idx].parent = s.hashes[i-1]
 			}
-			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs])
+			if !m.noTokens {
+				copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs])
+			}
 			m.setKeys(idx, s.keys, i)
 			m.byHash.put(s.hashes[i], idx)
 			m.numActive++
@@ -353,7 +356,7 @@ func (m *blockManager) newIndex() int32 {
 	}
 	m.blocks = append(m.blocks, block{})
 	idx := int32(len(m.blocks) - 1)
-	if int(idx) >= len(m.tokens)*tokenPageBlocks {
+	if !m.noTokens && int(idx) >= len(m.tokens)*tokenPageBlocks {
 		m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
 	}
 	return idx
@@ -361,8 +364,11 @@ func (m *blockManager) newIndex() int32 {
 
 const tokenPageBlocks = 256
 
-// blockTokens is the token storage of block idx.
+// blockTokens is the token storage of block idx (nil under noTokens).
 func (m *blockManager) blockTokens(idx int32) []uint32 {
+	if m.noTokens {
+		return nil
+	}
 	page, off := int(idx)/tokenPageBlocks, int(idx)%tokenPageBlocks*m.blockSize
 	return m.tokens[page][off : off+m.blockSize : off+m.blockSize]
 }
@@ -416,6 +422,14 @@ func (m *blockManager) lruPushBack(idx int32) {
 	if live >= lruCompactMin && live >= 2*m.numInactive ||
 		len(m.lru) >= lruCompactMin && len(m.lru) == cap(m.lru) && m.lruOff >= live {
 		m.compactLRU()
+	}
+	if len(m.lru) == cap(m.lru) {
+		// Doubling: append grows a large slice by a quarter, and a
+		// queue that fills an engine of 131,072 blocks (stale entries
+		// included) was copied some fifteen times on its way there.
+		grown := make([]int32, len(m.lru), max(2*cap(m.lru), lruCompactMin))
+		copy(grown, m.lru)
+		m.lru = grown
 	}
 	m.blocks[idx].lruPos = int32(len(m.lru))
 	m.lru = append(m.lru, idx)

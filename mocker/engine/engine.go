@@ -105,6 +105,11 @@ type Config struct {
 	// blocks load at (--kv-offload-bandwidth); 0 means
 	// DefaultKVOffloadBandwidth.
 	KVOffloadBandwidth float64
+	// NoBlockTokens keeps no copy of the cached blocks' tokens, which
+	// only CachedBlocks and HostBlocks read: they then list blocks
+	// without tokens (Tokens nil). For a caller that never lists them,
+	// such as the simulator, the copy is a cache miss per new block.
+	NoBlockTokens bool
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -360,6 +365,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: a host tier with KV-cache groups is not simulated", ErrInvalid)
 	}
 	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
+	bm.noTokens = cfg.NoBlockTokens
 	if err := bm.setupGroups(cfg); err != nil {
 		return nil, err
 	}

@@ -658,3 +658,51 @@ func TestOwnedPromptIsTakenOver(t *testing.T) {
 		}
 	}
 }
+
+// An engine that keeps no block tokens steps exactly as one that does, and
+// lists the same cached blocks, without their tokens.
+func TestNoBlockTokensChangesNothingElse(t *testing.T) {
+	for _, cpu := range []int{0, 48} {
+		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
+		bare := cfg
+		bare.NoBlockTokens = true
+		a, b := mustNew(t, cfg), mustNew(t, bare)
+		rng := rand.New(rand.NewPCG(7, uint64(cpu)))
+		prefix := randTokens(rng, 120, 500)
+		for step := 0; step < 600 || !a.Idle(); step++ {
+			if step > 5000 {
+				t.Fatal("engines never idle")
+			}
+			if step < 600 && rng.IntN(3) == 0 {
+				toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
+				n := 1 + rng.IntN(30)
+				mustAdd(t, a, fmt.Sprint(step), slices.Clone(toks), n)
+				mustAdd(t, b, fmt.Sprint(step), toks, n)
+			}
+			ra, rb := a.Step(), b.Step()
+			if !reflect.DeepEqual(ra, rb) {
+				t.Fatalf("cpu %d, step %d: results differ", cpu, step)
+			}
+			if step%37 != 0 {
+				continue
+			}
+			ca := append(a.CachedBlocks(), a.HostBlocks()...)
+			cb := append(b.CachedBlocks(), b.HostBlocks()...)
+			if len(ca) == 0 {
+				continue
+			}
+			for i := range ca {
+				if ca[i].Tokens == nil {
+					t.Fatalf("cpu %d, step %d: block %x listed without tokens", cpu, step, ca[i].Hash)
+				}
+				if cb[i].Tokens != nil {
+					t.Fatalf("cpu %d, step %d: NoBlockTokens listed tokens", cpu, step)
+				}
+				ca[i].Tokens = nil
+			}
+			if !reflect.DeepEqual(ca, cb) {
+				t.Fatalf("cpu %d, step %d: cached blocks differ", cpu, step)
+			}
+		}
+	}
+}

@@ -84,6 +84,7 @@ type hostPool struct {
 	// the dump (Engine.HostBlocks) names a block by, which the events
 	// leave out.
 	tokens    []uint32
+	noTokens  bool // Config.NoBlockTokens: tokens stays empty
 	extra     map[int32]slotKeys
 	blockSize int
 	stored    []int    // scratch: block indices into the request stored
@@ -101,6 +102,7 @@ func newHostPool(cfg Config) *hostPool {
 		idx:          make(map[uint64]int32),
 		inFlight:     make(map[uint64]int32),
 		blockSize:    cfg.BlockSize,
+		noTokens:     cfg.NoBlockTokens,
 		head:         noBlock,
 		tail:         noBlock,
 		loadPerBlock: time.Duration(math.Round(per * float64(time.Second))),
@@ -193,7 +195,9 @@ func (p *hostPool) store(s *seqBlocks, from, to, group int, evs []BlockEvent) []
 			p.freeIdx = p.freeIdx[:n-1]
 		} else {
 			p.entries = append(p.entries, hostEntry{})
-			p.tokens = append(p.tokens, make([]uint32, bs)...)
+			if !p.noTokens {
+				p.tokens = append(p.tokens, make([]uint32, bs)...)
+			}
 			i = int32(len(p.entries) - 1)
 		}
 		h := s.hashes[b]
@@ -203,7 +207,9 @@ func (p *hostPool) store(s *seqBlocks, from, to, group int, evs []BlockEvent) []
 		if b > 0 {
 			en.parent = s.hashes[b-1]
 		}
-		copy(p.tokens[int(i)*bs:], s.tokens[b*bs:(b+1)*bs])
+		if !p.noTokens {
+			copy(p.tokens[int(i)*bs:], s.tokens[b*bs:(b+1)*bs])
+		}
 		if keys := s.keys.block(b, bs); keys != nil || (s.keys != nil && s.keys.lora != "") {
 			if p.extra == nil {
 				p.extra = map[int32]slotKeys{}
@@ -247,7 +253,10 @@ func (e *Engine) HostBlocks() []CachedBlock {
 	out := make([]CachedBlock, 0, len(order))
 	for _, i := range order {
 		en := &p.entries[i]
-		cb := CachedBlock{Hash: en.hash, Tokens: p.tokens[int(i)*bs : (int(i)+1)*bs : (int(i)+1)*bs], Host: true}
+		cb := CachedBlock{Hash: en.hash, Host: true}
+		if !p.noTokens {
+			cb.Tokens = p.tokens[int(i)*bs : (int(i)+1)*bs : (int(i)+1)*bs]
+		}
 		if x, ok := p.extra[i]; ok {
 			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
 		}

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,11 +34,29 @@ func TestCalibrationAgainstReplay(t *testing.T) {
 	rc := replay.DefaultConfig()
 	rc.Workers, rc.Speedup, rc.Modes = 3, 4, []string{"kv", "round-robin"}
 	rc.Fleet.Engine.NumGPUBlocks = 4096
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := Calibrate(ctx, CalibrateConfig{Replay: rc, ArrivalSpeedups: []float64{1}}, reqs, nil)
-	if err != nil {
-		t.Fatal(err)
+	// A replay whose mean TTFT reaches seconds, where the model's prefill
+	// of these prompts takes tens of milliseconds, was starved by other
+	// work on the machine (58 s seen under the race detector at a load
+	// average of 14): its requests piled up and met other cache states, so
+	// its hit rate says nothing of the sim's. Such a run is repeated, up
+	// to three in all.
+	var res *CalibrationResult
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		r, err := Calibrate(ctx, CalibrateConfig{Replay: rc, ArrivalSpeedups: []float64{1}}, reqs, nil)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res = r
+		starved := slices.ContainsFunc(r.Rows, func(row CalibrationRow) bool { return row.ReplayTTFT.Mean > replayStarvedMs })
+		if !starved {
+			break
+		}
+		if attempt == 3 {
+			t.Skipf("the machine starved all %d replays (mean TTFT over %d ms): nothing to compare", attempt, replayStarvedMs)
+		}
+		t.Logf("replay %d starved by the machine (mean TTFT over %d ms), run again", attempt, replayStarvedMs)
 	}
 	if len(res.Rows) != len(rc.Modes) {
 		t.Fatalf("%d comparisons, want one per mode (%d)", len(res.Rows), len(rc.Modes))
@@ -63,6 +82,10 @@ func TestCalibrationAgainstReplay(t *testing.T) {
 		t.Errorf("table lacks a row per mode:\n%s", got)
 	}
 }
+
+// replayStarvedMs is a replay mean TTFT no run of this size reaches on a
+// machine that gives it its cores: a hundred times the model's.
+const replayStarvedMs = 5000
 
 func TestCalibrationVerdictFollowsTolerances(t *testing.T) {
 	cases := []struct {

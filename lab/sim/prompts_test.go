@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/lab/trace"
@@ -48,16 +49,20 @@ func conversations(t testing.TB, n int) *Trace {
 // the loop frees it, and no event still points into it.
 func TestReusedPromptsChangeNothing(t *testing.T) {
 	w := conversations(t, 600)
+	tight := 0.5
 	for _, tc := range []struct {
-		name string
-		mode string
-		set  func(*Config)
+		name    string
+		mode    string
+		speedup float64
+		set     func(*Config)
 	}{
-		{"kv, 16-token blocks", "kv", func(*Config) {}},
-		{"kv, events at once", "kv", func(c *Config) { c.KVEventDelay = 0 }},
-		{"kv, slow events", "kv", func(c *Config) { c.KVEventDelay *= 50 }},
-		{"kv, 512-token blocks", "kv", func(c *Config) { c.Engine.BlockSize = 512; c.Engine.NumGPUBlocks = 64 }},
-		{"round-robin", "round-robin", func(*Config) {}},
+		{"kv, 16-token blocks", "kv", 1, func(*Config) {}},
+		{"kv, events at once", "kv", 1, func(c *Config) { c.KVEventDelay = 0 }},
+		{"kv, slow events", "kv", 1, func(c *Config) { c.KVEventDelay *= 50 }},
+		{"kv, 512-token blocks", "kv", 1, func(c *Config) { c.Engine.BlockSize = 512; c.Engine.NumGPUBlocks = 64 }},
+		{"kv, admission queue", "kv", 4, func(c *Config) { c.Router.QueueThreshold = &tight }},
+		{"data-parallel ranks", "kv", 1, func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+		{"round-robin", "round-robin", 1, func(*Config) {}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			run := func(how promptDisposal) (Point, int) {
@@ -65,7 +70,7 @@ func TestReusedPromptsChangeNothing(t *testing.T) {
 				cfg.Engine.NumGPUBlocks = 1024
 				tc.set(&cfg)
 				cfg.prompts = how
-				s, err := newSim(cfg, tc.mode, w, 1)
+				s, err := newSim(cfg, tc.mode, w, tc.speedup)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -78,6 +83,9 @@ func TestReusedPromptsChangeNothing(t *testing.T) {
 			got, reused := run(reusePrompts)
 			if got != want {
 				t.Fatalf("reused prompts:\n%+v\nfresh prompts:\n%+v", got, want)
+			}
+			if strings.Contains(tc.name, "queue") && got.Queued == 0 {
+				t.Fatal("no request waited in the router's queue")
 			}
 			if reused < w.Len()/2 {
 				t.Fatalf("%d of %d prompts built in a free one", reused, w.Len())

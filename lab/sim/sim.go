@@ -113,6 +113,9 @@ type Config struct {
 	// a test that lists the engines' cached blocks (Engine.CachedBlocks);
 	// the loop itself never does.
 	listsBlocks bool
+	// prompts is how the loop disposes of a finished trace prompt, for
+	// tests (reused by default).
+	prompts promptDisposal
 }
 
 // engineConfig is engine i's configuration.
@@ -569,7 +572,10 @@ type simEngine struct {
 	stepped bool                  // a step is scheduled or under way
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
-	zero    int                   // consecutive steps that took no time
+	// retired[k] are the prompts of requests that ended in the step of
+	// batches[k]: its events and older ones may point into them.
+	retired [][][]uint32
+	zero    int // consecutive steps that took no time
 	groups  enginesource.GroupFilter
 	salts   *router.SaltChains // the engine's salted blocks, as an event source keeps them
 }
@@ -629,6 +635,7 @@ type sim struct {
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
+	prompts     promptPool
 	remaining   int // requests not finished or failed
 	// after[i] is the request that waits for i to end (closed-loop
 	// sessions), -1 for none; waits[i] says i waits for another. Both nil
@@ -748,6 +755,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	}
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
+	s.prompts.init(s)
 	return s, nil
 }
 
@@ -895,7 +903,7 @@ func (s *sim) arrive(i int) error {
 			s.schedule(s.arrivalAt(next), evArrival, next)
 		}
 	}
-	req := s.w.Request(i)
+	req := s.prompts.request(s, i)
 	rs := &s.reqs[i]
 	rs.arrival = s.now
 	rs.prompt = int32(len(req.Tokens))
@@ -1029,6 +1037,7 @@ func (s *sim) stepDone(e int) error {
 			s.applyKV(se, res.Events)
 		} else {
 			se.batches = append(se.batches, res.Events)
+			se.retired = append(se.retired, nil)
 			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
 		}
 	}
@@ -1069,6 +1078,7 @@ func (s *sim) stepDone(e int) error {
 		if o.Finished {
 			rs.finished, rs.done = true, s.now
 			s.remaining--
+			s.prompts.retire(se, i)
 			s.release(i)
 			s.free(i, o.ID)
 			s.speculate(i)
@@ -1169,6 +1179,11 @@ func (s *sim) deliverKV(e int) {
 	se.batches[0] = nil
 	se.batches = se.batches[1:]
 	s.applyKV(se, batch)
+	for _, p := range se.retired[0] {
+		s.prompts.put(p)
+	}
+	se.retired[0] = nil
+	se.retired = se.retired[1:]
 }
 
 func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {

@@ -53,13 +53,24 @@ func FromTrace(tr *trace.Trace, max int) []Request {
 // prompts take gigabytes. The prompt's slice has room for the output after
 // it, so that a simulated engine can take it over instead of copying it
 // (engine.Request.Owned).
-func FromTraceRequest(r *trace.Request) Request {
-	osl := max1(r.OutputLength)
-	room := max(len(r.HashIDs)*trace.BlockTokens, r.InputLength+osl)
+func FromTraceRequest(r *trace.Request) Request { return FromTraceRequestInto(r, nil) }
+
+// TraceRoom is the capacity of the prompt FromTraceRequest builds for r.
+func TraceRoom(r *trace.Request) int {
+	return max(len(r.HashIDs)*trace.BlockTokens, r.InputLength+max1(r.OutputLength))
+}
+
+// FromTraceRequestInto is FromTraceRequest building the prompt in buf
+// when its capacity is at least TraceRoom(r): every token of the prompt
+// is written, whatever buf held.
+func FromTraceRequestInto(r *trace.Request, buf []uint32) Request {
+	if room := TraceRoom(r); cap(buf) < room {
+		buf = make([]uint32, 0, room)
+	}
 	return Request{
 		At:     time.Duration(r.Timestamp) * time.Millisecond,
-		Tokens: r.AppendTokens(make([]uint32, 0, room), 0),
-		OSL:    osl,
+		Tokens: r.AppendTokens(buf[:0], 0),
+		OSL:    max1(r.OutputLength),
 	}
 }
 

@@ -1,0 +1,113 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/lab/trace"
+	"github.com/kvrouter/kvrouter/lab/workload"
+)
+
+// conversations is a trace of multi-turn conversations: each turn's
+// prompt is the previous turns' hash ids and new ones, its last block cut.
+func conversations(t testing.TB, n int) *Trace {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(7, 11))
+	tr := &trace.Trace{}
+	var convs [][]uint64
+	next := uint64(1)
+	for i := range n {
+		// Turns continue one of the latest conversations, up to 12 blocks.
+		k := len(convs) - 1 - rng.IntN(min(len(convs), 8)+1)
+		if k < 0 || len(convs[k]) > 9 {
+			convs = append(convs, nil)
+			k = len(convs) - 1
+		}
+		for range 1 + rng.IntN(3) {
+			convs[k] = append(convs[k], next)
+			next++
+		}
+		ids := convs[k]
+		tr.Requests = append(tr.Requests, trace.Request{
+			Timestamp:    int64(i) * 100,
+			InputLength:  (len(ids)-1)*trace.BlockTokens + 1 + rng.IntN(trace.BlockTokens),
+			OutputLength: 1 + rng.IntN(60),
+			HashIDs:      append([]uint64(nil), ids...),
+		})
+	}
+	w, err := FromTrace(tr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// A run that builds prompts in the finished requests' prompts gives the
+// results of one that allocates each afresh, and so does one that
+// overwrites each finished prompt instead: nothing reads a prompt once
+// the loop frees it, and no event still points into it.
+func TestReusedPromptsChangeNothing(t *testing.T) {
+	w := conversations(t, 600)
+	tight := 0.5
+	for _, tc := range []struct {
+		name    string
+		mode    string
+		speedup float64
+		set     func(*Config)
+	}{
+		{"kv, 16-token blocks", "kv", 1, func(*Config) {}},
+		{"kv, events at once", "kv", 1, func(c *Config) { c.KVEventDelay = 0 }},
+		{"kv, slow events", "kv", 1, func(c *Config) { c.KVEventDelay *= 50 }},
+		{"kv, 512-token blocks", "kv", 1, func(c *Config) { c.Engine.BlockSize = 512; c.Engine.NumGPUBlocks = 64 }},
+		{"kv, admission queue", "kv", 4, func(c *Config) { c.Router.QueueThreshold = &tight }},
+		{"data-parallel ranks", "kv", 1, func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+		{"round-robin", "round-robin", 1, func(*Config) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(how promptDisposal) (Point, int) {
+				cfg := smallConfig()
+				cfg.Engine.NumGPUBlocks = 1024
+				tc.set(&cfg)
+				cfg.prompts = how
+				s, err := newSim(cfg, tc.mode, w, tc.speedup)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.run(); err != nil {
+					t.Fatal(err)
+				}
+				return s.point(), s.prompts.reused
+			}
+			want, _ := run(dropPrompts)
+			got, reused := run(reusePrompts)
+			if got != want {
+				t.Fatalf("reused prompts:\n%+v\nfresh prompts:\n%+v", got, want)
+			}
+			if strings.Contains(tc.name, "queue") && got.Queued == 0 {
+				t.Fatal("no request waited in the router's queue")
+			}
+			if reused < w.Len()/2 {
+				t.Fatalf("%d of %d prompts built in a free one", reused, w.Len())
+			}
+			if got, _ := run(poisonPrompts); got != want {
+				t.Fatalf("overwritten prompts:\n%+v\nfresh prompts:\n%+v", got, want)
+			}
+		})
+	}
+}
+
+func BenchmarkTracePrompts(b *testing.B) {
+	w := conversations(b, 2000)
+	b.Run("fresh", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			_ = w.Request(i % w.Len())
+		}
+	})
+	b.Run("reused", func(b *testing.B) {
+		var buf []uint32
+		for i := 0; i < b.N; i++ {
+			buf = workload.FromTraceRequestInto(&w.reqs[i%w.Len()], buf).Tokens
+		}
+	})
+}

@@ -260,9 +260,7 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 			if i > 0 {
 				m.blocks[idx].parent = s.hashes[i-1]
 			}
-			if !m.noTokens {
-				copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs])
-			}
+			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs]) // nothing under noTokens
 			m.setKeys(idx, s.keys, i)
 			m.byHash.put(s.hashes[i], idx)
 			m.numActive++

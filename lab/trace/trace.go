@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/bits"
 	"os"
 )
 
@@ -110,7 +112,8 @@ func Parse(r io.Reader) (*Trace, error) { return ParseSkipping(r, nil) }
 // rest. With skip nil the first bad line fails the parse.
 func ParseSkipping(r io.Reader, skip func(line int, err error)) (*Trace, error) {
 	tr := &Trace{}
-	dense := make(map[uint64]uint32)
+	var dense denseIDs
+	var ids idArena
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
 	n := 0
@@ -120,7 +123,7 @@ func ParseSkipping(r io.Reader, skip func(line int, err error)) (*Trace, error) 
 		if len(b) == 0 {
 			continue
 		}
-		req, err := parseLine(b)
+		req, err := parseLine(b, &ids)
 		if err != nil {
 			err = fmt.Errorf("line %d: %w: %v", n, ErrBadLine, err)
 			if skip == nil {
@@ -129,7 +132,7 @@ func ParseSkipping(r io.Reader, skip func(line int, err error)) (*Trace, error) 
 			skip(n, err)
 			continue
 		}
-		tr.add(req, dense)
+		tr.add(req, &dense)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("line %d: %w", n+1, err)
@@ -139,19 +142,74 @@ func ParseSkipping(r io.Reader, skip func(line int, err error)) (*Trace, error) 
 
 // add appends req, giving its ids dense indices; dense maps the ids seen so
 // far to theirs.
-func (tr *Trace) add(req Request, dense map[uint64]uint32) {
-	req.idx = make([]uint32, len(req.HashIDs))
+func (tr *Trace) add(req Request, dense *denseIDs) {
+	req.idx = dense.idx.take(len(req.HashIDs))
 	for i, id := range req.HashIDs {
-		d, ok := dense[id]
+		d, ok := dense.get(id)
 		if !ok {
 			d = uint32(len(tr.IDs))
-			dense[id] = d
+			dense.put(id, d)
 			tr.IDs = append(tr.IDs, id)
 		}
 		req.idx[i] = d
 	}
 	tr.Requests = append(tr.Requests, req)
 }
+
+// denseIDs maps hash ids to dense indices. Traces number their ids from 0
+// in order of first appearance, so most ids index a slice; a map holds the
+// ones too large for it. Growing a map of a trace's 180,000 ids took as long
+// as parsing the trace's JSON.
+type denseIDs struct {
+	small []uint32 // index+1 of id, 0 for none
+	large map[uint64]uint32
+	idx   arena[uint32]
+}
+
+// denseSlack bounds the slice: ids up to 4 times the count seen so far,
+// plus this, index it.
+const denseSlack = 1 << 16
+
+func (m *denseIDs) get(id uint64) (uint32, bool) {
+	if id < uint64(len(m.small)) && m.small[id] != 0 {
+		return m.small[id] - 1, true
+	}
+	d, ok := m.large[id]
+	return d, ok
+}
+
+// put records a new id's index d (ids get consecutive indices from 0).
+func (m *denseIDs) put(id uint64, d uint32) {
+	if id >= uint64(len(m.small)) && id < 4*uint64(d)+denseSlack {
+		m.small = append(m.small, make([]uint32, int(id)+1-len(m.small))...)
+		m.small = m.small[:cap(m.small)]
+	}
+	if id < uint64(len(m.small)) {
+		m.small[id] = d + 1
+		return
+	}
+	if m.large == nil {
+		m.large = make(map[uint64]uint32)
+	}
+	m.large[id] = d
+}
+
+// arena hands out slices of one large backing array, capped to their
+// length, so that a trace's many short slices cost one allocation per chunk.
+type arena[T any] struct{ free []T }
+
+const arenaChunk = 1 << 12
+
+func (a *arena[T]) take(n int) []T {
+	if n > len(a.free) {
+		a.free = make([]T, max(n, arenaChunk))
+	}
+	s := a.free[:n:n]
+	a.free = a.free[n:]
+	return s
+}
+
+type idArena = arena[uint64]
 
 // Stretch returns the trace with every hash id h replaced by the factor ids
 // h·factor … h·factor+factor-1, and every prompt lengthened to match (its
@@ -168,7 +226,7 @@ func (tr *Trace) Stretch(factor int) (*Trace, error) {
 	}
 	f := uint64(factor)
 	out := &Trace{Requests: make([]Request, 0, len(tr.Requests))}
-	dense := make(map[uint64]uint32, len(tr.IDs)*factor)
+	var dense denseIDs
 	for _, r := range tr.Requests {
 		ids := make([]uint64, 0, len(r.HashIDs)*factor)
 		for _, id := range r.HashIDs {
@@ -181,31 +239,24 @@ func (tr *Trace) Stretch(factor int) (*Trace, error) {
 		}
 		r.HashIDs = ids
 		r.InputLength += (factor - 1) * (len(ids) / factor) * BlockTokens
-		out.add(r, dense)
+		out.add(r, &dense)
 	}
 	return out, nil
 }
 
-func parseLine(b []byte) (Request, error) {
-	var l line
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&l); err != nil {
-		return Request{}, err
+func parseLine(b []byte, ids *idArena) (Request, error) {
+	req, ok := scanLine(b, ids)
+	if !ok {
+		var err error
+		if req, err = decodeLine(b); err != nil {
+			return Request{}, err
+		}
 	}
-	if dec.More() {
-		return Request{}, errors.New("trailing data after the JSON object")
-	}
-	switch {
-	case l.Timestamp == nil:
-		return Request{}, errors.New("missing timestamp")
-	case l.InputLength == nil:
-		return Request{}, errors.New("missing input_length")
-	case l.OutputLength == nil:
-		return Request{}, errors.New("missing output_length")
-	case l.HashIDs == nil:
-		return Request{}, errors.New("missing hash_ids")
-	}
-	req := Request{Timestamp: *l.Timestamp, InputLength: *l.InputLength, OutputLength: *l.OutputLength, HashIDs: *l.HashIDs}
+	return validate(req)
+}
+
+// validate holds a parsed line to the trace's rules.
+func validate(req Request) (Request, error) {
 	if req.Timestamp < 0 {
 		return Request{}, fmt.Errorf("negative timestamp %d", req.Timestamp)
 	}
@@ -225,6 +276,219 @@ func parseLine(b []byte) (Request, error) {
 		}
 	}
 	return req, nil
+}
+
+// decodeLine parses a line with encoding/json: the lines scanLine leaves,
+// which it holds to JSON's every rule (and names the first broken one).
+func decodeLine(b []byte) (Request, error) {
+	var l line
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&l); err != nil {
+		return Request{}, err
+	}
+	if dec.More() {
+		return Request{}, errors.New("trailing data after the JSON object")
+	}
+	switch {
+	case l.Timestamp == nil:
+		return Request{}, errors.New("missing timestamp")
+	case l.InputLength == nil:
+		return Request{}, errors.New("missing input_length")
+	case l.OutputLength == nil:
+		return Request{}, errors.New("missing output_length")
+	case l.HashIDs == nil:
+		return Request{}, errors.New("missing hash_ids")
+	}
+	return Request{Timestamp: *l.Timestamp, InputLength: *l.InputLength, OutputLength: *l.OutputLength, HashIDs: *l.HashIDs}, nil
+}
+
+// scanLine reads the lines traces are made of, an object of the four
+// fields, each once, with integer values, without encoding/json (which
+// took most of a trace's loading). Anything else, unknown keys, escapes,
+// null, floats, leading zeros, numbers out of range, is not ok and goes to
+// decodeLine, so that both accept and reject the same lines alike.
+func scanLine(b []byte, ids *idArena) (req Request, ok bool) {
+	s := lineScanner{b: b}
+	if !s.byte('{') {
+		return Request{}, false
+	}
+	var seen uint8
+	for {
+		key, ok := s.key()
+		if !ok {
+			return Request{}, false
+		}
+		switch string(key) {
+		case "timestamp":
+			req.Timestamp, ok = s.int(), seen&1 == 0
+			seen |= 1
+		case "input_length":
+			req.InputLength, ok = s.intOfSize(), seen&2 == 0
+			seen |= 2
+		case "output_length":
+			req.OutputLength, ok = s.intOfSize(), seen&4 == 0
+			seen |= 4
+		case "hash_ids":
+			req.HashIDs, ok = s.uints(ids), seen&8 == 0
+			seen |= 8
+		default:
+			return Request{}, false
+		}
+		if !ok || s.bad {
+			return Request{}, false
+		}
+		if s.byte('}') {
+			break
+		}
+		if !s.byte(',') {
+			return Request{}, false
+		}
+	}
+	s.space()
+	return req, seen == 15 && s.i == len(b) && !s.bad
+}
+
+// lineScanner walks a line; bad records any malformed token.
+type lineScanner struct {
+	b   []byte
+	i   int
+	bad bool
+}
+
+func (s *lineScanner) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// byte skips white space and then c, if c is next.
+func (s *lineScanner) byte(c byte) bool {
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// key reads `"name":`, a name of lower-case letters and underscores.
+func (s *lineScanner) key() ([]byte, bool) {
+	if !s.byte('"') {
+		return nil, false
+	}
+	start := s.i
+	for s.i < len(s.b) && (s.b[s.i] >= 'a' && s.b[s.i] <= 'z' || s.b[s.i] == '_') {
+		s.i++
+	}
+	end := s.i
+	if !s.byte('"') || !s.byte(':') {
+		return nil, false
+	}
+	return s.b[start:end], true
+}
+
+// digits reads a JSON integer's digits: 0, or a non-zero digit and more.
+func (s *lineScanner) digits() []byte {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	d := s.b[start:s.i]
+	if len(d) == 0 || len(d) > 1 && d[0] == '0' {
+		s.bad = true
+	}
+	// A fraction or exponent makes it no integer of this grammar.
+	if s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.bad = true
+	}
+	return d
+}
+
+func (s *lineScanner) int() int64 {
+	s.space()
+	neg := s.i < len(s.b) && s.b[s.i] == '-'
+	if neg {
+		s.i++
+	}
+	var v uint64
+	for _, c := range s.digits() {
+		if v > (math.MaxInt64+1)/10 {
+			s.bad = true
+			return 0
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if neg && v > math.MaxInt64+1 || !neg && v > math.MaxInt64 {
+		s.bad = true
+		return 0
+	}
+	if neg {
+		return -int64(v)
+	}
+	return int64(v)
+}
+
+// intOfSize reads an int, which is 32 bits wide on some platforms.
+func (s *lineScanner) intOfSize() int {
+	v := s.int()
+	if int64(int(v)) != v {
+		s.bad = true
+	}
+	return int(v)
+}
+
+func (s *lineScanner) uint() uint64 {
+	s.space()
+	var v uint64
+	for _, c := range s.digits() {
+		hi, lo := bits.Mul64(v, 10)
+		lo, carry := bits.Add64(lo, uint64(c-'0'), 0)
+		if hi != 0 || carry != 0 {
+			s.bad = true
+			return 0
+		}
+		v = lo
+	}
+	return v
+}
+
+// uints reads an array of unsigned integers into ids' room.
+func (s *lineScanner) uints(ids *idArena) []uint64 {
+	if !s.byte('[') {
+		s.bad = true
+		return nil
+	}
+	start := s.i
+	n := 0
+	if !s.byte(']') {
+		// Count first, so that the ids land in the arena in one piece.
+		for !s.bad {
+			s.uint()
+			n++
+			if s.byte(']') {
+				break
+			}
+			if !s.byte(',') {
+				s.bad = true
+			}
+		}
+	}
+	if s.bad {
+		return nil
+	}
+	out := ids.take(n)
+	s.i = start
+	for i := range out {
+		out[i] = s.uint()
+		s.byte(',')
+	}
+	s.byte(']')
+	return out
 }
 
 // ContentID is the id that hash id stands for in copy c: copy 0 is the

@@ -1,8 +1,10 @@
 package trace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -362,5 +364,150 @@ func BenchmarkAppendBlockTokens(b *testing.B) {
 			buf = buf[:0]
 		}
 		buf = AppendBlockTokens(buf, uint64(i))
+	}
+}
+
+// parseLineJSON is parseLine with encoding/json alone, the reference
+// scanLine must agree with.
+func parseLineJSON(b []byte) (Request, error) {
+	req, err := decodeLine(b)
+	if err != nil {
+		return Request{}, err
+	}
+	return validate(req)
+}
+
+// sameLine holds parseLine on b to the reference: the same request, or
+// the same error.
+func sameLine(t *testing.T, b []byte) {
+	t.Helper()
+	var ids idArena
+	got, gerr := parseLine(b, &ids)
+	want, werr := parseLineJSON(b)
+	switch {
+	case (gerr == nil) != (werr == nil) || gerr != nil && gerr.Error() != werr.Error():
+		t.Fatalf("%q: error %v, encoding/json says %v", b, gerr, werr)
+	case got.Timestamp != want.Timestamp || got.InputLength != want.InputLength ||
+		got.OutputLength != want.OutputLength || !slices.Equal(got.HashIDs, want.HashIDs):
+		t.Fatalf("%q: parsed %+v, encoding/json says %+v", b, got, want)
+	}
+}
+
+var scanSeeds = []string{
+	`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}`,
+	`{"timestamp":5,"input_length":1024,"output_length":3,"hash_ids":[0,1]}`,
+	"{\t\"hash_ids\" :\r\n[ 7 ] , \"output_length\" : 0 ,\"input_length\": 1, \"timestamp\": 12 }",
+	`{"timestamp": -0, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 01, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 1.0, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 9223372036854775807, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 9223372036854775808, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": -9223372036854775808, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551616]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-1]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0,]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0 1]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": null}`,
+	`{"timestamp": null, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0], "extra": "x"}`,
+	`{"Timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 3, "timestamp": 4, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"time\u0073tamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]} {}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1 "hash_ids": [0]}`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]`,
+	`{"timestamp": 0, "input_length": 1, "output_length": 1}`,
+	`{}`,
+	`[]`,
+	`{"timestamp": "0", "input_length": 1, "output_length": 1, "hash_ids": [0]}`,
+}
+
+func TestScanLineAgreesWithJSON(t *testing.T) {
+	for _, s := range scanSeeds {
+		sameLine(t, []byte(s))
+	}
+	// Every prefix, and every line with one byte changed to a byte JSON
+	// gives a meaning to.
+	for _, s := range scanSeeds[:3] {
+		for i := range len(s) {
+			sameLine(t, []byte(s[:i]))
+			for _, c := range []byte(` "-,.:[]{}019eEn\u00ff`) {
+				b := []byte(s)
+				b[i] = c
+				sameLine(t, b)
+			}
+		}
+	}
+}
+
+func FuzzScanLine(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { sameLine(t, b) })
+}
+
+func TestParseMooncakeAgreesWithJSON(t *testing.T) {
+	const path = "/work/shared/traces/mooncake_conversation.jsonl"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Skip("trace not available")
+	}
+	for l := range bytes.Lines(b) {
+		if l = bytes.TrimSpace(l); len(l) > 0 {
+			sameLine(t, l)
+		}
+	}
+}
+
+func BenchmarkParse(b *testing.B) {
+	var sb strings.Builder
+	for range 1000 {
+		sb.WriteString(sample)
+	}
+	in := sb.String()
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(strings.NewReader(in)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestDenseIDsMatchesMap holds denseIDs to a map: ids in order of first
+// appearance get consecutive indices, whether they index its slice or
+// land in its map (ids far beyond those seen, which the slice then grows
+// past).
+func TestDenseIDsMatchesMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var m denseIDs
+	ref := map[uint64]uint32{}
+	for range 200_000 {
+		var id uint64
+		switch rng.IntN(4) {
+		case 0:
+			id = rng.Uint64N(1 << 40)
+		case 1:
+			id = rng.Uint64N(4*uint64(len(ref)) + 2*denseSlack)
+		default:
+			id = rng.Uint64N(uint64(len(ref)) + 10)
+		}
+		d, ok := m.get(id)
+		w, wok := ref[id]
+		if ok != wok || d != w {
+			t.Fatalf("id %d: got %d %v, want %d %v", id, d, ok, w, wok)
+		}
+		if !ok {
+			ref[id] = uint32(len(ref))
+			m.put(id, ref[id])
+		}
+	}
+	if len(m.large) == 0 || len(m.small) == 0 {
+		t.Fatalf("slice %d, map %d: both should be used", len(m.small), len(m.large))
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -705,4 +706,36 @@ func TestNoBlockTokensChangesNothingElse(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDecodeTimeMatchesClampedFit holds DecodeTime to the fit clamped with
+// math.Max and math.Min, at the bounds, beyond them, at ±0, ±Inf and NaN.
+func TestDecodeTimeMatchesClampedFit(t *testing.T) {
+	ref := func(u float64) time.Duration {
+		u = math.Max(0, math.Min(1, u))
+		return millis(max(-25.74*u*u+54.01*u+5.74, 1))
+	}
+	us := []float64{0, math.Copysign(0, -1), 1, -1, 2, 0.5, 1e-300, math.Nextafter(1, 2), math.Nextafter(0, -1),
+		math.Inf(1), math.Inf(-1), math.NaN()}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100_000 {
+		us = append(us, rng.Float64()*3-1)
+	}
+	for _, u := range us {
+		if got, want := DecodeTime(u), ref(u); got != want {
+			t.Fatalf("DecodeTime(%v) = %v, want %v", u, got, want)
+		}
+	}
+}
+
+func BenchmarkStepTime(b *testing.B) {
+	var d time.Duration
+	u := 0.0
+	for b.Loop() {
+		d += StepTime(0, 8, u)
+		if u += 0.001; u > 1 {
+			u = 0
+		}
+	}
+	_ = d
 }

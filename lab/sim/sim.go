@@ -603,6 +603,44 @@ type gapRun struct {
 // never show the difference.
 const gapQuantum = int64(time.Microsecond)
 
+// gapCounts counts gaps by their length in gapQuantum: an array for the
+// lengths up to gapDense, where nearly every step's gap falls, and a map for
+// longer ones. A map update per step cost as much as the step's timing.
+type gapCounts struct {
+	dense []int
+	long  map[int64]int
+}
+
+const gapDense = 1 << 17 // 131 ms
+
+func (g *gapCounts) add(q int64, n int) {
+	if q >= 0 && q < gapDense {
+		if g.dense == nil {
+			g.dense = make([]int, gapDense)
+		}
+		g.dense[q] += n
+		return
+	}
+	if g.long == nil {
+		g.long = map[int64]int{}
+	}
+	g.long[q] += n
+}
+
+// runs returns the counts as runs, in no particular order.
+func (g *gapCounts) runs() []gapRun {
+	runs := make([]gapRun, 0, len(g.long))
+	for q, n := range g.dense {
+		if n > 0 {
+			runs = append(runs, gapRun{ns: int64(q) * gapQuantum, n: n})
+		}
+	}
+	for q, n := range g.long {
+		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})
+	}
+	return runs
+}
+
 type sim struct {
 	cfg   Config
 	w     Workload
@@ -649,7 +687,7 @@ type sim struct {
 	measureFrom, measureTo int64
 	windowed               bool
 
-	gaps map[int64]int // inter-token gaps, in gapQuantum, counted
+	gaps gapCounts // inter-token gaps, in gapQuantum
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
 	// mostly share one gap, and a map update per token cost more than the
 	// rest of the loop's bookkeeping.
@@ -719,7 +757,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		return nil, err
 	}
 	rcfg.OneGoroutine = cfg.oneGoroutineIndex(workers, rcfg.IndexBudgetPairs)
-	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}, gaps: map[int64]int{}}
+	s := &sim{cfg: cfg, w: w, scale: scale, base: time.Unix(1_700_000_000, 0).UTC(), held: map[int]workload.Request{}}
 	rcfg.Now = func() time.Time { return s.base.Add(time.Duration(s.now)) }
 	rcfg.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	if s.r, err = router.New(rcfg); err != nil {
@@ -1166,7 +1204,7 @@ func (s *sim) countGap(q int64) {
 
 func (s *sim) flushGaps() {
 	if s.pendingN > 0 {
-		s.gaps[s.pendingQ] += s.pendingN
+		s.gaps.add(s.pendingQ, s.pendingN)
 		s.pendingN = 0
 	}
 }
@@ -1294,11 +1332,7 @@ func (s *sim) point() Point {
 	}
 	p.SpeculativePrefills = s.specSent
 	s.flushGaps()
-	runs := make([]gapRun, 0, len(s.gaps))
-	for q, n := range s.gaps {
-		runs = append(runs, gapRun{ns: q * gapQuantum, n: n})
-	}
-	p.ITL = gapDist(runs)
+	p.ITL = gapDist(s.gaps.runs())
 	if prompt > 0 {
 		p.HitRate = float64(cached) / float64(prompt)
 	}

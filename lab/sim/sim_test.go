@@ -343,8 +343,8 @@ func TestSteadyWindowMeasuresClosedLoopRunsBetweenBuildUpAndDrain(t *testing.T) 
 			t.Errorf("×%g: TTFT %+v, want the window's %+v", scale, p.TTFT, want)
 		}
 		counted := 0
-		for _, n := range s.gaps {
-			counted += n
+		for _, r := range s.gaps.runs() {
+			counted += r.n
 		}
 		if counted != gaps {
 			t.Errorf("×%g: %d inter-token gaps counted, want the window's requests' %d", scale, counted, gaps)

@@ -526,8 +526,13 @@ func AppendBlockTokens(dst []uint32, cid uint64) []uint32 {
 	return dst
 }
 
-func blockTokens(out *[BlockTokens]uint32, cid uint64) {
-	s := mix64(cid ^ 0x6a09e667f3bcc909)
+// tokenSeed separates a content id's token stream from the id itself.
+const tokenSeed = 0x6a09e667f3bcc909
+
+// blockTokensGeneric is blockTokens in Go: pair k of the tokens is mixed
+// from mix64(cid^tokenSeed) + (k+1)·golden.
+func blockTokensGeneric(out *[BlockTokens]uint32, cid uint64) {
+	s := mix64(cid ^ tokenSeed)
 	for i := 0; i < BlockTokens; i += 2 {
 		s += golden
 		z := mix64(s)

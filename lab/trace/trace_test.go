@@ -511,3 +511,31 @@ func TestDenseIDsMatchesMap(t *testing.T) {
 		t.Fatalf("slice %d, map %d: both should be used", len(m.small), len(m.large))
 	}
 }
+
+// TestBlockTokensMatchesGeneric holds the tokens blockTokens writes (in
+// AVX-512 lanes where the CPU has them) to the scalar stream's.
+func TestBlockTokensMatchesGeneric(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var got, want [BlockTokens]uint32
+	for i := range 20_000 {
+		cid := rng.Uint64()
+		if i < 1000 {
+			cid = uint64(i)
+		}
+		blockTokens(&got, cid)
+		blockTokensGeneric(&want, cid)
+		if got != want {
+			t.Fatalf("content id %d: tokens differ from the scalar stream's", cid)
+		}
+	}
+}
+
+func BenchmarkBlockTokensGeneric(b *testing.B) {
+	var out [BlockTokens]uint32
+	b.SetBytes(BlockTokens * 4)
+	i := uint64(0)
+	for b.Loop() {
+		blockTokensGeneric(&out, i)
+		i++
+	}
+}

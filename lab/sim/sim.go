@@ -992,7 +992,7 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	s.reqs[i].worker = w
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts}); err != nil {
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1)}); err != nil {
 		s.free(i, id)
 		s.fail(i, err)
 		return
@@ -1075,25 +1075,35 @@ func (s *sim) stepDone(e int) error {
 			s.applyKV(se, res.Events)
 		} else {
 			se.batches = append(se.batches, res.Events)
-			se.retired = append(se.retired, nil)
+			// retired's room past its length holds emptied lists
+			// (deliverKV): reused, not grown again every step.
+			if n := len(se.retired); n < cap(se.retired) {
+				se.retired = se.retired[:n+1]
+			} else {
+				se.retired = append(se.retired, nil)
+			}
 			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
 		}
 	}
 	for _, o := range res.Outputs {
-		if strings.HasPrefix(o.ID, specPrefix) {
-			if o.Index == 0 {
-				s.r.MarkPrefillCompleted(o.ID)
-				s.specMissed += int64(s.specPrompt[o.ID] - o.CachedTokens)
-				delete(s.specPrompt, o.ID)
+		// start's requests carry their index (Tag): no parse per token.
+		i := int(o.Tag) - 1
+		if o.Tag == 0 {
+			if strings.HasPrefix(o.ID, specPrefix) {
+				if o.Index == 0 {
+					s.r.MarkPrefillCompleted(o.ID)
+					s.specMissed += int64(s.specPrompt[o.ID] - o.CachedTokens)
+					delete(s.specPrompt, o.ID)
+				}
+				if o.Finished {
+					s.r.Free(o.ID)
+				}
+				continue
 			}
-			if o.Finished {
-				s.r.Free(o.ID)
+			var err error
+			if i, err = strconv.Atoi(o.ID); err != nil {
+				return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
 			}
-			continue
-		}
-		i, err := strconv.Atoi(o.ID)
-		if err != nil {
-			return fmt.Errorf("sim: engine output for unknown request %q", o.ID)
 		}
 		if se.prefill {
 			if err := s.prefilled(i, o.CachedTokens); err != nil {
@@ -1213,15 +1223,22 @@ func (s *sim) flushGaps() {
 // the same delay, so they arrive in the order they left.
 func (s *sim) deliverKV(e int) {
 	se := &s.engines[e]
+	// Popped by shifting (a few batches are in flight at most), so the
+	// queues keep their room instead of growing anew every few steps.
 	batch := se.batches[0]
-	se.batches[0] = nil
-	se.batches = se.batches[1:]
+	n := len(se.batches)
+	copy(se.batches, se.batches[1:])
+	se.batches[n-1] = nil
+	se.batches = se.batches[:n-1]
 	s.applyKV(se, batch)
-	for _, p := range se.retired[0] {
+	done := se.retired[0]
+	for _, p := range done {
 		s.prompts.put(p)
 	}
-	se.retired[0] = nil
-	se.retired = se.retired[1:]
+	clear(done)
+	copy(se.retired, se.retired[1:])
+	se.retired[n-1] = done[:0]
+	se.retired = se.retired[:n-1]
 }
 
 func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {

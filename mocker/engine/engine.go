@@ -160,12 +160,17 @@ type Request struct {
 	LoRA      string
 	CacheSalt string
 	MM        []MMFeature
+	// Tag is handed back in every Output of the request: a caller that
+	// numbers its requests reads the number there instead of parsing ID
+	// for every token.
+	Tag int32
 }
 
 // Output is one generated token.
 type Output struct {
 	ID    string
 	Token uint32 // deterministic: a function of the prompt, Index and Config.Seed
+	Tag   int32  // Request.Tag
 	Index int    // 0-based position in the generation
 	// Finished marks the last token (Index == MaxTokens-1).
 	Finished bool
@@ -288,6 +293,7 @@ const (
 type seq struct {
 	seqBlocks
 	id         string
+	tag        int32
 	numPrompt  int
 	maxTokens  int
 	promptHash uint64
@@ -421,6 +427,7 @@ func (e *Engine) Add(r Request) error {
 		// slices block by block cost more than the blocks' own hashing.
 		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: make([]int32, 0, total/bs)},
 		id:           r.ID,
+		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
 		maxTokens:    r.MaxTokens,
 		loadedBlocks: r.KVLoadedBlocks,
@@ -697,6 +704,7 @@ func (e *Engine) Step() StepResult {
 		}
 		out := Output{
 			ID:       s.id,
+			Tag:      s.tag,
 			Token:    genToken(e.cfg.Seed, s.promptHash, s.generated, e.cfg.VocabSize),
 			Index:    s.generated,
 			Finished: s.generated+1 == s.maxTokens,

@@ -739,3 +739,36 @@ func BenchmarkStepTime(b *testing.B) {
 	}
 	_ = d
 }
+
+// TestOutputsCarryTheRequestsTag holds every output of a request, through
+// preemptions on a small cache, to the request's Tag.
+func TestOutputsCarryTheRequestsTag(t *testing.T) {
+	e := mustNew(t, Config{BlockSize: 4, NumGPUBlocks: 24, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 5})
+	rng := rand.New(rand.NewPCG(9, 10))
+	tags := map[string]int32{}
+	for i := range 12 {
+		id := fmt.Sprint("r", i)
+		tags[id] = int32(i % 3 * (i + 100)) // some untagged (0)
+		r := Request{ID: id, Tokens: randTokens(rng, 10+rng.IntN(30), 500), MaxTokens: 1 + rng.IntN(40), Tag: tags[id]}
+		if err := e.Add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outputs, preempted := 0, 0
+	for step := 0; !e.Idle(); step++ {
+		if step > 10_000 {
+			t.Fatal("engine never idle")
+		}
+		res := e.Step()
+		preempted += res.Preempted
+		for _, o := range res.Outputs {
+			outputs++
+			if o.Tag != tags[o.ID] {
+				t.Fatalf("output %d of %s has tag %d, want %d", o.Index, o.ID, o.Tag, tags[o.ID])
+			}
+		}
+	}
+	if outputs == 0 || preempted == 0 {
+		t.Fatalf("%d outputs, %d preemptions: the test should see both", outputs, preempted)
+	}
+}

@@ -111,3 +111,43 @@ func BenchmarkTracePrompts(b *testing.B) {
 		}
 	})
 }
+
+// A run that hands every applied batch of KV events back to its engine
+// gives the results of one that keeps them: nothing reads a batch once
+// the router has applied it.
+func TestRecycledEventsChangeNothingInSim(t *testing.T) {
+	w := conversations(t, 600)
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+	}{
+		{"16-token blocks", func(*Config) {}},
+		{"events at once", func(c *Config) { c.KVEventDelay = 0 }},
+		{"slow events", func(c *Config) { c.KVEventDelay *= 50 }},
+		{"512-token blocks", func(c *Config) { c.Engine.BlockSize = 512; c.Engine.NumGPUBlocks = 64 }},
+		{"data-parallel ranks", func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(recycle bool) Point {
+				cfg := smallConfig()
+				cfg.Engine.NumGPUBlocks = 1024
+				tc.set(&cfg)
+				s, err := newSim(cfg, "kv", w, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !s.recycleEvents {
+					t.Fatal("this fleet should recycle its events")
+				}
+				s.recycleEvents = recycle
+				if err := s.run(); err != nil {
+					t.Fatal(err)
+				}
+				return s.point()
+			}
+			if got, want := run(true), run(false); got != want {
+				t.Fatalf("recycled events:\n%+v\nkept events:\n%+v", got, want)
+			}
+		})
+	}
+}

@@ -673,6 +673,10 @@ type sim struct {
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
+	// recycleEvents hands each batch of KV events back to its engine once
+	// applied (engine.Recycle): nothing else reads them, but replicas and
+	// disaggregated fleets are left as they were.
+	recycleEvents bool
 	prompts     promptPool
 	remaining   int // requests not finished or failed
 	// after[i] is the request that waits for i to end (closed-loop
@@ -794,6 +798,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
 	s.prompts.init(s)
+	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }
 
@@ -1073,6 +1078,7 @@ func (s *sim) stepDone(e int) error {
 	if len(res.Events) > 0 {
 		if s.cfg.KVEventDelay == 0 {
 			s.applyKV(se, res.Events)
+			s.recycle(se, res.Events)
 		} else {
 			se.batches = append(se.batches, res.Events)
 			// retired's room past its length holds emptied lists
@@ -1231,6 +1237,7 @@ func (s *sim) deliverKV(e int) {
 	se.batches[n-1] = nil
 	se.batches = se.batches[:n-1]
 	s.applyKV(se, batch)
+	s.recycle(se, batch)
 	done := se.retired[0]
 	for _, p := range done {
 		s.prompts.put(p)
@@ -1239,6 +1246,12 @@ func (s *sim) deliverKV(e int) {
 	copy(se.retired, se.retired[1:])
 	se.retired[n-1] = done[:0]
 	se.retired = se.retired[:n-1]
+}
+
+func (s *sim) recycle(se *simEngine, events []engine.BlockEvent) {
+	if s.recycleEvents {
+		se.eng.Recycle(events)
+	}
 }
 
 func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {

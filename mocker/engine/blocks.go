@@ -76,6 +76,11 @@ type blockManager struct {
 	numAnon     int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
+	// spareEvents and spareIDs are event slices and Removed events' id
+	// lists the caller is done with (Engine.Recycle), reused before any
+	// new one is allocated.
+	spareEvents [][]BlockEvent
+	spareIDs    [][]uint64
 	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
 	groups  []*sideGroup // the hybrid model's other groups (groups.go)
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
@@ -335,8 +340,38 @@ func (m *blockManager) flushEvicted() {
 	if len(m.evicted) == 0 {
 		return
 	}
-	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append([]uint64(nil), m.evicted...)})
+	var ids []uint64
+	if n := len(m.spareIDs); n > 0 {
+		ids, m.spareIDs = m.spareIDs[n-1], m.spareIDs[:n-1]
+	}
+	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append(ids, m.evicted...)})
 	m.evicted = m.evicted[:0]
+}
+
+// maxSpare bounds the spare lists: a caller recycles at most what the
+// steps handed out, but need not take back everything it recycles.
+const maxSpare = 64
+
+func (m *blockManager) takeEvents() []BlockEvent {
+	n := len(m.spareEvents)
+	if n == 0 {
+		return nil
+	}
+	ev := m.spareEvents[n-1]
+	m.spareEvents = m.spareEvents[:n-1]
+	return ev
+}
+
+func (m *blockManager) putEvents(ev []BlockEvent) {
+	if cap(ev) > 0 && len(m.spareEvents) < maxSpare {
+		m.spareEvents = append(m.spareEvents, ev[:0])
+	}
+}
+
+func (m *blockManager) putIDs(ids []uint64) {
+	if cap(ids) > 0 && len(m.spareIDs) < maxSpare {
+		m.spareIDs = append(m.spareIDs, ids[:0])
+	}
 }
 
 func (m *blockManager) newIndex() int32 {

@@ -524,6 +524,22 @@ func (e *Engine) Idle() bool {
 	return len(e.running) == 0 && e.waiting.len() == 0 && len(e.loading) == 0
 }
 
+// Recycle hands back the events of a step (StepResult.Events) that the
+// caller is done with: it reads neither them nor their BlockHashes again.
+// Later steps reuse the slice and the Removed events' id lists, which the
+// engine made for the caller alone, instead of allocating new ones (a
+// simulated fleet's steps publish millions of evictions). Stored events'
+// ids and tokens belong to their requests and are not reused.
+func (e *Engine) Recycle(events []BlockEvent) {
+	for i := range events {
+		if events[i].Kind == Removed {
+			e.bm.putIDs(events[i].BlockHashes)
+		}
+	}
+	clear(events)
+	e.bm.putEvents(events)
+}
+
 // KVUsage is the fraction of the GPU blocks held by requests.
 func (e *Engine) KVUsage() float64 {
 	return float64(e.bm.used()) / float64(e.cfg.NumGPUBlocks)
@@ -574,7 +590,7 @@ func (e *Engine) Step() StepResult {
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
 	sched := e.sched[:0]
-	e.bm.events = nil
+	e.bm.events = e.bm.takeEvents()
 	if len(e.loading) > 0 {
 		e.promoteLoads()
 	}
@@ -657,6 +673,10 @@ func (e *Engine) Step() StepResult {
 	e.m.Preemptions += uint64(res.Preempted)
 	res.Events = e.bm.events
 	e.bm.events = nil
+	if len(res.Events) == 0 {
+		e.bm.putEvents(res.Events)
+		res.Events = nil
+	}
 	e.sched = sched
 	if len(sched) == 0 {
 		if res.Preempted == 0 && len(e.loading) == 0 && len(e.running) == 0 {

@@ -772,3 +772,44 @@ func TestOutputsCarryTheRequestsTag(t *testing.T) {
 		t.Fatalf("%d outputs, %d preemptions: the test should see both", outputs, preempted)
 	}
 }
+
+// TestRecycledEventsChangeNothing runs one random stream through an engine
+// whose caller recycles every step's events, their id lists overwritten
+// first (as a caller done with them may leave them), and one whose caller
+// keeps them: every step's results agree, with and without a host tier.
+func TestRecycledEventsChangeNothing(t *testing.T) {
+	for _, cpu := range []int{0, 48} {
+		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
+		a, b := mustNew(t, cfg), mustNew(t, cfg)
+		rng := rand.New(rand.NewPCG(11, uint64(cpu)))
+		prefix := randTokens(rng, 120, 500)
+		removed := 0
+		for step := 0; step < 600 || !a.Idle(); step++ {
+			if step > 5000 {
+				t.Fatal("engines never idle")
+			}
+			if step < 600 && rng.IntN(3) == 0 {
+				toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
+				n := 1 + rng.IntN(30)
+				mustAdd(t, a, fmt.Sprint(step), slices.Clone(toks), n)
+				mustAdd(t, b, fmt.Sprint(step), toks, n)
+			}
+			ra, rb := a.Step(), b.Step()
+			if !reflect.DeepEqual(ra, rb) {
+				t.Fatalf("cpu %d, step %d: results differ", cpu, step)
+			}
+			for _, ev := range rb.Events {
+				if ev.Kind == Removed {
+					removed++
+					for i := range ev.BlockHashes {
+						ev.BlockHashes[i] = ^uint64(0)
+					}
+				}
+			}
+			b.Recycle(rb.Events)
+		}
+		if removed == 0 {
+			t.Fatalf("cpu %d: no evictions: the stream should fill the cache", cpu)
+		}
+	}
+}

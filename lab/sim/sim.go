@@ -673,12 +673,12 @@ type sim struct {
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
+	prompts     promptPool
+	remaining   int // requests not finished or failed
 	// recycleEvents hands each batch of KV events back to its engine once
 	// applied (engine.Recycle): nothing else reads them, but replicas and
 	// disaggregated fleets are left as they were.
 	recycleEvents bool
-	prompts     promptPool
-	remaining   int // requests not finished or failed
 	// after[i] is the request that waits for i to end (closed-loop
 	// sessions), -1 for none; waits[i] says i waits for another. Both nil
 	// when no request waits.

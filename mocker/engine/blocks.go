@@ -76,15 +76,16 @@ type blockManager struct {
 	numAnon     int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
+	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
+	groups  []*sideGroup // the hybrid model's other groups (groups.go)
+	evicted []uint64     // scratch: blocks evicted by the allocation in progress
+	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
+
 	// spareEvents and spareIDs are event slices and Removed events' id
 	// lists the caller is done with (Engine.Recycle), reused before any
 	// new one is allocated.
 	spareEvents [][]BlockEvent
 	spareIDs    [][]uint64
-	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
-	groups  []*sideGroup // the hybrid model's other groups (groups.go)
-	evicted []uint64     // scratch: blocks evicted by the allocation in progress
-	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {

@@ -660,6 +660,31 @@ func TestOwnedPromptIsTakenOver(t *testing.T) {
 	}
 }
 
+// stepTwins feeds engines a and b the same random stream of requests
+// sharing prefixes until both are idle, holding every step's results
+// equal, and hands each step's results to check.
+func stepTwins(t *testing.T, a, b *Engine, seed uint64, check func(step int, ra, rb StepResult)) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 0))
+	prefix := randTokens(rng, 120, 500)
+	for step := 0; step < 600 || !a.Idle(); step++ {
+		if step > 5000 {
+			t.Fatal("engines never idle")
+		}
+		if step < 600 && rng.IntN(3) == 0 {
+			toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
+			n := 1 + rng.IntN(30)
+			mustAdd(t, a, fmt.Sprint(step), slices.Clone(toks), n)
+			mustAdd(t, b, fmt.Sprint(step), toks, n)
+		}
+		ra, rb := a.Step(), b.Step()
+		if !reflect.DeepEqual(ra, rb) {
+			t.Fatalf("step %d: results differ", step)
+		}
+		check(step, ra, rb)
+	}
+}
+
 // An engine that keeps no block tokens steps exactly as one that does, and
 // lists the same cached blocks, without their tokens.
 func TestNoBlockTokensChangesNothingElse(t *testing.T) {
@@ -668,30 +693,12 @@ func TestNoBlockTokensChangesNothingElse(t *testing.T) {
 		bare := cfg
 		bare.NoBlockTokens = true
 		a, b := mustNew(t, cfg), mustNew(t, bare)
-		rng := rand.New(rand.NewPCG(7, uint64(cpu)))
-		prefix := randTokens(rng, 120, 500)
-		for step := 0; step < 600 || !a.Idle(); step++ {
-			if step > 5000 {
-				t.Fatal("engines never idle")
-			}
-			if step < 600 && rng.IntN(3) == 0 {
-				toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
-				n := 1 + rng.IntN(30)
-				mustAdd(t, a, fmt.Sprint(step), slices.Clone(toks), n)
-				mustAdd(t, b, fmt.Sprint(step), toks, n)
-			}
-			ra, rb := a.Step(), b.Step()
-			if !reflect.DeepEqual(ra, rb) {
-				t.Fatalf("cpu %d, step %d: results differ", cpu, step)
-			}
+		stepTwins(t, a, b, 7+uint64(cpu), func(step int, _, _ StepResult) {
 			if step%37 != 0 {
-				continue
+				return
 			}
 			ca := append(a.CachedBlocks(), a.HostBlocks()...)
 			cb := append(b.CachedBlocks(), b.HostBlocks()...)
-			if len(ca) == 0 {
-				continue
-			}
 			for i := range ca {
 				if ca[i].Tokens == nil {
 					t.Fatalf("cpu %d, step %d: block %x listed without tokens", cpu, step, ca[i].Hash)
@@ -704,7 +711,7 @@ func TestNoBlockTokensChangesNothingElse(t *testing.T) {
 			if !reflect.DeepEqual(ca, cb) {
 				t.Fatalf("cpu %d, step %d: cached blocks differ", cpu, step)
 			}
-		}
+		})
 	}
 }
 
@@ -781,23 +788,8 @@ func TestRecycledEventsChangeNothing(t *testing.T) {
 	for _, cpu := range []int{0, 48} {
 		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
 		a, b := mustNew(t, cfg), mustNew(t, cfg)
-		rng := rand.New(rand.NewPCG(11, uint64(cpu)))
-		prefix := randTokens(rng, 120, 500)
 		removed := 0
-		for step := 0; step < 600 || !a.Idle(); step++ {
-			if step > 5000 {
-				t.Fatal("engines never idle")
-			}
-			if step < 600 && rng.IntN(3) == 0 {
-				toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
-				n := 1 + rng.IntN(30)
-				mustAdd(t, a, fmt.Sprint(step), slices.Clone(toks), n)
-				mustAdd(t, b, fmt.Sprint(step), toks, n)
-			}
-			ra, rb := a.Step(), b.Step()
-			if !reflect.DeepEqual(ra, rb) {
-				t.Fatalf("cpu %d, step %d: results differ", cpu, step)
-			}
+		stepTwins(t, a, b, 11+uint64(cpu), func(_ int, _, rb StepResult) {
 			for _, ev := range rb.Events {
 				if ev.Kind == Removed {
 					removed++
@@ -807,7 +799,7 @@ func TestRecycledEventsChangeNothing(t *testing.T) {
 				}
 			}
 			b.Recycle(rb.Events)
-		}
+		})
 		if removed == 0 {
 			t.Fatalf("cpu %d: no evictions: the stream should fill the cache", cpu)
 		}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -393,4 +394,31 @@ func seqTokens(from uint32, n int) []uint32 {
 		out[i] = from + uint32(i)
 	}
 	return out
+}
+
+// BenchmarkGapCounts: counting one run of gaps per step, the lengths a
+// conversation trace's steps take (about 10–60 ms, by the microsecond),
+// in gapCounts against a map.
+func BenchmarkGapCounts(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	qs := make([]int64, 4096)
+	for i := range qs {
+		qs[i] = 10_000 + rng.Int64N(50_000)
+	}
+	b.Run("gapCounts", func(b *testing.B) {
+		var g gapCounts
+		i := 0
+		for b.Loop() {
+			g.add(qs[i%len(qs)], 7)
+			i++
+		}
+	})
+	b.Run("map", func(b *testing.B) {
+		m := map[int64]int{}
+		i := 0
+		for b.Loop() {
+			m[qs[i%len(qs)]] += 7
+			i++
+		}
+	})
 }

@@ -48,25 +48,34 @@ func BenchmarkStep256Decodes(b *testing.B) {
 }
 
 // BenchmarkPrefill8k: Add an 8192-token prompt (unique, so the cache keeps
-// evicting) and run its one prefill step to the first and only token.
+// evicting) and run its one prefill step to the first and only token;
+// recycled hands each step's events back (Engine.Recycle), as the
+// simulator does.
 func BenchmarkPrefill8k(b *testing.B) {
-	e, err := New(DefaultConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	toks := make([]uint32, 8192)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		for j := range toks {
-			toks[j] = uint32(i*7919 + j)
-		}
-		if err := e.Add(Request{ID: "r", Tokens: toks, MaxTokens: 1}); err != nil {
-			b.Fatal(err)
-		}
-		res := e.Step()
-		if res.PrefillTokens != 8192 || len(res.Outputs) != 1 {
-			b.Fatalf("%d prefill tokens, %d outputs", res.PrefillTokens, len(res.Outputs))
-		}
+	for _, recycle := range []bool{false, true} {
+		b.Run(map[bool]string{false: "kept", true: "recycled"}[recycle], func(b *testing.B) {
+			e, err := New(DefaultConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			toks := make([]uint32, 8192)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for j := range toks {
+					toks[j] = uint32(i*7919 + j)
+				}
+				if err := e.Add(Request{ID: "r", Tokens: toks, MaxTokens: 1}); err != nil {
+					b.Fatal(err)
+				}
+				res := e.Step()
+				if res.PrefillTokens != 8192 || len(res.Outputs) != 1 {
+					b.Fatalf("%d prefill tokens, %d outputs", res.PrefillTokens, len(res.Outputs))
+				}
+				if recycle {
+					e.Recycle(res.Events)
+				}
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
@@ -29,6 +30,10 @@ type RouteConfig struct {
 	// and each completed prefill settles it.
 	PredictedTTL time.Duration
 	Seed         uint64
+	// ThreadCPU also times each decision by its thread's CPU time, which
+	// leaves out the time other processes hold the core: on a shared
+	// machine the wall clock's tail is theirs, not the router's.
+	ThreadCPU bool
 }
 
 // DefaultRouteConfig is the issue's reference setup: 8,192-token prompts
@@ -49,9 +54,14 @@ type RouteResult struct {
 	// Schedule is scoring plus booking; free (marking the prefill done and
 	// freeing the oldest booked request) is outside the router's timings,
 	// timed by the bench. Means add up where medians do not.
-	ScoreP50us    float64 `json:"score_p50_us"`
-	BookP50us     float64 `json:"book_p50_us"`
-	FreeP50us     float64 `json:"free_p50_us"`
+	ScoreP50us float64 `json:"score_p50_us"`
+	BookP50us  float64 `json:"book_p50_us"`
+	FreeP50us  float64 `json:"free_p50_us"`
+	// The same span by the thread's CPU time (ThreadCPU), which includes
+	// half of each of the two clock reads around it.
+	CPUP50us      float64 `json:"cpu_p50_us,omitempty"`
+	CPUP99us      float64 `json:"cpu_p99_us,omitempty"`
+	CPUMeanus     float64 `json:"cpu_mean_us,omitempty"`
 	Split         Split   `json:"mean_split_us"`
 	DecisionsPerS float64 `json:"decisions_per_sec"`
 	HitRate       float64 `json:"hit_rate"`
@@ -149,6 +159,15 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	booking := make([]float64, 0, cfg.Iterations)
 	free := make([]float64, 0, cfg.Iterations)
 	other := make([]float64, 0, cfg.Iterations)
+	var cpu []float64
+	if cfg.ThreadCPU {
+		if _, ok := threadCPU(); !ok {
+			return RouteResult{}, fmt.Errorf("bench route: the thread's CPU time cannot be read here")
+		}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cpu = make([]float64, 0, cfg.Iterations)
+	}
 	ring := make([]string, cfg.InFlight)
 	var overlap, blocks int
 	start := time.Now()
@@ -162,6 +181,10 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		id := strconv.Itoa(i)
 		tokens = append(tokens[:0], prompts[i%pool]...)
 		req := router.Request{ID: id, Tokens: tokens}
+		var c0 time.Duration
+		if cfg.ThreadCPU {
+			c0, _ = threadCPU()
+		}
 		t0 := time.Now()
 		d, err := r.BestWorker(ctx, &req)
 		if err != nil {
@@ -175,9 +198,16 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		}
 		ring[slot] = id
 		end := time.Now()
+		var c1 time.Duration
+		if cfg.ThreadCPU {
+			c1, _ = threadCPU()
+		}
 		elapsed, freeing := end.Sub(t0), end.Sub(tf)
 		if i < cfg.InFlight {
 			continue // filling the in-flight set
+		}
+		if cfg.ThreadCPU {
+			cpu = append(cpu, us(c1-c0))
 		}
 		total = append(total, us(elapsed))
 		hash = append(hash, us(d.Timings.Hash))
@@ -204,7 +234,8 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		DecisionsPerS: float64(cfg.InFlight+cfg.Iterations) / wall.Seconds(),
 		HitRate:       float64(overlap) / float64(max(1, blocks)),
 		IndexedPairs:  r.Stats().IndexedPairs,
-		Iterations:    cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
+		CPUMeanus:     Mean(cpu), CPUP50us: Percentile(cpu, 50), CPUP99us: Percentile(cpu, 99),
+		Iterations: cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
 	}
 	return res, nil
 }

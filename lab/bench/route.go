@@ -32,7 +32,11 @@ type RouteConfig struct {
 	Seed         uint64
 	// ThreadCPU also times each decision by its thread's CPU time, which
 	// leaves out the time other processes hold the core: on a shared
-	// machine the wall clock's tail is theirs, not the router's.
+	// machine the wall clock's tail is theirs, not the router's. After each
+	// decision it times a fixed computation of about a decision's length
+	// the same way (the floor): what the machine adds to any span of that
+	// length (interrupts, a hypervisor's exits) shows in the floor's tail
+	// as much as in the decisions'.
 	ThreadCPU bool
 }
 
@@ -62,6 +66,9 @@ type RouteResult struct {
 	CPUP50us      float64 `json:"cpu_p50_us,omitempty"`
 	CPUP99us      float64 `json:"cpu_p99_us,omitempty"`
 	CPUMeanus     float64 `json:"cpu_mean_us,omitempty"`
+	FloorP50us    float64 `json:"floor_p50_us,omitempty"`
+	FloorP99us    float64 `json:"floor_p99_us,omitempty"`
+	FloorMeanus   float64 `json:"floor_mean_us,omitempty"`
 	Split         Split   `json:"mean_split_us"`
 	DecisionsPerS float64 `json:"decisions_per_sec"`
 	HitRate       float64 `json:"hit_rate"`
@@ -159,7 +166,7 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	booking := make([]float64, 0, cfg.Iterations)
 	free := make([]float64, 0, cfg.Iterations)
 	other := make([]float64, 0, cfg.Iterations)
-	var cpu []float64
+	var cpu, floor []float64
 	if cfg.ThreadCPU {
 		if _, ok := threadCPU(); !ok {
 			return RouteResult{}, fmt.Errorf("bench route: the thread's CPU time cannot be read here")
@@ -167,6 +174,7 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		cpu = make([]float64, 0, cfg.Iterations)
+		floor = make([]float64, 0, cfg.Iterations)
 	}
 	ring := make([]string, cfg.InFlight)
 	var overlap, blocks int
@@ -208,6 +216,10 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		}
 		if cfg.ThreadCPU {
 			cpu = append(cpu, us(c1-c0))
+			f0, _ := threadCPU()
+			floorSink += floorWork()
+			f1, _ := threadCPU()
+			floor = append(floor, us(f1-f0))
 		}
 		total = append(total, us(elapsed))
 		hash = append(hash, us(d.Timings.Hash))
@@ -235,10 +247,25 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		HitRate:       float64(overlap) / float64(max(1, blocks)),
 		IndexedPairs:  r.Stats().IndexedPairs,
 		CPUMeanus:     Mean(cpu), CPUP50us: Percentile(cpu, 50), CPUP99us: Percentile(cpu, 99),
+		FloorMeanus: Mean(floor), FloorP50us: Percentile(floor, 50), FloorP99us: Percentile(floor, 99),
 		Iterations: cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
 	}
 	return res, nil
 }
+
+// floorWork is a fixed chain of multiplies, about 10 µs, that touches no
+// memory: its time varies only with the machine.
+func floorWork() uint64 {
+	x := uint64(0x9e3779b97f4a7c15)
+	for i := range uint64(5000) {
+		x = x*0xbf58476d1ce4e5b9 + i
+		x ^= x >> 31
+	}
+	return x
+}
+
+// floorSink keeps floorWork's result alive.
+var floorSink uint64
 
 func randomTokens(rng *rand.Rand, n int) []uint32 {
 	out := make([]uint32, n)

@@ -60,6 +60,7 @@ load and overlap as candidates). Progress goes to stderr.`,
 	f.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	f.IntVar(&cfg.Iterations, "iterations", cfg.Iterations, "measured routing decisions")
 	f.IntVar(&cfg.InFlight, "inflight", cfg.InFlight, "requests kept booked while measuring")
+	f.IntVar(&cfg.Warmup, "warmup", 0, "decisions routed untimed before the measured ones (predict-on-route's index grows for its first 2 s)")
 	f.IntVar(&cfg.Conversations, "conversations", cfg.Conversations, "cached conversations per worker in the warm index")
 	f.IntVar(&cfg.SystemTokens, "system-tokens", cfg.SystemTokens, "system prompt tokens shared by every conversation")
 	f.IntVar(&cfg.EventThreads, "router-event-threads", cfg.EventThreads, "index write parallelism (shards)")

@@ -60,11 +60,13 @@ load and overlap as candidates). Progress goes to stderr.`,
 	f.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	f.IntVar(&cfg.Iterations, "iterations", cfg.Iterations, "measured routing decisions")
 	f.IntVar(&cfg.InFlight, "inflight", cfg.InFlight, "requests kept booked while measuring")
+	f.IntVar(&cfg.Warmup, "warmup", 0, "decisions routed untimed before the measured ones (predict-on-route's index grows for its first 2 s)")
 	f.IntVar(&cfg.Conversations, "conversations", cfg.Conversations, "cached conversations per worker in the warm index")
 	f.IntVar(&cfg.SystemTokens, "system-tokens", cfg.SystemTokens, "system prompt tokens shared by every conversation")
 	f.IntVar(&cfg.EventThreads, "router-event-threads", cfg.EventThreads, "index write parallelism (shards)")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for tokens and tie-breaking")
 	f.Float64Var(&predictedTTLSecs, "router-predicted-ttl-secs", cfg.PredictedTTL.Seconds(), "predict-on-route: also index each decision for this many seconds; 0 = off")
+	f.BoolVar(&cfg.ThreadCPU, "thread-cpu", false, "also time each decision by its thread's CPU time (Linux), which other processes' use of the core leaves out, and a fixed computation after each (the machine's floor)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress lines on stderr")
 	return cmd
@@ -78,6 +80,10 @@ func printRouteResult(w io.Writer, r *bench.RouteResult) error {
 	row("decisions", fmt.Sprintf("%d", r.Iterations))
 	row("route p50 / p99", fmt.Sprintf("%.1f / %.1f µs", r.RouteP50us, r.RouteP99us))
 	row("route mean", fmt.Sprintf("%.1f µs", r.RouteMeanus))
+	if r.CPUP50us > 0 {
+		row("thread CPU p50 / p99 / mean", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.CPUP50us, r.CPUP99us, r.CPUMeanus))
+		row("floor CPU p50 / p99 / mean", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.FloorP50us, r.FloorP99us, r.FloorMeanus))
+	}
 	row("hash / find / schedule p50", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.HashP50us, r.FindP50us, r.ScheduleP50us))
 	row("score / book / free p50", fmt.Sprintf("%.1f / %.1f / %.1f µs", r.ScoreP50us, r.BookP50us, r.FreeP50us))
 	m := r.Split

@@ -52,44 +52,45 @@ type Predicted struct {
 	free    []uint32
 	open    map[string]*prediction // by request id, until settled
 	queue   deadlineQueue
+	booked  uint64 // predictions booked so far: the queue's tie-break
 	pairs   uint64
 	expired uint64
 	evicted uint64
-	// spareHeld are the held lists of dropped predictions, for the next
-	// ones: a booking allocated one per decision.
-	spareHeld [][]uint32
-	// slab hands out predictions from one allocation per predictionSlab.
-	// A prediction cannot be reused, since the queue may still point to
-	// it, so a slab is collected once its last entry has left the queue.
-	slab []prediction
+	// spare are dropped predictions, with their held lists, for the next
+	// bookings: a booking allocated a prediction and its list, and memory
+	// the heap had to grow for cost a page fault a page on top.
+	spare []*prediction
 }
 
 const (
-	predictionSlab  = 64
-	maxSpareHeld    = 1024
+	maxSpare        = 1024
 	maxSpareHeldCap = 4096/predictedStride + 1 // a 64 K-token prompt's
 )
 
-func (p *Predicted) newPrediction() *prediction {
-	if len(p.slab) == 0 {
-		p.slab = make([]prediction, predictionSlab)
+// newPrediction is a prediction with an empty held list of room for n.
+func (p *Predicted) newPrediction(n int) *prediction {
+	if k := len(p.spare); k > 0 {
+		pr := p.spare[k-1]
+		p.spare = p.spare[:k-1]
+		if cap(pr.held) < n {
+			pr.held = make([]uint32, 0, n)
+		}
+		return pr
 	}
-	pr := &p.slab[0]
-	p.slab = p.slab[1:]
-	return pr
+	return &prediction{held: make([]uint32, 0, n)}
 }
 
-// heldBuf is an empty held list with room for n holders.
-func (p *Predicted) heldBuf(n int) []uint32 {
-	if k := len(p.spareHeld); k > 0 {
-		// One too short is let go, so that short lists do not pile up.
-		b := p.spareHeld[k-1]
-		p.spareHeld = p.spareHeld[:k-1]
-		if cap(b) >= n {
-			return b
-		}
+// recycle keeps a dropped prediction for the next booking, up to as many
+// as are live (at least maxSpare): bookings that outpace expiries for a
+// while, a burst or a stall of the clock's reader, then find theirs
+// without allocating, and the spares never outnumber the live. One with a
+// longer list than a 64 K-token prompt's is let go: it would hold a rare
+// prompt's memory for good.
+func (p *Predicted) recycle(pr *prediction) {
+	pr.id, pr.held = "", pr.held[:0]
+	if len(p.spare) < max(maxSpare, len(p.queue.items)) && cap(pr.held) <= maxSpareHeldCap {
+		p.spare = append(p.spare, pr)
 	}
-	return make([]uint32, 0, n)
 }
 
 // holder is one worker's hold on one block: n live predictions pass
@@ -124,8 +125,9 @@ type prediction struct {
 	// held are its holders, 1-based: a holder stays put while any
 	// prediction passes through it, so releasing one needs no lookup.
 	held []uint32
-	at   int64 // deadline, unix ns
-	live bool
+	at   int64  // deadline, unix ns
+	seq  uint64 // booking order: of two equal deadlines the earlier goes first
+	pos  int    // index in the deadline queue
 }
 
 // NewPredicted returns an empty Predicted index. cfg.TTL bounds a
@@ -147,6 +149,7 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64, at time.Time) {
 	defer p.mu.Unlock()
 	p.expireLocked(now)
 	if old := p.open[id]; old != nil {
+		p.queue.remove(old)
 		p.dropLocked(old)
 	}
 	// Each hold waits on its block's head slot before it can look further;
@@ -155,8 +158,9 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64, at time.Time) {
 		p.heads.prefetchHome(seq[i])
 	}
 	p.heads.prefetchHome(seq[len(seq)-1])
-	pr := p.newPrediction()
-	*pr = prediction{id: id, w: w, held: p.heldBuf(len(seq)/predictedStride + 1), at: now + int64(p.cfg.TTL), live: true}
+	pr := p.newPrediction(len(seq)/predictedStride + 1)
+	p.booked++
+	pr.id, pr.w, pr.at, pr.seq = id, w, now+int64(p.cfg.TTL), p.booked
 	for i := predictedStride - 1; i < len(seq); i += predictedStride {
 		pr.held = append(pr.held, p.hold(seq[i], w))
 	}
@@ -164,14 +168,13 @@ func (p *Predicted) Add(id string, w kv.Worker, seq []uint64, at time.Time) {
 		pr.held = append(pr.held, p.hold(seq[len(seq)-1], w))
 	}
 	p.open[id] = pr
-	p.queue.push(deadline{at: pr.at, p: pr})
+	p.queue.push(pr)
 	if p.pairs > uint64(p.cfg.MaxBlocks) {
 		target := uint64(float64(p.cfg.MaxBlocks) * p.cfg.PruneRatio)
 		for p.pairs > target && len(p.queue.items) > 0 {
-			if it := p.queue.pop(); it.p.live && it.at == it.p.at {
-				p.evicted += uint64(len(it.p.held))
-				p.dropLocked(it.p)
-			}
+			pr := p.queue.pop()
+			p.evicted += uint64(len(pr.held))
+			p.dropLocked(pr)
 		}
 	}
 }
@@ -189,7 +192,7 @@ func (p *Predicted) Settle(id string, window time.Duration) {
 	delete(p.open, id)
 	if at < pr.at {
 		pr.at = at
-		p.queue.push(deadline{at: at, p: pr})
+		p.queue.up(pr.pos)
 	}
 }
 
@@ -359,10 +362,15 @@ func (p *Predicted) extendShort(m *Matcher, short []uint64, from int) {
 func (p *Predicted) RemoveWorker(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, it := range p.queue.items {
-		if it.p.live && it.p.w.ID == id {
-			p.dropLocked(it.p)
+	var gone []*prediction
+	for _, pr := range p.queue.items {
+		if pr.w.ID == id {
+			gone = append(gone, pr)
 		}
+	}
+	for _, pr := range gone {
+		p.queue.remove(pr)
+		p.dropLocked(pr)
 	}
 }
 
@@ -375,27 +383,22 @@ func (p *Predicted) Stats() ApproxStats {
 
 func (p *Predicted) expireLocked(now int64) {
 	for len(p.queue.items) > 0 && p.queue.items[0].at <= now {
-		if it := p.queue.pop(); it.p.live && it.at == it.p.at {
-			p.expired += uint64(len(it.p.held))
-			p.dropLocked(it.p)
-		}
+		pr := p.queue.pop()
+		p.expired += uint64(len(pr.held))
+		p.dropLocked(pr)
 	}
 }
 
-// dropLocked releases a live prediction's blocks. Its queue entries stay
-// until their time comes and are skipped then; the blocks are let go now
-// so that those entries hold little memory.
+// dropLocked releases the blocks of a prediction taken out of the queue
+// and recycles it.
 func (p *Predicted) dropLocked(pr *prediction) {
 	for _, i := range pr.held {
 		p.release(i)
 	}
-	if len(p.spareHeld) < maxSpareHeld && cap(pr.held) <= maxSpareHeldCap {
-		p.spareHeld = append(p.spareHeld, pr.held[:0])
-	}
-	pr.live, pr.held = false, nil
 	if p.open[pr.id] == pr {
 		delete(p.open, pr.id)
 	}
+	p.recycle(pr)
 }
 
 func (p *Predicted) head(h uint64) uint32 {
@@ -489,49 +492,77 @@ func (p *Predicted) alloc() uint32 {
 	return uint32(len(p.holders))
 }
 
-type deadline struct {
-	at int64
-	p  *prediction
+// deadlineQueue pops the earliest deadline first, of equal ones the
+// earlier booked. It holds each live prediction once, at the index the
+// prediction keeps, so a settle brings its deadline forward in place and a
+// dropped prediction leaves at once. A queue of entries that were skipped
+// once stale kept every booking's entry for the whole TTL: 30 s of
+// bookings, each pinning its prediction, a heap that grew with the traffic
+// and bookings that paid for the fresh memory.
+type deadlineQueue struct{ items []*prediction }
+
+func (q *deadlineQueue) less(i, j int) bool {
+	a, b := q.items[i], q.items[j]
+	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
 }
 
-// deadlineQueue pops the earliest deadline first. A prediction whose
-// deadline was brought forward has a second, later entry, skipped when it
-// comes up because it no longer matches the prediction's deadline. It is
-// container/heap's algorithm on a typed slice: through the heap.Interface
-// every push boxed its deadline, an allocation per booking and per settle.
-type deadlineQueue struct{ items []deadline }
+func (q *deadlineQueue) swap(i, j int) {
+	q.items[i], q.items[j] = q.items[j], q.items[i]
+	q.items[i].pos, q.items[j].pos = i, j
+}
 
-func (q *deadlineQueue) push(d deadline) {
-	q.items = append(q.items, d)
-	for j := len(q.items) - 1; j > 0; {
+func (q *deadlineQueue) push(pr *prediction) {
+	pr.pos = len(q.items)
+	q.items = append(q.items, pr)
+	q.up(pr.pos)
+}
+
+// up restores the order above entry j, whose deadline came forward.
+func (q *deadlineQueue) up(j int) {
+	for j > 0 {
 		i := (j - 1) / 2
-		if q.items[j].at >= q.items[i].at {
+		if !q.less(j, i) {
 			break
 		}
-		q.items[i], q.items[j] = q.items[j], q.items[i]
+		q.swap(i, j)
 		j = i
 	}
 }
 
-func (q *deadlineQueue) pop() deadline {
-	n := len(q.items) - 1
-	q.items[0], q.items[n] = q.items[n], q.items[0]
-	for i := 0; ; {
+func (q *deadlineQueue) down(i int) {
+	n := len(q.items)
+	for {
 		j := 2*i + 1
 		if j >= n {
-			break
+			return
 		}
-		if j2 := j + 1; j2 < n && q.items[j2].at < q.items[j].at {
+		if j2 := j + 1; j2 < n && q.less(j2, j) {
 			j = j2
 		}
-		if q.items[j].at >= q.items[i].at {
-			break
+		if !q.less(j, i) {
+			return
 		}
-		q.items[i], q.items[j] = q.items[j], q.items[i]
+		q.swap(i, j)
 		i = j
 	}
-	it := q.items[n]
-	q.items[n] = deadline{}
+}
+
+func (q *deadlineQueue) pop() *prediction {
+	pr := q.items[0]
+	q.remove(pr)
+	return pr
+}
+
+// remove takes pr out of the queue.
+func (q *deadlineQueue) remove(pr *prediction) {
+	i, n := pr.pos, len(q.items)-1
+	if i != n {
+		q.swap(i, n)
+	}
+	q.items[n] = nil
 	q.items = q.items[:n]
-	return it
+	if i != n {
+		q.down(i)
+		q.up(i)
+	}
 }

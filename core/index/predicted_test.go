@@ -1,10 +1,11 @@
 package index
 
 import (
-	"container/heap"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -247,39 +248,117 @@ func BenchmarkPredicted(b *testing.B) {
 	}
 }
 
-// refDeadlines is deadlineQueue through container/heap, the reference for
-// its typed push and pop.
-type refDeadlines []deadline
-
-func (q refDeadlines) Len() int           { return len(q) }
-func (q refDeadlines) Less(i, j int) bool { return q[i].at < q[j].at }
-func (q refDeadlines) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *refDeadlines) Push(x any)        { *q = append(*q, x.(deadline)) }
-func (q *refDeadlines) Pop() any {
-	it := (*q)[len(*q)-1]
-	*q = (*q)[:len(*q)-1]
-	return it
-}
-
-// The queue pops exactly what container/heap pops, ties included: which
-// of two equal deadlines comes first decides which prediction an eviction
-// drops.
-func TestDeadlineQueueMatchesContainerHeap(t *testing.T) {
+// The queue pops the earliest deadline, of equal ones the earliest
+// booked, through pushes, deadlines brought forward and removals (which
+// prediction an eviction drops), and every entry knows its index.
+func TestDeadlineQueueMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	var q deadlineQueue
-	var ref refDeadlines
-	preds := make([]prediction, 64)
-	for step := range 20000 {
-		if len(q.items) > 0 && rng.IntN(3) == 0 {
-			got, want := q.pop(), heap.Pop(&ref).(deadline)
-			if got != want {
-				t.Fatalf("step %d: pop %v, container/heap %v", step, got, want)
+	var ref []*prediction // the queued predictions, unordered
+	first := func() int {
+		best := 0
+		for i, pr := range ref {
+			if b := ref[best]; pr.at < b.at || (pr.at == b.at && pr.seq < b.seq) {
+				best = i
 			}
-			continue
 		}
-		d := deadline{at: int64(rng.IntN(50)), p: &preds[rng.IntN(len(preds))]}
-		q.push(d)
-		heap.Push(&ref, d)
+		return best
+	}
+	take := func(i int) { ref = slices.Delete(ref, i, i+1) }
+	for step := range 20000 {
+		switch op := rng.IntN(8); {
+		case len(ref) > 0 && op < 2:
+			want := ref[first()]
+			if got := q.pop(); got != want {
+				t.Fatalf("step %d: pop (%d, %d), want (%d, %d)", step, got.at, got.seq, want.at, want.seq)
+			}
+			take(first())
+		case len(ref) > 0 && op == 2:
+			i := rng.IntN(len(ref))
+			q.remove(ref[i])
+			take(i)
+		case len(ref) > 0 && op == 3:
+			pr := ref[rng.IntN(len(ref))]
+			if at := int64(rng.IntN(50)); at < pr.at {
+				pr.at = at
+				q.up(pr.pos)
+			}
+		default:
+			pr := &prediction{at: int64(rng.IntN(50)), seq: uint64(step)}
+			q.push(pr)
+			ref = append(ref, pr)
+		}
+		if len(q.items) != len(ref) {
+			t.Fatalf("step %d: %d queued, want %d", step, len(q.items), len(ref))
+		}
+		for i, pr := range q.items {
+			if pr.pos != i {
+				t.Fatalf("step %d: entry %d thinks it is at %d", step, i, pr.pos)
+			}
+		}
+	}
+}
+
+// A settled prediction's deadline moves in the queue instead of adding an
+// entry: once the settled ones have expired the queue is empty, where it
+// kept each booking's TTL entry for the TTL.
+func TestSettledPredictionsLeaveTheQueue(t *testing.T) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPredicted(ApproxConfig{TTL: 30 * time.Second, Now: c.now})
+	var mt Matcher
+	for i := range 1000 {
+		_, seq := chain(uint64(3*i+1), uint64(3*i+2), uint64(3*i+3))
+		id := fmt.Sprint(i)
+		p.Add(id, kv.Worker{ID: uint64(i % 7)}, seq, c.now())
+		p.Settle(id, 2*time.Second)
+		c.advance(time.Millisecond)
+	}
+	c.advance(3 * time.Second)
+	p.FindMatches(&mt, []uint64{1}, c.now())
+	if n, st := len(p.queue.items), p.Stats(); n != 0 || st.Pairs != 0 || st.Expired != 1000 {
+		t.Fatalf("%d queued, %d pairs, %d expired; want 0, 0 and 1000", n, st.Pairs, st.Expired)
+	}
+}
+
+// A steady stream of bookings, each settled and expiring 2 s later,
+// allocates nothing once the first have expired: expired predictions and
+// their held lists serve the next bookings.
+func TestPredictedSteadyBookingAllocatesNothing(t *testing.T) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPredicted(ApproxConfig{TTL: 30 * time.Second, Now: c.now})
+	var mt Matcher
+	const n = 256
+	prompts := make([][]uint64, n)
+	ids := make([]string, 4096)
+	for i := range prompts {
+		local := make([]uint64, 64)
+		for j := range local {
+			local[j] = uint64(i)<<32 | uint64(j)
+		}
+		prompts[i] = blockhash.SequenceHashes(local)
+	}
+	for i := range ids {
+		ids[i] = fmt.Sprint(i)
+	}
+	book := func(i int) {
+		seq := prompts[i%n]
+		p.FindMatches(&mt, seq, c.now())
+		p.Add(ids[i%len(ids)], kv.Worker{ID: uint64(i % 64)}, seq, c.now())
+		p.Settle(ids[i%len(ids)], 2*time.Second)
+		c.advance(time.Millisecond)
+	}
+	i := 0
+	for ; i < 3000; i++ { // 3 s: past the 2 s window
+		book(i)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for ; i < 6000; i++ {
+		book(i)
+	}
+	runtime.ReadMemStats(&after)
+	if m := after.Mallocs - before.Mallocs; m != 0 {
+		t.Fatalf("%d allocations in 3,000 steady bookings", m)
 	}
 }
 

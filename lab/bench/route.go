@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"time"
@@ -22,13 +23,26 @@ type RouteConfig struct {
 	Conversations int // cached conversations per worker in the warm index
 	SystemTokens  int // system prompt shared by every conversation
 	InFlight      int // requests kept booked while measuring
-	Iterations    int // measured decisions
-	EventThreads  int // --router-event-threads
+	// Warmup decisions are routed, untimed, after the in-flight set is
+	// filled. Predict-on-route's index grows for its confirm window (2 s)
+	// before expiries balance bookings; a short run at the bench's rate
+	// measures only that first fill, which a router goes through once.
+	Warmup       int
+	Iterations   int // measured decisions
+	EventThreads int // --router-event-threads
 	// PredictedTTL is the router's predict-on-route TTL (0: off). Its cost
 	// lands in book and free: each decision indexes its prompt as predicted
 	// and each completed prefill settles it.
 	PredictedTTL time.Duration
 	Seed         uint64
+	// ThreadCPU also times each decision by its thread's CPU time, which
+	// leaves out the time other processes hold the core: on a shared
+	// machine the wall clock's tail is theirs, not the router's. After each
+	// decision it times a fixed computation of about a decision's length
+	// the same way (the floor): what the machine adds to any span of that
+	// length (interrupts, a hypervisor's exits) shows in the floor's tail
+	// as much as in the decisions'.
+	ThreadCPU bool
 }
 
 // DefaultRouteConfig is the issue's reference setup: 8,192-token prompts
@@ -49,9 +63,17 @@ type RouteResult struct {
 	// Schedule is scoring plus booking; free (marking the prefill done and
 	// freeing the oldest booked request) is outside the router's timings,
 	// timed by the bench. Means add up where medians do not.
-	ScoreP50us    float64 `json:"score_p50_us"`
-	BookP50us     float64 `json:"book_p50_us"`
-	FreeP50us     float64 `json:"free_p50_us"`
+	ScoreP50us float64 `json:"score_p50_us"`
+	BookP50us  float64 `json:"book_p50_us"`
+	FreeP50us  float64 `json:"free_p50_us"`
+	// The same span by the thread's CPU time (ThreadCPU), which includes
+	// half of each of the two clock reads around it.
+	CPUP50us      float64 `json:"cpu_p50_us,omitempty"`
+	CPUP99us      float64 `json:"cpu_p99_us,omitempty"`
+	CPUMeanus     float64 `json:"cpu_mean_us,omitempty"`
+	FloorP50us    float64 `json:"floor_p50_us,omitempty"`
+	FloorP99us    float64 `json:"floor_p99_us,omitempty"`
+	FloorMeanus   float64 `json:"floor_mean_us,omitempty"`
 	Split         Split   `json:"mean_split_us"`
 	DecisionsPerS float64 `json:"decisions_per_sec"`
 	HitRate       float64 `json:"hit_rate"`
@@ -149,6 +171,17 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	booking := make([]float64, 0, cfg.Iterations)
 	free := make([]float64, 0, cfg.Iterations)
 	other := make([]float64, 0, cfg.Iterations)
+	var cpu, floor []float64
+	var sink uint64 // floorWork's results, kept so that its loop stays
+	if cfg.ThreadCPU {
+		if _, ok := threadCPU(); !ok {
+			return RouteResult{}, fmt.Errorf("bench route: the thread's CPU time cannot be read here")
+		}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cpu = make([]float64, 0, cfg.Iterations)
+		floor = make([]float64, 0, cfg.Iterations)
+	}
 	ring := make([]string, cfg.InFlight)
 	var overlap, blocks int
 	start := time.Now()
@@ -158,10 +191,15 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 	// has been read. Each prompt is copied in as the frontend would have
 	// written it, outside the timed span.
 	tokens := make([]uint32, 0, cfg.ISL)
-	for i := range cfg.InFlight + cfg.Iterations {
+	untimed := cfg.InFlight + cfg.Warmup
+	for i := range untimed + cfg.Iterations {
 		id := strconv.Itoa(i)
 		tokens = append(tokens[:0], prompts[i%pool]...)
 		req := router.Request{ID: id, Tokens: tokens}
+		var c0 time.Duration
+		if cfg.ThreadCPU {
+			c0, _ = threadCPU()
+		}
 		t0 := time.Now()
 		d, err := r.BestWorker(ctx, &req)
 		if err != nil {
@@ -175,9 +213,20 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		}
 		ring[slot] = id
 		end := time.Now()
+		var c1 time.Duration
+		if cfg.ThreadCPU {
+			c1, _ = threadCPU()
+		}
 		elapsed, freeing := end.Sub(t0), end.Sub(tf)
-		if i < cfg.InFlight {
-			continue // filling the in-flight set
+		if i < untimed {
+			continue // filling the in-flight set, warming up
+		}
+		if cfg.ThreadCPU {
+			cpu = append(cpu, us(c1-c0))
+			f0, _ := threadCPU()
+			sink += floorWork()
+			f1, _ := threadCPU()
+			floor = append(floor, us(f1-f0))
 		}
 		total = append(total, us(elapsed))
 		hash = append(hash, us(d.Timings.Hash))
@@ -195,18 +244,32 @@ func RunRoute(cfg RouteConfig, progress io.Writer) (RouteResult, error) {
 		}
 	}
 	wall := time.Since(start)
+	runtime.KeepAlive(sink)
 	// Means first: Percentile sorts in place.
 	split := Split{Hash: Mean(hash), FindMatches: Mean(find), Score: Mean(score), Book: Mean(booking), Free: Mean(free), Other: Mean(other)}
 	res := RouteResult{
 		RouteP50us: Percentile(total, 50), RouteP99us: Percentile(total, 99), RouteMeanus: Mean(total),
 		HashP50us: Percentile(hash, 50), FindP50us: Percentile(find, 50), ScheduleP50us: Percentile(schedule, 50),
 		ScoreP50us: Percentile(score, 50), BookP50us: Percentile(booking, 50), FreeP50us: Percentile(free, 50), Split: split,
-		DecisionsPerS: float64(cfg.InFlight+cfg.Iterations) / wall.Seconds(),
+		DecisionsPerS: float64(untimed+cfg.Iterations) / wall.Seconds(),
 		HitRate:       float64(overlap) / float64(max(1, blocks)),
 		IndexedPairs:  r.Stats().IndexedPairs,
-		Iterations:    cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
+		CPUMeanus:     Mean(cpu), CPUP50us: Percentile(cpu, 50), CPUP99us: Percentile(cpu, 99),
+		FloorMeanus: Mean(floor), FloorP50us: Percentile(floor, 50), FloorP99us: Percentile(floor, 99),
+		Iterations: cfg.Iterations, Workers: cfg.Workers, ISL: cfg.ISL, Seed: cfg.Seed,
 	}
 	return res, nil
+}
+
+// floorWork is a fixed chain of multiplies, about 10 µs, that touches no
+// memory: its time varies only with the machine.
+func floorWork() uint64 {
+	x := uint64(0x9e3779b97f4a7c15)
+	for i := range uint64(5000) {
+		x = x*0xbf58476d1ce4e5b9 + i
+		x ^= x >> 31
+	}
+	return x
 }
 
 func randomTokens(rng *rand.Rand, n int) []uint32 {

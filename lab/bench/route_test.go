@@ -69,3 +69,25 @@ func TestRunRouteThousandWorkersSplit(t *testing.T) {
 		}
 	}
 }
+
+// --thread-cpu times each decision and the floor after it by the thread's
+// CPU time; --warmup routes untimed decisions first, the measured count
+// unchanged.
+func TestRunRouteThreadCPUAndWarmup(t *testing.T) {
+	if _, ok := threadCPU(); !ok {
+		t.Skip("no thread CPU clock here")
+	}
+	cfg := DefaultRouteConfig()
+	cfg.ISL, cfg.Workers, cfg.Iterations, cfg.Conversations, cfg.SystemTokens, cfg.InFlight = 512, 4, 200, 2, 128, 8
+	cfg.ThreadCPU, cfg.Warmup = true, 300
+	res, err := RunRoute(cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Iterations != 200 || res.CPUP50us <= 0 || res.CPUP99us < res.CPUP50us || res.CPUMeanus <= 0 {
+		t.Fatalf("thread CPU figures implausible: %+v", res)
+	}
+	if res.FloorP50us <= 0 || res.FloorP99us < res.FloorP50us || res.FloorMeanus <= 0 {
+		t.Fatalf("floor figures implausible: %+v", res)
+	}
+}

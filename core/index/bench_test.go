@@ -5,7 +5,10 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
@@ -252,4 +255,62 @@ func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded bool
 	}
 	b.ReportMetric(float64(b.N*2*chain)/b.Elapsed().Seconds(), "blockops/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*2*chain), "ns/blockop")
+}
+
+// BenchmarkFindMatchesDuringChurn is BenchmarkFindMatches while one
+// goroutine per shard stores and removes 64-block chains below random
+// workers' system prompts as fast as it can: what a lookup pays for the
+// writers it meets. It reports the lookups' p99 and the share of shard
+// reads that waited for a writer.
+func BenchmarkFindMatchesDuringChurn(b *testing.B) {
+	for _, workers := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d/shards=4/blocks=512", workers), func(b *testing.B) {
+			const shards, chain, sys = 4, 64, 64
+			ix := New(Config{Shards: shards})
+			qs := fleet(ix, workers, 4, 512-sys, sys, rand.New(rand.NewPCG(1, 2)))
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			for g := range shards {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(7, uint64(g)))
+					blocks := make([]kv.Block, chain)
+					hashes := make([]uint64, chain)
+					for n := uint64(1); !stop.Load(); n++ {
+						w := kv.Worker{ID: uint64(rng.IntN(workers))}
+						if ix.ShardOf(w) != g {
+							continue
+						}
+						for i := range blocks {
+							hashes[i] = 1<<62 | uint64(g)<<56 | n<<8 | uint64(i)
+							blocks[i] = kv.Block{EngineHash: hashes[i], LocalHash: rng.Uint64()}
+						}
+						st := kv.StoredEvent(w, 0, kv.Ptr(w.ID<<40|sys), blocks...)
+						_ = ix.Apply(&st)
+						slices.Reverse(hashes)
+						rm := kv.RemovedEvent(w, 0, hashes...)
+						_ = ix.Apply(&rm)
+					}
+				}()
+			}
+			var m Matcher
+			lat := make([]time.Duration, 0, 1<<16)
+			before := ix.Stats().LookupWaits
+			i := 0
+			for b.Loop() {
+				t0 := time.Now()
+				ix.FindMatches(&m, qs[i%len(qs)])
+				if len(lat) < cap(lat) {
+					lat = append(lat, time.Since(t0))
+				}
+				i++
+			}
+			stop.Store(true)
+			wg.Wait()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+			b.ReportMetric(float64(ix.Stats().LookupWaits-before)/float64(i*shards), "waits/shard-read")
+		})
+	}
 }

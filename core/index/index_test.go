@@ -810,3 +810,37 @@ func TestReanchoredBlocksLiveAsLongAsTheirDescendants(t *testing.T) {
 		t.Fatalf("stats %+v: want 2 re-anchored, 1 refused, 2 inferred", st)
 	}
 }
+
+// FuzzIndexAgreesWithReferenceModel drives TestIndexAgreesWithReferenceModel's
+// streams from fuzzed seeds: tombstones, table purges and holder sets
+// replaced on write must leave every lookup equal to the model's.
+func FuzzIndexAgreesWithReferenceModel(f *testing.F) {
+	f.Add(uint64(1), uint8(1), false)
+	f.Add(uint64(2), uint8(4), true)
+	f.Fuzz(func(t *testing.T, seed uint64, shards uint8, fresh bool) {
+		g := newGen(seed)
+		g.freshIDs = fresh
+		ix := New(Config{Shards: 1 + int(shards%4)})
+		ref := newRef()
+		var m Matcher
+		for step := range 400 {
+			ev := g.next()
+			wantErr := ref.apply(&ev)
+			if err := ix.Apply(&ev); err != wantErr {
+				t.Fatalf("step %d %v: Apply = %v, reference %v", step, ev.Kind, err, wantErr)
+			}
+			if step%20 != 19 {
+				continue
+			}
+			if err := ix.check(); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			for _, q := range queries(g.rng, ix) {
+				got, want := asMap(t, ix.FindMatches(&m, q)), ref.find(q)
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d: FindMatches = %v, reference %v", step, got, want)
+				}
+			}
+		}
+	})
+}

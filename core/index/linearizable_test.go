@@ -129,18 +129,27 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 			}
 			var wg, writers sync.WaitGroup
 			var stop atomic.Bool
+			// Lookups are short, and on a loaded machine the
+			// test's goroutines may share one core: the writers go on past
+			// their 300 rounds until lookups have met their events (calls
+			// moved during a lookup) or the readers are done.
+			var calls, met atomic.Int64
+			var readersLeft atomic.Int32
+			readersLeft.Store(2)
 			// Two writers, each with its own workers.
 			for g := range 2 {
 				writers.Add(1)
 				go func() {
 					defer writers.Done()
-					for range 300 {
+					for round := 0; round < 300 || met.Load() < 100 && readersLeft.Load() > 0 && round < 20000; round++ {
 						for i := g; i < len(workers); i += 2 {
 							lw := workers[i]
 							ev := lw.next()
 							lw.events = append(lw.events, ev)
 							lw.before = append(lw.before, clock.Add(1))
+							calls.Add(1)
 							_ = ix.Apply(&ev)
+							calls.Add(1)
 							lw.after = append(lw.after, clock.Add(1))
 						}
 					}
@@ -152,13 +161,17 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					defer readersLeft.Add(-1)
 					var m Matcher
 					qr := rand.New(rand.NewPCG(seed, 100+uint64(r)))
-					for i := 0; i < 200 || !stop.Load() && i < 20000; i++ {
+					for i := 0; i < 200 || !stop.Load() && i < 200000; i++ {
 						q := qr.IntN(len(seqs))
-						from := clock.Add(1)
+						from, c := clock.Add(1), calls.Load()
 						out := ix.FindMatches(&m, seqs[q])
 						to := clock.Add(1)
+						if calls.Load() != c || c%2 != 0 {
+							met.Add(1)
+						}
 						got := map[kv.Worker]uint32{}
 						for _, o := range out {
 							got[o.Worker] = o.Blocks

@@ -409,15 +409,7 @@ func TestIndexAgreesWithReferenceModel(t *testing.T) {
 				if step%50 != 0 {
 					continue
 				}
-				if err := ix.check(); err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				for _, q := range queries(g.rng, ix) {
-					got, want := asMap(t, ix.FindMatches(&m, q)), ref.find(q)
-					if fmt.Sprint(got) != fmt.Sprint(want) {
-						t.Fatalf("step %d: FindMatches = %v, reference %v", step, got, want)
-					}
-				}
+				agreesWithModel(t, step, ix, ref, g.rng, &m)
 				for _, w := range g.workers {
 					if got, want := ix.Blocks(w), len(ref.ids[w]); got != want {
 						t.Fatalf("step %d: Blocks(%v) = %d, reference %d", step, w, got, want)
@@ -832,15 +824,22 @@ func FuzzIndexAgreesWithReferenceModel(f *testing.F) {
 			if step%20 != 19 {
 				continue
 			}
-			if err := ix.check(); err != nil {
-				t.Fatalf("step %d: %v", step, err)
-			}
-			for _, q := range queries(g.rng, ix) {
-				got, want := asMap(t, ix.FindMatches(&m, q)), ref.find(q)
-				if fmt.Sprint(got) != fmt.Sprint(want) {
-					t.Fatalf("step %d: FindMatches = %v, reference %v", step, got, want)
-				}
-			}
+			agreesWithModel(t, step, ix, ref, g.rng, &m)
 		}
 	})
+}
+
+// agreesWithModel checks the index's invariants and that random lookups
+// answer as the reference model does.
+func agreesWithModel(t *testing.T, step int, ix *Index, ref *refModel, rng *rand.Rand, m *Matcher) {
+	t.Helper()
+	if err := ix.check(); err != nil {
+		t.Fatalf("step %d: %v", step, err)
+	}
+	for _, q := range queries(rng, ix) {
+		got, want := asMap(t, ix.FindMatches(m, q)), ref.find(q)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("step %d: FindMatches = %v, reference %v", step, got, want)
+		}
+	}
 }

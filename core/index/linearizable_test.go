@@ -3,7 +3,9 @@ package index
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,6 +99,17 @@ func (lw *linWorker) next() kv.Event {
 // event passes through as it is applied a chunk at a time. Shards are
 // read one after the other, so the answer is checked worker by worker.
 func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
+	lookupsSeeStatesPassedThrough(t)
+}
+
+// On one core the test's goroutines run by time slices, in which lookups
+// of an index that holds nothing yet could all run before any event.
+func TestLookupsSeeStatesTheIndexPassedThroughOnOneCore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	lookupsSeeStatesPassedThrough(t)
+}
+
+func lookupsSeeStatesPassedThrough(t *testing.T) {
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			// Prompts share prefixes of several lengths, so workers share
@@ -132,7 +145,12 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 			// Lookups are short, and on a loaded machine the
 			// test's goroutines may share one core: the writers go on past
 			// their 300 rounds until lookups have met their events (calls
-			// moved during a lookup) or the readers are done.
+			// moved during a lookup) or the readers are done. On one core a
+			// goroutine runs until it is preempted, about 10 ms, and lookups
+			// of an index that holds nothing yet are short enough that
+			// readers used all their lookups in one such slice, before the
+			// writers had finished an event, and every answer was empty.
+			// Readers and writers yield now and then, so they take turns.
 			var calls, met atomic.Int64
 			var readersLeft atomic.Int32
 			readersLeft.Store(2)
@@ -152,6 +170,7 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 							calls.Add(1)
 							lw.after = append(lw.after, clock.Add(1))
 						}
+						runtime.Gosched()
 					}
 				}()
 			}
@@ -179,6 +198,9 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 						seenMu.Lock()
 						all = append(all, seen{from, to, q, got})
 						seenMu.Unlock()
+						if i%32 == 31 {
+							runtime.Gosched()
+						}
 					}
 				}()
 			}
@@ -286,7 +308,19 @@ func TestLookupsSeeStatesTheIndexPassedThrough(t *testing.T) {
 				}
 			}
 			if overlapped == 0 || nonzero == 0 {
-				t.Fatalf("of %d overlaps checked, %d during an event and %d not 0: the test exercises nothing", checked, overlapped, nonzero)
+				// Say how far each worker's events had got while lookups
+				// ran, so a run whose lookups all met the index before it
+				// held anything is told from one that answered wrongly.
+				var reached []string
+				for _, lw := range workers {
+					most := 0
+					for _, o := range all {
+						most = max(most, sort.Search(len(lw.before), func(i int) bool { return lw.before[i] >= o.to }))
+					}
+					reached = append(reached, fmt.Sprintf("%d/%d", most, len(lw.events)))
+				}
+				t.Fatalf("of %d overlaps checked, %d during an event and %d not 0: the test exercises nothing (%d lookups, %d met an Apply; events begun by a lookup's end, most/all, by worker: %v)",
+					checked, overlapped, nonzero, len(all), met.Load(), reached)
 			}
 		})
 	}

@@ -84,8 +84,8 @@ type blockManager struct {
 	// spareEvents and spareIDs are event slices and Removed events' id
 	// lists the caller is done with (Engine.Recycle), reused before any
 	// new one is allocated.
-	spareEvents [][]BlockEvent
-	spareIDs    [][]uint64
+	spareEvents spareLists[BlockEvent]
+	spareIDs    spareLists[uint64]
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
@@ -341,11 +341,7 @@ func (m *blockManager) flushEvicted() {
 	if len(m.evicted) == 0 {
 		return
 	}
-	var ids []uint64
-	if n := len(m.spareIDs); n > 0 {
-		ids, m.spareIDs = m.spareIDs[n-1], m.spareIDs[:n-1]
-	}
-	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append(ids, m.evicted...)})
+	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append(m.spareIDs.take(), m.evicted...)})
 	m.evicted = m.evicted[:0]
 }
 
@@ -353,25 +349,22 @@ func (m *blockManager) flushEvicted() {
 // steps handed out, but need not take back everything it recycles.
 const maxSpare = 64
 
-func (m *blockManager) takeEvents() []BlockEvent {
-	n := len(m.spareEvents)
+// spareLists are emptied slices kept for reuse, the last put taken first.
+type spareLists[T any] [][]T
+
+func (l *spareLists[T]) take() []T {
+	n := len(*l)
 	if n == 0 {
 		return nil
 	}
-	ev := m.spareEvents[n-1]
-	m.spareEvents = m.spareEvents[:n-1]
-	return ev
+	x := (*l)[n-1]
+	*l = (*l)[:n-1]
+	return x
 }
 
-func (m *blockManager) putEvents(ev []BlockEvent) {
-	if cap(ev) > 0 && len(m.spareEvents) < maxSpare {
-		m.spareEvents = append(m.spareEvents, ev[:0])
-	}
-}
-
-func (m *blockManager) putIDs(ids []uint64) {
-	if cap(ids) > 0 && len(m.spareIDs) < maxSpare {
-		m.spareIDs = append(m.spareIDs, ids[:0])
+func (l *spareLists[T]) put(x []T) {
+	if cap(x) > 0 && len(*l) < maxSpare {
+		*l = append(*l, x[:0])
 	}
 }
 

@@ -533,11 +533,11 @@ func (e *Engine) Idle() bool {
 func (e *Engine) Recycle(events []BlockEvent) {
 	for i := range events {
 		if events[i].Kind == Removed {
-			e.bm.putIDs(events[i].BlockHashes)
+			e.bm.spareIDs.put(events[i].BlockHashes)
 		}
 	}
 	clear(events)
-	e.bm.putEvents(events)
+	e.bm.spareEvents.put(events)
 }
 
 // KVUsage is the fraction of the GPU blocks held by requests.
@@ -590,7 +590,7 @@ func (e *Engine) Step() StepResult {
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
 	sched := e.sched[:0]
-	e.bm.events = e.bm.takeEvents()
+	e.bm.events = e.bm.spareEvents.take()
 	if len(e.loading) > 0 {
 		e.promoteLoads()
 	}
@@ -674,7 +674,7 @@ func (e *Engine) Step() StepResult {
 	res.Events = e.bm.events
 	e.bm.events = nil
 	if len(res.Events) == 0 {
-		e.bm.putEvents(res.Events)
+		e.bm.spareEvents.put(res.Events)
 		res.Events = nil
 	}
 	e.sched = sched

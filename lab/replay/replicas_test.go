@@ -1,9 +1,11 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -18,7 +20,10 @@ import (
 )
 
 // counted fronts target with a proxy that counts the completions it
-// forwards.
+// forwards. It reads each request whole before forwarding it: a
+// streaming proxy whose upstream answers before the last read of the
+// request body sees that body closed under it (an HTTP/1 server closes
+// it once the response starts) and drops the connection mid-answer.
 func counted(t *testing.T, target string, n *atomic.Int64) string {
 	t.Helper()
 	u, err := url.Parse(target)
@@ -30,6 +35,12 @@ func counted(t *testing.T, target string, n *atomic.Int64) string {
 		if r.Method == http.MethodPost {
 			n.Add(1)
 		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)

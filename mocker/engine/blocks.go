@@ -304,8 +304,10 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
 			}
 			if start > 0 {
-				p := s.hashes[start-1]
-				ev.Parent = &p
+				// Into the request's ids, as BlockHashes is: they are
+				// only ever appended to, and a copy was an allocation
+				// per event.
+				ev.Parent = &s.hashes[start-1]
 			}
 			if s.keys != nil {
 				ev.LoRAName = s.keys.lora

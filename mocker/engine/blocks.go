@@ -86,6 +86,18 @@ type blockManager struct {
 	// new one is allocated.
 	spareEvents spareLists[BlockEvent]
 	spareIDs    spareLists[uint64]
+	// spareBlocks are finished requests' slot lists, for the next
+	// requests': a list the length of a long prompt was a fresh, cleared
+	// allocation per request.
+	spareBlocks spareLists[int32]
+}
+
+// blockList is an empty slot list of room for n blocks.
+func (m *blockManager) blockList(n int) []int32 {
+	if l := m.spareBlocks.take(); cap(l) >= n {
+		return l
+	}
+	return make([]int32, 0, n)
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {

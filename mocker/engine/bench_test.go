@@ -79,26 +79,3 @@ func BenchmarkPrefill8k(b *testing.B) {
 		})
 	}
 }
-
-// BenchmarkBlockMapFill fills an engine's block map from empty to 131,072
-// blocks (the simulator's engines' default), through every growth.
-func BenchmarkBlockMapFill(b *testing.B) {
-	keys := make([]uint64, 131072)
-	for i := range keys {
-		keys[i] = splitmixKey(uint64(i))
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		m := newBlockMap()
-		for i, k := range keys {
-			m.put(k, int32(i))
-		}
-	}
-}
-
-func splitmixKey(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}

@@ -598,7 +598,7 @@ func (m *blockManager) cached() []CachedBlock {
 func (m *blockManager) slotsInUse() iter.Seq[int32] {
 	return func(yield func(int32) bool) {
 		for _, sl := range m.byHash.slots {
-			if sl.nval != 0 && !yield(^sl.nval) {
+			if sl.val != noBlock && !yield(sl.val) {
 				return
 			}
 		}

@@ -24,18 +24,15 @@ type blockMap struct {
 
 type mapSlot struct {
 	key uint64
-	// nval is the slot index complemented: 0 (^noBlock), the zero value,
-	// marks an empty slot, so that a fresh table is empty as allocated
-	// and growing needs no pass writing the empty mark into every slot
-	// (a tenth of the simulator's block map time, most of it first
-	// touches of the new pages).
-	nval int32
+	val int32 // noBlock when empty
 }
 
 const minMapSlots = 16
 
 func newBlockMap() blockMap {
-	return blockMap{slots: make([]mapSlot, minMapSlots), mask: minMapSlots - 1}
+	m := blockMap{slots: make([]mapSlot, minMapSlots), mask: minMapSlots - 1}
+	m.clear()
+	return m
 }
 
 // grow doubles the table and reinserts every entry.
@@ -43,10 +40,10 @@ func (m *blockMap) grow() {
 	old := m.slots
 	m.slots = hugepage.Make[mapSlot](2 * len(old))
 	m.mask = uint64(len(m.slots) - 1)
-	m.n = 0
+	m.clear()
 	for _, s := range old {
-		if s.nval != 0 {
-			m.put(s.key, ^s.nval)
+		if s.val != noBlock {
+			m.put(s.key, s.val)
 		}
 	}
 }
@@ -54,18 +51,20 @@ func (m *blockMap) grow() {
 func (m *blockMap) len() int { return m.n }
 
 func (m *blockMap) clear() {
-	clear(m.slots)
+	for i := range m.slots {
+		m.slots[i] = mapSlot{val: noBlock}
+	}
 	m.n = 0
 }
 
 func (m *blockMap) get(key uint64) (int32, bool) {
 	for i := key & m.mask; ; i = (i + 1) & m.mask {
 		s := &m.slots[i]
-		if s.nval == 0 {
+		if s.val == noBlock {
 			return noBlock, false
 		}
 		if s.key == key {
-			return ^s.nval, true
+			return s.val, true
 		}
 	}
 }
@@ -85,22 +84,22 @@ func (m *blockMap) warmRun(key uint64) {
 	prefetch.Line(unsafe.Pointer(&m.slots[(key+2)&m.mask]))
 }
 
-// put inserts or replaces key; val is a slot index, not noBlock.
+// put inserts or replaces key.
 func (m *blockMap) put(key uint64, val int32) {
 	for i := key & m.mask; ; i = (i + 1) & m.mask {
 		s := &m.slots[i]
-		if s.nval == 0 {
+		if s.val == noBlock {
 			if 2*(m.n+1) > len(m.slots) {
 				m.grow()
 				m.put(key, val)
 				return
 			}
-			*s = mapSlot{key: key, nval: ^val}
+			*s = mapSlot{key: key, val: val}
 			m.n++
 			return
 		}
 		if s.key == key {
-			s.nval = ^val
+			s.val = val
 			return
 		}
 	}
@@ -110,7 +109,7 @@ func (m *blockMap) delete(key uint64) {
 	i := key & m.mask
 	for {
 		s := &m.slots[i]
-		if s.nval == 0 {
+		if s.val == noBlock {
 			return
 		}
 		if s.key == key {
@@ -125,7 +124,7 @@ func (m *blockMap) delete(key uint64) {
 	for {
 		j = (j + 1) & m.mask
 		s := m.slots[j]
-		if s.nval == 0 {
+		if s.val == noBlock {
 			break
 		}
 		home := s.key & m.mask
@@ -134,14 +133,14 @@ func (m *blockMap) delete(key uint64) {
 			i = j
 		}
 	}
-	m.slots[i] = mapSlot{}
+	m.slots[i] = mapSlot{val: noBlock}
 }
 
 // each calls f for every entry, in table order.
 func (m *blockMap) each(f func(key uint64, val int32)) {
 	for _, s := range m.slots {
-		if s.nval != 0 {
-			f(s.key, ^s.nval)
+		if s.val != noBlock {
+			f(s.key, s.val)
 		}
 	}
 }

@@ -610,3 +610,32 @@ func TestFinishedRequestsLeaveTheirSlotListsToTheNext(t *testing.T) {
 		t.Fatalf("held blocks %v after another request ran, want %v", got, want)
 	}
 }
+
+// A Stored event's parent points into its request's ids rather than at a
+// copy: it must still name the block before the event's first when the
+// engine has gone on, requests have finished and others have taken their
+// slot lists.
+func TestStoredParentsOutliveTheirSteps(t *testing.T) {
+	cfg := Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
+	a, b := mustNew(t, cfg), mustNew(t, cfg)
+	type kept struct {
+		parent *uint64
+		want   uint64
+	}
+	var evs []kept
+	stepTwins(t, a, b, 5, func(_ int, ra, _ StepResult) {
+		for _, ev := range ra.Events {
+			if ev.Kind == Stored && ev.Parent != nil {
+				evs = append(evs, kept{ev.Parent, *ev.Parent})
+			}
+		}
+	})
+	if len(evs) == 0 {
+		t.Fatal("no Stored event with a parent")
+	}
+	for i, k := range evs {
+		if *k.parent != k.want {
+			t.Fatalf("event %d of %d: parent %x, was %x when published", i, len(evs), *k.parent, k.want)
+		}
+	}
+}

@@ -134,7 +134,12 @@ type prediction struct {
 // prediction that is never settled (--router-predicted-ttl-secs); the size
 // bound evicts the predictions nearest their deadline first.
 func NewPredicted(cfg ApproxConfig) *Predicted {
-	return &Predicted{cfg: cfg.withDefaults(), open: map[string]*prediction{}}
+	p := &Predicted{cfg: cfg.withDefaults(), open: map[string]*prediction{}}
+	// Predictions come and go with the traffic: the tables keep the room
+	// of the busiest moment, which the size bound caps, rather than
+	// shrinking in every lull and growing back in the next burst.
+	p.heads.keep, p.byPair.keep = true, true
+	return p
 }
 
 // Add predicts that w caches the blocks seq (a prompt's sequence hashes

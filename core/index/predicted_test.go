@@ -403,3 +403,60 @@ func BenchmarkPredictedSharedPrefix(b *testing.B) {
 		})
 	}
 }
+
+// burstPrompts are n prompts of 512 blocks each, none sharing a block.
+func burstPrompts(n int) [][]uint64 {
+	prompts := make([][]uint64, n)
+	for i := range prompts {
+		local := make([]uint64, 512)
+		for j := range local {
+			local[j] = uint64(i+1)<<32 | uint64(j)
+		}
+		prompts[i] = blockhash.SequenceHashes(local)
+	}
+	return prompts
+}
+
+// A lull that lets every prediction expire leaves the tables their room,
+// so the next burst books into them without resizing.
+func TestPredictedTablesKeepTheirRoom(t *testing.T) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPredicted(ApproxConfig{TTL: time.Second, Now: c.now})
+	prompts := burstPrompts(64)
+	var mt Matcher
+	var heads, pairs int
+	for round := range 3 {
+		for i, seq := range prompts {
+			p.Add(fmt.Sprint(i), kv.Worker{ID: uint64(i % 8)}, seq, c.now())
+		}
+		if round == 0 {
+			heads, pairs = len(p.heads.slots), len(p.byPair.slots)
+		}
+		c.advance(2 * time.Second)
+		p.FindMatches(&mt, prompts[0], c.now())
+		if st := p.Stats(); st.Pairs != 0 || p.heads.Len() != 0 || p.byPair.Len() != 0 {
+			t.Fatalf("round %d: %d pairs, %d heads, %d pair keys left", round, st.Pairs, p.heads.Len(), p.byPair.Len())
+		}
+		if len(p.heads.slots) != heads || len(p.byPair.slots) != pairs {
+			t.Fatalf("round %d: tables of %d and %d slots, want %d and %d kept", round, len(p.heads.slots), len(p.byPair.slots), heads, pairs)
+		}
+	}
+}
+
+// BenchmarkPredictedBursts books 64 prompts of 512 blocks, then lets them
+// all expire: traffic with lulls between its bursts.
+func BenchmarkPredictedBursts(b *testing.B) {
+	c := &fakeClock{t: time.Unix(1000, 0)}
+	p := NewPredicted(ApproxConfig{TTL: time.Second, Now: c.now})
+	prompts := burstPrompts(64)
+	var mt Matcher
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for i, seq := range prompts {
+			p.Add(fmt.Sprint(i), kv.Worker{ID: uint64(i % 8)}, seq, c.now())
+		}
+		c.advance(2 * time.Second)
+		p.FindMatches(&mt, prompts[0], c.now())
+	}
+}

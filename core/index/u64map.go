@@ -25,6 +25,11 @@ type u64map struct {
 	n     int
 	// Key 0 marks an empty slot, so the key 0 itself lives here.
 	zeroSet bool
+	// keep holds the table at its largest: a map emptied and refilled all
+	// the time (the predictions of a router between bursts) otherwise
+	// shrinks at one eighth full and grows again, and every resize clears
+	// and refills a fresh table.
+	keep    bool
 	zeroVal uint32
 }
 
@@ -183,7 +188,7 @@ func (m *u64map) Take(k uint64) (uint32, bool) {
 	}
 	m.slots[i] = slot{}
 	m.n--
-	if len(m.slots) > 64 && m.n*8 < len(m.slots) {
+	if !m.keep && len(m.slots) > 64 && m.n*8 < len(m.slots) {
 		m.resize(len(m.slots) / 3)
 	}
 	return v, true

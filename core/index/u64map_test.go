@@ -6,9 +6,9 @@ import (
 )
 
 func TestU64MapAgainstBuiltinMap(t *testing.T) {
-	for _, keyRange := range []uint64{8, 300, 1 << 62} {
+	for _, keyRange := range []uint64{8, 300, 1 << 62, 301} {
 		rng := rand.New(rand.NewPCG(keyRange, 1))
-		var m u64map
+		m := u64map{keep: keyRange == 301} // a table that never shrinks
 		ref := map[uint64]uint32{}
 		for step := range 60000 {
 			k := rng.Uint64N(keyRange)

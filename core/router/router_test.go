@@ -625,7 +625,7 @@ func TestReleaseDropsLongPromptBuffers(t *testing.T) {
 	for _, tc := range []struct {
 		blocks int
 		kept   bool
-	}{{512, true}, {maxPooledBlocks + 1, false}} {
+	}{{512, true}, {8000, true}, {maxPooledBlocks + 1, false}} { // 8000: a 128 K-token prompt at 16 a block
 		p, err := r.prepare(&Request{Tokens: make([]uint32, tc.blocks*bs)})
 		if err != nil {
 			t.Fatal(err)

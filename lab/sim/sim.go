@@ -691,6 +691,11 @@ type sim struct {
 	measureFrom, measureTo int64
 	windowed               bool
 
+	// kev is the Removed or Cleared event applyKV hands the routers, one
+	// for every call: the routers apply it before they return, and a
+	// fresh one escaped to the heap each time.
+	kev kv.Event
+
 	gaps gapCounts // inter-token gaps, in gapQuantum
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
 	// mostly share one gap, and a map update per token cost more than the
@@ -1277,13 +1282,15 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 			if !ev.Host {
 				se.salts.Removed(ev.BlockHashes)
 			}
-			kev := kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
+			kev := &s.kev
+			*kev = kv.RemovedEvent(se.w, 0, ev.BlockHashes...)
 			kev.Tier = tier
-			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(&kev) })
+			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(kev) })
 		case engine.Cleared:
 			se.salts.Clear()
-			kev := kv.Event{Worker: se.w, Kind: kv.KindCleared}
-			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(&kev) })
+			kev := &s.kev
+			*kev = kv.Event{Worker: se.w, Kind: kv.KindCleared}
+			s.everyRouter(func(r *router.Router) { _ = r.ApplyEvent(kev) })
 		}
 	}
 }

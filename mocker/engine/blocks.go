@@ -86,6 +86,18 @@ type blockManager struct {
 	// new one is allocated.
 	spareEvents spareLists[BlockEvent]
 	spareIDs    spareLists[uint64]
+	// spareBlocks are finished requests' slot lists, for the next
+	// requests': a list the length of a long prompt was a fresh, cleared
+	// allocation per request.
+	spareBlocks spareLists[int32]
+}
+
+// blockList is an empty slot list of room for n blocks.
+func (m *blockManager) blockList(n int) []int32 {
+	if l := m.spareBlocks.take(); cap(l) >= n {
+		return l
+	}
+	return make([]int32, 0, n)
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
@@ -304,8 +316,10 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
 			}
 			if start > 0 {
-				p := s.hashes[start-1]
-				ev.Parent = &p
+				// Into the request's ids, as BlockHashes is: they are
+				// only ever appended to, and a copy was an allocation
+				// per event.
+				ev.Parent = &s.hashes[start-1]
 			}
 			if s.keys != nil {
 				ev.LoRAName = s.keys.lora

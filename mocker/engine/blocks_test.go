@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // refManager is a deliberately naive block manager: a map of refcounts and
@@ -565,5 +566,76 @@ func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
 	}
 	if m.numInactive != capacity {
 		t.Fatalf("%d inactive blocks, want the full cache's %d", m.numInactive, capacity)
+	}
+}
+
+// runToIdle steps e until it has nothing left to run.
+func runToIdle(t *testing.T, e *Engine) {
+	t.Helper()
+	for range 1000 {
+		if len(e.byID) == 0 {
+			return
+		}
+		e.Step()
+	}
+	t.Fatal("requests still running after 1000 steps")
+}
+
+// A finished request's slot list goes to the next request, whose blocks
+// it then lists; a request that finishes holding its blocks keeps its
+// own.
+func TestFinishedRequestsLeaveTheirSlotListsToTheNext(t *testing.T) {
+	e := mustNew(t, Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 4, MaxNumBatchedTokens: 64, EnablePrefixCaching: true})
+	mustAdd(t, e, "a", seqTokens(0, 40), 2)
+	first := unsafe.SliceData(e.byID["a"].blocks)
+	runToIdle(t, e)
+	if err := e.Add(Request{ID: "held", Tokens: seqTokens(100, 24), MaxTokens: 1, HoldBlocks: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := unsafe.SliceData(e.byID["held"].blocks); got != first {
+		t.Fatal("the next request got a fresh slot list, not the finished one's")
+	}
+	runToIdle(t, e)
+	want := e.HeldBlocks("held")
+	if len(want) != 6 {
+		t.Fatalf("held %v, want 6 blocks", want)
+	}
+	// A later request must not take the held request's list.
+	mustAdd(t, e, "b", seqTokens(200, 24), 1)
+	if unsafe.SliceData(e.byID["b"].blocks) == first {
+		t.Fatal("a request took the slot list of a request still holding its blocks")
+	}
+	runToIdle(t, e)
+	if got := e.HeldBlocks("held"); !slices.Equal(got, want) {
+		t.Fatalf("held blocks %v after another request ran, want %v", got, want)
+	}
+}
+
+// A Stored event's parent points into its request's ids rather than at a
+// copy: it must still name the block before the event's first when the
+// engine has gone on, requests have finished and others have taken their
+// slot lists.
+func TestStoredParentsOutliveTheirSteps(t *testing.T) {
+	cfg := Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
+	a, b := mustNew(t, cfg), mustNew(t, cfg)
+	type kept struct {
+		parent *uint64
+		want   uint64
+	}
+	var evs []kept
+	stepTwins(t, a, b, 5, func(_ int, ra, _ StepResult) {
+		for _, ev := range ra.Events {
+			if ev.Kind == Stored && ev.Parent != nil {
+				evs = append(evs, kept{ev.Parent, *ev.Parent})
+			}
+		}
+	})
+	if len(evs) == 0 {
+		t.Fatal("no Stored event with a parent")
+	}
+	for i, k := range evs {
+		if *k.parent != k.want {
+			t.Fatalf("event %d of %d: parent %x, was %x when published", i, len(evs), *k.parent, k.want)
+		}
 	}
 }

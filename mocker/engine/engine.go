@@ -425,7 +425,7 @@ func (e *Engine) Add(r Request) error {
 	s := &seq{
 		// Room for every full block the request can reach: growing the
 		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: make([]int32, 0, total/bs)},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: e.bm.blockList(total / bs)},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -798,6 +798,8 @@ func (e *Engine) finish(s *seq) {
 	}
 	if keep == 0 {
 		e.bm.release(&s.seqBlocks)
+		e.bm.spareBlocks.put(s.blocks)
+		s.blocks = nil
 		return
 	}
 	e.bm.releaseTail(&s.seqBlocks, keep)

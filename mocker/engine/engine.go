@@ -164,6 +164,22 @@ type Request struct {
 	// numbers its requests reads the number there instead of parsing ID
 	// for every token.
 	Tag int32
+	// BlockIDs are the engine ids of the prompt's first len(BlockIDs) full
+	// blocks, as BlockID chains them under this engine's Config.Seed: the
+	// engine takes them instead of hashing those blocks. A caller that
+	// sends the same blocks again and again (a trace's conversations) can
+	// keep them; at 512-token blocks the hashing is a chain of 128
+	// multiplications a block. Not with LoRA, CacheSalt or MM, which the
+	// engine mixes into its ids.
+	BlockIDs []uint64
+}
+
+// BlockID is the engine id of a full block of tokens whose parent block
+// has engine id parent (0 at the root), on an engine of the given
+// Config.Seed, for a request without LoRA, CacheSalt or MM
+// (Request.BlockIDs).
+func BlockID(seed, parent uint64, tokens []uint32) uint64 {
+	return hashBlock(seed, parent, tokens)
 }
 
 // Output is one generated token.
@@ -339,7 +355,14 @@ type Engine struct {
 	// order the link carries them (host.go).
 	loading []*seq
 	outputs []Output // the last step's Outputs, reused
-	m       Metrics
+	// decodeUsed and decodeTime are the last decode time computed and the
+	// blocks held it was computed for: the held count changes only at
+	// block boundaries, admissions and finishes, so most steps reuse it
+	// (the fit and its rounding cost a simulated step more than the rest
+	// of its timing). decodeUsed is -1 before the first.
+	decodeUsed int
+	decodeTime time.Duration
+	m          Metrics
 }
 
 // New makes an engine.
@@ -380,6 +403,8 @@ func New(cfg Config) (*Engine, error) {
 		bm:   bm,
 		byID: make(map[string]*seq),
 		held: make(map[string]*seq),
+
+		decodeUsed: -1,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		e.host = newHostPool(cfg)
@@ -405,6 +430,15 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
 			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
+	if len(r.BlockIDs) > 0 {
+		switch {
+		case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
+			return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
+				ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
+		case r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0:
+			return fmt.Errorf("%w: request %q has block ids and extra keys", ErrInvalid, r.ID)
+		}
+	}
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
 	}
@@ -425,7 +459,7 @@ func (e *Engine) Add(r Request) error {
 	s := &seq{
 		// Room for every full block the request can reach: growing the
 		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: make([]int32, 0, total/bs)},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: make([]int32, 0, total/bs)},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -701,7 +735,7 @@ func (e *Engine) Step() StepResult {
 		}
 	}
 	res.KVUsage = e.KVUsage()
-	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+	res.Duration = e.stepTime(res.PrefillTokens, res.DecodeSeqs)
 	if e.cfg.Speed != 1 {
 		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
 	}
@@ -759,6 +793,21 @@ func (e *Engine) Step() StepResult {
 	clear(sched)
 	e.outputs = res.Outputs
 	return res
+}
+
+// stepTime is StepTime(prefillTokens, decodeSeqs, e.KVUsage()).
+func (e *Engine) stepTime(prefillTokens, decodeSeqs int) time.Duration {
+	var d time.Duration
+	if prefillTokens > 0 {
+		d = PrefillTime(prefillTokens)
+	}
+	if decodeSeqs > 0 {
+		if used := e.bm.used(); used != e.decodeUsed {
+			e.decodeUsed, e.decodeTime = used, DecodeTime(e.KVUsage())
+		}
+		d += e.decodeTime
+	}
+	return d
 }
 
 // takeWaiting removes s, the i-th waiting request.

@@ -166,7 +166,7 @@ type Request struct {
 	Tag int32
 	// BlockIDs are the engine ids of the prompt's first len(BlockIDs) full
 	// blocks, as BlockID chains them under this engine's Config.Seed: the
-	// engine takes them instead of hashing those blocks. A caller that
+	// engine copies them instead of hashing those blocks. A caller that
 	// sends the same blocks again and again (a trace's conversations) can
 	// keep them; at 512-token blocks the hashing is a chain of 128
 	// multiplications a block. Not with LoRA, CacheSalt or MM, which the

@@ -3,6 +3,7 @@ package sim
 import (
 	"slices"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
@@ -30,6 +31,16 @@ type blockIDMemo struct {
 	arena  []uint64
 	// hits and misses count the blocks whose ids were taken and hashed.
 	hits, misses int
+
+	// local[i] are the router's local hashes of request i's full prompt
+	// blocks, which the loop hands the router when it routes the request
+	// (router.Request.LocalHashes) and again with the blocks' Stored
+	// events (router.EngineStored.LocalHashes), taking those of the
+	// prefix it shares with its previous turn: the router hashed every
+	// prompt block once at routing and every stored one again. nil
+	// without a router of the trace's block size.
+	local  [][]uint64
+	hasher blockhash.Hasher
 }
 
 // initBlockIDs makes the run's prompts carry block ids when it runs a
@@ -45,6 +56,10 @@ func (s *sim) initBlockIDs() {
 		}
 	}
 	m := &s.ids
+	if s.r.BlockSize() == trace.BlockTokens {
+		m.local = make([][]uint64, t.Len())
+		m.hasher = blockhash.NewKeyed(trace.BlockTokens, "", "")
+	}
 	m.prev = make([]int32, t.Len())
 	m.sent = make([][]uint64, t.Len())
 	m.engine = make([]int32, t.Len())
@@ -103,4 +118,47 @@ func (s *sim) blockIDs(i, e int, tokens []uint32, salt string) []uint64 {
 	}
 	m.sent[i], m.engine[i] = slices.Clip(ids), int32(e+1)
 	return ids
+}
+
+// localHashes are the router's local hashes of the full blocks of
+// request i's prompt tokens; nil when the run hands the router none.
+func (s *sim) localHashes(i int, tokens []uint32, salt string) []uint64 {
+	m := &s.ids
+	if m.local == nil || salt != "" {
+		return nil
+	}
+	const bs = trace.BlockTokens
+	t := s.w.(*Trace)
+	full := len(tokens) / bs
+	if len(m.arena) < full {
+		m.arena = make([]uint64, max(full, 1<<16))
+	}
+	local := m.arena[:0:full]
+	m.arena = m.arena[full:]
+	if p := m.prev[i]; p >= 0 {
+		from := m.local[p]
+		n := 0
+		for n < min(full, len(from)) && t.dense[i][n] == t.dense[p][n] {
+			n++
+		}
+		local = append(local, from[:n]...)
+	}
+	local = m.hasher.AppendLocalHashes(local, tokens[len(local)*bs:full*bs])
+	m.local[i] = local
+	return local
+}
+
+// storedLocal are the local hashes of a Stored event's blocks that the
+// loop computed for their request's prompt: a prefix of the blocks, or
+// none.
+func (s *sim) storedLocal(ev *engine.BlockEvent, salt string) []uint64 {
+	if s.ids.local == nil || ev.Tag <= 0 || salt != "" || ev.LoRAName != "" {
+		return nil
+	}
+	local := s.ids.local[ev.Tag-1]
+	first := int(ev.First)
+	if first >= len(local) {
+		return nil
+	}
+	return local[first:min(first+len(ev.BlockHashes), len(local))]
 }

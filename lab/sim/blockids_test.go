@@ -2,8 +2,10 @@ package sim
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
@@ -46,6 +48,9 @@ func TestBlockIDsChangeNothing(t *testing.T) {
 			}
 			if memo.hits == 0 || memo.misses == 0 {
 				t.Fatalf("%d blocks' ids taken, %d hashed", memo.hits, memo.misses)
+			}
+			if memo.local == nil {
+				t.Fatal("the router was handed no local hashes")
 			}
 		})
 	}
@@ -94,6 +99,30 @@ func TestBlockIDsMatchTheEnginesChain(t *testing.T) {
 	}
 	if s.ids.hits == 0 {
 		t.Fatal("no id was taken")
+	}
+	h := blockhash.NewKeyed(trace.BlockTokens, "", "")
+	for range 2000 {
+		i := rng.IntN(w.Len())
+		req := workload.FromTraceRequest(&w.reqs[i])
+		got := s.localHashes(i, req.Tokens, "")
+		if want := h.AppendLocalHashes(nil, req.Tokens); !slices.Equal(got, want) {
+			t.Fatalf("request %d: local hashes %x, the router's %x", i, got, want)
+		}
+		// A Stored event of any run of the prompt's blocks, and one
+		// that runs past them into generated tokens.
+		first := rng.IntN(len(got) + 1)
+		n := 1 + rng.IntN(len(got)+2-first)
+		ev := engine.BlockEvent{Kind: engine.Stored, BlockHashes: make([]uint64, n), Tag: int32(i + 1), First: int32(first)}
+		sl := s.storedLocal(&ev, "")
+		if want := got[first:min(first+n, len(got))]; !slices.Equal(sl, want) {
+			t.Fatalf("request %d, blocks %d+%d: stored local hashes %x, want %x", i, first, n, sl, want)
+		}
+		if s.storedLocal(&ev, "salt") != nil {
+			t.Fatal("local hashes for a salted event")
+		}
+	}
+	if s.localHashes(0, workload.FromTraceRequest(&w.reqs[0]).Tokens, "salt") != nil {
+		t.Fatal("local hashes for a salted prompt")
 	}
 	if s.blockIDs(0, 0, workload.FromTraceRequest(&w.reqs[0]).Tokens, "salt") != nil {
 		t.Fatal("ids for a salted prompt")

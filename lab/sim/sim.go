@@ -116,8 +116,8 @@ type Config struct {
 	// prompts is how the loop disposes of a finished trace prompt, for
 	// tests (reused by default).
 	prompts promptDisposal
-	// noBlockIDs has the engines hash every prompt block themselves, for
-	// tests (see blockIDMemo).
+	// noBlockIDs has the engines and the routers hash every prompt block
+	// themselves, for tests (see blockIDMemo).
 	noBlockIDs bool
 }
 
@@ -1000,7 +1000,9 @@ func (s *sim) submit(i int, req *workload.Request) {
 	if s.cfg.NoOSLHints {
 		osl = 0
 	}
-	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
+	salt := s.salt(req)
+	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
+		LocalHashes: s.localHashes(i, req.Tokens, salt)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -1306,6 +1308,7 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		case engine.Stored:
 			es := router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
 				Salt: s.eventSalt(se, &ev)}
+			es.LocalHashes = s.storedLocal(&ev, es.Salt)
 			s.everyRouter(func(r *router.Router) { _ = r.ApplyEngineStored(&es) })
 		case engine.Removed:
 			if !ev.Host {

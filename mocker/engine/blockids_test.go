@@ -181,3 +181,48 @@ func BenchmarkAddBlockIDs(b *testing.B) {
 		})
 	}
 }
+
+// Every Stored event names the request whose blocks it stores (Tag) and
+// where they start among its blocks (First): the event's tokens are that
+// request's, prompt and generated, from that block on; through
+// preemptions on a small cache.
+func TestStoredEventsNameTheirRequest(t *testing.T) {
+	const bs = 4
+	e := mustNew(t, Config{BlockSize: bs, NumGPUBlocks: 24, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 5})
+	rng := rand.New(rand.NewPCG(13, 14))
+	seqs := map[int32][]uint32{}
+	stored := 0
+	for step := 0; step < 3000; step++ {
+		if step < 400 && rng.IntN(4) == 0 {
+			tag := int32(len(seqs) + 1)
+			toks := randTokens(rng, 5+rng.IntN(30), 50)
+			seqs[tag] = slices.Clone(toks)
+			if err := e.Add(Request{ID: fmt.Sprint(tag), Tokens: toks, MaxTokens: 1 + rng.IntN(30), Tag: tag}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := e.Step()
+		for _, ev := range res.Events {
+			if ev.Kind != Stored {
+				continue
+			}
+			stored++
+			toks, ok := seqs[ev.Tag]
+			from := int(ev.First) * bs
+			if !ok || from+len(ev.TokenIDs) > len(toks) || !slices.Equal(ev.TokenIDs, toks[from:from+len(ev.TokenIDs)]) {
+				t.Fatalf("step %d: event of %d blocks names request %d from block %d, whose tokens differ", step, len(ev.BlockHashes), ev.Tag, ev.First)
+			}
+		}
+		for _, o := range res.Outputs {
+			if !o.Finished {
+				seqs[o.Tag] = append(seqs[o.Tag], o.Token)
+			}
+		}
+		if step > 400 && e.Idle() {
+			break
+		}
+	}
+	if stored == 0 || e.Metrics().Preemptions == 0 {
+		t.Fatalf("%d stored events, %d preemptions", stored, e.Metrics().Preemptions)
+	}
+}

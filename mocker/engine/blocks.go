@@ -116,6 +116,7 @@ type seqBlocks struct {
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
 	keys    *requestKeys
+	tag     int32 // Request.Tag, for Stored events
 
 	groups []sideSeq // blocks in the side groups, by blockManager.groups
 }
@@ -302,6 +303,8 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				Group:       m.group,
 				BlockHashes: s.hashes[start:i:i],
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
+				Tag:         s.tag,
+				First:       int32(start),
 			}
 			if start > 0 {
 				p := s.hashes[start-1]

@@ -233,6 +233,13 @@ type BlockEvent struct {
 	// Host marks the host tier's events (Config.NumCPUBlocks), published
 	// with medium "CPU"; their Stored events have no parent and no tokens.
 	Host bool
+	// Tag and First, on the GPU's Stored events of the group the engine's
+	// Config.BlockSize describes, are the Request.Tag of the request the
+	// blocks were computed for and the place of the first among its
+	// blocks: a caller that hashed the request's prompt finds the blocks'
+	// hashes there. vLLM publishes neither.
+	Tag   int32
+	First int32
 }
 
 // StepResult is what one Step did.
@@ -459,7 +466,7 @@ func (e *Engine) Add(r Request) error {
 	s := &seq{
 		// Room for every full block the request can reach: growing the
 		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: make([]int32, 0, total/bs)},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: make([]int32, 0, total/bs), tag: r.Tag},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),

@@ -92,18 +92,10 @@ func (s *sim) blockIDs(i, e int, tokens []uint32, salt string) []uint64 {
 	const bs = trace.BlockTokens
 	t := s.w.(*Trace)
 	full := len(tokens) / bs
-	if len(m.arena) < full {
-		m.arena = make([]uint64, max(full, 1<<16))
-	}
-	ids := m.arena[:0:full]
-	m.arena = m.arena[full:]
+	ids := m.take(full)
 	if p := m.prev[i]; p >= 0 && m.engine[p] == int32(e+1) {
 		from := m.sent[p]
-		n := 0
-		for n < min(full, len(from)) && t.dense[i][n] == t.dense[p][n] {
-			n++
-		}
-		ids = append(ids, from[:n]...)
+		ids = append(ids, from[:t.shared(i, int(p), min(full, len(from)))]...)
 	}
 	m.hits += len(ids)
 	m.misses += full - len(ids)
@@ -130,18 +122,10 @@ func (s *sim) localHashes(i int, tokens []uint32, salt string) []uint64 {
 	const bs = trace.BlockTokens
 	t := s.w.(*Trace)
 	full := len(tokens) / bs
-	if len(m.arena) < full {
-		m.arena = make([]uint64, max(full, 1<<16))
-	}
-	local := m.arena[:0:full]
-	m.arena = m.arena[full:]
+	local := m.take(full)
 	if p := m.prev[i]; p >= 0 {
 		from := m.local[p]
-		n := 0
-		for n < min(full, len(from)) && t.dense[i][n] == t.dense[p][n] {
-			n++
-		}
-		local = append(local, from[:n]...)
+		local = append(local, from[:t.shared(i, int(p), min(full, len(from)))]...)
 	}
 	local = m.hasher.AppendLocalHashes(local, tokens[len(local)*bs:full*bs])
 	m.local[i] = local
@@ -161,4 +145,25 @@ func (s *sim) storedLocal(ev *engine.BlockEvent, salt string) []uint64 {
 		return nil
 	}
 	return local[first:min(first+len(ev.BlockHashes), len(local))]
+}
+
+// take is an empty slice with room for n hashes, from the arena: the
+// hashes a request was sent with are kept for the run, for its next turn.
+func (m *blockIDMemo) take(n int) []uint64 {
+	if len(m.arena) < n {
+		m.arena = make([]uint64, max(n, 1<<16))
+	}
+	out := m.arena[:0:n]
+	m.arena = m.arena[n:]
+	return out
+}
+
+// shared is how many leading hash ids requests i and p have in common,
+// at most n: their prompts' first blocks of 512 tokens that are equal.
+func (t *Trace) shared(i, p, n int) int {
+	k := 0
+	for k < n && t.dense[i][k] == t.dense[p][k] {
+		k++
+	}
+	return k
 }

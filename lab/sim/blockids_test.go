@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -186,4 +187,36 @@ func BenchmarkBlockIDs(b *testing.B) {
 			i = (i + 1) % len(reqs)
 		}
 	})
+}
+
+// BenchmarkTrace512 runs a Mooncake trace (the file KVROUTER_TRACE names;
+// skipped without one) at 512-token blocks in kv mode, as `kvrouter bench
+// sim --kv-cache-block-size 512 --num-gpu-blocks 4096` does, with the
+// prompts' block ids and local hashes handed over (memo) and without
+// (hashed). Run with -count for the two to alternate.
+func BenchmarkTrace512(b *testing.B) {
+	path := os.Getenv("KVROUTER_TRACE")
+	if path == "" {
+		b.Skip("KVROUTER_TRACE names no trace")
+	}
+	tr, err := trace.Load(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := FromTrace(tr, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, memo := range []bool{true, false} {
+		b.Run(map[bool]string{true: "memo", false: "hashed"}[memo], func(b *testing.B) {
+			for b.Loop() {
+				cfg := DefaultConfig()
+				cfg.Engine.BlockSize, cfg.Engine.NumGPUBlocks = trace.BlockTokens, 4096
+				cfg.noBlockIDs = !memo
+				if _, err := Run(cfg, "kv", w, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -110,43 +110,50 @@ func TestReusedDecodeTimeMatchesStepTime(t *testing.T) {
 }
 
 // BenchmarkStepDecodes512: steps of 32 requests decoding at 512-token
-// blocks, the simulator's trace runs at the trace's own block size.
+// blocks, the simulator's trace runs at the trace's own block size, with
+// the requests that hold their blocks skipping allocate (holds) and
+// without.
 func BenchmarkStepDecodes512(b *testing.B) {
 	const seqs, prompt, maxOut = 32, 4000, 4096
 	cfg := DefaultConfig()
 	cfg.BlockSize = 512
 	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize * 2
-	var e *Engine
-	left := 0
-	setup := func() {
-		var err error
-		if e, err = New(cfg); err != nil {
-			b.Fatal(err)
-		}
-		for i := range seqs {
-			if err := e.Add(Request{ID: fmt.Sprint(i), Tokens: seqTokens(uint32(i)*10000, prompt), MaxTokens: maxOut}); err != nil {
-				b.Fatal(err)
+	for _, all := range []bool{false, true} {
+		b.Run(map[bool]string{false: "holds", true: "allocate"}[all], func(b *testing.B) {
+			var e *Engine
+			left := 0
+			setup := func() {
+				var err error
+				if e, err = New(cfg); err != nil {
+					b.Fatal(err)
+				}
+				e.bm.allocateAll = all
+				for i := range seqs {
+					if err := e.Add(Request{ID: fmt.Sprint(i), Tokens: seqTokens(uint32(i)*10000, prompt), MaxTokens: maxOut}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				steps := 0
+				for e.Step().DecodeSeqs < seqs {
+					steps++
+				}
+				left = maxOut - steps - 2
 			}
-		}
-		steps := 0
-		for e.Step().DecodeSeqs < seqs {
-			steps++
-		}
-		left = maxOut - steps - 2
-	}
-	setup()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if left == 0 {
-			b.StopTimer()
 			setup()
-			b.StartTimer()
-		}
-		if res := e.Step(); res.DecodeSeqs != seqs {
-			b.Fatalf("%d decodes", res.DecodeSeqs)
-		}
-		left--
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if left == 0 {
+					b.StopTimer()
+					setup()
+					b.StartTimer()
+				}
+				if res := e.Step(); res.DecodeSeqs != seqs {
+					b.Fatalf("%d decodes", res.DecodeSeqs)
+				}
+				left--
+			}
+		})
 	}
 }
 
@@ -224,5 +231,43 @@ func TestStoredEventsNameTheirRequest(t *testing.T) {
 	}
 	if stored == 0 || e.Metrics().Preemptions == 0 {
 		t.Fatalf("%d stored events, %d preemptions", stored, e.Metrics().Preemptions)
+	}
+}
+
+// Steps that skip allocate for requests holding their blocks already
+// (holds) are the steps of an engine that allocates for every request,
+// with a host tier, with caching off, through preemptions; and holds is
+// never true where allocate would change something.
+func TestHoldsSkipsOnlyWhatAllocateLeaves(t *testing.T) {
+	for _, cfg := range []Config{
+		{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3},
+		{BlockSize: 4, NumGPUBlocks: 56, MaxNumSeqs: 16, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3},
+		{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: 48, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3},
+		{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, Seed: 3},
+	} {
+		a, b := mustNew(t, cfg), mustNew(t, cfg)
+		b.bm.allocateAll = true
+		held := 0
+		stepTwins(t, a, b, 17, func(int, StepResult, StepResult) {
+			for _, s := range a.running {
+				upTo := s.numTokens()
+				if !a.bm.holds(&s.seqBlocks, upTo) {
+					continue
+				}
+				held++
+				before := *a.bm
+				blocks, partial := len(s.blocks), s.partial
+				if !a.bm.allocate(&s.seqBlocks, upTo) || len(s.blocks) != blocks || s.partial != partial ||
+					a.bm.numActive != before.numActive || a.bm.numPartial != before.numPartial || len(a.bm.events) != len(before.events) {
+					t.Fatalf("holds(%d tokens) with %d blocks (partial %v), but allocate changed them", upTo, blocks, partial)
+				}
+			}
+		})
+		if held == 0 && cfg.EnablePrefixCaching {
+			t.Fatal("no request held its blocks")
+		}
+		if m := a.Metrics(); cfg.NumGPUBlocks == 56 && m.Preemptions == 0 {
+			t.Fatal("no preemption")
+		}
 	}
 }

@@ -86,6 +86,8 @@ type blockManager struct {
 	// new one is allocated.
 	spareEvents spareLists[BlockEvent]
 	spareIDs    spareLists[uint64]
+
+	allocateAll bool // tests: no step skips allocate (see holds)
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {

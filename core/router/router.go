@@ -186,6 +186,14 @@ type Request struct {
 	// engine does no decode and hands its KV over. Otherwise the request
 	// goes to a decode-capable worker (RoleBoth or RoleDecode).
 	Prefill bool
+	// LocalHashes, when it has one hash per full block of Tokens at the
+	// router's block size, are the blocks' local hashes under the
+	// request's LoRA and CacheSalt (blockhash.NewKeyed), which the router
+	// takes instead of hashing Tokens; the caller vouches for them. A
+	// caller that hashed the prompt already (the simulator, which hands the
+	// same hashes to the router's stored events: EngineStored.LocalHashes)
+	// spares hashing it twice. Any other length is ignored.
+	LocalHashes []uint64
 }
 
 // MMItem is one multimodal item (image, audio clip) of a prompt: its
@@ -706,6 +714,11 @@ type EngineStored struct {
 	// the multimodal items the block holds part of; nil, or a nil entry,
 	// for blocks without any.
 	MM [][]uint64
+	// LocalHashes are the local hashes of the first len(LocalHashes)
+	// blocks as HashEngineStored computes them, which it takes instead of
+	// hashing those blocks' tokens again; the caller vouches for them (see
+	// Request.LocalHashes).
+	LocalHashes []uint64
 }
 
 // ErrMisSizedBlocks reports blocks dropped because the event's tokens do
@@ -787,7 +800,13 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 	h := blockhash.NewKeyed(size, es.LoRA, es.Salt)
 	blocks := make([]kv.Block, whole)
 	for i := range blocks {
-		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: engineLocalHash(h, es, i)}
+		var local uint64
+		if i < len(es.LocalHashes) {
+			local = es.LocalHashes[i]
+		} else {
+			local = engineLocalHash(h, es, i)
+		}
+		blocks[i] = kv.Block{EngineHash: es.EngineHashes[i], LocalHash: local}
 	}
 	ev = kv.StoredEvent(es.Worker, es.EventID, es.Parent, blocks...)
 	if es.Tier != "" {
@@ -983,7 +1002,13 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	start := tick()
 	p := preparedPool.Get().(*prepared)
 	h := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt)
-	local, seq := h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	var local, seq []uint64
+	if len(req.LocalHashes) > 0 && len(req.LocalHashes) == len(req.Tokens)/r.cfg.BlockSize {
+		local = append(p.local[:0], req.LocalHashes...)
+		seq = blockhash.AppendSequenceHashes(p.seq[:0], local)
+	} else {
+		local, seq = h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+	}
 	matchable := appendMMHashes(h, req.Tokens, req.MM, local, seq)
 	lap := tick()
 	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}

@@ -116,6 +116,9 @@ type Config struct {
 	// prompts is how the loop disposes of a finished trace prompt, for
 	// tests (reused by default).
 	prompts promptDisposal
+	// noBlockIDs has the engines and the routers hash every prompt block
+	// themselves, for tests (see blockIDMemo).
+	noBlockIDs bool
 }
 
 // engineConfig is engine i's configuration.
@@ -204,6 +207,10 @@ func FromRequests(reqs []workload.Request) Requests {
 // the conversation trace's 12,031 prompts would take 580 MB at once.
 type Trace struct {
 	reqs []trace.Request
+	// dense[i] are request i's hash ids numbered densely from 0, and
+	// numIDs how many distinct ids the trace holds.
+	dense  [][]uint32
+	numIDs int
 	// at, when set, replaces the trace's own arrival times (SpreadBatches).
 	at []time.Duration
 }
@@ -220,7 +227,30 @@ func FromTrace(tr *trace.Trace, max int) (*Trace, error) {
 			return nil, fmt.Errorf("sim: trace line %d goes back in time (%d ms after %d ms)", i+1, reqs[i].Timestamp, reqs[i-1].Timestamp)
 		}
 	}
-	return &Trace{reqs: reqs}, nil
+	t := &Trace{reqs: reqs, dense: make([][]uint32, len(reqs)), numIDs: len(tr.IDs)}
+	parsed := true
+	for i := range reqs {
+		t.dense[i] = reqs[i].DenseIDs()
+		parsed = parsed && len(t.dense[i]) == len(reqs[i].HashIDs)
+	}
+	if !parsed {
+		// A trace built in memory: number its ids here.
+		byID := map[uint64]uint32{}
+		for i := range reqs {
+			d := make([]uint32, len(reqs[i].HashIDs))
+			for k, id := range reqs[i].HashIDs {
+				n, ok := byID[id]
+				if !ok {
+					n = uint32(len(byID))
+					byID[id] = n
+				}
+				d[k] = n
+			}
+			t.dense[i] = d
+		}
+		t.numIDs = len(byID)
+	}
+	return t, nil
 }
 
 func (t *Trace) Len() int { return len(t.reqs) }
@@ -578,6 +608,7 @@ type simEngine struct {
 	zero    int // consecutive steps that took no time
 	groups  enginesource.GroupFilter
 	salts   *router.SaltChains // the engine's salted blocks, as an event source keeps them
+	seed    uint64             // the engine's Config.Seed
 }
 
 // reqState is one request's life, in model ns.
@@ -674,6 +705,7 @@ type sim struct {
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
 	prompts     promptPool
+	ids         blockIDMemo
 	remaining   int // requests not finished or failed
 	// recycleEvents hands each batch of KV events back to its engine once
 	// applied (engine.Recycle): nothing else reads them, but replicas and
@@ -789,7 +821,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		}
 		// Ids from 1, as serve.FleetWorkers numbers a fleet's engines.
 		s.engines[i] = simEngine{eng: eng, w: kv.Worker{ID: uint64(i/s.dp + 1), DPRank: uint32(i % s.dp)}, prefill: cfg.Disagg.role(i/s.dp) == router.RolePrefill,
-			salts: router.NewSaltChains(2 * cfg.Engine.NumGPUBlocks)}
+			salts: router.NewSaltChains(2 * cfg.Engine.NumGPUBlocks), seed: ecfg.Seed}
 	}
 	for id := range workers {
 		info := router.WorkerInfo{ID: uint64(id + 1), DPSize: s.dp, TotalKVBlocks: cfg.engineConfig(id).NumGPUBlocks, MaxNumBatchedTokens: cfg.Engine.MaxNumBatchedTokens, Role: cfg.Disagg.role(id)}
@@ -803,6 +835,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
 	s.prompts.init(s)
+	s.initBlockIDs()
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }
@@ -972,7 +1005,9 @@ func (s *sim) submit(i int, req *workload.Request) {
 	if s.cfg.NoOSLHints {
 		osl = 0
 	}
-	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: s.salt(req)}, s.onDispatch(i, dispAggregated))
+	salt := s.salt(req)
+	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
+		LocalHashes: s.localHashes(i, req.Tokens, salt)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -1002,7 +1037,8 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	s.reqs[i].worker = w
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1)}); err != nil {
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1),
+		BlockIDs: s.blockIDs(i, e, req.Tokens, req.CacheSalt)}); err != nil {
 		s.free(i, id)
 		s.fail(i, err)
 		return
@@ -1277,6 +1313,7 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		case engine.Stored:
 			es := router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
 				Salt: s.eventSalt(se, &ev)}
+			es.LocalHashes = s.storedLocal(&ev, es.Salt)
 			s.everyRouter(func(r *router.Router) { _ = r.ApplyEngineStored(&es) })
 		case engine.Removed:
 			if !ev.Host {

@@ -51,6 +51,10 @@ type Request struct {
 	idx []uint32
 }
 
+// DenseIDs are HashIDs as indices into the loaded trace's IDs; nil for a
+// request that was not read by Load or Parse.
+func (r *Request) DenseIDs() []uint32 { return r.idx }
+
 // Blocks is the number of full blocks of blockSize tokens in the prompt.
 func (r *Request) Blocks(blockSize int) int { return r.InputLength / blockSize }
 

@@ -90,6 +90,8 @@ type blockManager struct {
 	// requests': a list the length of a long prompt was a fresh, cleared
 	// allocation per request.
 	spareBlocks spareLists[int32]
+
+	allocateAll bool // tests: no step skips allocate (see holds)
 }
 
 // blockList is an empty slot list of room for n blocks.
@@ -128,6 +130,7 @@ type seqBlocks struct {
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
 	keys    *requestKeys
+	tag     int32 // Request.Tag, for Stored events
 
 	groups []sideSeq // blocks in the side groups, by blockManager.groups
 }
@@ -314,6 +317,8 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				Group:       m.group,
 				BlockHashes: s.hashes[start:i:i],
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
+				Tag:         s.tag,
+				First:       int32(start),
 			}
 			if start > 0 {
 				// Into the request's ids, as BlockHashes is: they are

@@ -141,7 +141,7 @@ func (r *refManager) allocate(s *refSeq, upTo int) bool {
 		for j < full && fresh[j-have] {
 			j++
 		}
-		e := BlockEvent{Kind: Stored, BlockHashes: h[i:j], TokenIDs: s.tokens[i*r.bs : j*r.bs]}
+		e := BlockEvent{Kind: Stored, BlockHashes: h[i:j], TokenIDs: s.tokens[i*r.bs : j*r.bs], First: int32(i)}
 		if i > 0 {
 			p := h[i-1]
 			e.Parent = &p

@@ -164,6 +164,22 @@ type Request struct {
 	// numbers its requests reads the number there instead of parsing ID
 	// for every token.
 	Tag int32
+	// BlockIDs are the engine ids of the prompt's first len(BlockIDs) full
+	// blocks, as BlockID chains them under this engine's Config.Seed: the
+	// engine copies them instead of hashing those blocks. A caller that
+	// sends the same blocks again and again (a trace's conversations) can
+	// keep them; at 512-token blocks the hashing is a chain of 128
+	// multiplications a block. Not with LoRA, CacheSalt or MM, which the
+	// engine mixes into its ids.
+	BlockIDs []uint64
+}
+
+// BlockID is the engine id of a full block of tokens whose parent block
+// has engine id parent (0 at the root), on an engine of the given
+// Config.Seed, for a request without LoRA, CacheSalt or MM
+// (Request.BlockIDs).
+func BlockID(seed, parent uint64, tokens []uint32) uint64 {
+	return hashBlock(seed, parent, tokens)
 }
 
 // Output is one generated token.
@@ -217,6 +233,13 @@ type BlockEvent struct {
 	// Host marks the host tier's events (Config.NumCPUBlocks), published
 	// with medium "CPU"; their Stored events have no parent and no tokens.
 	Host bool
+	// Tag and First, on the GPU's Stored events of the group the engine's
+	// Config.BlockSize describes, are the Request.Tag of the request the
+	// blocks were computed for and the place of the first among its
+	// blocks: a caller that hashed the request's prompt finds the blocks'
+	// hashes there. vLLM publishes neither.
+	Tag   int32
+	First int32
 }
 
 // StepResult is what one Step did.
@@ -339,7 +362,14 @@ type Engine struct {
 	// order the link carries them (host.go).
 	loading []*seq
 	outputs []Output // the last step's Outputs, reused
-	m       Metrics
+	// decodeUsed and decodeTime are the last decode time computed and the
+	// blocks held it was computed for: the held count changes only at
+	// block boundaries, admissions and finishes, so most steps reuse it
+	// (the fit and its rounding cost a simulated step more than the rest
+	// of its timing). decodeUsed is -1 before the first.
+	decodeUsed int
+	decodeTime time.Duration
+	m          Metrics
 }
 
 // New makes an engine.
@@ -380,6 +410,8 @@ func New(cfg Config) (*Engine, error) {
 		bm:   bm,
 		byID: make(map[string]*seq),
 		held: make(map[string]*seq),
+
+		decodeUsed: -1,
 	}
 	if cfg.NumCPUBlocks > 0 {
 		e.host = newHostPool(cfg)
@@ -405,6 +437,15 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
 			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
+	if len(r.BlockIDs) > 0 {
+		switch {
+		case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
+			return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
+				ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
+		case r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0:
+			return fmt.Errorf("%w: request %q has block ids and extra keys", ErrInvalid, r.ID)
+		}
+	}
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
 	}
@@ -425,7 +466,7 @@ func (e *Engine) Add(r Request) error {
 	s := &seq{
 		// Room for every full block the request can reach: growing the
 		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: make([]uint64, 0, total/bs), blocks: e.bm.blockList(total / bs)},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: e.bm.blockList(total / bs), tag: r.Tag},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -599,6 +640,12 @@ func (e *Engine) Step() StepResult {
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(s.numTokens()-s.numComputed, budget)
+		if e.bm.holds(&s.seqBlocks, s.numComputed+n) {
+			s.chunk = n
+			budget -= n
+			sched = append(sched, s)
+			continue
+		}
 		scheduled := true
 		for !e.bm.allocate(&s.seqBlocks, s.numComputed+n) {
 			victim := e.running[len(e.running)-1]
@@ -701,7 +748,7 @@ func (e *Engine) Step() StepResult {
 		}
 	}
 	res.KVUsage = e.KVUsage()
-	res.Duration = StepTime(res.PrefillTokens, res.DecodeSeqs, res.KVUsage)
+	res.Duration = e.stepTime(res.PrefillTokens, res.DecodeSeqs)
 	if e.cfg.Speed != 1 {
 		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
 	}
@@ -759,6 +806,34 @@ func (e *Engine) Step() StepResult {
 	clear(sched)
 	e.outputs = res.Outputs
 	return res
+}
+
+// stepTime is StepTime(prefillTokens, decodeSeqs, e.KVUsage()).
+func (e *Engine) stepTime(prefillTokens, decodeSeqs int) time.Duration {
+	var d time.Duration
+	if prefillTokens > 0 {
+		d = PrefillTime(prefillTokens)
+	}
+	if decodeSeqs > 0 {
+		if used := e.bm.used(); used != e.decodeUsed {
+			e.decodeUsed, e.decodeTime = used, DecodeTime(e.KVUsage())
+		}
+		d += e.decodeTime
+	}
+	return d
+}
+
+// holds reports that s holds the blocks for its first upTo tokens
+// already, so that allocate would change nothing: most of a running
+// request's steps, which decode within its partial block. It answers
+// without the division allocate starts with, a tenth of a simulated
+// step at 512-token blocks.
+func (m *blockManager) holds(s *seqBlocks, upTo int) bool {
+	if m.allocateAll || !m.caching || len(m.groups) > 0 {
+		return false
+	}
+	full := len(s.blocks) * m.blockSize
+	return upTo == full || s.partial && full < upTo && upTo < full+m.blockSize
 }
 
 // takeWaiting removes s, the i-th waiting request.

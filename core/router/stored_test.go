@@ -1,0 +1,108 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+)
+
+// A stored event handed its blocks' local hashes, all or the first few,
+// becomes the event hashing gives, with salts, adapters and multimodal
+// items; a wrong hash shows in the event.
+func TestHashEngineStoredTakesLocalHashes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for k := range 300 {
+		n := 1 + rng.IntN(6)
+		es := EngineStored{Worker: w(1), EngineHashes: make([]uint64, n), Tokens: make([]uint32, n*bs+rng.IntN(bs)), BlockSize: bs}
+		for i := range es.EngineHashes {
+			es.EngineHashes[i] = rng.Uint64()
+		}
+		for i := range es.Tokens {
+			es.Tokens[i] = rng.Uint32N(1000)
+		}
+		switch k % 4 {
+		case 1:
+			es.Salt = "s"
+		case 2:
+			es.LoRA = "a"
+		case 3:
+			es.MM = make([][]uint64, n)
+			es.MM[rng.IntN(n)] = []uint64{rng.Uint64()}
+		}
+		want, _, err := HashEngineStored(&es, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		local := make([]uint64, n)
+		for i, b := range want.Stored.Blocks {
+			local[i] = b.LocalHash
+		}
+		es.LocalHashes = local[:rng.IntN(n+1)]
+		if got, _, _ := HashEngineStored(&es, bs); !reflect.DeepEqual(got, want) {
+			t.Fatalf("event %d, %d of %d local hashes handed over: %+v, hashed %+v", k, len(es.LocalHashes), n, got, want)
+		}
+		if len(es.LocalHashes) > 0 {
+			es.LocalHashes[0]++
+			if got, _, _ := HashEngineStored(&es, bs); reflect.DeepEqual(got, want) {
+				t.Fatalf("event %d: a wrong local hash changed nothing", k)
+			}
+		}
+	}
+}
+
+// A request handed its local hashes is routed as one the router hashes
+// itself, and one whose hashes do not fit its prompt is hashed.
+func TestSubmitTakesLocalHashes(t *testing.T) {
+	for _, salt := range []string{"", "s"} {
+		r, _ := newRouter(t, 3, nil)
+		for wk := range 3 {
+			es := EngineStored{Worker: w(uint64(wk)), EngineHashes: []uint64{uint64(wk)*10 + 1, uint64(wk)*10 + 2, uint64(wk)*10 + 3}, Tokens: tokens(1, 2+wk%2, 7+wk, 3), BlockSize: bs, Salt: salt}
+			if err := r.ApplyEngineStored(&es); err != nil {
+				t.Fatal(err)
+			}
+		}
+		prompt := tokens(1, 3, 9, 4)
+		local := blockhash.NewKeyed(bs, "", salt).AppendLocalHashes(nil, prompt)
+		for i, hashes := range [][]uint64{nil, local, local[:2], append(local, 1)} {
+			d, err := r.BestWorker(ctx(), &Request{Tokens: prompt, CacheSalt: salt, LocalHashes: hashes})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker != w(1) || d.OverlapBlocks != 3 {
+				t.Errorf("salt %q, hashes %d: %v with %d blocks, want worker 1 with 3", salt, i, d.Worker, d.OverlapBlocks)
+			}
+		}
+		wrong := append([]uint64(nil), local...)
+		wrong[0]++
+		if d, err := r.BestWorker(ctx(), &Request{Tokens: prompt, CacheSalt: salt, LocalHashes: wrong}); err != nil || d.OverlapBlocks != 0 {
+			t.Errorf("salt %q: wrong local hashes credited %d blocks (%v)", salt, d.OverlapBlocks, err)
+		}
+	}
+}
+
+// BenchmarkHashEngineStored: a stored event of 8 blocks of 512 tokens,
+// hashed, or with the local hashes the router computed at routing.
+func BenchmarkHashEngineStored(b *testing.B) {
+	const n, size = 8, 512
+	es := EngineStored{Worker: w(1), EngineHashes: make([]uint64, n), Tokens: make([]uint32, n*size), BlockSize: size}
+	for i := range es.Tokens {
+		es.Tokens[i] = uint32(i * 7919 % 128000)
+	}
+	local := blockhash.NewKeyed(size, "", "").AppendLocalHashes(nil, es.Tokens)
+	for _, supplied := range []bool{false, true} {
+		b.Run(fmt.Sprint(map[bool]string{false: "hashed", true: "supplied"}[supplied]), func(b *testing.B) {
+			if supplied {
+				es.LocalHashes = local
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := HashEngineStored(&es, size); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -106,7 +106,10 @@ func TestKilledEngineCostsAlmostNoRequests(t *testing.T) {
 // probe once it answers again.
 func TestARefusingEngineLeavesAtOnceAndReturnsThroughTheProbe(t *testing.T) {
 	fleets := map[uint64]*fleet.Fleet{1: engineFleet(t), 2: engineFleet(t)}
-	const probeEvery = 500 * time.Millisecond
+	// Long enough that a loaded machine's slow request (0.5 s was seen)
+	// stays under it: the refusal, not the probe, must take the engine
+	// out.
+	const probeEvery = 3 * time.Second
 	s := startServerProbing(t, probeEvery, spec(1, fleets[1]), spec(2, fleets[2]))
 
 	p := prompt(0, 7, 640) // 40 blocks
@@ -138,7 +141,9 @@ func TestARefusingEngineLeavesAtOnceAndReturnsThroughTheProbe(t *testing.T) {
 	waitIdle(t, s)
 
 	restartOnItsPorts(t, dead)
-	if err := s.WaitWorkers(ctx, func(live int) bool { return live == 2 }); err != nil {
+	back, cancelBack := context.WithTimeout(context.Background(), 10*probeEvery)
+	defer cancelBack()
+	if err := s.WaitWorkers(back, func(live int) bool { return live == 2 }); err != nil {
 		t.Fatalf("the engine did not come back through the probe: %v", err)
 	}
 	if ws := s.Router().Workers(); len(ws) != 2 {

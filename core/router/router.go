@@ -1132,6 +1132,10 @@ func (r *Router) candidates(p *prepared, sc *scratch) []sched.Candidate {
 			sc.overlaps[i] = int(o.Blocks)
 		}
 	}
+	// The mapping now is this match's: a scratch back in its pool may be
+	// handed to this request again after serving others, and must not
+	// claim another request's mapping for it.
+	sc.mapped, sc.mappedMatch, sc.mappedFleet = len(p.overlaps), p.match, f
 	tiered := len(p.tiers) > 0 || p.sharedRoot > 0
 	if tiered {
 		sc.lower = slices.Grow(sc.lower[:0], len(f.ranks))[:len(f.ranks)]

@@ -34,7 +34,11 @@ import (
 type PrefillModel struct {
 	mu      sync.Mutex
 	workers map[kv.Worker]*prefillWorker
-	reqs    map[string]*prefillReq
+	// seen are the workers in the order first seen: fallback sums their
+	// fits in it, where a map's order, new at every range, changed the
+	// sum's last bits and so a decision from one run to the next.
+	seen []*prefillWorker
+	reqs map[string]*prefillReq
 }
 
 // prefillFeatures is the number of terms of the fit.
@@ -180,6 +184,7 @@ func (m *PrefillModel) worker(w kv.Worker) *prefillWorker {
 	if pw == nil {
 		pw = &prefillWorker{}
 		m.workers[w] = pw
+		m.seen = append(m.seen, pw)
 	}
 	return pw
 }
@@ -192,7 +197,7 @@ func (m *PrefillModel) fallback(pw *prefillWorker) *[prefillFeatures]float64 {
 	}
 	var mean [prefillFeatures]float64
 	n := 0
-	for _, o := range m.workers {
+	for _, o := range m.seen {
 		if o.fitted() {
 			for i := range mean {
 				mean[i] += o.coef[i]

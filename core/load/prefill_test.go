@@ -1,6 +1,7 @@
 package load
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -116,5 +117,36 @@ func TestPrefillBacklogLeavesOutFixedCosts(t *testing.T) {
 	m.Start("b", w, t0, PrefillSample{Uncached: 3000, Running: 4})
 	if got := m.Estimate(w, t0, 0, 4).Backlog; math.Abs(got-5) > 0.01 {
 		t.Errorf("backlog %v s, want 2 + 3 (their tokens at 1 ms each)", got)
+	}
+}
+
+// An unfitted worker's borrowed fit is the same at every call: the fitted
+// workers' fits are summed in one order, so a float sum's rounding cannot
+// move a decision from one run to the next.
+func TestBorrowedFitIsTheSameAtEveryCall(t *testing.T) {
+	m := NewPrefillModel()
+	rng := rand.New(rand.NewPCG(9, 10))
+	now := time.Unix(0, 0)
+	for id := range uint64(12) {
+		w := kv.Worker{ID: id}
+		perToken := (1 + rng.Float64()) * 1e-4 / 3 // thirds: sums whose rounding depends on their order
+		for i := range 3 * minFitSamples {
+			s := PrefillSample{Uncached: 100 + rng.IntN(4000), Cached: rng.IntN(4000), Running: rng.IntN(8)}
+			ttft := 0.01/3 + perToken*float64(s.Uncached) + perToken/7*float64(s.Cached) + 0.001/3*float64(s.Running)
+			req := fmt.Sprint(id, "-", i)
+			m.Start(req, w, now, s)
+			m.Done(req, now.Add(time.Duration(ttft*float64(time.Second))))
+			now = now.Add(time.Second)
+		}
+	}
+	unfitted := kv.Worker{ID: 99}
+	first := m.Estimate(unfitted, now, 1000, 3)
+	if !first.Known || first.Fitted {
+		t.Fatalf("estimate %+v: want a borrowed fit", first)
+	}
+	for range 200 {
+		if e := m.Estimate(unfitted, now, 1000, 3); e != first {
+			t.Fatalf("borrowed fit %+v, then %+v", first, e)
+		}
 	}
 }

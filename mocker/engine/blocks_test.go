@@ -639,3 +639,110 @@ func TestStoredParentsOutliveTheirSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmVictimsReachesEveryVictim drains an LRU queue full of stale
+// entries (revived blocks') one eviction at a time, as allocate does, and
+// requires that every victim within warmAhead of the queue's front when
+// warmVictims ran had its map slot asked for, once.
+func TestWarmVictimsReachesEveryVictim(t *testing.T) {
+	defer func(n int) { lruCompactMin = n }(lruCompactMin)
+	lruCompactMin = 1 << 30 // positions stay put
+	warmed := map[int]int{}
+	victimWarmed = func(pos int) { warmed[pos]++ }
+	defer func() { victimWarmed = nil }()
+
+	const bs, capacity = 4, 4096
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := newBlockManager(bs, capacity, true, 1)
+	var seqs []*seqBlocks
+	for range 200 {
+		s := &seqBlocks{tokens: randTokens(rng, bs*(1+rng.IntN(12)), 1<<30)}
+		if !m.allocate(s, len(s.tokens)) {
+			t.Fatal("allocation failed with room to spare")
+		}
+		m.release(s)
+		seqs = append(seqs, s)
+	}
+	for range 2000 { // revivals leave stale entries behind
+		s := seqs[rng.IntN(len(seqs))]
+		m.allocate(s, len(s.tokens))
+		m.release(s)
+	}
+	warmed = map[int]int{}
+	skipped, checked := 0, 0
+	for {
+		m.warmVictims()
+		front := m.lruOff
+		if m.lruPop() == noBlock {
+			break
+		}
+		pos := m.lruOff - 1
+		if pos > front {
+			skipped++
+		}
+		if pos <= front+warmAhead {
+			checked++
+			if warmed[pos] != 1 {
+				t.Fatalf("victim at queue position %d (front %d) warmed %d times, want once", pos, front, warmed[pos])
+			}
+		}
+	}
+	for pos, n := range warmed {
+		if n != 1 {
+			t.Fatalf("queue position %d warmed %d times", pos, n)
+		}
+	}
+	if skipped < 100 || checked < 100 {
+		t.Fatalf("%d evictions skipped stale entries, %d checked: the queue was not stale enough to test", skipped, checked)
+	}
+}
+
+// BenchmarkConversationChurn: turns of 512 conversations on a full cache
+// of 131,072 16-token blocks, each turn its conversation's whole history
+// and 64 new blocks, allocated and released: the simulator's churn at
+// 16-token blocks, where a third of a prompt's blocks are found (most of
+// them revived, which leaves a stale queue entry) and every new block
+// evicts one. Hashes are given, so that the figure is the block
+// management's.
+func BenchmarkConversationChurn(b *testing.B) {
+	const bs, capacity, convs, turn, maxLen = 16, 131072, 512, 64, 1024
+	rng := rand.New(rand.NewPCG(1, 2))
+	m := newBlockManager(bs, capacity, true, 1)
+	m.noTokens = true
+	tokens := make([]uint32, bs*maxLen)
+	hist := make([][]uint64, convs)
+	held := make([]int32, 0, maxLen)
+	step := func() int {
+		c := rng.IntN(convs)
+		if len(hist[c])+turn > maxLen {
+			hist[c] = hist[c][:0]
+		}
+		for range turn {
+			hist[c] = append(hist[c], rng.Uint64())
+		}
+		n := len(hist[c])
+		s := &seqBlocks{tokens: tokens[:n*bs], hashes: hist[c], blocks: held[:0]}
+		if !m.allocate(s, n*bs) {
+			b.Fatal("allocation failed on an idle cache")
+		}
+		m.release(s)
+		m.events = m.events[:0]
+		m.evicted = m.evicted[:0]
+		return n
+	}
+	for m.numInactive < capacity {
+		step()
+	}
+	blocks, found := 0, 0
+	b.ResetTimer()
+	for range b.N {
+		blocks += step()
+		for _, idx := range m.found {
+			if idx != noBlock {
+				found++
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
+	b.ReportMetric(float64(found)/float64(blocks), "found/block")
+}

@@ -106,13 +106,14 @@ func (m *blockManager) blockList(n int) []int32 {
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
-	return &blockManager{
+	m := &blockManager{
 		blockSize: blockSize,
 		capacity:  capacity,
 		caching:   caching,
 		seed:      seed,
-		byHash:    newBlockMap(),
 	}
+	m.byHash = newBlockMap(capacity, &m.blocks)
+	return m
 }
 
 // free is the number of free slots (not counting evictable inactive blocks).
@@ -271,7 +272,17 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		s.blocks = append(s.blocks, idx)
 	}
 	if newCnt > 0 {
+		// The insertions ask for their slots again: a long prompt's
+		// lookups above have read thousands of lines since its first.
+		for i := have; i < min(have+warmAhead, full); i++ {
+			if s.blocks[i] == noBlock {
+				m.byHash.warm(s.hashes[i])
+			}
+		}
 		for i := have; i < full; i++ {
+			if j := i + warmAhead; j < full && s.blocks[j] == noBlock {
+				m.byHash.warm(s.hashes[j])
+			}
 			if s.blocks[i] != noBlock {
 				continue
 			}
@@ -625,7 +636,7 @@ func (m *blockManager) cached() []CachedBlock {
 func (m *blockManager) slotsInUse() iter.Seq[int32] {
 	return func(yield func(int32) bool) {
 		for _, sl := range m.byHash.slots {
-			if sl.val != noBlock && !yield(sl.val) {
+			if sl != 0 && !yield(m.byHash.idxOf(sl)) {
 				return
 			}
 		}

@@ -486,16 +486,28 @@ func removed(evs []BlockEvent) []uint64 {
 
 // TestBlockMap checks the open-addressing map against a Go map, with keys
 // crowded into few home slots so that probe runs are long and wrap around
-// the end of the table (backward-shift deletion).
+// the end of the table (backward-shift deletion), and keys that differ
+// only above the bits a slot keeps (equal tags: the block decides).
 func TestBlockMap(t *testing.T) {
-	m := newBlockMap() // 16 slots: at most 8 keys keep it so
+	var blocks []block
+	for hi := range uint64(4) {
+		for mid := range uint64(3) {
+			for home := range uint64(4) {
+				blocks = append(blocks, block{hash: hi<<60 | mid<<32 | 13 + home}) // homes 13..16: runs wrap
+			}
+		}
+	}
+	m := newBlockMap(len(blocks), &blocks) // 16 slots: at most 8 keys keep it so
+	if 64-m.idxBits > 60 {
+		t.Fatalf("slots keep %d bits of an id: the keys' tags differ", 64-m.idxBits)
+	}
 	want := map[uint64]int32{}
 	rng := rand.New(rand.NewPCG(5, 5))
 	for op := 0; op < 200000; op++ {
-		key := uint64(rng.IntN(12))<<32 | uint64(13+rng.IntN(4)) // homes 13..15: runs wrap
-		switch {
-		case rng.IntN(2) == 0 && len(want) < 8:
-			v := int32(rng.IntN(1000))
+		v := int32(rng.IntN(len(blocks)))
+		key := blocks[v].hash
+		switch _, ok := want[key]; {
+		case rng.IntN(2) == 0 && len(want) < 8 && !ok:
 			m.put(key, v)
 			want[key] = v
 		default:
@@ -505,9 +517,10 @@ func TestBlockMap(t *testing.T) {
 		if m.len() != len(want) {
 			t.Fatalf("op %d: len %d, want %d", op, m.len(), len(want))
 		}
-		for k, v := range want {
-			if got, ok := m.get(k); !ok || got != v {
-				t.Fatalf("op %d: get(%x) = %d %v, want %d", op, k, got, ok, v)
+		for _, b := range blocks {
+			got, ok := m.get(b.hash)
+			if w, in := want[b.hash]; ok != in || ok && got != w || !ok && got != noBlock {
+				t.Fatalf("op %d: get(%x) = %d %v, want %d %v", op, b.hash, got, ok, w, in)
 			}
 		}
 		if !reflect.DeepEqual(m.all(), want) {
@@ -526,11 +539,13 @@ func TestBlockMap(t *testing.T) {
 // The table grows as keys come, keeping every entry and a load factor of
 // at most 1/2.
 func TestBlockMapGrows(t *testing.T) {
-	m := newBlockMap()
+	blocks := make([]block, 10000)
+	m := newBlockMap(len(blocks), &blocks)
 	want := map[uint64]int32{}
 	rng := rand.New(rand.NewPCG(6, 6))
-	for i := range 10000 {
+	for i := range blocks {
 		k := rng.Uint64() | 1
+		blocks[i].hash = k
 		m.put(k, int32(i))
 		want[k] = int32(i)
 		if 2*m.len() > len(m.slots) {

@@ -68,12 +68,15 @@ type blockManager struct {
 	// linked list, because an eviction then reads the next victims from
 	// one array and can ask for their blocks ahead; a list made every
 	// eviction wait for the block before it.
-	lru         []int32
-	lruOff      int
-	numActive   int // full blocks with ref > 0
-	numInactive int // full blocks with ref == 0 (in the LRU)
-	numPartial  int // partial blocks
-	numAnon     int // anonymous slots (caching off)
+	lru    []int32
+	lruOff int
+	// warmedNear and warmedFar are the queue positions from which
+	// warmVictims goes on asking for map slots and blocks.
+	warmedNear, warmedFar int
+	numActive             int // full blocks with ref > 0
+	numInactive           int // full blocks with ref == 0 (in the LRU)
+	numPartial            int // partial blocks
+	numAnon               int // anonymous slots (caching off)
 
 	events  []BlockEvent // sink, drained by the engine each step
 	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
@@ -103,13 +106,14 @@ func (m *blockManager) blockList(n int) []int32 {
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
-	return &blockManager{
+	m := &blockManager{
 		blockSize: blockSize,
 		capacity:  capacity,
 		caching:   caching,
 		seed:      seed,
-		byHash:    newBlockMap(),
 	}
+	m.byHash = newBlockMap(capacity, &m.blocks)
+	return m
 }
 
 // free is the number of free slots (not counting evictable inactive blocks).
@@ -268,7 +272,17 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		s.blocks = append(s.blocks, idx)
 	}
 	if newCnt > 0 {
+		// The insertions ask for their slots again: a long prompt's
+		// lookups above have read thousands of lines since its first.
+		for i := have; i < min(have+warmAhead, full); i++ {
+			if s.blocks[i] == noBlock {
+				m.byHash.warm(s.hashes[i])
+			}
+		}
 		for i := have; i < full; i++ {
+			if j := i + warmAhead; j < full && s.blocks[j] == noBlock {
+				m.byHash.warm(s.hashes[j])
+			}
 			if s.blocks[i] != noBlock {
 				continue
 			}
@@ -455,6 +469,7 @@ func (m *blockManager) reset() {
 	m.byHash.clear()
 	clear(m.extra)
 	m.lru, m.lruOff = m.lru[:0], 0
+	m.warmedNear, m.warmedFar = 0, 0
 	m.numInactive = 0
 	m.resetGroups()
 }
@@ -517,19 +532,37 @@ func (m *blockManager) compactLRU() {
 		}
 	}
 	m.lru, m.lruOff = m.lru[:n], 0
+	m.warmedNear, m.warmedFar = 0, 0
 }
 
-// warmVictims asks for what the next evictions touch: the blocks a few
-// entries ahead in the queue, and the map slots of the nearer ones (whose
-// blocks were asked for by an earlier call).
+// warmVictims asks for what the next evictions touch: the blocks up to
+// 2*warmAhead entries ahead in the queue, and the map slots of the live
+// ones up to warmAhead ahead (whose blocks an earlier call asked for).
+// Cursors carry each pass on from where the last stopped: an eviction
+// skips the stale entries before its victim, and a pass a fixed distance
+// ahead of the queue's front skipped as many victims (a third of them on
+// the conversation trace), whose evictions then waited for memory.
 func (m *blockManager) warmVictims() {
-	if far := m.lruOff + 2*warmAhead; far < len(m.lru) {
-		prefetch.Line(unsafe.Pointer(&m.blocks[m.lru[far]]))
+	far := min(m.lruOff+2*warmAhead, len(m.lru)-1)
+	for pos := max(m.warmedFar, m.lruOff); pos <= far; pos++ {
+		prefetch.Line(unsafe.Pointer(&m.blocks[m.lru[pos]]))
 	}
-	if near := m.lruOff + warmAhead; near < len(m.lru) {
-		m.byHash.warmRun(m.blocks[m.lru[near]].hash)
+	m.warmedFar = max(m.warmedFar, far+1)
+	near := min(m.lruOff+warmAhead, len(m.lru)-1)
+	for pos := max(m.warmedNear, m.lruOff); pos <= near; pos++ {
+		if b := &m.blocks[m.lru[pos]]; b.lruPos == int32(pos) {
+			m.byHash.warmRun(b.hash)
+			if victimWarmed != nil {
+				victimWarmed(pos)
+			}
+		}
 	}
+	m.warmedNear = max(m.warmedNear, near+1)
 }
+
+// victimWarmed, when set (tests), hears of every queue position whose map
+// slot warmVictims asks for.
+var victimWarmed func(pos int)
 
 // CachedBlock is one full block the engine caches, as a Stored event would
 // name it. Tokens shares memory with the engine until its next step.
@@ -603,7 +636,7 @@ func (m *blockManager) cached() []CachedBlock {
 func (m *blockManager) slotsInUse() iter.Seq[int32] {
 	return func(yield func(int32) bool) {
 		for _, sl := range m.byHash.slots {
-			if sl.val != noBlock && !yield(sl.val) {
+			if sl != 0 && !yield(m.byHash.idxOf(sl)) {
 				return
 			}
 		}

@@ -486,16 +486,28 @@ func removed(evs []BlockEvent) []uint64 {
 
 // TestBlockMap checks the open-addressing map against a Go map, with keys
 // crowded into few home slots so that probe runs are long and wrap around
-// the end of the table (backward-shift deletion).
+// the end of the table (backward-shift deletion), and keys that differ
+// only above the bits a slot keeps (equal tags: the block decides).
 func TestBlockMap(t *testing.T) {
-	m := newBlockMap() // 16 slots: at most 8 keys keep it so
+	var blocks []block
+	for hi := range uint64(4) {
+		for mid := range uint64(3) {
+			for home := range uint64(4) {
+				blocks = append(blocks, block{hash: hi<<60 | mid<<32 | 13 + home}) // homes 13..16: runs wrap
+			}
+		}
+	}
+	m := newBlockMap(len(blocks), &blocks) // 16 slots: at most 8 keys keep it so
+	if 64-m.idxBits > 60 {
+		t.Fatalf("slots keep %d bits of an id: the keys' tags differ", 64-m.idxBits)
+	}
 	want := map[uint64]int32{}
 	rng := rand.New(rand.NewPCG(5, 5))
 	for op := 0; op < 200000; op++ {
-		key := uint64(rng.IntN(12))<<32 | uint64(13+rng.IntN(4)) // homes 13..15: runs wrap
-		switch {
-		case rng.IntN(2) == 0 && len(want) < 8:
-			v := int32(rng.IntN(1000))
+		v := int32(rng.IntN(len(blocks)))
+		key := blocks[v].hash
+		switch _, ok := want[key]; {
+		case rng.IntN(2) == 0 && len(want) < 8 && !ok:
 			m.put(key, v)
 			want[key] = v
 		default:
@@ -505,9 +517,10 @@ func TestBlockMap(t *testing.T) {
 		if m.len() != len(want) {
 			t.Fatalf("op %d: len %d, want %d", op, m.len(), len(want))
 		}
-		for k, v := range want {
-			if got, ok := m.get(k); !ok || got != v {
-				t.Fatalf("op %d: get(%x) = %d %v, want %d", op, k, got, ok, v)
+		for _, b := range blocks {
+			got, ok := m.get(b.hash)
+			if w, in := want[b.hash]; ok != in || ok && got != w || !ok && got != noBlock {
+				t.Fatalf("op %d: get(%x) = %d %v, want %d %v", op, b.hash, got, ok, w, in)
 			}
 		}
 		if !reflect.DeepEqual(m.all(), want) {
@@ -526,11 +539,13 @@ func TestBlockMap(t *testing.T) {
 // The table grows as keys come, keeping every entry and a load factor of
 // at most 1/2.
 func TestBlockMapGrows(t *testing.T) {
-	m := newBlockMap()
+	blocks := make([]block, 10000)
+	m := newBlockMap(len(blocks), &blocks)
 	want := map[uint64]int32{}
 	rng := rand.New(rand.NewPCG(6, 6))
-	for i := range 10000 {
+	for i := range blocks {
 		k := rng.Uint64() | 1
+		blocks[i].hash = k
 		m.put(k, int32(i))
 		want[k] = int32(i)
 		if 2*m.len() > len(m.slots) {
@@ -638,4 +653,111 @@ func TestStoredParentsOutliveTheirSteps(t *testing.T) {
 			t.Fatalf("event %d of %d: parent %x, was %x when published", i, len(evs), *k.parent, k.want)
 		}
 	}
+}
+
+// TestWarmVictimsReachesEveryVictim drains an LRU queue full of stale
+// entries (revived blocks') one eviction at a time, as allocate does, and
+// requires that every victim within warmAhead of the queue's front when
+// warmVictims ran had its map slot asked for, once.
+func TestWarmVictimsReachesEveryVictim(t *testing.T) {
+	defer func(n int) { lruCompactMin = n }(lruCompactMin)
+	lruCompactMin = 1 << 30 // positions stay put
+	warmed := map[int]int{}
+	victimWarmed = func(pos int) { warmed[pos]++ }
+	defer func() { victimWarmed = nil }()
+
+	const bs, capacity = 4, 4096
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := newBlockManager(bs, capacity, true, 1)
+	var seqs []*seqBlocks
+	for range 200 {
+		s := &seqBlocks{tokens: randTokens(rng, bs*(1+rng.IntN(12)), 1<<30)}
+		if !m.allocate(s, len(s.tokens)) {
+			t.Fatal("allocation failed with room to spare")
+		}
+		m.release(s)
+		seqs = append(seqs, s)
+	}
+	for range 2000 { // revivals leave stale entries behind
+		s := seqs[rng.IntN(len(seqs))]
+		m.allocate(s, len(s.tokens))
+		m.release(s)
+	}
+	warmed = map[int]int{}
+	skipped, checked := 0, 0
+	for {
+		m.warmVictims()
+		front := m.lruOff
+		if m.lruPop() == noBlock {
+			break
+		}
+		pos := m.lruOff - 1
+		if pos > front {
+			skipped++
+		}
+		if pos <= front+warmAhead {
+			checked++
+			if warmed[pos] != 1 {
+				t.Fatalf("victim at queue position %d (front %d) warmed %d times, want once", pos, front, warmed[pos])
+			}
+		}
+	}
+	for pos, n := range warmed {
+		if n != 1 {
+			t.Fatalf("queue position %d warmed %d times", pos, n)
+		}
+	}
+	if skipped < 100 || checked < 100 {
+		t.Fatalf("%d evictions skipped stale entries, %d checked: the queue was not stale enough to test", skipped, checked)
+	}
+}
+
+// BenchmarkConversationChurn: turns of 512 conversations on a full cache
+// of 131,072 16-token blocks, each turn its conversation's whole history
+// and 64 new blocks, allocated and released: the simulator's churn at
+// 16-token blocks, where a third of a prompt's blocks are found (most of
+// them revived, which leaves a stale queue entry) and every new block
+// evicts one. Hashes are given, so that the figure is the block
+// management's.
+func BenchmarkConversationChurn(b *testing.B) {
+	const bs, capacity, convs, turn, maxLen = 16, 131072, 512, 64, 1024
+	rng := rand.New(rand.NewPCG(1, 2))
+	m := newBlockManager(bs, capacity, true, 1)
+	m.noTokens = true
+	tokens := make([]uint32, bs*maxLen)
+	hist := make([][]uint64, convs)
+	held := make([]int32, 0, maxLen)
+	step := func() int {
+		c := rng.IntN(convs)
+		if len(hist[c])+turn > maxLen {
+			hist[c] = hist[c][:0]
+		}
+		for range turn {
+			hist[c] = append(hist[c], rng.Uint64())
+		}
+		n := len(hist[c])
+		s := &seqBlocks{tokens: tokens[:n*bs], hashes: hist[c], blocks: held[:0]}
+		if !m.allocate(s, n*bs) {
+			b.Fatal("allocation failed on an idle cache")
+		}
+		m.release(s)
+		m.events = m.events[:0]
+		m.evicted = m.evicted[:0]
+		return n
+	}
+	for m.numInactive < capacity {
+		step()
+	}
+	blocks, found := 0, 0
+	b.ResetTimer()
+	for range b.N {
+		blocks += step()
+		for _, idx := range m.found {
+			if idx != noBlock {
+				found++
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
+	b.ReportMetric(float64(found)/float64(blocks), "found/block")
 }

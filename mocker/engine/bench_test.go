@@ -11,6 +11,14 @@ func BenchmarkStep256Decodes(b *testing.B) {
 	const seqs, prompt, maxOut = 256, 128, 4096
 	cfg := DefaultConfig()
 	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize
+	benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 1000, nil)
+}
+
+// benchDecodeSteps times single steps of seqs requests (prompts of prompt
+// tokens, stride apart in token space, maxOut tokens to generate), all
+// decoding; a fresh engine, set up by edit when not nil, takes over when
+// the requests near their end.
+func benchDecodeSteps(b *testing.B, cfg Config, seqs, prompt, maxOut int, stride uint32, edit func(*Engine)) {
 	var e *Engine
 	left := 0
 	setup := func() {
@@ -18,8 +26,11 @@ func BenchmarkStep256Decodes(b *testing.B) {
 		if e, err = New(cfg); err != nil {
 			b.Fatal(err)
 		}
+		if edit != nil {
+			edit(e)
+		}
 		for i := range seqs {
-			toks := seqTokens(uint32(i)*1000, prompt)
+			toks := seqTokens(uint32(i)*stride, prompt)
 			if err := e.Add(Request{ID: fmt.Sprint(i), Tokens: toks, MaxTokens: maxOut}); err != nil {
 				b.Fatal(err)
 			}
@@ -39,8 +50,7 @@ func BenchmarkStep256Decodes(b *testing.B) {
 			setup()
 			b.StartTimer()
 		}
-		res := e.Step()
-		if res.DecodeSeqs != seqs {
+		if res := e.Step(); res.DecodeSeqs != seqs {
 			b.Fatalf("%d decodes", res.DecodeSeqs)
 		}
 		left--

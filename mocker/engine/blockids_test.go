@@ -120,39 +120,7 @@ func BenchmarkStepDecodes512(b *testing.B) {
 	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize * 2
 	for _, all := range []bool{false, true} {
 		b.Run(map[bool]string{false: "holds", true: "allocate"}[all], func(b *testing.B) {
-			var e *Engine
-			left := 0
-			setup := func() {
-				var err error
-				if e, err = New(cfg); err != nil {
-					b.Fatal(err)
-				}
-				e.bm.allocateAll = all
-				for i := range seqs {
-					if err := e.Add(Request{ID: fmt.Sprint(i), Tokens: seqTokens(uint32(i)*10000, prompt), MaxTokens: maxOut}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				steps := 0
-				for e.Step().DecodeSeqs < seqs {
-					steps++
-				}
-				left = maxOut - steps - 2
-			}
-			setup()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if left == 0 {
-					b.StopTimer()
-					setup()
-					b.StartTimer()
-				}
-				if res := e.Step(); res.DecodeSeqs != seqs {
-					b.Fatalf("%d decodes", res.DecodeSeqs)
-				}
-				left--
-			}
+			benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 10000, func(e *Engine) { e.bm.allocateAll = all })
 		})
 	}
 }

@@ -362,12 +362,14 @@ type Engine struct {
 	// order the link carries them (host.go).
 	loading []*seq
 	outputs []Output // the last step's Outputs, reused
-	// decodeUsed and decodeTime are the last decode time computed and the
-	// blocks held it was computed for: the held count changes only at
-	// block boundaries, admissions and finishes, so most steps reuse it
-	// (the fit and its rounding cost a simulated step more than the rest
-	// of its timing). decodeUsed is -1 before the first.
+	// usage and decodeTime are the KV usage and the decode time at it
+	// last computed, and decodeUsed the blocks held they were computed
+	// for: the held count changes only at block boundaries, admissions
+	// and finishes, so most steps reuse them (the fit and its rounding
+	// cost a simulated step more than the rest of its timing, the
+	// division a tenth of it). decodeUsed is -1 before the first.
 	decodeUsed int
+	usage      float64
 	decodeTime time.Duration
 	m          Metrics
 }
@@ -625,18 +627,31 @@ func (e *Engine) ResetPrefixCache() ([]BlockEvent, bool) {
 // Step runs one scheduler iteration and forward pass.
 func (e *Engine) Step() StepResult {
 	var res StepResult
+	e.StepTo(&res)
+	return res
+}
+
+// StepTo is Step writing its result into *res, which it overwrites: a
+// caller that keeps the result of every step where it lives copies none
+// of its thirteen words (returning and storing them cost a simulated
+// step more than its scheduling).
+func (e *Engine) StepTo(res *StepResult) {
+	*res = StepResult{}
 	if e.Idle() {
-		return res
+		return
 	}
 	bs := e.cfg.BlockSize
 	budget := e.cfg.MaxNumBatchedTokens
 	sched := e.sched[:0]
-	e.bm.events = e.bm.spareEvents.take()
+	if e.bm.events == nil {
+		e.bm.events = e.bm.spareEvents.take()
+	}
 	if len(e.loading) > 0 {
 		e.promoteLoads()
 	}
 
 	// Running requests first.
+	preempted := 0
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(s.numTokens()-s.numComputed, budget)
@@ -651,7 +666,7 @@ func (e *Engine) Step() StepResult {
 			victim := e.running[len(e.running)-1]
 			e.running = e.running[:len(e.running)-1]
 			e.preempt(victim)
-			res.Preempted++
+			preempted++
 			if victim == s {
 				scheduled = false
 				break
@@ -668,7 +683,7 @@ func (e *Engine) Step() StepResult {
 	// Then waiting requests, unless this step had to preempt. A request
 	// deferred by the host tier (host.go) keeps its place and the next one
 	// is tried, as vLLM skips it.
-	if res.Preempted == 0 {
+	if preempted == 0 {
 		for i := 0; i < e.waiting.len() && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs; {
 			s := e.waiting.at(i)
 			hits := 0
@@ -717,12 +732,12 @@ func (e *Engine) Step() StepResult {
 			sched = append(sched, s)
 		}
 	}
-	e.m.Preemptions += uint64(res.Preempted)
-	res.Events = e.bm.events
-	e.bm.events = nil
-	if len(res.Events) == 0 {
-		e.bm.spareEvents.put(res.Events)
-		res.Events = nil
+	e.m.Preemptions += uint64(preempted)
+	res.Preempted = preempted
+	// A step without events (most) keeps its empty list for the next.
+	if len(e.bm.events) > 0 {
+		res.Events = e.bm.events
+		e.bm.events = nil
 	}
 	e.sched = sched
 	if len(sched) == 0 {
@@ -735,26 +750,30 @@ func (e *Engine) Step() StepResult {
 			res.LoadWait = true
 			e.clock += res.Duration
 		}
-		return res
+		return
 	}
 	e.m.Steps++
 
 	// The forward pass.
+	decodeSeqs, prefillTokens := 0, 0
 	for _, s := range sched {
 		if s.prefilled {
-			res.DecodeSeqs++
+			decodeSeqs++
 		} else {
-			res.PrefillTokens += s.chunk
+			prefillTokens += s.chunk
 		}
 	}
-	res.KVUsage = e.KVUsage()
-	res.Duration = e.stepTime(res.PrefillTokens, res.DecodeSeqs)
+	res.DecodeSeqs, res.PrefillTokens = decodeSeqs, prefillTokens
+	e.refreshUsage()
+	res.KVUsage = e.usage
+	d := e.stepTime(prefillTokens, decodeSeqs)
 	if e.cfg.Speed != 1 {
-		res.Duration = time.Duration(math.Round(float64(res.Duration) / e.cfg.Speed))
+		d = time.Duration(math.Round(float64(d) / e.cfg.Speed))
 	}
-	e.clock += res.Duration
+	res.Duration = d
+	e.clock += d
 
-	res.Outputs = e.outputs[:0]
+	outs := e.outputs[:0]
 	finished := 0
 	for _, s := range sched {
 		s.numComputed += s.chunk
@@ -769,28 +788,33 @@ func (e *Engine) Step() StepResult {
 		if s.generated == 0 {
 			s.promptHash = e.fingerprint(s)
 		}
-		out := Output{
-			ID:       s.id,
-			Tag:      s.tag,
-			Token:    genToken(e.cfg.Seed, s.promptHash, s.generated, e.cfg.VocabSize),
-			Index:    s.generated,
-			Finished: s.generated+1 == s.maxTokens,
-		}
-		if s.generated == 0 {
-			out.CachedTokens = s.cachedTokens
+		gen := s.generated
+		token := genToken(e.cfg.Seed, s.promptHash, gen, e.cfg.VocabSize)
+		done := gen+1 == s.maxTokens
+		cached := 0
+		if gen == 0 {
+			cached = s.cachedTokens
 			e.m.PromptTokens += uint64(s.numPrompt)
 		}
-		res.Outputs = append(res.Outputs, out)
+		// Filled in place, field by field: an Output built aside and
+		// copied in was read back in halves its stores could not forward.
+		if len(outs) == cap(outs) {
+			outs = append(outs, Output{})
+		} else {
+			outs = outs[:len(outs)+1]
+		}
+		out := &outs[len(outs)-1]
+		out.ID, out.Token, out.Tag, out.Index, out.Finished, out.CachedTokens = s.id, token, s.tag, gen, done, cached
 		e.m.GenerationTokens++
-		s.generated++
-		if out.Finished {
+		s.generated = gen + 1
+		if done {
 			e.finish(s)
 			s.state = stDone
 			delete(e.byID, s.id)
 			e.m.RequestsFinished++
 			finished++
 		} else {
-			s.tokens = append(s.tokens, out.Token)
+			s.tokens = append(s.tokens, token)
 		}
 	}
 	if finished > 0 {
@@ -803,21 +827,31 @@ func (e *Engine) Step() StepResult {
 		clear(e.running[len(kept):])
 		e.running = kept
 	}
-	clear(sched)
-	e.outputs = res.Outputs
-	return res
+	// Not clear(sched): a call that cost more than the loop for the one
+	// or two requests of most steps.
+	for i := 0; i < len(sched); i++ {
+		sched[i] = nil
+	}
+	res.Outputs = outs
+	e.outputs = outs
 }
 
-// stepTime is StepTime(prefillTokens, decodeSeqs, e.KVUsage()).
+// refreshUsage brings usage and decodeTime up to the blocks held now.
+func (e *Engine) refreshUsage() {
+	if used := e.bm.used(); used != e.decodeUsed {
+		e.decodeUsed, e.usage = used, e.KVUsage()
+		e.decodeTime = DecodeTime(e.usage)
+	}
+}
+
+// stepTime is StepTime(prefillTokens, decodeSeqs, e.KVUsage()), after
+// refreshUsage.
 func (e *Engine) stepTime(prefillTokens, decodeSeqs int) time.Duration {
 	var d time.Duration
 	if prefillTokens > 0 {
 		d = PrefillTime(prefillTokens)
 	}
 	if decodeSeqs > 0 {
-		if used := e.bm.used(); used != e.decodeUsed {
-			e.decodeUsed, e.decodeTime = used, DecodeTime(e.KVUsage())
-		}
 		d += e.decodeTime
 	}
 	return d

@@ -805,3 +805,62 @@ func TestRecycledEventsChangeNothing(t *testing.T) {
 		}
 	}
 }
+
+// StepTo writes every field of the result Step returns, over whatever
+// the caller's result held: steps with and without events, preempting
+// ones, waits for host loads (LoadWait) and idle ones.
+func TestStepToMatchesStep(t *testing.T) {
+	junk := Output{ID: "junk", Token: 7, Tag: 9, Index: 5, Finished: true, CachedTokens: 3}
+	res := StepResult{Duration: 1, PrefillTokens: 2, DecodeSeqs: 3, Outputs: []Output{junk}, Events: []BlockEvent{{Kind: Cleared}}, Preempted: 4, KVUsage: 0.5, LoadWait: true}
+	var preempted, waited, idle, evented int
+	step := func(a, b *Engine, label string) {
+		t.Helper()
+		want := a.Step()
+		res.Outputs = append(res.Outputs[:0], junk)
+		res.Duration, res.Preempted, res.LoadWait, res.KVUsage = 9, 9, true, 9
+		b.StepTo(&res)
+		if !reflect.DeepEqual(res, want) {
+			t.Fatalf("%s: StepTo gave %+v, Step %+v", label, res, want)
+		}
+		preempted += want.Preempted
+		if want.LoadWait {
+			waited++
+		}
+		if a.Idle() && want.Duration == 0 {
+			idle++
+		}
+		if len(want.Events) > 0 {
+			evented++
+		}
+	}
+	for _, c := range []struct{ gpu, cpu int }{{64, 0}, {32, 0}, {40, 48}} {
+		cfg := Config{BlockSize: 4, NumGPUBlocks: c.gpu, NumCPUBlocks: c.cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
+		a, b := mustNew(t, cfg), mustNew(t, cfg)
+		rng := rand.New(rand.NewPCG(uint64(c.gpu), uint64(c.cpu)))
+		prefix := randTokens(rng, 60, 500)
+		idle = 0
+		for n := 0; n < 400 || !a.Idle() || idle == 0; n++ {
+			if n > 5000 {
+				t.Fatal("engines never idle")
+			}
+			if n < 400 && rng.IntN(3) == 0 {
+				toks := slices.Concat(prefix[:rng.IntN(60)], randTokens(rng, 1+rng.IntN(30), 500))
+				out := 1 + rng.IntN(30)
+				mustAdd(t, a, fmt.Sprint(n), slices.Clone(toks), out)
+				mustAdd(t, b, fmt.Sprint(n), toks, out)
+			}
+			step(a, b, fmt.Sprintf("gpu %d, cpu %d, step %d", c.gpu, c.cpu, n))
+		}
+	}
+	// A prompt the host tier alone holds: the engine waits for its load.
+	prompt := seqTokens(1000, 20*16+1)
+	a, b := hostOnly(t, 48, 25, prompt), hostOnly(t, 48, 25, prompt)
+	mustAdd(t, a, "loaded", prompt, 3)
+	mustAdd(t, b, "loaded", prompt, 3)
+	for n := 0; !a.Idle(); n++ {
+		step(a, b, fmt.Sprintf("host load, step %d", n))
+	}
+	if evented == 0 || idle == 0 || preempted == 0 || waited == 0 {
+		t.Fatalf("%d steps with events, %d idle, %d preemptions, %d load waits", evented, idle, preempted, waited)
+	}
+}

@@ -551,48 +551,78 @@ type event struct {
 }
 
 // eventQueue is a binary min-heap by (at, seq), by hand: container/heap's
-// interface calls box every event.
-type eventQueue []event
+// interface calls box every event. The event next hands out stays at the
+// root while the loop handles it: the first event scheduled meanwhile
+// takes its place with one sift down, where a pop and a push sifted
+// twice (nearly every event is an engine's step end, which schedules the
+// end of its next step).
+type eventQueue struct {
+	h     []event
+	taken bool // h[0] was handed out by next
+}
 
-func (q eventQueue) less(i, j int) bool {
-	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
+func (a *event) before(b *event) bool {
+	return a.at < b.at || a.at == b.at && a.seq < b.seq
 }
 
 func (q *eventQueue) push(e event) {
-	*q = append(*q, e)
-	h := *q
-	for i := len(h) - 1; i > 0; {
+	if q.taken {
+		q.taken = false
+		q.down(e)
+		return
+	}
+	q.h = append(q.h, e)
+	h := q.h
+	i := len(h) - 1
+	for i > 0 {
 		p := (i - 1) / 2
-		if !h.less(i, p) {
+		if !e.before(&h[p]) {
 			break
 		}
-		h[i], h[p] = h[p], h[i]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = e
 }
 
-func (q *eventQueue) pop() event {
-	h := *q
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(h) && h.less(l, m) {
-			m = l
-		}
-		if r < len(h) && h.less(r, m) {
-			m = r
-		}
-		if m == i {
+// down puts e in the root's place and sifts it down.
+func (q *eventQueue) down(e event) {
+	h := q.h
+	i := 0
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
 			break
 		}
-		h[i], h[m] = h[m], h[i]
-		i = m
+		if r := c + 1; r < len(h) && h[r].before(&h[c]) {
+			c = r
+		}
+		if !h[c].before(&e) {
+			break
+		}
+		h[i] = h[c]
+		i = c
 	}
-	*q = h
-	return top
+	h[i] = e
+}
+
+// next hands out the earliest event, and false when none is left; the
+// event handed out before it is gone from the queue once next is called.
+func (q *eventQueue) next() (event, bool) {
+	if q.taken {
+		q.taken = false
+		last := len(q.h) - 1
+		e := q.h[last]
+		q.h = q.h[:last]
+		if last > 0 {
+			q.down(e)
+		}
+	}
+	if len(q.h) == 0 {
+		return event{}, false
+	}
+	q.taken = true
+	return q.h[0], true
 }
 
 type simEngine struct {
@@ -943,8 +973,11 @@ func (s *sim) run() error {
 	if s.pollLoad {
 		s.schedule(0, evPoll, 0)
 	}
-	for len(s.q) > 0 {
-		ev := s.q.pop()
+	for {
+		ev, ok := s.q.next()
+		if !ok {
+			break
+		}
 		s.now = ev.at
 		var err error
 		switch ev.kind {
@@ -1107,21 +1140,23 @@ func (s *sim) flushDispatched() error {
 
 func (s *sim) step(e int) {
 	se := &s.engines[e]
-	se.res = se.eng.Step()
+	se.eng.StepTo(&se.res)
 	s.tally.add(&se.res)
 	s.schedule(s.now+int64(se.res.Duration), evStepDone, e)
 }
 
 func (s *sim) stepDone(e int) error {
 	se := &s.engines[e]
-	res := se.res
-	se.res = engine.StepResult{}
-	if len(res.Events) > 0 {
+	// The step's result stays where it is until the next step overwrites
+	// it: nothing in between steps this engine.
+	res := &se.res
+	if events := res.Events; len(events) > 0 {
+		res.Events = nil
 		if s.cfg.KVEventDelay == 0 {
-			s.applyKV(se, res.Events)
-			s.recycle(se, res.Events)
+			s.applyKV(se, events)
+			s.recycle(se, events)
 		} else {
-			se.batches = append(se.batches, res.Events)
+			se.batches = append(se.batches, events)
 			// retired's room past its length holds emptied lists
 			// (deliverKV): reused, not grown again every step.
 			if n := len(se.retired); n < cap(se.retired) {
@@ -1132,7 +1167,9 @@ func (s *sim) stepDone(e int) error {
 			s.schedule(s.now+int64(s.cfg.KVEventDelay), evKV, e)
 		}
 	}
-	for _, o := range res.Outputs {
+	outs := res.Outputs
+	for k := range outs {
+		o := &outs[k]
 		// start's requests carry their index (Tag): no parse per token.
 		i := int(o.Tag) - 1
 		if o.Tag == 0 {
@@ -1179,8 +1216,10 @@ func (s *sim) stepDone(e int) error {
 			s.speculate(i)
 		}
 	}
-	if err := s.flushDispatched(); err != nil {
-		return err
+	if len(s.dispatched) > 0 {
+		if err := s.flushDispatched(); err != nil {
+			return err
+		}
 	}
 	if se.eng.Idle() {
 		se.stepped = false

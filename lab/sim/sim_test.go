@@ -203,8 +203,59 @@ func TestEventQueueOrdersByTimeThenFIFO(t *testing.T) {
 	}
 	want := []int32{6, 1, 4, 3, 0, 2, 5}
 	for _, n := range want {
-		if e := q.pop(); e.n != n {
-			t.Fatalf("popped %d, want %d", e.n, n)
+		if e, ok := q.next(); !ok || e.n != n {
+			t.Fatalf("popped %d (%v), want %d", e.n, ok, n)
+		}
+	}
+	if e, ok := q.next(); ok {
+		t.Fatalf("popped %d from an empty queue", e.n)
+	}
+}
+
+// The queue hands out events as a sorted list would, whatever is
+// scheduled while an event is handled (the first such event takes the
+// handled one's place in the heap): none, one or several, earlier than
+// others, tied with them, or at the handled event's own time.
+func TestEventQueueMatchesASortedList(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for round := range 200 {
+		var q eventQueue
+		var ref []event
+		var seq uint64
+		now := int64(0)
+		schedule := func() {
+			seq++
+			e := event{at: now + rng.Int64N(8), seq: seq, n: int32(seq)}
+			q.push(e)
+			ref = append(ref, e)
+		}
+		for range 1 + rng.IntN(20) {
+			schedule()
+		}
+		for handled := 0; ; handled++ {
+			e, ok := q.next()
+			if len(ref) == 0 {
+				if ok {
+					t.Fatalf("round %d: handed out %+v, the list is empty", round, e)
+				}
+				break
+			}
+			best := 0
+			for k := range ref {
+				if ref[k].before(&ref[best]) {
+					best = k
+				}
+			}
+			if !ok || e != ref[best] {
+				t.Fatalf("round %d, event %d: handed out %+v (%v), want %+v", round, handled, e, ok, ref[best])
+			}
+			ref = append(ref[:best], ref[best+1:]...)
+			now = e.at
+			if handled < 300 {
+				for range rng.IntN(4) {
+					schedule()
+				}
+			}
 		}
 	}
 }

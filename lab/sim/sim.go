@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -561,8 +562,18 @@ type eventQueue struct {
 	taken bool // h[0] was handed out by next
 }
 
+// before orders events by (at, seq) without a branch: the borrow of the
+// 128-bit difference (at's sign bit flipped, for an unsigned order). The
+// branches of the two-field comparison were mispredicted at every level
+// of the heap.
 func (a *event) before(b *event) bool {
-	return a.at < b.at || a.at == b.at && a.seq < b.seq
+	return a.borrow(b) != 0
+}
+
+func (a *event) borrow(b *event) uint64 {
+	_, c := bits.Sub64(a.seq, b.seq, 0)
+	_, c = bits.Sub64(uint64(a.at)^1<<63, uint64(b.at)^1<<63, c)
+	return c
 }
 
 func (q *eventQueue) push(e event) {
@@ -572,8 +583,12 @@ func (q *eventQueue) push(e event) {
 		return
 	}
 	q.h = append(q.h, e)
+	q.up(len(q.h)-1, e)
+}
+
+// up puts e in slot i's place and sifts it up.
+func (q *eventQueue) up(i int, e event) {
 	h := q.h
-	i := len(h) - 1
 	for i > 0 {
 		p := (i - 1) / 2
 		if !e.before(&h[p]) {
@@ -585,7 +600,10 @@ func (q *eventQueue) push(e event) {
 	h[i] = e
 }
 
-// down puts e in the root's place and sifts it down.
+// down puts e in the root's place: the hole left by the root goes down
+// the smaller children to a leaf, where e then sifts up. The descent's
+// length is the heap's depth, which the branches predict, and e, most
+// often a step end later than most of the queue, sifts up little.
 func (q *eventQueue) down(e event) {
 	h := q.h
 	i := 0
@@ -594,16 +612,13 @@ func (q *eventQueue) down(e event) {
 		if c >= len(h) {
 			break
 		}
-		if r := c + 1; r < len(h) && h[r].before(&h[c]) {
-			c = r
-		}
-		if !h[c].before(&e) {
-			break
+		if c+1 < len(h) {
+			c += int(h[c+1].borrow(&h[c]))
 		}
 		h[i] = h[c]
 		i = c
 	}
-	h[i] = e
+	q.up(i, e)
 }
 
 // next hands out the earliest event, and false when none is left; the

@@ -550,16 +550,18 @@ type event struct {
 	n    int32 // request (arrival) or engine
 }
 
-// eventQueue holds the events due. The earliest nearMax of those pushed
-// lately are in near, sorted latest first (the next is the last), the
-// rest in a heap: on a trace's fleet of 8 engines it holds 5 to 9 events
-// in nine steps of ten (a step end per busy engine, the next arrival, KV
-// deliveries), and shifting a few of them to insert one cost less than a
-// heap's sifts, whose branches at every level were mispredicted. Closed-
-// loop sessions' arrivals, waiting out think times, can be thousands.
+// eventQueue holds the events due. Up to nearMax of the earliest pushed
+// lately are in near[lo:hi], sorted earliest first, the rest in a heap:
+// on a trace's fleet of 8 engines it holds 5 to 9 events in nine steps of
+// ten (a step end per busy engine, the next arrival, KV deliveries), and
+// an engine's next step end, mostly the latest, goes in at the end of
+// near for a compare or two, where a heap's sifts mispredicted a branch
+// at every level. Closed-loop sessions' arrivals, waiting out think
+// times, can be thousands.
 type eventQueue struct {
-	near []event
-	far  eventHeap
+	near   [2 * nearMax]event
+	lo, hi int
+	far    eventHeap
 }
 
 const nearMax = 16
@@ -569,35 +571,40 @@ func (a *event) before(b *event) bool {
 }
 
 func (q *eventQueue) push(e event) {
-	if len(q.near) == nearMax {
-		if q.near[0].before(&e) {
+	if q.hi-q.lo == nearMax {
+		if q.near[q.hi-1].before(&e) {
 			q.far.push(e)
 			return
 		}
-		q.far.push(q.near[0])
-		q.near = append(q.near[:0], q.near[1:]...)
+		q.hi--
+		q.far.push(q.near[q.hi])
 	}
-	q.near = append(q.near, e)
-	h := q.near
-	i := len(h) - 1
-	for i > 0 && h[i-1].before(&e) {
-		h[i] = h[i-1]
+	if q.hi == len(q.near) {
+		q.hi = copy(q.near[:], q.near[q.lo:q.hi])
+		q.lo = 0
+	}
+	i := q.hi
+	q.hi++
+	for i > q.lo && e.before(&q.near[i-1]) {
+		q.near[i] = q.near[i-1]
 		i--
 	}
-	h[i] = e
+	q.near[i] = e
 }
 
 // next takes the earliest event out, and false when none is left.
 func (q *eventQueue) next() (event, bool) {
-	n := len(q.near)
-	if len(q.far) > 0 && (n == 0 || q.far[0].before(&q.near[n-1])) {
+	if len(q.far) > 0 && (q.lo == q.hi || q.far[0].before(&q.near[q.lo])) {
 		return q.far.pop(), true
 	}
-	if n == 0 {
+	if q.lo == q.hi {
 		return event{}, false
 	}
-	e := q.near[n-1]
-	q.near = q.near[:n-1]
+	e := q.near[q.lo]
+	q.lo++
+	if q.lo == q.hi {
+		q.lo, q.hi = 0, 0
+	}
 	return e, true
 }
 

@@ -289,7 +289,10 @@ func (s *sim) decided(i int, w kv.Worker, req *workload.Request) {
 	if rs == nil {
 		return
 	}
-	q := router.Request{Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req), Target: &w, OverrideBusy: true}
+	// A copy the request points to: w itself would be moved to the heap
+	// at every call, with or without replicas.
+	target := w
+	q := router.Request{Tokens: req.Tokens, OSL: req.OSL, CacheSalt: s.salt(req), Target: &target, OverrideBusy: true}
 	if rs.agreeing && s.measured(&s.reqs[i]) {
 		rs.tap.rec = router.DecisionRecord{}
 		if _, err := rs.shadow.BestWorker(context.Background(), &q); err == nil {

@@ -11,14 +11,31 @@ func BenchmarkStep256Decodes(b *testing.B) {
 	const seqs, prompt, maxOut = 256, 128, 4096
 	cfg := DefaultConfig()
 	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize
-	benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 1000, nil)
+	benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 1000, nil, false)
+}
+
+// BenchmarkStepTwoDecodes512: steps of 2 requests decoding at 512-token
+// blocks, the simulator's usual step on a trace at the trace's block size
+// (1.4 requests a step on 8 engines), its result returned (Step) or
+// written where the caller keeps it (StepTo), as the simulator does.
+func BenchmarkStepTwoDecodes512(b *testing.B) {
+	const seqs, prompt, maxOut = 2, 4000, 4096
+	cfg := DefaultConfig()
+	cfg.BlockSize = 512
+	cfg.NumGPUBlocks = 64
+	for _, into := range []bool{false, true} {
+		b.Run(map[bool]string{false: "Step", true: "StepTo"}[into], func(b *testing.B) {
+			benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 10000, nil, into)
+		})
+	}
 }
 
 // benchDecodeSteps times single steps of seqs requests (prompts of prompt
 // tokens, stride apart in token space, maxOut tokens to generate), all
 // decoding; a fresh engine, set up by edit when not nil, takes over when
-// the requests near their end.
-func benchDecodeSteps(b *testing.B, cfg Config, seqs, prompt, maxOut int, stride uint32, edit func(*Engine)) {
+// the requests near their end. into steps with StepTo, into a result on
+// the heap.
+func benchDecodeSteps(b *testing.B, cfg Config, seqs, prompt, maxOut int, stride uint32, edit func(*Engine), into bool) {
 	var e *Engine
 	left := 0
 	setup := func() {
@@ -42,6 +59,7 @@ func benchDecodeSteps(b *testing.B, cfg Config, seqs, prompt, maxOut int, stride
 		left = maxOut - steps - 2
 	}
 	setup()
+	res := new(StepResult)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -50,7 +68,12 @@ func benchDecodeSteps(b *testing.B, cfg Config, seqs, prompt, maxOut int, stride
 			setup()
 			b.StartTimer()
 		}
-		if res := e.Step(); res.DecodeSeqs != seqs {
+		if into {
+			e.StepTo(res)
+		} else {
+			*res = e.Step()
+		}
+		if res.DecodeSeqs != seqs {
 			b.Fatalf("%d decodes", res.DecodeSeqs)
 		}
 		left--

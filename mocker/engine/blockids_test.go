@@ -120,7 +120,7 @@ func BenchmarkStepDecodes512(b *testing.B) {
 	cfg.NumGPUBlocks = seqs * (prompt + maxOut) / cfg.BlockSize * 2
 	for _, all := range []bool{false, true} {
 		b.Run(map[bool]string{false: "holds", true: "allocate"}[all], func(b *testing.B) {
-			benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 10000, func(e *Engine) { e.bm.allocateAll = all })
+			benchDecodeSteps(b, cfg, seqs, prompt, maxOut, 10000, func(e *Engine) { e.bm.allocateAll = all }, false)
 		})
 	}
 }

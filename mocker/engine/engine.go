@@ -78,6 +78,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
 )
 
 // Config sizes the engine; the names follow vLLM's flags.
@@ -110,6 +112,18 @@ type Config struct {
 	// without tokens (Tokens nil). For a caller that never lists them,
 	// such as the simulator, the copy is a cache miss per new block.
 	NoBlockTokens bool
+	// SequenceHashIDs names every full block by kvrouter's sequence hash
+	// of it (core/blockhash: the chain of the blocks' local hashes under
+	// the request's LoRA adapter and cache salt) instead of an id of the
+	// engine's own, and publishes the blocks' local hashes with their
+	// Stored events (BlockEvent.LocalHashes). Ids are opaque to a router,
+	// so this changes nothing an engine does, only the names it gives;
+	// Dynamo's mocker names its blocks by sequence hashes the same way.
+	// A caller that hashed a prompt as the router does hands the hashes
+	// over (Request.BlockIDs and Request.LocalHashes) and no block is
+	// hashed twice. Not with multimodal requests, whose router hashes
+	// mix in their items, nor with KVCacheGroups.
+	SequenceHashIDs bool
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -170,8 +184,12 @@ type Request struct {
 	// sends the same blocks again and again (a trace's conversations) can
 	// keep them; at 512-token blocks the hashing is a chain of 128
 	// multiplications a block. Not with LoRA, CacheSalt or MM, which the
-	// engine mixes into its ids.
-	BlockIDs []uint64
+	// engine mixes into its ids. Under Config.SequenceHashIDs they are
+	// the blocks' sequence hashes instead, keyed by LoRA and CacheSalt as
+	// the router keys them, and LocalHashes must hold as many local
+	// hashes.
+	BlockIDs    []uint64
+	LocalHashes []uint64
 }
 
 // BlockID is the engine id of a full block of tokens whose parent block
@@ -233,6 +251,9 @@ type BlockEvent struct {
 	// Host marks the host tier's events (Config.NumCPUBlocks), published
 	// with medium "CPU"; their Stored events have no parent and no tokens.
 	Host bool
+	// LocalHashes, on the Stored events of an engine of
+	// Config.SequenceHashIDs, are the blocks' local hashes.
+	LocalHashes []uint64
 	// Tag and First, on the GPU's Stored events of the group the engine's
 	// Config.BlockSize describes, are the Request.Tag of the request the
 	// blocks were computed for and the place of the first among its
@@ -399,9 +420,15 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: a host tier (%d CPU blocks) needs prefix caching: its blocks are found by their ids", ErrInvalid, cfg.NumCPUBlocks)
 	case cfg.NumCPUBlocks > 0 && len(cfg.KVCacheGroups) > 0:
 		return nil, fmt.Errorf("%w: a host tier with KV-cache groups is not simulated", ErrInvalid)
+	case cfg.SequenceHashIDs && len(cfg.KVCacheGroups) > 0:
+		return nil, fmt.Errorf("%w: sequence-hash ids with KV-cache groups", ErrInvalid)
 	}
 	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
 	bm.noTokens = cfg.NoBlockTokens
+	if cfg.SequenceHashIDs {
+		bm.seqIDs = true
+		bm.plain = blockhash.New(cfg.BlockSize, "")
+	}
 	if err := bm.setupGroups(cfg); err != nil {
 		return nil, err
 	}
@@ -437,12 +464,19 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
 			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
+	seqIDs := e.cfg.SequenceHashIDs
+	switch {
+	case seqIDs && len(r.MM) > 0:
+		return fmt.Errorf("%w: request %q has multimodal items, which an engine of sequence-hash ids does not hash", ErrInvalid, r.ID)
+	case seqIDs && len(r.LocalHashes) != len(r.BlockIDs), !seqIDs && len(r.LocalHashes) > 0:
+		return fmt.Errorf("%w: request %q has %d local hashes for %d block ids", ErrInvalid, r.ID, len(r.LocalHashes), len(r.BlockIDs))
+	}
 	if len(r.BlockIDs) > 0 {
 		switch {
 		case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
 			return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
 				ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
-		case r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0:
+		case !seqIDs && (r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0):
 			return fmt.Errorf("%w: request %q has block ids and extra keys", ErrInvalid, r.ID)
 		}
 	}
@@ -474,6 +508,9 @@ func (e *Engine) Add(r Request) error {
 		loadedBlocks: r.KVLoadedBlocks,
 		hold:         r.HoldBlocks,
 		state:        stWaiting,
+	}
+	if seqIDs {
+		s.locals = append(make([]uint64, 0, total/bs), r.LocalHashes...)
 	}
 	e.byID[r.ID] = s
 	e.waiting.pushBack(s)

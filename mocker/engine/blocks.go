@@ -181,12 +181,7 @@ func (m *blockManager) ensureSeqHashes(s *seqBlocks, n int) {
 		s.locals, s.hashes = h.AppendHashes(s.locals, s.hashes, toks)
 		return
 	}
-	s.locals = h.AppendLocalHashes(s.locals, toks)
-	prev := s.hashes[from-1]
-	for _, l := range s.locals[from:n] {
-		prev = blockhash.Chain(prev, l)
-		s.hashes = append(s.hashes, prev)
-	}
+	s.locals, s.hashes = h.AppendChainedHashes(s.locals, s.hashes, s.hashes[from-1], toks)
 }
 
 // countPrefix is the number of leading full blocks of s found cached

@@ -117,8 +117,12 @@ type Config struct {
 	// tests (reused by default).
 	prompts promptDisposal
 	// noBlockIDs has the engines and the routers hash every prompt block
-	// themselves, for tests (see blockIDMemo).
+	// themselves, for tests (see blockHashes).
 	noBlockIDs bool
+	// ownBlockIDs has the engines name their blocks by ids of their own
+	// rather than by sequence hashes, for tests that check that the
+	// results do not depend on the names.
+	ownBlockIDs bool
 }
 
 // engineConfig is engine i's configuration.
@@ -705,7 +709,7 @@ type sim struct {
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
 	prompts     promptPool
-	ids         blockIDMemo
+	ids         blockHashes
 	remaining   int // requests not finished or failed
 	// recycleEvents hands each batch of KV events back to its engine once
 	// applied (engine.Recycle): nothing else reads them, but replicas and
@@ -815,6 +819,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
 		ecfg.NoBlockTokens = !cfg.listsBlocks
+		ecfg.SequenceHashIDs = cfg.sequenceHashIDs()
 		eng, err := engine.New(ecfg)
 		if err != nil {
 			return nil, err
@@ -835,7 +840,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
 	s.prompts.init(s)
-	s.initBlockIDs()
+	s.initBlockHashes()
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }
@@ -1007,7 +1012,7 @@ func (s *sim) submit(i int, req *workload.Request) {
 	}
 	salt := s.salt(req)
 	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
-		LocalHashes: s.localHashes(i, req.Tokens, salt)}, s.onDispatch(i, dispAggregated))
+		LocalHashes: s.localHashes(i, req, salt)}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -1037,8 +1042,9 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	s.reqs[i].worker = w
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
+	seq, local := s.startHashes(i, req)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1),
-		BlockIDs: s.blockIDs(i, e, req.Tokens, req.CacheSalt)}); err != nil {
+		BlockIDs: seq, LocalHashes: local}); err != nil {
 		s.free(i, id)
 		s.fail(i, err)
 		return
@@ -1313,7 +1319,7 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		case engine.Stored:
 			es := router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
 				Salt: s.eventSalt(se, &ev)}
-			es.LocalHashes = s.storedLocal(&ev, es.Salt)
+			es.LocalHashes = s.storedLocal(&ev)
 			s.everyRouter(func(r *router.Router) { _ = r.ApplyEngineStored(&es) })
 		case engine.Removed:
 			if !ev.Host {

@@ -146,7 +146,8 @@ type Request struct {
 	// Owned hands Tokens to the engine: the caller neither reads nor writes
 	// them after Add, and the engine appends the generated tokens in place
 	// when their capacity allows (a copy of every prompt was a tenth of the
-	// simulator's time).
+	// simulator's time). BlockIDs and LocalHashes too: the caller may go
+	// on reading the elements it handed over, the engine only appends.
 	Owned bool
 	// HoldBlocks keeps the prompt's full blocks held after the request
 	// finishes, until Release: a prefill engine of a disaggregated pair must
@@ -497,10 +498,14 @@ func (e *Engine) Add(r Request) error {
 		toks = make([]uint32, len(r.Tokens), total)
 		copy(toks, r.Tokens)
 	}
+	// Room for every full block the request can reach: growing the
+	// slices block by block cost more than the blocks' own hashing.
+	hashes := r.BlockIDs
+	if !r.Owned || cap(hashes) < total/bs {
+		hashes = append(make([]uint64, 0, total/bs), r.BlockIDs...)
+	}
 	s := &seq{
-		// Room for every full block the request can reach: growing the
-		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: e.bm.blockList(total / bs), tag: r.Tag},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: hashes, blocks: e.bm.blockList(total / bs), tag: r.Tag},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -510,7 +515,10 @@ func (e *Engine) Add(r Request) error {
 		state:        stWaiting,
 	}
 	if seqIDs {
-		s.locals = append(make([]uint64, 0, total/bs), r.LocalHashes...)
+		s.locals = r.LocalHashes
+		if !r.Owned || cap(s.locals) < total/bs {
+			s.locals = append(make([]uint64, 0, total/bs), r.LocalHashes...)
+		}
 	}
 	e.byID[r.ID] = s
 	e.waiting.pushBack(s)

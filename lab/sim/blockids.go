@@ -147,15 +147,14 @@ func (m *blockHashes) drop(i int) {
 	}
 }
 
-// localHashes are the router's local hashes of request i's prompt blocks
-// under salt, the salt the router keys it by; nil when the run hands the
-// router none.
-func (s *sim) localHashes(i int, req *workload.Request, salt string) []uint64 {
+// routerHashes are the router's local and sequence hashes of request i's
+// prompt blocks under salt, the salt the router keys it by; nil when the
+// run hands the router none.
+func (s *sim) routerHashes(i int, req *workload.Request, salt string) (local, seq []uint64) {
 	if !s.ids.router || salt != req.CacheSalt {
-		return nil
+		return nil, nil
 	}
-	local, _ := s.hashes(i, req)
-	return local
+	return s.hashes(i, req)
 }
 
 // startHashes are request i's hashes for its engine (engine.Request's

@@ -1011,8 +1011,9 @@ func (s *sim) submit(i int, req *workload.Request) {
 		osl = 0
 	}
 	salt := s.salt(req)
+	local, seq := s.routerHashes(i, req, salt)
 	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
-		LocalHashes: s.localHashes(i, req, salt)}, s.onDispatch(i, dispAggregated))
+		LocalHashes: local, SeqHashes: seq}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)

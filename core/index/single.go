@@ -282,6 +282,11 @@ func (x *Single) unref(b int, s uint64) {
 	if !ok || slot.v&(1<<b) == 0 {
 		return
 	}
+	x.letGo(b, slot)
+}
+
+// letGo drops rank b's bit from a block's slot, and the slot with the last.
+func (x *Single) letGo(b int, slot *pairSlot) {
 	x.pairs--
 	if slot.v &^= 1 << b; slot.v == 0 {
 		x.bySeq.drop(slot)
@@ -334,12 +339,9 @@ func (x *Single) removeSeqs(b int, hashes []uint64) {
 				x.stats.UnknownBlocks++
 				continue
 			}
-			x.pairs--
 			r.held--
 			x.stats.BlocksRemoved++
-			if slot.v &^= 1 << b; slot.v == 0 {
-				x.bySeq.drop(slot)
-			}
+			x.letGo(b, slot)
 		}
 	}
 }
@@ -355,10 +357,7 @@ func (x *Single) clear(b int) {
 		})
 		for _, s := range x.unheld {
 			if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
-				x.pairs--
-				if slot.v &^= 1 << b; slot.v == 0 {
-					x.bySeq.drop(slot)
-				}
+				x.letGo(b, slot)
 			}
 		}
 		x.unheld = x.unheld[:0]
@@ -367,10 +366,7 @@ func (x *Single) clear(b int) {
 	}
 	r.ids.each(func(_, s uint64) {
 		if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
-			x.pairs--
-			if slot.v &^= 1 << b; slot.v == 0 {
-				x.bySeq.drop(slot)
-			}
+			x.letGo(b, slot)
 		}
 	})
 	r.ids.reset()

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math/bits"
+
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
@@ -45,6 +47,15 @@ type blockHashes struct {
 	needed  []int32
 	started []bool
 	tr      *Trace
+	// recycles: the loop tells when an engine is done with a request's
+	// hashes (engineDone), which then go to free for later requests'
+	// once no later turn needs them either: fresh memory for every
+	// prompt's hashes cost more than hashing them. done[i]: request i's
+	// engine is done with them.
+	recycles bool
+	done     []bool
+	free     [bits.UintSize][][]uint64
+	reused   int // lists taken from free
 	// hits and misses count the blocks whose hashes were taken and
 	// computed.
 	hits, misses int
@@ -74,6 +85,9 @@ func (s *sim) initBlockHashes() {
 	m.on, m.router = true, s.r.BlockSize() == m.bs
 	m.local, m.seq = make([][]uint64, n), make([][]uint64, n)
 	m.salted, m.started = make([]bool, n), make([]bool, n)
+	if m.recycles = s.prompts.given != nil; m.recycles {
+		m.done = make([]bool, n)
+	}
 	t, ok := s.w.(*Trace)
 	if !ok {
 		return
@@ -115,7 +129,7 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 	// Room for the blocks the engine fills with generated tokens: it
 	// appends their hashes in place (engine.Request.Owned).
 	room := (len(toks) + req.OSL) / m.bs
-	local, seq = make([]uint64, 0, room), make([]uint64, 0, room)
+	local, seq = m.take(room), m.take(room)
 	if m.prev != nil {
 		if p := m.prev[i]; p >= 0 {
 			if req.CacheSalt == "" && m.seq[p] != nil && !m.salted[p] {
@@ -140,10 +154,59 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 }
 
 // drop forgets request i's hashes once it has started and every later
-// turn that takes them has been hashed.
+// turn that takes them has been hashed, and frees them once its engine
+// is done with them too.
 func (m *blockHashes) drop(i int) {
-	if m.started[i] && (m.needed == nil || m.needed[i] <= 0) {
+	if !m.started[i] || m.needed != nil && m.needed[i] > 0 || m.recycles && !m.done[i] {
+		return
+	}
+	if m.recycles {
+		m.put(m.local[i])
+		m.put(m.seq[i])
+	}
+	m.local[i], m.seq[i] = nil, nil
+}
+
+// engineDone hears that request i's engine is done with its hashes.
+func (m *blockHashes) engineDone(i int, how promptDisposal) {
+	if !m.recycles || m.seq[i] == nil {
+		return
+	}
+	m.done[i] = true
+	if how == poisonPrompts {
+		// Overwritten and never handed out again: a run that still
+		// read them would see other blocks.
+		for _, l := range [][]uint64{m.local[i], m.seq[i]} {
+			l = l[:cap(l)]
+			for k := range l {
+				l[k] = ^uint64(0)
+			}
+		}
 		m.local[i], m.seq[i] = nil, nil
+		return
+	}
+	m.drop(i)
+}
+
+// take is an empty list of room for n hashes, a freed one when there is
+// one of its size class (powers of two).
+func (m *blockHashes) take(n int) []uint64 {
+	c := bits.Len(uint(n))
+	if free := m.free[c]; len(free) > 0 {
+		l := free[len(free)-1]
+		m.free[c] = free[:len(free)-1]
+		m.reused++
+		return l
+	}
+	if !m.recycles {
+		return make([]uint64, 0, n)
+	}
+	return make([]uint64, 0, 1<<c)
+}
+
+func (m *blockHashes) put(l []uint64) {
+	if c := bits.Len(uint(cap(l))) - 1; c >= 0 && cap(l) == 1<<c {
+		m.free[c] = append(m.free[c], l[:0])
 	}
 }
 

@@ -606,9 +606,10 @@ type simEngine struct {
 	stepped bool                  // a step is scheduled or under way
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
-	// retired[k] are the prompts of requests that ended in the step of
-	// batches[k]: its events and older ones may point into them.
-	retired [][][]uint32
+	// retired[k] are the requests that ended in the step of batches[k]:
+	// its events and older ones may point into their prompts and block
+	// hashes.
+	retired [][]int32
 	zero    int // consecutive steps that took no time
 	groups  enginesource.GroupFilter
 	salts   *router.SaltChains // the engine's salted blocks, as an event source keeps them
@@ -1287,10 +1288,9 @@ func (s *sim) deliverKV(e int) {
 	s.applyKV(se, batch)
 	s.recycle(se, batch)
 	done := se.retired[0]
-	for _, p := range done {
-		s.prompts.put(p)
+	for _, i := range done {
+		s.prompts.release(int(i))
 	}
-	clear(done)
 	copy(se.retired, se.retired[1:])
 	se.retired[n-1] = done[:0]
 	se.retired = se.retired[:n-1]

@@ -45,7 +45,8 @@
 //
 // A full block is identified by its content: its engine id is a hash of
 // Config.Seed, its parent's id and its tokens (not kvrouter's block hash, and
-// different for every seed), and the engine holds each content at most once:
+// different for every seed; kvrouter's sequence hash under
+// Config.SequenceHashIDs), and the engine holds each content at most once:
 // a request needing a block whose content is cached shares it (refcount) or
 // revives it from the inactive LRU. Prompt and generated tokens alike fill
 // blocks. An allocation that needs new slots evicts the least recently used
@@ -179,26 +180,14 @@ type Request struct {
 	// numbers its requests reads the number there instead of parsing ID
 	// for every token.
 	Tag int32
-	// BlockIDs are the engine ids of the prompt's first len(BlockIDs) full
-	// blocks, as BlockID chains them under this engine's Config.Seed: the
-	// engine copies them instead of hashing those blocks. A caller that
-	// sends the same blocks again and again (a trace's conversations) can
-	// keep them; at 512-token blocks the hashing is a chain of 128
-	// multiplications a block. Not with LoRA, CacheSalt or MM, which the
-	// engine mixes into its ids. Under Config.SequenceHashIDs they are
-	// the blocks' sequence hashes instead, keyed by LoRA and CacheSalt as
-	// the router keys them, and LocalHashes must hold as many local
-	// hashes.
+	// BlockIDs and LocalHashes, on an engine of Config.SequenceHashIDs,
+	// are the sequence and local hashes of the prompt's first
+	// len(BlockIDs) full blocks, keyed by LoRA and CacheSalt as the router
+	// keys them: the engine takes them instead of hashing those blocks. A
+	// caller that hashed the prompt for the router (the simulator) hands
+	// them over. As long as each other.
 	BlockIDs    []uint64
 	LocalHashes []uint64
-}
-
-// BlockID is the engine id of a full block of tokens whose parent block
-// has engine id parent (0 at the root), on an engine of the given
-// Config.Seed, for a request without LoRA, CacheSalt or MM
-// (Request.BlockIDs).
-func BlockID(seed, parent uint64, tokens []uint32) uint64 {
-	return hashBlock(seed, parent, tokens)
 }
 
 // Output is one generated token.
@@ -469,17 +458,13 @@ func (e *Engine) Add(r Request) error {
 	switch {
 	case seqIDs && len(r.MM) > 0:
 		return fmt.Errorf("%w: request %q has multimodal items, which an engine of sequence-hash ids does not hash", ErrInvalid, r.ID)
-	case seqIDs && len(r.LocalHashes) != len(r.BlockIDs), !seqIDs && len(r.LocalHashes) > 0:
+	case !seqIDs && (len(r.BlockIDs) > 0 || len(r.LocalHashes) > 0):
+		return fmt.Errorf("%w: request %q has block hashes, which an engine of its own ids does not take", ErrInvalid, r.ID)
+	case len(r.LocalHashes) != len(r.BlockIDs):
 		return fmt.Errorf("%w: request %q has %d local hashes for %d block ids", ErrInvalid, r.ID, len(r.LocalHashes), len(r.BlockIDs))
-	}
-	if len(r.BlockIDs) > 0 {
-		switch {
-		case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
-			return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
-				ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
-		case !seqIDs && (r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0):
-			return fmt.Errorf("%w: request %q has block ids and extra keys", ErrInvalid, r.ID)
-		}
+	case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
+		return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
+			ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)

@@ -144,10 +144,14 @@ func TestSequenceHashIDsRenameBlocks(t *testing.T) {
 // first few; and a wrong hash shows, so the comparison would see hashes
 // taken without checking.
 func TestSuppliedSequenceHashesChangeNothing(t *testing.T) {
-	cfg := Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3, SequenceHashIDs: true}
-	for _, wrong := range []bool{false, true} {
+	for _, c := range []struct {
+		cpu   int
+		wrong bool
+	}{{0, false}, {0, true}, {48, false}, {48, true}} {
+		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: c.cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3, SequenceHashIDs: true}
+		wrong := c.wrong
 		a, b := mustNew(t, cfg), mustNew(t, cfg)
-		rng := rand.New(rand.NewPCG(22, 0))
+		rng := rand.New(rand.NewPCG(22, uint64(c.cpu)))
 		prefix := randTokens(rng, 120, 500)
 		differ := false
 		for step := 0; step < 600 || !a.Idle() || !b.Idle(); step++ {
@@ -173,13 +177,13 @@ func TestSuppliedSequenceHashesChangeNothing(t *testing.T) {
 			}
 			if ra, rb := a.Step(), b.Step(); !reflect.DeepEqual(ra, rb) {
 				if !wrong {
-					t.Fatalf("step %d: supplied sequence hashes changed the step", step)
+					t.Fatalf("cpu %d, step %d: supplied sequence hashes changed the step", c.cpu, step)
 				}
 				differ = true
 			}
 		}
 		if wrong && !differ {
-			t.Fatal("wrong sequence hashes changed nothing")
+			t.Fatalf("cpu %d: wrong sequence hashes changed nothing", c.cpu)
 		}
 	}
 }
@@ -201,7 +205,9 @@ func TestSequenceHashIDsValidation(t *testing.T) {
 		{e, Request{ID: "mm", Tokens: toks, MaxTokens: 1, MM: []MMFeature{{Identifier: "x", Offset: 0, Length: 2}}}},
 		{e, Request{ID: "nolocal", Tokens: toks, MaxTokens: 1, BlockIDs: seq}},
 		{e, Request{ID: "short", Tokens: toks, MaxTokens: 1, BlockIDs: seq, LocalHashes: local[:1]}},
+		{e, Request{ID: "long", Tokens: toks[:7], MaxTokens: 1, BlockIDs: seq, LocalHashes: local}},
 		{own, Request{ID: "local", Tokens: toks, MaxTokens: 1, LocalHashes: local}},
+		{own, Request{ID: "own", Tokens: toks, MaxTokens: 1, BlockIDs: seq, LocalHashes: local}},
 	} {
 		if err := c.e.Add(c.r); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", c.r.ID, err)

@@ -195,10 +195,27 @@ func (h Hasher) AppendLocalHashes(dst []uint64, tokens []uint32) []uint64 {
 // keys mixed once, rather than called per block, and the results are
 // stored in place rather than appended.
 func (h Hasher) AppendHashes(local, seq []uint64, tokens []uint32) ([]uint64, []uint64) {
+	return h.appendHashes(local, seq, tokens, 0, false)
+}
+
+// AppendChainedHashes is AppendHashes for blocks that continue a chain:
+// the first block's parent has sequence hash parent.
+func (h Hasher) AppendChainedHashes(local, seq []uint64, parent uint64, tokens []uint32) ([]uint64, []uint64) {
+	return h.appendHashes(local, seq, tokens, parent, true)
+}
+
+func (h Hasher) appendHashes(local, seq []uint64, tokens []uint32, parent uint64, chained bool) ([]uint64, []uint64) {
 	if h.blockSize != 16 {
 		n := len(local)
 		local = h.AppendLocalHashes(local, tokens)
-		return local, AppendSequenceHashes(seq, local[n:])
+		if !chained {
+			return local, AppendSequenceHashes(seq, local[n:])
+		}
+		for _, l := range local[n:] {
+			parent = Chain(parent, l)
+			seq = append(seq, parent)
+		}
+		return local, seq
 	}
 	n := len(tokens) / 16
 	if n == 0 {
@@ -208,8 +225,12 @@ func (h Hasher) AppendHashes(local, seq []uint64, tokens []uint32) ([]uint64, []
 	local, seq = slices.Grow(local, n)[:l0+n], slices.Grow(seq, n)[:s0+n]
 	ls, ss := local[l0:], seq[s0:]
 	k := newKeys16(h.seed)
-	prev := hash16Tokens((*[16]uint32)(tokens[:16]), h.seed)
-	ls[0], ss[0] = prev, prev
+	l0h := hash16Tokens((*[16]uint32)(tokens[:16]), h.seed)
+	prev := l0h
+	if chained {
+		prev = chain16(parent, l0h)
+	}
+	ls[0], ss[0] = l0h, prev
 	for i := 1; i < n && i < len(ls) && i < len(ss); i++ {
 		t := (*[16]uint32)(tokens[16*i : 16*i+16])
 		acc := uint64(64 * xxPrime64_1 & mask64)

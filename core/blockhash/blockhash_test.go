@@ -208,6 +208,28 @@ func TestAppendHashesMatchesTwoPasses(t *testing.T) {
 	}
 }
 
+// AppendChainedHashes continues a chain: a prompt hashed in two parts,
+// the second chained on the first's last sequence hash, has the hashes of
+// the whole, at every block size and cut.
+func TestAppendChainedHashesContinueTheChain(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, h := range []Hasher{New(1, "adapter"), New(7, ""), New(16, ""), NewKeyed(16, "", "salt"), New(32, "adapter")} {
+		bs := h.BlockSize()
+		tokens := make([]uint32, 40*bs+3)
+		for i := range tokens {
+			tokens[i] = rng.Uint32()
+		}
+		wantLocal, wantSeq := h.Hashes(tokens)
+		for cut := 1; cut <= 40; cut++ {
+			local, seq := h.AppendHashes([]uint64{9}, []uint64{8}, tokens[:cut*bs])
+			local, seq = h.AppendChainedHashes(local, seq, seq[len(seq)-1], tokens[cut*bs:])
+			if !slices.Equal(local[1:], wantLocal) || !slices.Equal(seq[1:], wantSeq) || local[0] != 9 || seq[0] != 8 {
+				t.Fatalf("block size %d, cut after %d blocks: %v %v, want %v %v", bs, cut, local, seq, wantLocal, wantSeq)
+			}
+		}
+	}
+}
+
 // tokens8192 is the benchmarks' prompt.
 func tokens8192() []uint32 {
 	tokens := make([]uint32, 8192)

@@ -185,24 +185,28 @@ func BenchmarkApproxInsert(b *testing.B) {
 // instructions: 256 workers at 8,192 blocks each (2 M pairs), every
 // operation storing a 64-block chain below the shared system prompt on one
 // worker and evicting that worker's oldest 64 blocks, as a full engine does.
-func BenchmarkApplyChurn(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, false) }
+func BenchmarkApplyChurn(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, false, false) }
 
 // BenchmarkApplyChurnBounded is BenchmarkApplyChurn with every worker's
 // capacity announced, so that each chunk stored is checked against the
 // worker's bound (RankBound).
-func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, true) }
+func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, New(Config{}), 256, 8192, true, false) }
 
 // BenchmarkSingleApplyChurn is the churn on the simulator's one-goroutine
 // index at the simulator's size: 8 engines of 131,072 blocks (1 M pairs),
-// each announced.
-func BenchmarkSingleApplyChurn(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true) }
+// each announced, whose engines name blocks by ids of their own (opaque)
+// or by their sequence hashes, as the simulator's do (seqids).
+func BenchmarkSingleApplyChurn(b *testing.B) {
+	b.Run("opaque", func(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true, false) })
+	b.Run("seqids", func(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true, true) })
+}
 
 type churnIndex interface {
 	Apply(*kv.Event) error
 	Reserve(kv.Worker, int)
 }
 
-func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded bool) {
+func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded, seqIDs bool) {
 	const (
 		chain = 64
 		sys   = 8
@@ -214,15 +218,26 @@ func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded bool
 	}
 	fifos := make([]fifo, workers)
 	blocks := make([]kv.Block, chain)
+	// sysID is the id of a worker's last system prompt block.
+	sysID := func(w int) uint64 { return uint64(w)<<40 | sys }
+	if seqIDs {
+		seq := blockhash.SequenceHashes([]uint64{1, 2, 3, 4, 5, 6, 7, 8})
+		sysID = func(int) uint64 { return seq[sys-1] }
+	}
 	store := func(w int) {
 		f := &fifos[w]
 		wk := kv.Worker{ID: uint64(w)}
+		parent := sysID(w)
 		for i := range blocks {
 			f.next++
 			blocks[i] = kv.Block{EngineHash: uint64(w)<<40 | f.next, LocalHash: rng.Uint64()}
+			if seqIDs {
+				parent = blockhash.Chain(parent, blocks[i].LocalHash)
+				blocks[i].EngineHash = parent
+			}
 			f.hashes = append(f.hashes, blocks[i].EngineHash)
 		}
-		ev := kv.StoredEvent(wk, 0, kv.Ptr(uint64(w)<<40|sys), blocks...)
+		ev := kv.StoredEvent(wk, 0, kv.Ptr(sysID(w)), blocks...)
 		if err := ix.Apply(&ev); err != nil {
 			b.Fatal(err)
 		}
@@ -234,6 +249,9 @@ func applyChurn(b *testing.B, ix churnIndex, workers, capacity int, bounded bool
 		sysBlocks := make([]kv.Block, sys)
 		for i := range sysBlocks {
 			sysBlocks[i] = kv.Block{EngineHash: uint64(w)<<40 | uint64(i+1), LocalHash: uint64(i) + 1}
+			if seqIDs {
+				sysBlocks[i].EngineHash = blockhash.SequenceHashes([]uint64{1, 2, 3, 4, 5, 6, 7, 8})[i]
+			}
 		}
 		fifos[w].next = sys
 		ev := kv.StoredEvent(kv.Worker{ID: uint64(w)}, 0, nil, sysBlocks...)

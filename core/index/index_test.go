@@ -308,6 +308,11 @@ type eventGen struct {
 	// freshIDs gives every stored block a new engine id, as real engines
 	// do; otherwise ids are drawn from a small range and get reused.
 	freshIDs bool
+	// seqIDs, when set, says how a worker names its blocks: 1 in
+	// seqIDs(w) by sequence hashes, as the simulator's engines do, 0
+	// never, and in between by sequence hashes but for that share of its
+	// blocks.
+	seqIDs func(w kv.Worker) float64
 }
 
 func newGen(seed uint64) *eventGen {
@@ -334,10 +339,26 @@ func (g *eventGen) next() kv.Event {
 			parent = kv.Ptr(1000 + g.rng.Uint64N(50)) // likely unknown
 		}
 		blocks := make([]kv.Block, g.rng.IntN(5))
+		var share float64
+		if g.seqIDs != nil {
+			share = g.seqIDs(w)
+		}
 		for i := range blocks {
 			blocks[i] = kv.Block{EngineHash: g.rng.Uint64N(60), LocalHash: g.rng.Uint64N(4)}
 			if g.freshIDs {
 				blocks[i].EngineHash = 1<<20 + g.nextID<<3 + uint64(i)
+			}
+			if share > 0 && g.rng.Float64() < share {
+				// Chained on the parent's id: its sequence hash when it
+				// was named so (an unknown parent's event is refused).
+				switch {
+				case i > 0:
+					blocks[i].EngineHash = blockhash.Chain(blocks[i-1].EngineHash, blocks[i].LocalHash)
+				case parent != nil:
+					blocks[i].EngineHash = blockhash.Chain(*parent, blocks[i].LocalHash)
+				default:
+					blocks[i].EngineHash = blocks[i].LocalHash
+				}
 			}
 			g.known[w] = append(g.known[w], blocks[i].EngineHash)
 		}

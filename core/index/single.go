@@ -25,6 +25,15 @@ import (
 // after two slots), and a lookup walks the request's hashes, ANDing bit
 // sets.
 //
+// A rank whose engine names every block by its sequence hash (the
+// simulator's engines, as Dynamo's mocker does) needs no id table: its
+// blocks are its bits in bySeq, a Stored event's parent and a Removed
+// block are looked up there, and a block touches one slot. Every rank
+// starts so and keeps it while every block it stores is named by its
+// sequence hash; the first that is not turns the rank to an id table,
+// rebuilt from its bits. What the rank holds is the same either way, so
+// the answers and the counters are too.
+//
 // What it leaves out: storage tiers below the device (such events are
 // refused with ErrUnknownTier), a memory cap, re-anchoring of unknown
 // parents (Config.Locate: they are refused) and dumps.
@@ -39,12 +48,19 @@ type Single struct {
 	stats    Stats
 	// scratch of the warm passes
 	seqs []uint64
+	// scratch of clear
+	unheld []uint64
 }
 
 type singleRank struct {
 	id kv.Worker
-	// ids maps the engine's block ids to the blocks' sequence hashes.
-	ids   pairMap
+	// ids maps the engine's block ids to the blocks' sequence hashes,
+	// once the rank has named a block otherwise (see Single).
+	ids pairMap
+	// named: the rank's ids are in ids. Until then they are the sequence
+	// hashes of its blocks, of which it holds held.
+	named bool
+	held  int
 	bound int
 	// extra counts, per sequence hash, engine ids beyond the first that
 	// name the block (see workerState.extraRefs).
@@ -76,8 +92,35 @@ func (x *Single) rank(w kv.Worker, create bool) (int, bool) {
 	x.bitOf[w] = b
 	r := &x.ranks[b]
 	*r = singleRank{id: w, bound: RankBound(x.reserved[w])}
-	r.ids.reserve(x.reserved[w])
 	return b, true
+}
+
+// blocks is how many blocks rank r holds.
+func (r *singleRank) blocks() int {
+	if r.named {
+		return r.ids.n
+	}
+	return r.held
+}
+
+// name turns rank b to an id table, each block it holds named by its
+// sequence hash.
+func (x *Single) name(b int) {
+	r := &x.ranks[b]
+	r.named = true
+	r.ids.reserve(max(x.reserved[r.id], r.held))
+	x.bySeq.each(func(s, set uint64) {
+		if set&(1<<b) != 0 {
+			r.ids.put(s, s)
+		}
+	})
+	r.held = 0
+}
+
+// has reports whether rank b holds the block of sequence hash s.
+func (x *Single) has(b int, s uint64) bool {
+	set, _ := x.bySeq.get(s)
+	return set&(1<<b) != 0
 }
 
 // Apply applies one event, with Index.Apply's outcomes and counters.
@@ -125,7 +168,12 @@ func (x *Single) store(w kv.Worker, sd *kv.Stored) error {
 	var seq uint64
 	root := sd.Parent == nil
 	if !root {
-		if seq, ok = r.ids.get(*sd.Parent); !ok {
+		if r.named {
+			seq, ok = r.ids.get(*sd.Parent)
+		} else {
+			seq, ok = *sd.Parent, x.has(b, *sd.Parent)
+		}
+		if !ok {
 			x.stats.UnknownParent++
 			return ErrUnknownParent
 		}
@@ -136,7 +184,7 @@ func (x *Single) store(w kv.Worker, sd *kv.Stored) error {
 	for len(blocks) > 0 {
 		n := min(len(blocks), applyChunk)
 		if r.bound > 0 {
-			if room := r.bound - r.ids.n; room < n {
+			if room := r.bound - r.blocks(); room < n {
 				room = max(room, 0)
 				x.refused[w] += uint64(len(blocks) - room)
 				x.stats.BlocksOverBound += uint64(len(blocks) - room)
@@ -149,6 +197,13 @@ func (x *Single) store(w kv.Worker, sd *kv.Stored) error {
 		seqs := x.warmStore(r, seq, root, blocks[:n])
 		for i, blk := range blocks[:n] {
 			s := seqs[i]
+			if !r.named {
+				if blk.EngineHash == s {
+					x.holdSeq(b, s)
+					continue
+				}
+				x.name(b)
+			}
 			old, had := r.ids.put(blk.EngineHash, s)
 			switch {
 			case !had:
@@ -180,7 +235,9 @@ func (x *Single) warmStore(r *singleRank, parent uint64, root bool, blocks []kv.
 		}
 		seqs = append(seqs, parent)
 		x.bySeq.prefetchRun(parent)
-		r.ids.prefetchRun(blk.EngineHash)
+		if r.named {
+			r.ids.prefetchRun(blk.EngineHash)
+		}
 	}
 	x.seqs = seqs
 	return seqs
@@ -202,6 +259,20 @@ func (x *Single) hold(b int, s uint64) {
 	x.pairs++
 }
 
+// holdSeq is store's step for one block of a rank without an id table,
+// named by its sequence hash s.
+func (x *Single) holdSeq(b int, s uint64) {
+	slot, had := x.bySeq.slot(s)
+	if had && slot.v&(1<<b) != 0 {
+		x.stats.DuplicateBlocks++
+		return
+	}
+	slot.v |= 1 << b
+	x.pairs++
+	x.ranks[b].held++
+	x.stats.BlocksStored++
+}
+
 // unref drops one engine id of rank b naming the block of sequence hash s.
 func (x *Single) unref(b int, s uint64) {
 	if dropExtraRef(x.ranks[b].extra, s) {
@@ -211,6 +282,11 @@ func (x *Single) unref(b int, s uint64) {
 	if !ok || slot.v&(1<<b) == 0 {
 		return
 	}
+	x.letGo(b, slot)
+}
+
+// letGo drops rank b's bit from a block's slot, and the slot with the last.
+func (x *Single) letGo(b int, slot *pairSlot) {
 	x.pairs--
 	if slot.v &^= 1 << b; slot.v == 0 {
 		x.bySeq.drop(slot)
@@ -219,6 +295,10 @@ func (x *Single) unref(b int, s uint64) {
 
 func (x *Single) remove(b int, hashes []uint64) {
 	r := &x.ranks[b]
+	if !r.named {
+		x.removeSeqs(b, hashes)
+		return
+	}
 	for len(hashes) > 0 {
 		n := min(len(hashes), applyChunk)
 		chunk := hashes[:n]
@@ -243,15 +323,50 @@ func (x *Single) remove(b int, hashes []uint64) {
 	}
 }
 
+// removeSeqs is remove for a rank without an id table.
+func (x *Single) removeSeqs(b int, hashes []uint64) {
+	r := &x.ranks[b]
+	for len(hashes) > 0 {
+		n := min(len(hashes), applyChunk)
+		chunk := hashes[:n]
+		hashes = hashes[n:]
+		for _, h := range chunk {
+			x.bySeq.prefetchRun(h)
+		}
+		for _, h := range chunk {
+			slot, ok := x.bySeq.find(h)
+			if !ok || slot.v&(1<<b) == 0 {
+				x.stats.UnknownBlocks++
+				continue
+			}
+			r.held--
+			x.stats.BlocksRemoved++
+			x.letGo(b, slot)
+		}
+	}
+}
+
 // clear drops every block of rank b; the rank keeps its bit.
 func (x *Single) clear(b int) {
 	r := &x.ranks[b]
+	if !r.named {
+		x.bySeq.each(func(s, set uint64) {
+			if set&(1<<b) != 0 {
+				x.unheld = append(x.unheld, s)
+			}
+		})
+		for _, s := range x.unheld {
+			if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
+				x.letGo(b, slot)
+			}
+		}
+		x.unheld = x.unheld[:0]
+		r.held = 0
+		return
+	}
 	r.ids.each(func(_, s uint64) {
 		if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
-			x.pairs--
-			if slot.v &^= 1 << b; slot.v == 0 {
-				x.bySeq.drop(slot)
-			}
+			x.letGo(b, slot)
 		}
 	})
 	r.ids.reset()
@@ -308,7 +423,9 @@ func (x *Single) Reserve(w kv.Worker, blocks int) {
 		x.reserved[w] = blocks
 	}
 	if b, ok := x.rank(w, false); ok {
-		x.ranks[b].ids.reserve(blocks)
+		if x.ranks[b].named {
+			x.ranks[b].ids.reserve(blocks)
+		}
 		x.ranks[b].bound = RankBound(blocks)
 	}
 	total := 0
@@ -324,7 +441,7 @@ func (x *Single) OverBound() []OverBound {
 	for w, n := range x.refused {
 		ob := OverBound{Worker: w, Bound: RankBound(x.reserved[w]), Refused: n}
 		if b, ok := x.rank(w, false); ok {
-			ob.Blocks = x.ranks[b].ids.n
+			ob.Blocks = x.ranks[b].blocks()
 		}
 		out = append(out, ob)
 	}
@@ -360,7 +477,7 @@ func (x *Single) RemoveRank(w kv.Worker) {
 // Blocks is Index.Blocks.
 func (x *Single) Blocks(w kv.Worker) int {
 	if b, ok := x.rank(w, false); ok {
-		return x.ranks[b].ids.n
+		return x.ranks[b].blocks()
 	}
 	return 0
 }
@@ -381,7 +498,15 @@ func (x *Single) HeldOn(w kv.Worker, tier kv.StorageTier) ([]uint64, bool) {
 		return nil, true
 	}
 	r := &x.ranks[b]
-	out := make([]uint64, 0, r.ids.n)
+	out := make([]uint64, 0, r.blocks())
+	if !r.named {
+		x.bySeq.each(func(s, set uint64) {
+			if set&(1<<b) != 0 {
+				out = append(out, s)
+			}
+		})
+		return out, true
+	}
 	seen := make(map[uint64]bool, r.ids.n)
 	r.ids.each(func(_, s uint64) {
 		if !seen[s] {

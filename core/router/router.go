@@ -194,6 +194,9 @@ type Request struct {
 	// same hashes to the router's stored events: EngineStored.LocalHashes)
 	// spares hashing it twice. Any other length is ignored.
 	LocalHashes []uint64
+	// SeqHashes, with LocalHashes and as long, are their sequence hashes
+	// (blockhash.AppendSequenceHashes), which the router then takes too.
+	SeqHashes []uint64
 }
 
 // MMItem is one multimodal item (image, audio clip) of a prompt: its
@@ -742,16 +745,21 @@ func (r *Router) ApplyEngineStored(es *EngineStored) error {
 	if tokenless(es) {
 		return r.applyOffloaded(es)
 	}
-	ev, dropped, err := HashEngineStored(es, r.cfg.BlockSize)
+	sc := storedScratches.Get().(*storedScratch)
+	defer sc.put()
+	var dropped int
+	var err error
+	ev := &sc.ev
+	*ev, dropped, err = hashEngineStored(es, r.cfg.BlockSize, &sc.blocks)
 	r.stats.misSized.Add(uint64(dropped))
 	if err != nil && len(ev.Stored.Blocks) == 0 {
 		return err
 	}
-	if e := r.ApplyEvent(&ev); e != nil {
+	if e := r.ApplyEvent(ev); e != nil {
 		return e
 	}
 	if b := r.offload.of(es.Worker); b != nil && (ev.Tier == "" || ev.Tier == kv.TierDevice) {
-		b.recordDevice(&ev)
+		b.recordDevice(ev)
 	}
 	return err
 }
@@ -787,6 +795,32 @@ var ErrUnplacedBlocks = errors.New("router: offloaded blocks without tokens or a
 // whole chain (every block of a salted request carries it, not only the
 // first one the engine mixes it into) and by their multimodal items.
 func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, dropped int, err error) {
+	return hashEngineStored(es, defaultBlockSize, nil)
+}
+
+// storedScratch holds an event ApplyEngineStored builds and its block
+// list, which the index copies: a fresh list and event per Stored event
+// were most of the simulator's allocations on the event path.
+type storedScratch struct {
+	ev     kv.Event
+	blocks []kv.Block
+}
+
+var storedScratches = sync.Pool{New: func() any { return new(storedScratch) }}
+
+// maxPooledStored is the longest block list a pooled storedScratch keeps.
+const maxPooledStored = 1 << 14
+
+func (sc *storedScratch) put() {
+	sc.ev = kv.Event{}
+	if cap(sc.blocks) <= maxPooledStored {
+		storedScratches.Put(sc)
+	}
+}
+
+// hashEngineStored is HashEngineStored building the event's blocks in
+// *buf, grown when short, when buf is not nil.
+func hashEngineStored(es *EngineStored, defaultBlockSize int, buf *[]kv.Block) (ev kv.Event, dropped int, err error) {
 	size := es.BlockSize
 	if size <= 0 {
 		size = defaultBlockSize
@@ -798,7 +832,15 @@ func HashEngineStored(es *EngineStored, defaultBlockSize int) (ev kv.Event, drop
 		err = fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMisSizedBlocks, len(es.Tokens), n, size)
 	}
 	h := blockhash.NewKeyed(size, es.LoRA, es.Salt)
-	blocks := make([]kv.Block, whole)
+	var blocks []kv.Block
+	if buf != nil && cap(*buf) >= whole {
+		blocks = (*buf)[:whole]
+	} else {
+		blocks = make([]kv.Block, whole)
+		if buf != nil {
+			*buf = blocks
+		}
+	}
 	for i := range blocks {
 		var local uint64
 		if i < len(es.LocalHashes) {
@@ -1005,7 +1047,11 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	var local, seq []uint64
 	if len(req.LocalHashes) > 0 && len(req.LocalHashes) == len(req.Tokens)/r.cfg.BlockSize {
 		local = append(p.local[:0], req.LocalHashes...)
-		seq = blockhash.AppendSequenceHashes(p.seq[:0], local)
+		if len(req.SeqHashes) == len(local) {
+			seq = append(p.seq[:0], req.SeqHashes...)
+		} else {
+			seq = blockhash.AppendSequenceHashes(p.seq[:0], local)
+		}
 	} else {
 		local, seq = h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -80,6 +81,73 @@ func TestSubmitTakesLocalHashes(t *testing.T) {
 		if d, err := r.BestWorker(ctx(), &Request{Tokens: prompt, CacheSalt: salt, LocalHashes: wrong}); err != nil || d.OverlapBlocks != 0 {
 			t.Errorf("salt %q: wrong local hashes credited %d blocks (%v)", salt, d.OverlapBlocks, err)
 		}
+		// Sequence hashes with them are taken too; without local hashes,
+		// or of another length, ignored.
+		seq := blockhash.SequenceHashes(local)
+		for i, c := range []struct {
+			local, seq []uint64
+			overlap    int
+		}{{local, seq, 3}, {nil, seq, 3}, {local, seq[:2], 3}, {local, slices.Concat(seq[:1], []uint64{5, 6, 7}), 1}} {
+			d, err := r.BestWorker(ctx(), &Request{Tokens: prompt, CacheSalt: salt, LocalHashes: c.local, SeqHashes: c.seq})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.OverlapBlocks != c.overlap {
+				t.Errorf("salt %q, sequence hashes %d: %d blocks credited, want %d", salt, i, d.OverlapBlocks, c.overlap)
+			}
+		}
+	}
+}
+
+// Stored events applied one after another, long and short, each build
+// their blocks in a list the one before used: every block is indexed as
+// its own event had it, and the lists cost no allocation.
+func TestApplyEngineStoredReusesBlockLists(t *testing.T) {
+	r, _ := newRouter(t, 3, nil)
+	rng := rand.New(rand.NewPCG(9, 10))
+	prompts := make([][]uint32, 3)
+	for k := range 60 {
+		wk := k % 3
+		n := 1 + rng.IntN(12)
+		toks := make([]uint32, n*bs)
+		for i := range toks {
+			toks[i] = rng.Uint32N(50)
+		}
+		ids := make([]uint64, n)
+		for i := range ids {
+			ids[i] = uint64(k)<<8 | uint64(i)
+		}
+		if err := r.ApplyEngineStored(&EngineStored{Worker: w(uint64(wk)), EngineHashes: ids, Tokens: toks, BlockSize: bs}); err != nil {
+			t.Fatal(err)
+		}
+		prompts[wk] = toks
+		for pw, p := range prompts {
+			if p == nil {
+				continue
+			}
+			d, err := r.BestWorker(ctx(), &Request{Tokens: p, Only: []uint64{uint64(pw)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.OverlapBlocks != len(p)/bs {
+				t.Fatalf("event %d: worker %d's last prompt credited %d blocks of %d", k, pw, d.OverlapBlocks, len(p)/bs)
+			}
+		}
+	}
+	toks := prompts[0]
+	local := blockhash.New(bs, "").LocalHashes(toks)
+	ids := make([]uint64, len(local))
+	next := uint64(1) << 40
+	if allocs := testing.AllocsPerRun(100, func() {
+		for i := range ids {
+			next++
+			ids[i] = next
+		}
+		if err := r.ApplyEngineStored(&EngineStored{Worker: w(0), EngineHashes: ids, Tokens: toks, BlockSize: bs, LocalHashes: local}); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs > 0 {
+		t.Errorf("%v allocations per stored event", allocs)
 	}
 }
 

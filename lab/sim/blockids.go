@@ -1,68 +1,99 @@
 package sim
 
 import (
-	"slices"
+	"math/bits"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
+	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
-// blockIDMemo hands the engines the ids of the trace's prompt blocks
-// (engine.Request.BlockIDs) at the trace's own block size, where each
-// engine block is one hash id's 512 tokens. An engine id is a hash of the
-// engine's seed, the parent block's id and the block's tokens, a chain of
-// 128 multiplications per block that no reordering shortens; and a
-// conversation's every turn sends its earlier turns' blocks again, mostly
-// to the engine that ran the turn before. A hash id's tokens are a
-// function of the id, so two prompts whose first n hash ids are equal
-// have equal first n blocks, with equal ids on one engine: a request
-// whose earlier turn went to the same engine takes the ids of the prefix
-// they share, and only the rest are hashed.
-type blockIDMemo struct {
-	// prev[i] is an earlier request that holds one of request i's hash
+// The engines of a run name their blocks by the router's sequence hashes
+// (engine.Config.SequenceHashIDs), as Dynamo's mocker does: a real
+// engine's ids are opaque to the router, which maps them to sequence
+// hashes per engine, so any naming of blocks that gives equal blocks equal
+// ids and unequal blocks unequal ones routes alike, and this one lets
+// the loop hash each prompt once for the router and the engine both
+// (the router's hashes of it, the engine's ids, and the local hashes of
+// its Stored events were three hashings of every block), and lets the
+// router's index skip its id table (index.Single).
+//
+// blockHashes are the local and sequence hashes of the requests' prompt
+// blocks, at the engines' block size, computed when a request is first
+// routed or started. A conversation's every turn sends its earlier turns'
+// blocks again: on a trace, a request takes the hashes of the prefix it
+// shares with the earlier request holding one of its hash ids at the same
+// place (its previous turn), whose tokens are equal since a hash id's
+// tokens are a function of the id, and hashes only the rest.
+type blockHashes struct {
+	on bool
+	bs int
+	// router: the router hashes at the engines' block size, so it takes
+	// the requests' local hashes.
+	router bool
+	// local[i] and seq[i] are request i's, under its own salt, once
+	// hashed; dropped when it has started and no later turn needs them.
+	local, seq [][]uint64
+	// salted[i]: request i's were hashed under a cache salt, which a
+	// later turn must not take.
+	salted []bool
+	// prev[i] is the earlier request that holds one of request i's hash
 	// ids at the same place, the latest for the last such id: the turn
-	// before it, in a conversation. -1 for none.
+	// before it, in a conversation. -1 for none, and nil but on a trace.
 	prev []int32
-	// sent[i] are the ids request i was sent with, on the engine
-	// engine[i]-1 (0: not sent yet).
-	sent   [][]uint64
-	engine []int32
-	arena  []uint64
-	// hits and misses count the blocks whose ids were taken and hashed.
+	// needed[i] counts the later requests whose prev is i and which have
+	// not been hashed yet.
+	needed  []int32
+	started []bool
+	tr      *Trace
+	// recycles: the loop tells when an engine is done with a request's
+	// hashes (engineDone), which then go to free for later requests'
+	// once no later turn needs them either: fresh memory for every
+	// prompt's hashes cost more than hashing them. done[i]: request i's
+	// engine is done with them.
+	recycles bool
+	done     []bool
+	free     [bits.UintSize][][]uint64
+	reused   int // lists taken from free
+	// hits and misses count the blocks whose hashes were taken and
+	// computed.
 	hits, misses int
-
-	// local[i] are the router's local hashes of request i's full prompt
-	// blocks, which the loop hands the router when it routes the request
-	// (router.Request.LocalHashes) and again with the blocks' Stored
-	// events (router.EngineStored.LocalHashes), taking those of the
-	// prefix it shares with its previous turn: the router hashed every
-	// prompt block once at routing and every stored one again. nil
-	// without a router of the trace's block size.
-	local  [][]uint64
-	hasher blockhash.Hasher
 }
 
-// initBlockIDs makes the run's prompts carry block ids when it runs a
-// trace at one engine block per hash id.
-func (s *sim) initBlockIDs() {
-	t, ok := s.w.(*Trace)
-	if !ok || s.cfg.noBlockIDs || !s.cfg.Engine.EnablePrefixCaching {
+// sequenceHashIDs reports whether the engines name their blocks by
+// sequence hashes: not with KV-cache groups (a hybrid model's groups have
+// ids of their own), nor for tests that keep the engines' own ids.
+func (c *Config) sequenceHashIDs() bool {
+	return !c.ownBlockIDs && len(c.Engine.KVCacheGroups) == 0
+}
+
+// initBlockHashes has the run hand over its prompts' hashes when its
+// engines name blocks by sequence hashes, all at one block size.
+func (s *sim) initBlockHashes() {
+	if s.cfg.noBlockIDs || !s.cfg.sequenceHashIDs() || !s.cfg.Engine.EnablePrefixCaching {
 		return
 	}
+	m := &s.ids
+	m.bs = s.engines[0].eng.Config().BlockSize
 	for i := range s.engines {
-		if s.engines[i].eng.Config().BlockSize != trace.BlockTokens {
+		if c := s.engines[i].eng.Config(); c.BlockSize != m.bs || !c.SequenceHashIDs {
 			return
 		}
 	}
-	m := &s.ids
-	if s.r.BlockSize() == trace.BlockTokens {
-		m.local = make([][]uint64, t.Len())
-		m.hasher = blockhash.NewKeyed(trace.BlockTokens, "", "")
+	n := s.w.Len()
+	m.on, m.router = true, s.r.BlockSize() == m.bs
+	m.local, m.seq = make([][]uint64, n), make([][]uint64, n)
+	m.salted, m.started = make([]bool, n), make([]bool, n)
+	if m.recycles = s.prompts.given != nil; m.recycles {
+		m.done = make([]bool, n)
 	}
-	m.prev = make([]int32, t.Len())
-	m.sent = make([][]uint64, t.Len())
-	m.engine = make([]int32, t.Len())
+	t, ok := s.w.(*Trace)
+	if !ok {
+		return
+	}
+	m.tr = t
+	m.prev, m.needed = make([]int32, n), make([]int32, n)
 	type at struct{ req, pos int32 }
 	last := make([]at, t.numIDs)
 	for k := range last {
@@ -73,6 +104,7 @@ func (s *sim) initBlockIDs() {
 		for j := len(dense) - 1; j >= 0; j-- {
 			if l := last[dense[j]]; l.req >= 0 && int(l.pos) == j {
 				m.prev[i] = l.req
+				m.needed[l.req]++
 				break
 			}
 		}
@@ -82,87 +114,138 @@ func (s *sim) initBlockIDs() {
 	}
 }
 
-// blockIDs are the engine ids of the full blocks of request i's prompt
-// tokens on engine e; nil when the run's prompts carry none.
-func (s *sim) blockIDs(i, e int, tokens []uint32, salt string) []uint64 {
+// hashes are request i's local and sequence hashes, of the full blocks of
+// its prompt under its cache salt: nil when the run hands over none.
+func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 	m := &s.ids
-	if m.prev == nil || salt != "" {
-		return nil
+	if !m.on {
+		return nil, nil
 	}
-	const bs = trace.BlockTokens
-	t := s.w.(*Trace)
-	full := len(tokens) / bs
-	ids := m.take(full)
-	if p := m.prev[i]; p >= 0 && m.engine[p] == int32(e+1) {
-		from := m.sent[p]
-		ids = append(ids, from[:t.shared(i, int(p), min(full, len(from)))]...)
+	if m.seq[i] != nil {
+		return m.local[i], m.seq[i]
 	}
-	m.hits += len(ids)
-	m.misses += full - len(ids)
-	seed := s.engines[e].seed
-	var parent uint64
-	if len(ids) > 0 {
-		parent = ids[len(ids)-1]
+	toks := req.Tokens
+	full := len(toks) / m.bs
+	// Room for the blocks the engine fills with generated tokens: it
+	// appends their hashes in place (engine.Request.Owned).
+	room := (len(toks) + req.OSL) / m.bs
+	local, seq = m.take(room), m.take(room)
+	if m.prev != nil {
+		if p := m.prev[i]; p >= 0 {
+			if req.CacheSalt == "" && m.seq[p] != nil && !m.salted[p] {
+				n := min(m.tr.shared(i, int(p), len(m.tr.dense[i]))*trace.BlockTokens/m.bs, full, len(m.seq[p]))
+				local, seq = append(local, m.local[p][:n]...), append(seq, m.seq[p][:n]...)
+			}
+			m.needed[p]--
+			m.drop(int(p))
+		}
 	}
-	for j := len(ids); j < full; j++ {
-		parent = engine.BlockID(seed, parent, tokens[j*bs:(j+1)*bs])
-		ids = append(ids, parent)
+	m.hits += len(seq)
+	m.misses += full - len(seq)
+	h := blockhash.NewKeyed(m.bs, "", req.CacheSalt)
+	rest := toks[len(seq)*m.bs : full*m.bs]
+	if len(seq) == 0 {
+		local, seq = h.AppendHashes(local, seq, rest)
+	} else {
+		local, seq = h.AppendChainedHashes(local, seq, seq[len(seq)-1], rest)
 	}
-	m.sent[i], m.engine[i] = slices.Clip(ids), int32(e+1)
-	return ids
+	m.local[i], m.seq[i], m.salted[i] = local, seq, req.CacheSalt != ""
+	return local, seq
 }
 
-// localHashes are the router's local hashes of the full blocks of
-// request i's prompt tokens; nil when the run hands the router none.
-func (s *sim) localHashes(i int, tokens []uint32, salt string) []uint64 {
-	m := &s.ids
-	if m.local == nil || salt != "" {
-		return nil
+// drop forgets request i's hashes once it has started and every later
+// turn that takes them has been hashed, and frees them once its engine
+// is done with them too.
+func (m *blockHashes) drop(i int) {
+	if !m.started[i] || m.needed != nil && m.needed[i] > 0 || m.recycles && !m.done[i] {
+		return
 	}
-	const bs = trace.BlockTokens
-	t := s.w.(*Trace)
-	full := len(tokens) / bs
-	local := m.take(full)
-	if p := m.prev[i]; p >= 0 {
-		from := m.local[p]
-		local = append(local, from[:t.shared(i, int(p), min(full, len(from)))]...)
+	if m.recycles {
+		m.put(m.local[i])
+		m.put(m.seq[i])
 	}
-	local = m.hasher.AppendLocalHashes(local, tokens[len(local)*bs:full*bs])
-	m.local[i] = local
-	return local
+	m.local[i], m.seq[i] = nil, nil
 }
 
-// storedLocal are the local hashes of a Stored event's blocks that the
-// loop computed for their request's prompt: a prefix of the blocks, or
-// none.
-func (s *sim) storedLocal(ev *engine.BlockEvent, salt string) []uint64 {
-	if s.ids.local == nil || ev.Tag <= 0 || salt != "" || ev.LoRAName != "" {
-		return nil
+// engineDone hears that request i's engine is done with its hashes.
+func (m *blockHashes) engineDone(i int, how promptDisposal) {
+	if !m.recycles || m.seq[i] == nil {
+		return
 	}
-	local := s.ids.local[ev.Tag-1]
-	first := int(ev.First)
-	if first >= len(local) {
-		return nil
+	m.done[i] = true
+	if how == poisonPrompts {
+		// Overwritten and never handed out again: a run that still
+		// read them would see other blocks.
+		for _, l := range [][]uint64{m.local[i], m.seq[i]} {
+			l = l[:cap(l)]
+			for k := range l {
+				l[k] = ^uint64(0)
+			}
+		}
+		m.local[i], m.seq[i] = nil, nil
+		return
 	}
-	return local[first:min(first+len(ev.BlockHashes), len(local))]
+	m.drop(i)
 }
 
-// take is an empty slice with room for n hashes, from the arena: the
-// hashes a request was sent with are kept for the run, for its next turn.
-func (m *blockIDMemo) take(n int) []uint64 {
-	if len(m.arena) < n {
-		m.arena = make([]uint64, max(n, 1<<16))
+// take is an empty list of room for n hashes, a freed one when there is
+// one of its size class (powers of two).
+func (m *blockHashes) take(n int) []uint64 {
+	c := bits.Len(uint(n))
+	if free := m.free[c]; len(free) > 0 {
+		l := free[len(free)-1]
+		m.free[c] = free[:len(free)-1]
+		m.reused++
+		return l
 	}
-	out := m.arena[:0:n]
-	m.arena = m.arena[n:]
-	return out
+	if !m.recycles {
+		return make([]uint64, 0, n)
+	}
+	return make([]uint64, 0, 1<<c)
+}
+
+func (m *blockHashes) put(l []uint64) {
+	if c := bits.Len(uint(cap(l))) - 1; c >= 0 && cap(l) == 1<<c {
+		m.free[c] = append(m.free[c], l[:0])
+	}
+}
+
+// routerHashes are the router's local and sequence hashes of request i's
+// prompt blocks under salt, the salt the router keys it by; nil when the
+// run hands the router none.
+func (s *sim) routerHashes(i int, req *workload.Request, salt string) (local, seq []uint64) {
+	if !s.ids.router || salt != req.CacheSalt {
+		return nil, nil
+	}
+	return s.hashes(i, req)
+}
+
+// startHashes are request i's hashes for its engine (engine.Request's
+// BlockIDs and LocalHashes), which the engine takes over.
+func (s *sim) startHashes(i int, req *workload.Request) (seq, local []uint64) {
+	local, seq = s.hashes(i, req)
+	if s.ids.on {
+		s.ids.started[i] = true
+		s.ids.drop(i)
+	}
+	return seq, local
+}
+
+// storedLocal are the local hashes of a Stored event's blocks for the
+// router: the engine's, when the router keys the blocks as the engine
+// did.
+func (s *sim) storedLocal(ev *engine.BlockEvent) []uint64 {
+	if s.cfg.IgnoreCacheSalt || ev.LoRAName != "" {
+		return nil
+	}
+	return ev.LocalHashes
 }
 
 // shared is how many leading hash ids requests i and p have in common,
 // at most n: their prompts' first blocks of 512 tokens that are equal.
 func (t *Trace) shared(i, p, n int) int {
 	k := 0
-	for k < n && t.dense[i][k] == t.dense[p][k] {
+	for k < n && k < len(t.dense[p]) && t.dense[i][k] == t.dense[p][k] {
 		k++
 	}
 	return k

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -9,124 +10,107 @@ import (
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
-	"github.com/kvrouter/kvrouter/mocker/engine"
 )
 
-// At the trace's block size, engines handed their prompts' block ids by
-// the loop give the results of engines that hash every block themselves.
+// Engines that name their blocks by sequence hashes, handed their
+// prompts' hashes by the loop, give the results of engines that hash
+// every block themselves, and of engines of ids of their own (ids are
+// opaque), at the trace's block size and at the router's default.
 func TestBlockIDsChangeNothing(t *testing.T) {
 	w := conversations(t, 600)
-	for _, tc := range []struct {
-		name string
-		mode string
-		set  func(*Config)
-	}{
-		{"kv", "kv", func(*Config) {}},
-		{"kv, evicting", "kv", func(c *Config) { c.Engine.NumGPUBlocks = 24 }},
-		{"kv, events at once", "kv", func(c *Config) { c.KVEventDelay = 0 }},
-		{"data-parallel ranks", "kv", func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
-		{"round-robin", "round-robin", func(*Config) {}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			run := func(ids bool) (Point, blockIDMemo) {
-				cfg := smallConfig()
-				cfg.Engine.BlockSize, cfg.Engine.NumGPUBlocks = trace.BlockTokens, 64
-				tc.set(&cfg)
-				cfg.noBlockIDs = !ids
-				s, err := newSim(cfg, tc.mode, w, 1)
-				if err != nil {
-					t.Fatal(err)
+	for _, bs := range []int{trace.BlockTokens, 16} {
+		for _, tc := range []struct {
+			name string
+			mode string
+			set  func(*Config)
+		}{
+			{"kv", "kv", func(*Config) {}},
+			{"kv, evicting", "kv", func(c *Config) { c.Engine.NumGPUBlocks = 24 * trace.BlockTokens / c.Engine.BlockSize }},
+			{"kv, events at once", "kv", func(c *Config) { c.KVEventDelay = 0 }},
+			{"data-parallel ranks", "kv", func(c *Config) { c.Workers, c.DPSize = 2, 2 }},
+			{"round-robin", "round-robin", func(*Config) {}},
+		} {
+			t.Run(fmt.Sprintf("%s, %d-token blocks", tc.name, bs), func(t *testing.T) {
+				run := func(set func(*Config)) (Point, blockHashes) {
+					cfg := smallConfig()
+					cfg.Engine.BlockSize, cfg.Engine.NumGPUBlocks = bs, 64*trace.BlockTokens/bs
+					cfg.Router.BlockSize = bs
+					tc.set(&cfg)
+					set(&cfg)
+					s, err := newSim(cfg, tc.mode, w, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := s.run(); err != nil {
+						t.Fatal(err)
+					}
+					return s.point(), s.ids
 				}
-				if err := s.run(); err != nil {
-					t.Fatal(err)
+				want, _ := run(func(c *Config) { c.ownBlockIDs = true })
+				hashed, _ := run(func(c *Config) { c.noBlockIDs = true })
+				got, memo := run(func(*Config) {})
+				if hashed != want {
+					t.Fatalf("engines of sequence-hash ids:\n%+v\nof their own ids:\n%+v", hashed, want)
 				}
-				return s.point(), s.ids
-			}
-			want, _ := run(false)
-			got, memo := run(true)
-			if got != want {
-				t.Fatalf("block ids handed over:\n%+v\nhashed by the engines:\n%+v", got, want)
-			}
-			if memo.hits == 0 || memo.misses == 0 {
-				t.Fatalf("%d blocks' ids taken, %d hashed", memo.hits, memo.misses)
-			}
-			if memo.local == nil {
-				t.Fatal("the router was handed no local hashes")
-			}
-		})
+				if got != want {
+					t.Fatalf("hashes handed over:\n%+v\nengines of their own ids:\n%+v", got, want)
+				}
+				if memo.hits == 0 || memo.misses == 0 {
+					t.Fatalf("%d blocks' hashes taken, %d hashed", memo.hits, memo.misses)
+				}
+				if !memo.router {
+					t.Fatal("the router was handed no local hashes")
+				}
+			})
+		}
 	}
 }
 
-// Every id the loop hands over is the one the engine's own chain gives,
-// on a trace whose ids recur under other parents and at the root, sent to
-// engines in turn: a slot that ignored the parent or the engine would
-// hand over another block's id.
-func TestBlockIDsMatchTheEnginesChain(t *testing.T) {
-	prompts := [][]uint64{{1, 2, 3}, {4, 2, 3}, {1, 2, 5}, {2, 3}, {1, 2, 3, 6}, {4, 2}, {2}, {7, 1, 2}}
+// Every hash the loop hands over is the router's, for requests hashed in
+// any order, on a trace whose ids recur under other parents and at the
+// root, at block sizes that divide a hash id's tokens and one that does
+// not: a memo that ignored the parent, or shared a block that straddles
+// the last shared hash id, would hand over another block's hash. Salted
+// prompts are hashed under their salt, and their hashes never taken.
+func TestHandedHashesAreTheRouters(t *testing.T) {
+	prompts := [][]uint64{{1, 2, 3}, {4, 2, 3}, {1, 2, 5}, {2, 3}, {1, 2, 3, 6}, {4, 2}, {2}, {7, 1, 2}, {1, 2, 3, 6, 8}}
 	tr := &trace.Trace{}
 	for i, ids := range prompts {
-		tr.Requests = append(tr.Requests, trace.Request{Timestamp: int64(i), InputLength: len(ids)*trace.BlockTokens + 7, OutputLength: 1, HashIDs: ids})
+		tr.Requests = append(tr.Requests, trace.Request{Timestamp: int64(i), InputLength: len(ids)*trace.BlockTokens - 7*i, OutputLength: 1, HashIDs: ids})
 	}
 	w, err := FromTrace(tr, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := smallConfig()
-	cfg.Engine.BlockSize = trace.BlockTokens
-	s, err := newSim(cfg, "kv", w, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 2000 {
-		i, e := rng.IntN(w.Len()), rng.IntN(len(s.engines))
-		req := workload.FromTraceRequest(&w.reqs[i])
-		seed := s.engines[e].eng.Config().Seed
-		if i > 0 && rng.IntN(2) == 0 {
-			// Most turns follow their conversation's previous one.
-			if p := s.ids.prev[i]; p >= 0 && s.ids.engine[p] > 0 {
-				e = int(s.ids.engine[p]) - 1
-				seed = s.engines[e].eng.Config().Seed
+	for _, bs := range []int{trace.BlockTokens, 16, 48} {
+		rng := rand.New(rand.NewPCG(1, uint64(bs)))
+		hits := 0
+		for range 200 {
+			cfg := smallConfig()
+			cfg.Engine.BlockSize = bs
+			s, err := newSim(cfg, "kv", w, 1)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		got := s.blockIDs(i, e, req.Tokens, "")
-		var parent uint64
-		for j := range len(req.Tokens) / trace.BlockTokens {
-			parent = engine.BlockID(seed, parent, req.Tokens[j*trace.BlockTokens:(j+1)*trace.BlockTokens])
-			if got[j] != parent {
-				t.Fatalf("request %d on engine %d, block %d: id %x, the engine's chain gives %x", i, e, j, got[j], parent)
+			for _, i := range rng.Perm(w.Len()) {
+				req := workload.FromTraceRequest(&w.reqs[i])
+				if rng.IntN(6) == 0 {
+					req.CacheSalt = "s"
+				}
+				if rng.IntN(2) == 0 {
+					s.startHashes(i, &req)
+				}
+				local, seq := s.hashes(i, &req)
+				wantLocal, wantSeq := blockhash.NewKeyed(bs, "", req.CacheSalt).Hashes(req.Tokens)
+				if !slices.Equal(local, wantLocal) || !slices.Equal(seq, wantSeq) {
+					t.Fatalf("%d-token blocks, request %d: hashes %x %x, the router's %x %x", bs, i, local, seq, wantLocal, wantSeq)
+				}
 			}
+			hits += s.ids.hits
 		}
-	}
-	if s.ids.hits == 0 {
-		t.Fatal("no id was taken")
-	}
-	h := blockhash.NewKeyed(trace.BlockTokens, "", "")
-	for range 2000 {
-		i := rng.IntN(w.Len())
-		req := workload.FromTraceRequest(&w.reqs[i])
-		got := s.localHashes(i, req.Tokens, "")
-		if want := h.AppendLocalHashes(nil, req.Tokens); !slices.Equal(got, want) {
-			t.Fatalf("request %d: local hashes %x, the router's %x", i, got, want)
+		if hits == 0 {
+			t.Fatalf("%d-token blocks: no hash was taken", bs)
 		}
-		// A Stored event of any run of the prompt's blocks, and one
-		// that runs past them into generated tokens.
-		first := rng.IntN(len(got) + 1)
-		n := 1 + rng.IntN(len(got)+2-first)
-		ev := engine.BlockEvent{Kind: engine.Stored, BlockHashes: make([]uint64, n), Tag: int32(i + 1), First: int32(first)}
-		sl := s.storedLocal(&ev, "")
-		if want := got[first:min(first+n, len(got))]; !slices.Equal(sl, want) {
-			t.Fatalf("request %d, blocks %d+%d: stored local hashes %x, want %x", i, first, n, sl, want)
-		}
-		if s.storedLocal(&ev, "salt") != nil {
-			t.Fatal("local hashes for a salted event")
-		}
-	}
-	if s.localHashes(0, workload.FromTraceRequest(&w.reqs[0]).Tokens, "salt") != nil {
-		t.Fatal("local hashes for a salted prompt")
-	}
-	if s.blockIDs(0, 0, workload.FromTraceRequest(&w.reqs[0]).Tokens, "salt") != nil {
-		t.Fatal("ids for a salted prompt")
 	}
 }
 
@@ -155,35 +139,36 @@ func TestTraceDenseIDs(t *testing.T) {
 	}
 }
 
-// BenchmarkBlockIDs: the ids of a conversation turn's prompt (5.75 blocks
-// of 512 tokens on average) on the engine that ran the turn before.
+// BenchmarkBlockIDs: the hashes of a conversation turn's prompt (5.75
+// blocks of 512 tokens on average) at 16-token blocks, taken from the
+// turn before where they share a prefix (memo) or all computed (hashed).
 func BenchmarkBlockIDs(b *testing.B) {
 	w := conversations(b, 2000)
-	cfg := smallConfig()
-	cfg.Engine.BlockSize = trace.BlockTokens
-	s, err := newSim(cfg, "kv", w, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
 	reqs := make([]workload.Request, w.Len())
 	for i := range reqs {
 		reqs[i] = workload.FromTraceRequest(&w.reqs[i])
 	}
 	b.Run("memo", func(b *testing.B) {
+		var s *sim
 		i := 0
 		for b.Loop() {
-			s.blockIDs(i, 0, reqs[i].Tokens, "")
+			if i == 0 {
+				b.StopTimer()
+				var err error
+				if s, err = newSim(smallConfig(), "kv", w, 1); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			s.startHashes(i, &reqs[i])
 			i = (i + 1) % len(reqs)
 		}
 	})
 	b.Run("hashed", func(b *testing.B) {
+		h := blockhash.New(16, "")
 		i := 0
 		for b.Loop() {
-			toks := reqs[i].Tokens
-			var parent uint64
-			for j := range len(toks) / trace.BlockTokens {
-				parent = engine.BlockID(1, parent, toks[j*trace.BlockTokens:(j+1)*trace.BlockTokens])
-			}
+			h.Hashes(reqs[i].Tokens)
 			i = (i + 1) % len(reqs)
 		}
 	})

@@ -32,7 +32,10 @@ const poison = ^uint32(0)
 // each prompt afresh cost as much again as generating its tokens, in
 // zeroing and in the collector's work.
 type promptPool struct {
-	tr    *Trace
+	tr *Trace
+	// ids frees the requests' block hashes with their prompts, which the
+	// engines' events point into as well.
+	ids   *blockHashes
 	given [][]uint32                // given[i]: request i's prompt while it runs
 	free  [bits.UintSize][][]uint32 // free[c]: free prompts of capacity 2^c
 	how   promptDisposal
@@ -50,6 +53,7 @@ func (p *promptPool) init(s *sim) {
 	}
 	p.tr = tr
 	p.given = make([][]uint32, tr.Len())
+	p.ids = &s.ids
 }
 
 // request builds request i, in a free prompt of its size class when
@@ -81,13 +85,18 @@ func (p *promptPool) retire(se *simEngine, i int) {
 	if p.given == nil || p.given[i] == nil {
 		return
 	}
-	buf := p.given[i]
-	p.given[i] = nil
 	if n := len(se.batches); n > 0 {
-		se.retired[n-1] = append(se.retired[n-1], buf)
+		se.retired[n-1] = append(se.retired[n-1], int32(i))
 		return
 	}
-	p.put(buf)
+	p.release(i)
+}
+
+// release takes back request i's prompt and block hashes.
+func (p *promptPool) release(i int) {
+	p.put(p.given[i])
+	p.given[i] = nil
+	p.ids.engineDone(i, p.how)
 }
 
 func (p *promptPool) put(buf []uint32) {

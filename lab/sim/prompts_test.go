@@ -65,7 +65,7 @@ func TestReusedPromptsChangeNothing(t *testing.T) {
 		{"round-robin", "round-robin", 1, func(*Config) {}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			run := func(how promptDisposal) (Point, int) {
+			run := func(how promptDisposal) (Point, int, int) {
 				cfg := smallConfig()
 				cfg.Engine.NumGPUBlocks = 1024
 				tc.set(&cfg)
@@ -77,10 +77,10 @@ func TestReusedPromptsChangeNothing(t *testing.T) {
 				if err := s.run(); err != nil {
 					t.Fatal(err)
 				}
-				return s.point(), s.prompts.reused
+				return s.point(), s.prompts.reused, s.ids.reused
 			}
-			want, _ := run(dropPrompts)
-			got, reused := run(reusePrompts)
+			want, _, _ := run(dropPrompts)
+			got, reused, hashes := run(reusePrompts)
 			if got != want {
 				t.Fatalf("reused prompts:\n%+v\nfresh prompts:\n%+v", got, want)
 			}
@@ -90,7 +90,10 @@ func TestReusedPromptsChangeNothing(t *testing.T) {
 			if reused < w.Len()/2 {
 				t.Fatalf("%d of %d prompts built in a free one", reused, w.Len())
 			}
-			if got, _ := run(poisonPrompts); got != want {
+			if hashes < w.Len()/2 {
+				t.Fatalf("%d block hash lists of %d prompts' taken from free ones", hashes, 2*w.Len())
+			}
+			if got, _, _ := run(poisonPrompts); got != want {
 				t.Fatalf("overwritten prompts:\n%+v\nfresh prompts:\n%+v", got, want)
 			}
 		})

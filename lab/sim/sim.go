@@ -117,8 +117,12 @@ type Config struct {
 	// tests (reused by default).
 	prompts promptDisposal
 	// noBlockIDs has the engines and the routers hash every prompt block
-	// themselves, for tests (see blockIDMemo).
+	// themselves, for tests (see blockHashes).
 	noBlockIDs bool
+	// ownBlockIDs has the engines name their blocks by ids of their own
+	// rather than by sequence hashes, for tests that check that the
+	// results do not depend on the names.
+	ownBlockIDs bool
 }
 
 // engineConfig is engine i's configuration.
@@ -662,9 +666,10 @@ type simEngine struct {
 	stepped bool                  // a step is scheduled or under way
 	res     engine.StepResult     // the step under way, delivered at its end
 	batches [][]engine.BlockEvent // KV events on their way to the router, oldest first
-	// retired[k] are the prompts of requests that ended in the step of
-	// batches[k]: its events and older ones may point into them.
-	retired [][][]uint32
+	// retired[k] are the requests that ended in the step of batches[k]:
+	// its events and older ones may point into their prompts and block
+	// hashes.
+	retired [][]int32
 	zero    int // consecutive steps that took no time
 	groups  enginesource.GroupFilter
 	salts   *router.SaltChains // the engine's salted blocks, as an event source keeps them
@@ -765,7 +770,7 @@ type sim struct {
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
 	prompts     promptPool
-	ids         blockIDMemo
+	ids         blockHashes
 	remaining   int // requests not finished or failed
 	// recycleEvents hands each batch of KV events back to its engine once
 	// applied (engine.Recycle): nothing else reads them, but replicas and
@@ -875,6 +880,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
 		ecfg.NoBlockTokens = !cfg.listsBlocks
+		ecfg.SequenceHashIDs = cfg.sequenceHashIDs()
 		eng, err := engine.New(ecfg)
 		if err != nil {
 			return nil, err
@@ -895,7 +901,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
 	s.prompts.init(s)
-	s.initBlockIDs()
+	s.initBlockHashes()
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }
@@ -1069,8 +1075,9 @@ func (s *sim) submit(i int, req *workload.Request) {
 		osl = 0
 	}
 	salt := s.salt(req)
+	local, seq := s.routerHashes(i, req, salt)
 	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
-		LocalHashes: s.localHashes(i, req.Tokens, salt)}, s.onDispatch(i, dispAggregated))
+		LocalHashes: local, SeqHashes: seq}, s.onDispatch(i, dispAggregated))
 	switch {
 	case err != nil:
 		s.fail(i, err)
@@ -1100,8 +1107,9 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	s.reqs[i].worker = w
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
+	seq, local := s.startHashes(i, req)
 	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1),
-		BlockIDs: s.blockIDs(i, e, req.Tokens, req.CacheSalt)}); err != nil {
+		BlockIDs: seq, LocalHashes: local}); err != nil {
 		s.free(i, id)
 		s.fail(i, err)
 		return
@@ -1349,10 +1357,9 @@ func (s *sim) deliverKV(e int) {
 	s.applyKV(se, batch)
 	s.recycle(se, batch)
 	done := se.retired[0]
-	for _, p := range done {
-		s.prompts.put(p)
+	for _, i := range done {
+		s.prompts.release(int(i))
 	}
-	clear(done)
 	copy(se.retired, se.retired[1:])
 	se.retired[n-1] = done[:0]
 	se.retired = se.retired[:n-1]
@@ -1382,7 +1389,7 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 		case engine.Stored:
 			es := router.EngineStored{Worker: se.w, Tier: tier, Parent: ev.Parent, EngineHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: bs,
 				Salt: s.eventSalt(se, &ev)}
-			es.LocalHashes = s.storedLocal(&ev, es.Salt)
+			es.LocalHashes = s.storedLocal(&ev)
 			s.everyRouter(func(r *router.Router) { _ = r.ApplyEngineStored(&es) })
 		case engine.Removed:
 			if !ev.Host {

@@ -1,87 +1,15 @@
 package engine
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
 )
-
-// chainIDs is the reference for Request.BlockIDs: BlockID over the
-// prompt's first n full blocks.
-func chainIDs(seed uint64, bs int, toks []uint32, n int) []uint64 {
-	ids := make([]uint64, n)
-	var parent uint64
-	for i := range ids {
-		parent = BlockID(seed, parent, toks[i*bs:(i+1)*bs])
-		ids[i] = parent
-	}
-	return ids
-}
-
-// An engine handed its prompts' block ids steps exactly as one that hashes
-// them itself (every output, event, duration), whether it gets all of a
-// prompt's ids or the first few; and a wrong id shows in its events, so
-// the comparison would see ids it took without checking.
-func TestSuppliedBlockIDsChangeNothing(t *testing.T) {
-	for _, cpu := range []int{0, 48} {
-		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
-		for _, wrong := range []bool{false, true} {
-			a, b := mustNew(t, cfg), mustNew(t, cfg)
-			rng := rand.New(rand.NewPCG(21+uint64(cpu), 0))
-			prefix := randTokens(rng, 120, 500)
-			differ := false
-			for step := 0; step < 600 || !a.Idle() || !b.Idle(); step++ {
-				if step > 5000 {
-					t.Fatal("engines never idle")
-				}
-				if step < 600 && rng.IntN(3) == 0 {
-					toks := slices.Concat(prefix[:rng.IntN(120)], randTokens(rng, 1+rng.IntN(60), 500))
-					n := 1 + rng.IntN(30)
-					ids := chainIDs(cfg.Seed, cfg.BlockSize, toks, rng.IntN(len(toks)/cfg.BlockSize+1))
-					if wrong && len(ids) > 0 {
-						ids[len(ids)-1]++
-					}
-					id := fmt.Sprint(step)
-					if err := a.Add(Request{ID: id, Tokens: slices.Clone(toks), MaxTokens: n, BlockIDs: ids}); err != nil {
-						t.Fatal(err)
-					}
-					mustAdd(t, b, id, toks, n)
-				}
-				if ra, rb := a.Step(), b.Step(); !reflect.DeepEqual(ra, rb) {
-					if !wrong {
-						t.Fatalf("cpu %d, step %d: supplied block ids changed the step", cpu, step)
-					}
-					differ = true
-				}
-			}
-			if wrong && !differ {
-				t.Fatalf("cpu %d: wrong block ids changed nothing", cpu)
-			}
-		}
-	}
-}
-
-func TestBlockIDsValidation(t *testing.T) {
-	e := mustNew(t, Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true})
-	toks := seqTokens(0, 9) // two full blocks
-	for _, r := range []Request{
-		{ID: "long", Tokens: toks, MaxTokens: 1, BlockIDs: make([]uint64, 3)},
-		{ID: "salt", Tokens: toks, MaxTokens: 1, BlockIDs: make([]uint64, 1), CacheSalt: "s"},
-		{ID: "lora", Tokens: toks, MaxTokens: 1, BlockIDs: make([]uint64, 1), LoRA: "a"},
-	} {
-		if err := e.Add(r); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", r.ID, err)
-		}
-	}
-	if err := e.Add(Request{ID: "ok", Tokens: toks, MaxTokens: 1, BlockIDs: chainIDs(0, 4, toks, 2)}); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // Every step's duration is StepTime at its KV usage, divided by the
 // engine's speed, although the decode part is reused while the blocks
@@ -126,14 +54,15 @@ func BenchmarkStepDecodes512(b *testing.B) {
 }
 
 // BenchmarkAddBlockIDs: Add and prefill a prompt of 16 blocks of 512
-// tokens whose blocks are cached, hashing them (own) or taking their ids
-// (supplied).
+// tokens whose blocks are cached, on an engine of sequence-hash ids,
+// hashing them (own) or taking their hashes (supplied).
 func BenchmarkAddBlockIDs(b *testing.B) {
 	cfg := DefaultConfig()
 	cfg.BlockSize = 512
 	cfg.NumGPUBlocks = 256
+	cfg.SequenceHashIDs = true
 	toks := append(make([]uint32, 0, 16*512+101), seqTokens(7, 16*512+100)...)
-	ids := chainIDs(cfg.Seed, cfg.BlockSize, toks, 16)
+	local, seq := blockhash.New(cfg.BlockSize, "").Hashes(toks)
 	for _, supplied := range []bool{false, true} {
 		b.Run(map[bool]string{false: "own", true: "supplied"}[supplied], func(b *testing.B) {
 			e, err := New(cfg)
@@ -142,7 +71,7 @@ func BenchmarkAddBlockIDs(b *testing.B) {
 			}
 			r := Request{ID: "r", Tokens: toks, MaxTokens: 1, Owned: true}
 			if supplied {
-				r.BlockIDs = ids
+				r.BlockIDs, r.LocalHashes = seq, local
 			}
 			b.ReportAllocs()
 			for b.Loop() {

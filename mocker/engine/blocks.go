@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
@@ -49,6 +50,11 @@ type blockManager struct {
 	capacity  int
 	caching   bool
 	seed      uint64
+	// seqIDs: blocks are named by their sequence hashes
+	// (Config.SequenceHashIDs), plain hashes the blocks of requests
+	// without keys.
+	seqIDs bool
+	plain  blockhash.Hasher
 
 	blocks []block // full blocks by slot index
 	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
@@ -130,6 +136,7 @@ func (m *blockManager) used() int {
 type seqBlocks struct {
 	tokens  []uint32 // all tokens known so far (prompt, then generated)
 	hashes  []uint64 // engine ids of the full blocks of tokens, computed lazily
+	locals  []uint64 // under blockManager.seqIDs, the local hashes of the blocks of hashes
 	blocks  []int32  // slot indices of the full blocks held, in order
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
@@ -141,6 +148,10 @@ type seqBlocks struct {
 
 // ensureHashes makes s.hashes cover the first n full blocks of s.tokens.
 func (m *blockManager) ensureHashes(s *seqBlocks, n int) {
+	if m.seqIDs {
+		m.ensureSeqHashes(s, n)
+		return
+	}
 	bs := m.blockSize
 	for i := len(s.hashes); i < n; i++ {
 		var parent uint64
@@ -152,6 +163,25 @@ func (m *blockManager) ensureHashes(s *seqBlocks, n int) {
 		}
 		s.hashes = append(s.hashes, hashBlock(m.seed, parent, s.tokens[i*bs:(i+1)*bs]))
 	}
+}
+
+// ensureSeqHashes is ensureHashes for an engine that names its blocks by
+// their sequence hashes.
+func (m *blockManager) ensureSeqHashes(s *seqBlocks, n int) {
+	from := len(s.hashes)
+	if from >= n {
+		return
+	}
+	h := m.plain
+	if s.keys != nil {
+		h = s.keys.hasher(m.blockSize)
+	}
+	toks := s.tokens[from*m.blockSize : n*m.blockSize]
+	if from == 0 {
+		s.locals, s.hashes = h.AppendHashes(s.locals, s.hashes, toks)
+		return
+	}
+	s.locals, s.hashes = h.AppendChainedHashes(s.locals, s.hashes, s.hashes[from-1], toks)
 }
 
 // countPrefix is the number of leading full blocks of s found cached
@@ -333,6 +363,9 @@ func (m *blockManager) emitStored(s *seqBlocks, from, to int) {
 				TokenIDs:    s.tokens[start*bs : i*bs : i*bs],
 				Tag:         s.tag,
 				First:       int32(start),
+			}
+			if m.seqIDs {
+				ev.LocalHashes = s.locals[start:i:i]
 			}
 			if start > 0 {
 				// Into the request's ids, as BlockHashes is: they are

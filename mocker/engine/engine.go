@@ -45,7 +45,8 @@
 //
 // A full block is identified by its content: its engine id is a hash of
 // Config.Seed, its parent's id and its tokens (not kvrouter's block hash, and
-// different for every seed), and the engine holds each content at most once:
+// different for every seed; kvrouter's sequence hash under
+// Config.SequenceHashIDs), and the engine holds each content at most once:
 // a request needing a block whose content is cached shares it (refcount) or
 // revives it from the inactive LRU. Prompt and generated tokens alike fill
 // blocks. An allocation that needs new slots evicts the least recently used
@@ -78,6 +79,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
 )
 
 // Config sizes the engine; the names follow vLLM's flags.
@@ -110,6 +113,18 @@ type Config struct {
 	// without tokens (Tokens nil). For a caller that never lists them,
 	// such as the simulator, the copy is a cache miss per new block.
 	NoBlockTokens bool
+	// SequenceHashIDs names every full block by kvrouter's sequence hash
+	// of it (core/blockhash: the chain of the blocks' local hashes under
+	// the request's LoRA adapter and cache salt) instead of an id of the
+	// engine's own, and publishes the blocks' local hashes with their
+	// Stored events (BlockEvent.LocalHashes). Ids are opaque to a router,
+	// so this changes nothing an engine does, only the names it gives;
+	// Dynamo's mocker names its blocks by sequence hashes the same way.
+	// A caller that hashed a prompt as the router does hands the hashes
+	// over (Request.BlockIDs and Request.LocalHashes) and no block is
+	// hashed twice. Not with multimodal requests, whose router hashes
+	// mix in their items, nor with KVCacheGroups.
+	SequenceHashIDs bool
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -132,7 +147,8 @@ type Request struct {
 	// Owned hands Tokens to the engine: the caller neither reads nor writes
 	// them after Add, and the engine appends the generated tokens in place
 	// when their capacity allows (a copy of every prompt was a tenth of the
-	// simulator's time).
+	// simulator's time). BlockIDs and LocalHashes too: the caller may go
+	// on reading the elements it handed over, the engine only appends.
 	Owned bool
 	// HoldBlocks keeps the prompt's full blocks held after the request
 	// finishes, until Release: a prefill engine of a disaggregated pair must
@@ -164,22 +180,14 @@ type Request struct {
 	// numbers its requests reads the number there instead of parsing ID
 	// for every token.
 	Tag int32
-	// BlockIDs are the engine ids of the prompt's first len(BlockIDs) full
-	// blocks, as BlockID chains them under this engine's Config.Seed: the
-	// engine copies them instead of hashing those blocks. A caller that
-	// sends the same blocks again and again (a trace's conversations) can
-	// keep them; at 512-token blocks the hashing is a chain of 128
-	// multiplications a block. Not with LoRA, CacheSalt or MM, which the
-	// engine mixes into its ids.
-	BlockIDs []uint64
-}
-
-// BlockID is the engine id of a full block of tokens whose parent block
-// has engine id parent (0 at the root), on an engine of the given
-// Config.Seed, for a request without LoRA, CacheSalt or MM
-// (Request.BlockIDs).
-func BlockID(seed, parent uint64, tokens []uint32) uint64 {
-	return hashBlock(seed, parent, tokens)
+	// BlockIDs and LocalHashes, on an engine of Config.SequenceHashIDs,
+	// are the sequence and local hashes of the prompt's first
+	// len(BlockIDs) full blocks, keyed by LoRA and CacheSalt as the router
+	// keys them: the engine takes them instead of hashing those blocks. A
+	// caller that hashed the prompt for the router (the simulator) hands
+	// them over. As long as each other.
+	BlockIDs    []uint64
+	LocalHashes []uint64
 }
 
 // Output is one generated token.
@@ -233,6 +241,9 @@ type BlockEvent struct {
 	// Host marks the host tier's events (Config.NumCPUBlocks), published
 	// with medium "CPU"; their Stored events have no parent and no tokens.
 	Host bool
+	// LocalHashes, on the Stored events of an engine of
+	// Config.SequenceHashIDs, are the blocks' local hashes.
+	LocalHashes []uint64
 	// Tag and First, on the GPU's Stored events of the group the engine's
 	// Config.BlockSize describes, are the Request.Tag of the request the
 	// blocks were computed for and the place of the first among its
@@ -401,9 +412,15 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: a host tier (%d CPU blocks) needs prefix caching: its blocks are found by their ids", ErrInvalid, cfg.NumCPUBlocks)
 	case cfg.NumCPUBlocks > 0 && len(cfg.KVCacheGroups) > 0:
 		return nil, fmt.Errorf("%w: a host tier with KV-cache groups is not simulated", ErrInvalid)
+	case cfg.SequenceHashIDs && len(cfg.KVCacheGroups) > 0:
+		return nil, fmt.Errorf("%w: sequence-hash ids with KV-cache groups", ErrInvalid)
 	}
 	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
 	bm.noTokens = cfg.NoBlockTokens
+	if cfg.SequenceHashIDs {
+		bm.seqIDs = true
+		bm.plain = blockhash.New(cfg.BlockSize, "")
+	}
 	if err := bm.setupGroups(cfg); err != nil {
 		return nil, err
 	}
@@ -439,14 +456,17 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("%w: request %q has %d loaded blocks, its prompt of %d tokens has %d full blocks",
 			ErrInvalid, r.ID, r.KVLoadedBlocks, len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
-	if len(r.BlockIDs) > 0 {
-		switch {
-		case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
-			return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
-				ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
-		case r.LoRA != "" || r.CacheSalt != "" || len(r.MM) > 0:
-			return fmt.Errorf("%w: request %q has block ids and extra keys", ErrInvalid, r.ID)
-		}
+	seqIDs := e.cfg.SequenceHashIDs
+	switch {
+	case seqIDs && len(r.MM) > 0:
+		return fmt.Errorf("%w: request %q has multimodal items, which an engine of sequence-hash ids does not hash", ErrInvalid, r.ID)
+	case !seqIDs && (len(r.BlockIDs) > 0 || len(r.LocalHashes) > 0):
+		return fmt.Errorf("%w: request %q has block hashes, which an engine of its own ids does not take", ErrInvalid, r.ID)
+	case len(r.LocalHashes) != len(r.BlockIDs):
+		return fmt.Errorf("%w: request %q has %d local hashes for %d block ids", ErrInvalid, r.ID, len(r.LocalHashes), len(r.BlockIDs))
+	case len(r.BlockIDs) > len(r.Tokens)/e.cfg.BlockSize:
+		return fmt.Errorf("%w: request %q has %d block ids, its prompt of %d tokens has %d full blocks",
+			ErrInvalid, r.ID, len(r.BlockIDs), len(r.Tokens), len(r.Tokens)/e.cfg.BlockSize)
 	}
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, r.ID)
@@ -465,10 +485,14 @@ func (e *Engine) Add(r Request) error {
 		toks = make([]uint32, len(r.Tokens), total)
 		copy(toks, r.Tokens)
 	}
+	// Room for every full block the request can reach: growing the
+	// slices block by block cost more than the blocks' own hashing.
+	hashes := r.BlockIDs
+	if !r.Owned || cap(hashes) < total/bs {
+		hashes = append(make([]uint64, 0, total/bs), r.BlockIDs...)
+	}
 	s := &seq{
-		// Room for every full block the request can reach: growing the
-		// slices block by block cost more than the blocks' own hashing.
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: append(make([]uint64, 0, total/bs), r.BlockIDs...), blocks: e.bm.blockList(total / bs), tag: r.Tag},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: hashes, blocks: e.bm.blockList(total / bs), tag: r.Tag},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -476,6 +500,12 @@ func (e *Engine) Add(r Request) error {
 		loadedBlocks: r.KVLoadedBlocks,
 		hold:         r.HoldBlocks,
 		state:        stWaiting,
+	}
+	if seqIDs {
+		s.locals = r.LocalHashes
+		if !r.Owned || cap(s.locals) < total/bs {
+			s.locals = append(make([]uint64, 0, total/bs), r.LocalHashes...)
+		}
 	}
 	e.byID[r.ID] = s
 	e.waiting.pushBack(s)

@@ -3,6 +3,8 @@ package engine
 import (
 	"encoding/binary"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
+
 	"github.com/zeebo/xxh3"
 )
 
@@ -27,6 +29,19 @@ type MMFeature struct {
 type requestKeys struct {
 	lora, salt string
 	mm         []MMFeature // sorted by Offset, spans within the prompt
+	// keyed hashes the request's blocks under Config.SequenceHashIDs,
+	// once made.
+	keyed    blockhash.Hasher
+	hasKeyed bool
+}
+
+// hasher is the request's blocks' hasher under Config.SequenceHashIDs:
+// keyed by its adapter and salt as the router keys it.
+func (k *requestKeys) hasher(blockSize int) blockhash.Hasher {
+	if !k.hasKeyed {
+		k.keyed, k.hasKeyed = blockhash.NewKeyed(blockSize, k.lora, k.salt), true
+	}
+	return k.keyed
 }
 
 func newRequestKeys(r *Request) *requestKeys {

@@ -5,7 +5,8 @@ import "math/bits"
 // The engine's block ids and generated tokens come from a small wyhash-like
 // mixer: fast, deterministic across processes and platforms, and keyed by
 // Config.Seed so that two engines never share ids. They are deliberately not
-// kvrouter's block hashes (SPEC §2: engines' own hashes are opaque).
+// kvrouter's block hashes (SPEC §2: engines' own hashes are opaque), unless
+// Config.SequenceHashIDs asks for those.
 
 const (
 	k0 = 0xa0761d6478bd642f

@@ -386,10 +386,17 @@ type Tracker struct {
 	freeSlots []int32
 	root      *node   // the empty chain; its children start at block 0
 	freeNodes []*node // recycled with their buffers (up to maxRecycledRun), so booking rarely allocates
-	blocks    int     // distinct blocks in the trie: Stats.Blocks
-	requests  map[string]*request
-	lastScan  time.Time
-	stats     Stats
+	// longRuns are the run buffers of freed nodes too long for freeNodes
+	// (up to maxLongRun blocks, at most maxLongRuns of them), for the
+	// next long prompt: at 16-token blocks nearly a quarter of a conversation
+	// trace's prompts exceed maxRecycledRun, and each one's fresh buffer,
+	// cleared and faulted in, cost more than the rest of its booking.
+	longRuns [][]uint64
+
+	blocks   int // distinct blocks in the trie: Stats.Blocks
+	requests map[string]*request
+	lastScan time.Time
+	stats    Stats
 
 	// PotentialLoads scratch. run[s] packs walkGen<<32 | leading blocks
 	// held by slot s, so nothing is cleared between calls: a stale
@@ -802,6 +809,9 @@ func (t *Tracker) book(b []uint64, si int32) *node {
 		c := n.kids.get(b[i])
 		if c == nil {
 			c = t.newNode()
+			if len(b)-i > cap(c.run) {
+				c.run = t.longRun(len(b) - i)
+			}
 			c.run = append(c.run, b[i:]...)
 			c.parent = n
 			n.kids.put(b[i], c)
@@ -922,9 +932,54 @@ func (t *Tracker) newNode() *node {
 // and keeping it would hold that prompt's memory for good.
 const maxRecycledRun = 1024
 
+// maxLongRun and maxLongRuns bound the long run buffers kept (1 MiB).
+const (
+	maxLongRun  = 8192
+	maxLongRuns = 16
+)
+
+// longRun is an empty buffer of room for n blocks: a kept long one if one
+// is large enough, else a new one.
+func (t *Tracker) longRun(n int) []uint64 {
+	for i, r := range t.longRuns {
+		if cap(r) >= n {
+			last := len(t.longRuns) - 1
+			t.longRuns[i] = t.longRuns[last]
+			t.longRuns[last] = nil
+			t.longRuns = t.longRuns[:last]
+			return r
+		}
+	}
+	return make([]uint64, 0, n)
+}
+
+// keepLongRun keeps r, a freed node's run buffer longer than
+// maxRecycledRun, if it is within maxLongRun: in place of the shortest
+// kept one when maxLongRuns are kept already, so that what is kept
+// serves the longest prompts.
+func (t *Tracker) keepLongRun(r []uint64) {
+	if cap(r) > maxLongRun {
+		return
+	}
+	if len(t.longRuns) < maxLongRuns {
+		t.longRuns = append(t.longRuns, r[:0])
+		return
+	}
+	short := 0
+	for i, x := range t.longRuns {
+		if cap(x) < cap(t.longRuns[short]) {
+			short = i
+		}
+	}
+	if cap(r) > cap(t.longRuns[short]) {
+		t.longRuns[short] = r[:0]
+	}
+}
+
 func (t *Tracker) recycle(n *node) {
 	n.run = n.run[:0]
 	if cap(n.run) > maxRecycledRun {
+		t.keepLongRun(n.run)
 		n.run = nil
 	}
 	n.holders = n.holders[:0]

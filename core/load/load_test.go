@@ -1103,3 +1103,48 @@ func TestWorkersIDNamesTheList(t *testing.T) {
 		t.Fatalf("another list: %+v", got)
 	}
 }
+
+// TestLongPromptsReuseBuffers: a prompt longer than a recycled node's
+// buffer books into a buffer kept from a freed one instead of a new one,
+// and what is kept stays within maxLongRuns buffers of maxLongRun blocks.
+func TestLongPromptsReuseBuffers(t *testing.T) {
+	tr := New(DefaultConfig())
+	long := func(i, n int) Request {
+		return Request{ID: "long", Worker: w1, Blocks: seqOf(uint64(i)<<32, n), ISL: 16 * n}
+	}
+	for i := range 4 {
+		mustAdd(t, tr, long(i, 3000))
+		tr.Free("long")
+	}
+	var reqs []Request
+	for i := range 60 {
+		reqs = append(reqs, long(4+i, 2000+i*10))
+	}
+	i := 0
+	if allocs := testing.AllocsPerRun(50, func() {
+		mustAdd(t, tr, reqs[i])
+		tr.Free("long")
+		i++
+	}); allocs != 0 {
+		t.Fatalf("%.1f allocations to book and free a long prompt, want 0", allocs)
+	}
+	for n := range 3 * maxLongRuns {
+		mustAdd(t, tr, Request{ID: fmt.Sprint(n), Worker: w1, Blocks: seqOf(uint64(n+1)<<40, maxRecycledRun+1+n*(maxLongRun/maxLongRuns)), ISL: 16})
+	}
+	for n := range 3 * maxLongRuns {
+		tr.Free(fmt.Sprint(n))
+	}
+	kept := 0
+	for _, r := range tr.longRuns {
+		if cap(r) > maxLongRun {
+			t.Fatalf("kept a buffer of %d blocks, over %d", cap(r), maxLongRun)
+		}
+		kept += cap(r)
+	}
+	if len(tr.longRuns) > maxLongRuns || kept > maxLongRuns*maxLongRun {
+		t.Fatalf("kept %d long buffers of %d blocks in all", len(tr.longRuns), kept)
+	}
+	if st := tr.Stats(); st.Blocks != 0 || st.Active != 0 {
+		t.Fatalf("Stats = %+v", st)
+	}
+}

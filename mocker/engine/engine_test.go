@@ -41,10 +41,16 @@ type eventIndex struct {
 	seed    uint64
 	bs      int
 	present map[uint64]bool
+	parent  map[uint64]publishedParent // as the Stored events named it
+}
+
+type publishedParent struct {
+	hash uint64
+	root bool
 }
 
 func newEventIndex(cfg Config) *eventIndex {
-	return &eventIndex{seed: cfg.Seed, bs: cfg.BlockSize, present: map[uint64]bool{}}
+	return &eventIndex{seed: cfg.Seed, bs: cfg.BlockSize, present: map[uint64]bool{}, parent: map[uint64]publishedParent{}}
 }
 
 func (x *eventIndex) apply(t *testing.T, evs []BlockEvent) {
@@ -56,13 +62,16 @@ func (x *eventIndex) apply(t *testing.T, evs []BlockEvent) {
 				t.Fatalf("stored event with %d blocks and %d tokens", len(e.BlockHashes), len(e.TokenIDs))
 			}
 			var parent uint64
-			if e.Parent != nil {
+			root := e.Parent == nil
+			if !root {
 				parent = *e.Parent
 				if !x.present[parent] {
 					t.Fatalf("stored event with unknown parent %x", parent)
 				}
 			}
 			for i, h := range e.BlockHashes {
+				x.parent[h] = publishedParent{parent, root}
+				root = false
 				if want := hashBlock(x.seed, parent, e.TokenIDs[i*x.bs:(i+1)*x.bs]); h != want {
 					t.Fatalf("stored block %x is not the id of its parent and tokens (%x)", h, want)
 				}
@@ -93,10 +102,19 @@ func (x *eventIndex) check(t *testing.T, e *Engine) {
 	if len(x.present) != len(cached) {
 		t.Fatalf("events say %d blocks cached, the engine has %d", len(x.present), len(cached))
 	}
+	listed := make(map[uint64]bool, len(cached))
 	for _, b := range cached {
 		if !x.present[b.Hash] {
 			t.Fatalf("cached block %x never published", b.Hash)
 		}
+		want := x.parent[b.Hash]
+		if (b.Parent == nil) != want.root || b.Parent != nil && *b.Parent != want.hash {
+			t.Fatalf("cached block %x: parent %v, published with %+v", b.Hash, b.Parent, want)
+		}
+		if b.Parent != nil && x.present[*b.Parent] && !listed[*b.Parent] {
+			t.Fatalf("cached block %x listed before its parent %x", b.Hash, *b.Parent)
+		}
+		listed[b.Hash] = true
 	}
 }
 

@@ -37,14 +37,10 @@ import (
 
 const noBlock = -1
 
-// block is what the hot paths read of a full block: 16 bytes, four to a
-// cache line. A request's blocks mostly sit at neighbouring slots (a new
-// block takes its victim's slot, and victims leave in runs), so the
-// lookups, releases and evictions of a run of blocks read a quarter line
-// each; the block's parent, which only CachedBlocks reads, lives apart in
-// blockManager.parents.
 type block struct {
 	hash   uint64
+	parent uint64 // engine id of the block before it; valid when !root
+	root   bool
 	ref    int32
 	lruPos int32 // the block's entry in blockManager.lru while inactive, else noBlock
 }
@@ -61,10 +57,6 @@ type blockManager struct {
 	plain  blockhash.Hasher
 
 	blocks []block // full blocks by slot index
-	// parents holds, by slot index, the engine id of the block before
-	// blocks[i], or blocks[i]'s own id for a first block (a chained id
-	// is never its parent's).
-	parents []uint64
 	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
 	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
 	// array would be copied on every doubling (megabytes per engine).
@@ -329,8 +321,10 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 			}
 			m.makeRoom()
 			idx := m.newIndex()
-			m.blocks[idx] = block{hash: s.hashes[i], ref: 1, lruPos: noBlock}
-			m.parents[idx] = s.hashes[max(i-1, 0)]
+			m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, lruPos: noBlock}
+			if i > 0 {
+				m.blocks[idx].parent = s.hashes[i-1]
+			}
 			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs]) // nothing under noTokens
 			m.setKeys(idx, s.keys, i)
 			m.byHash.put(s.hashes[i], idx)
@@ -450,14 +444,10 @@ func (m *blockManager) newIndex() int32 {
 		// Grown by hand rather than by append, so that a large array
 		// lands on huge pages: each block is read at random, as the
 		// block map's slots are.
-		n := min(max(2*len(m.blocks), 64), max(m.capacity, len(m.blocks)+1))
-		grown := hugepage.Make[block](n)
+		grown := hugepage.Make[block](min(max(2*len(m.blocks), 64), max(m.capacity, len(m.blocks)+1)))
 		m.blocks = grown[:copy(grown, m.blocks)]
-		parents := hugepage.Make[uint64](n)
-		m.parents = parents[:copy(parents, m.parents)]
 	}
 	m.blocks = append(m.blocks, block{})
-	m.parents = append(m.parents, 0)
 	idx := int32(len(m.blocks) - 1)
 	if !m.noTokens && int(idx) >= len(m.tokens)*tokenPageBlocks {
 		m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
@@ -507,7 +497,7 @@ func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 
 // reset drops every cached block. Only valid when no request holds blocks.
 func (m *blockManager) reset() {
-	m.blocks, m.parents = m.blocks[:0], m.parents[:0]
+	m.blocks = m.blocks[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	clear(m.extra)
@@ -655,8 +645,8 @@ func (m *blockManager) cached() []CachedBlock {
 		slots = append(slots, i)
 	}
 	order := parentsFirst(slots, func(idx int32) (int32, bool) {
-		if p := m.parents[idx]; p != m.blocks[idx].hash {
-			return m.byHash.get(p)
+		if b := &m.blocks[idx]; !b.root {
+			return m.byHash.get(b.parent)
 		}
 		return 0, false
 	})
@@ -666,7 +656,8 @@ func (m *blockManager) cached() []CachedBlock {
 		if x, ok := m.extra[idx]; ok {
 			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
 		}
-		if p := m.parents[idx]; p != b.hash {
+		if !b.root {
+			p := b.parent
 			cb.Parent = &p
 		}
 		out = append(out, cb)

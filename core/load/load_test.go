@@ -42,7 +42,7 @@ var (
 	w3 = kv.Worker{ID: 1, DPRank: 1}
 )
 
-func mustAdd(t *testing.T, tr *Tracker, r Request) {
+func mustAdd(t testing.TB, tr *Tracker, r Request) {
 	t.Helper()
 	if err := tr.AddRequest(r); err != nil {
 		t.Fatalf("AddRequest(%s): %v", r.ID, err)
@@ -738,6 +738,28 @@ func BenchmarkAddFree512(b *testing.B) {
 			b.Fatal(err)
 		}
 		tr.Free(r.ID)
+	}
+}
+
+// BenchmarkAddFreeLong books and frees prompts of 2,000 16-token blocks
+// (32 K tokens, longer than a recycled node's buffer), 16 of them active.
+func BenchmarkAddFreeLong(b *testing.B) {
+	tr := New(DefaultConfig())
+	var reqs [16]Request
+	for i := range reqs {
+		reqs[i] = Request{ID: fmt.Sprint(i), Worker: w1, Blocks: seqOf(uint64(i+1)<<40, 2000), ISL: 32000}
+		mustAdd(b, tr, reqs[i])
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		r := &reqs[i%len(reqs)]
+		tr.Free(r.ID)
+		r.Blocks[0]++ // a new chain, not the one just freed
+		if err := tr.AddRequest(*r); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }
 

@@ -116,6 +116,9 @@ type Config struct {
 	// prompts is how the loop disposes of a finished trace prompt, for
 	// tests (reused by default).
 	prompts promptDisposal
+	// skipped is what the blocks of a trace prompt that nothing reads
+	// hold (see promptPool.lazy), for tests.
+	skipped skippedTokens
 	// noBlockIDs has the engines and the routers hash every prompt block
 	// themselves, for tests (see blockHashes).
 	noBlockIDs bool
@@ -902,6 +905,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.remaining = w.Len()
 	s.prompts.init(s)
 	s.initBlockHashes()
+	s.prompts.initLazy(s)
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }

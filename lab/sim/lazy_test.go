@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/core/sched"
+	"github.com/kvrouter/kvrouter/lab/trace"
 )
 
 // lazyCase is one configuration of a run over a conversation trace.
@@ -120,5 +123,41 @@ func TestSkippedTokensThatAreReadChangeResults(t *testing.T) {
 				t.Fatalf("poisoned blocks that are read changed nothing:\n%+v", got)
 			}
 		})
+	}
+}
+
+// BenchmarkTraceSkipped runs a Mooncake trace (the file KVROUTER_TRACE
+// names; skipped without one) as `kvrouter bench sim` does, at 512- and
+// 16-token blocks, with the prompts' shared blocks left ungenerated
+// (skipped) and generated. Run with -count for the two to alternate.
+func BenchmarkTraceSkipped(b *testing.B) {
+	path := os.Getenv("KVROUTER_TRACE")
+	if path == "" {
+		b.Skip("KVROUTER_TRACE names no trace")
+	}
+	tr, err := trace.Load(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := FromTrace(tr, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bs := range []int{trace.BlockTokens, 16} {
+		for _, fill := range []skippedTokens{leaveSkipped, generateSkipped} {
+			name := fmt.Sprintf("%d/%s", bs, map[skippedTokens]string{leaveSkipped: "skipped", generateSkipped: "generated"}[fill])
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					cfg := DefaultConfig()
+					if bs == trace.BlockTokens {
+						cfg.Engine.BlockSize, cfg.Engine.NumGPUBlocks = bs, 4096
+					}
+					cfg.skipped = fill
+					if _, err := Run(cfg, "kv", w, 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -795,6 +795,10 @@ type sim struct {
 	// for every call: the routers apply it before they return, and a
 	// fresh one escaped to the heap each time.
 	kev kv.Event
+	// spare is a router request for submit to fill: the router keeps a
+	// request only while its queue holds it, and a fresh one per
+	// request was an allocation of a few hundred bytes.
+	spare *router.Request
 
 	gaps gapCounts // inter-token gaps, in gapQuantum
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
@@ -1080,8 +1084,17 @@ func (s *sim) submit(i int, req *workload.Request) {
 	}
 	salt := s.salt(req)
 	local, seq := s.routerHashes(i, req, salt)
-	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
-		LocalHashes: local, SeqHashes: seq}, s.onDispatch(i, dispAggregated))
+	rq := s.spare
+	if rq == nil {
+		rq = new(router.Request)
+	}
+	s.spare = nil
+	*rq = router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq}
+	d, queued, err := s.routerOf(i).Submit(rq, s.onDispatch(i, dispAggregated))
+	if !queued {
+		*rq = router.Request{}
+		s.spare = rq
+	}
 	switch {
 	case err != nil:
 		s.fail(i, err)

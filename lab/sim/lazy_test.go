@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/sched"
 	"github.com/kvrouter/kvrouter/lab/trace"
@@ -128,8 +129,9 @@ func TestSkippedTokensThatAreReadChangeResults(t *testing.T) {
 
 // BenchmarkTraceSkipped runs a Mooncake trace (the file KVROUTER_TRACE
 // names; skipped without one) as `kvrouter bench sim` does, at 512- and
-// 16-token blocks, with the prompts' shared blocks left ungenerated
-// (skipped) and generated. Run with -count for the two to alternate.
+// 16-token blocks, alternately with the prompts' shared blocks left
+// ungenerated and generated, and reports the runs' mean times
+// (skipped-ns/run, generated-ns/run).
 func BenchmarkTraceSkipped(b *testing.B) {
 	path := os.Getenv("KVROUTER_TRACE")
 	if path == "" {
@@ -144,20 +146,26 @@ func BenchmarkTraceSkipped(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, bs := range []int{trace.BlockTokens, 16} {
-		for _, fill := range []skippedTokens{leaveSkipped, generateSkipped} {
-			name := fmt.Sprintf("%d/%s", bs, map[skippedTokens]string{leaveSkipped: "skipped", generateSkipped: "generated"}[fill])
-			b.Run(name, func(b *testing.B) {
-				for b.Loop() {
+		b.Run(fmt.Sprint(bs), func(b *testing.B) {
+			var took [2]time.Duration
+			n := 0
+			for b.Loop() {
+				for k, fill := range []skippedTokens{leaveSkipped, generateSkipped} {
 					cfg := DefaultConfig()
 					if bs == trace.BlockTokens {
 						cfg.Engine.BlockSize, cfg.Engine.NumGPUBlocks = bs, 4096
 					}
 					cfg.skipped = fill
+					start := time.Now()
 					if _, err := Run(cfg, "kv", w, 1); err != nil {
 						b.Fatal(err)
 					}
+					took[k] += time.Since(start)
 				}
-			})
-		}
+				n++
+			}
+			b.ReportMetric(float64(took[0].Nanoseconds())/float64(n), "skipped-ns/run")
+			b.ReportMetric(float64(took[1].Nanoseconds())/float64(n), "generated-ns/run")
+		})
 	}
 }

@@ -79,7 +79,7 @@ func runSkipping(t *testing.T, w Workload, tc lazyCase, fill skippedTokens, forc
 // of no prompt, other tokens of the vocabulary): nothing reads them. A
 // run with a reader of them generates them.
 func TestSkippedTokensAreReadByNothing(t *testing.T) {
-	w := conversations(t, 600)
+	w := conversations(t, 300)
 	for _, tc := range lazyCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			want, n := runSkipping(t, w, tc, generateSkipped, false)

@@ -32,6 +32,13 @@ const (
 	ModeGIEApproxPrefix Mode = "gie-approx-prefix"
 )
 
+// ReadsPrompt tells whether the mode's policy reads the prompt's tokens
+// (Request.Tokens), keeping its own view of the workers' caches, rather
+// than the router's block hashes.
+func (m Mode) ReadsPrompt() bool {
+	return m == ModeSGLangCacheAware || m == ModeGIEApproxPrefix
+}
+
 // UsesEngineLoad tells whether the mode's policy reads Candidate.Engine, so
 // the engines' /metrics must be polled for it.
 func (m Mode) UsesEngineLoad() bool {

@@ -132,10 +132,8 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 	local, seq = m.take(room), m.take(room)
 	if m.prev != nil {
 		if p := m.prev[i]; p >= 0 {
-			if req.CacheSalt == "" && m.seq[p] != nil && !m.salted[p] {
-				n := min(m.tr.shared(i, int(p), len(m.tr.dense[i]))*trace.BlockTokens/m.bs, full, len(m.seq[p]))
-				local, seq = append(local, m.local[p][:n]...), append(seq, m.seq[p][:n]...)
-			}
+			n := m.taken(i, req.CacheSalt, full)
+			local, seq = append(local, m.local[p][:n]...), append(seq, m.seq[p][:n]...)
 			m.needed[p]--
 			m.drop(int(p))
 		}
@@ -151,6 +149,21 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 	}
 	m.local[i], m.seq[i], m.salted[i] = local, seq, req.CacheSalt != ""
 	return local, seq
+}
+
+// taken is how many leading blocks of request i's prompt, of full blocks
+// under salt, hashes takes from its previous turn's if it hashes the
+// prompt now: the tokens of those blocks are read by nothing else when
+// the router takes the hashes too (see promptPool.lazy).
+func (m *blockHashes) taken(i int, salt string, full int) int {
+	if m.prev == nil {
+		return 0
+	}
+	p := m.prev[i]
+	if p < 0 || salt != "" || m.seq[p] == nil || m.salted[p] {
+		return 0
+	}
+	return min(m.tr.shared(i, int(p), len(m.tr.dense[i]))*trace.BlockTokens/m.bs, full, len(m.seq[p]))
 }
 
 // drop forgets request i's hashes once it has started and every later

@@ -3,6 +3,7 @@ package sim
 import (
 	"math/bits"
 
+	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
 )
 
@@ -23,6 +24,26 @@ const (
 // poison is a token id no trace prompt holds (they are below trace.Vocab).
 const poison = ^uint32(0)
 
+// skippedTokens is what the blocks of a prompt that nothing reads hold.
+type skippedTokens uint8
+
+const (
+	// leaveSkipped writes nothing there: they hold what the memory
+	// held, an earlier prompt's tokens or zeros.
+	leaveSkipped skippedTokens = iota
+	// generateSkipped generates them as any other block.
+	generateSkipped
+	// poisonSkipped and scrambleSkipped overwrite them with tokens of no
+	// trace prompt and with other tokens of the vocabulary: a run that
+	// read them would see other blocks, and its results would change.
+	poisonSkipped
+	scrambleSkipped
+)
+
+// defaultSkipped is what a run's Config leaves at leaveSkipped gets,
+// which a build for checking the runs may change (poison_check.go).
+var defaultSkipped = leaveSkipped
+
 // promptPool recycles the trace's prompts of an aggregated fleet with
 // one router. A prompt is built for its request alone and handed to its
 // engine (engine.Request.Owned); the engine's KV events point into it
@@ -41,6 +62,23 @@ type promptPool struct {
 	how   promptDisposal
 	// reused counts the prompts built in a free one.
 	reused int
+	// lazy: the tokens of the leading blocks a prompt shares with its
+	// previous turn are read by nothing, and are not generated. The loop
+	// hashes every prompt once at arrival (blockHashes) and takes those
+	// blocks' hashes from the previous turn's; the router takes the
+	// hashes, the engine its block ids and local hashes, and the Stored
+	// events the engine's local hashes. What reads a prompt's tokens is
+	// the hashing of the blocks no earlier turn shares, and the engine's,
+	// of its partial last block and the generated blocks that continue
+	// it, and the fingerprint that seeds its tokens. Anything else that
+	// reads them turns lazy off: a router that hashes the Stored events'
+	// tokens (IgnoreCacheSalt), a policy that keeps its own view of the
+	// prompts (sched.Mode.ReadsPrompt), engines that keep copies of their
+	// blocks' tokens, and the fleets that keep no pool.
+	lazy bool
+	fill skippedTokens
+	// skipped counts the blocks of trace tokens not generated.
+	skipped int
 }
 
 func (p *promptPool) init(s *sim) {
@@ -54,6 +92,17 @@ func (p *promptPool) init(s *sim) {
 	p.tr = tr
 	p.given = make([][]uint32, tr.Len())
 	p.ids = &s.ids
+}
+
+// initLazy decides, once the run's block hashes are set up, whether its
+// prompts' shared blocks are generated (see lazy).
+func (p *promptPool) initLazy(s *sim) {
+	if p.fill = s.cfg.skipped; p.fill == leaveSkipped {
+		p.fill = defaultSkipped
+	}
+	m := &s.ids
+	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil &&
+		!s.cfg.IgnoreCacheSalt && !s.cfg.listsBlocks && !s.r.Mode().ReadsPrompt()
 }
 
 // request builds request i, in a free prompt of its size class when
@@ -74,7 +123,18 @@ func (p *promptPool) request(s *sim, i int) workload.Request {
 	} else {
 		buf = make([]uint32, 0, 1<<c)
 	}
-	req := workload.FromTraceRequestInto(&p.tr.reqs[i], buf)
+	r := &p.tr.reqs[i]
+	skip := 0
+	if p.lazy {
+		// The router hashes the prompt as it arrives, taking as many
+		// blocks as this from the previous turn.
+		skip = s.ids.taken(i, "", r.InputLength/s.ids.bs) * s.ids.bs / trace.BlockTokens
+	}
+	req := workload.FromTraceRequestFrom(r, buf, skip)
+	if skip > 0 {
+		p.skipped += skip
+		p.overwrite(req.Tokens[:skip*trace.BlockTokens])
+	}
 	p.given[i] = req.Tokens
 	return req
 }
@@ -109,4 +169,18 @@ func (p *promptPool) put(buf []uint32) {
 	}
 	c := bits.Len(uint(cap(buf) - 1))
 	p.free[c] = append(p.free[c], buf[:0])
+}
+
+// overwrite fills the room of a prompt's skipped blocks as fill says.
+func (p *promptPool) overwrite(toks []uint32) {
+	switch p.fill {
+	case poisonSkipped:
+		for k := range toks {
+			toks[k] = poison
+		}
+	case scrambleSkipped:
+		for k := range toks {
+			toks[k] = uint32(k*7919+p.skipped) % trace.Vocab
+		}
+	}
 }

@@ -116,6 +116,9 @@ type Config struct {
 	// prompts is how the loop disposes of a finished trace prompt, for
 	// tests (reused by default).
 	prompts promptDisposal
+	// skipped is what the blocks of a trace prompt that nothing reads
+	// hold (see promptPool.lazy), for tests.
+	skipped skippedTokens
 	// noBlockIDs has the engines and the routers hash every prompt block
 	// themselves, for tests (see blockHashes).
 	noBlockIDs bool
@@ -792,6 +795,10 @@ type sim struct {
 	// for every call: the routers apply it before they return, and a
 	// fresh one escaped to the heap each time.
 	kev kv.Event
+	// spare is a router request for submit to fill: the router keeps a
+	// request only while its queue holds it, and a fresh one per
+	// request was an allocation of a few hundred bytes.
+	spare *router.Request
 
 	gaps gapCounts // inter-token gaps, in gapQuantum
 	// pendingN gaps of pendingQ are not yet in gaps: a step's decodes
@@ -902,6 +909,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.remaining = w.Len()
 	s.prompts.init(s)
 	s.initBlockHashes()
+	s.prompts.initLazy(s)
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil
 }
@@ -1076,8 +1084,17 @@ func (s *sim) submit(i int, req *workload.Request) {
 	}
 	salt := s.salt(req)
 	local, seq := s.routerHashes(i, req, salt)
-	d, queued, err := s.routerOf(i).Submit(&router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt,
-		LocalHashes: local, SeqHashes: seq}, s.onDispatch(i, dispAggregated))
+	rq := s.spare
+	if rq == nil {
+		rq = new(router.Request)
+	}
+	s.spare = nil
+	*rq = router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq}
+	d, queued, err := s.routerOf(i).Submit(rq, s.onDispatch(i, dispAggregated))
+	if !queued {
+		*rq = router.Request{}
+		s.spare = rq
+	}
 	switch {
 	case err != nil:
 		s.fail(i, err)

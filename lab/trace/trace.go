@@ -65,9 +65,20 @@ func (r *Request) Tokens(c int) []uint32 {
 
 // AppendTokens appends the prompt Tokens returns to dst: with room for
 // len(HashIDs) whole blocks in dst, nothing is reallocated.
-func (r *Request) AppendTokens(dst []uint32, c int) []uint32 {
+func (r *Request) AppendTokens(dst []uint32, c int) []uint32 { return r.AppendTokensFrom(dst, c, 0) }
+
+// AppendTokensFrom is AppendTokens writing the tokens of the blocks from
+// block skip on only: the room of the first skip blocks holds whatever
+// dst's memory held, for a caller that knows nothing reads them.
+func (r *Request) AppendTokensFrom(dst []uint32, c, skip int) []uint32 {
 	n := len(dst)
-	for _, id := range r.HashIDs {
+	skip = min(max(skip, 0), len(r.HashIDs))
+	if room := skip * BlockTokens; cap(dst)-n >= room {
+		dst = dst[:n+room]
+	} else {
+		dst = append(dst, make([]uint32, room)...)
+	}
+	for _, id := range r.HashIDs[skip:] {
 		dst = AppendBlockTokens(dst, ContentID(id, c))
 	}
 	return dst[:n+r.InputLength]

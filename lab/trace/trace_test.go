@@ -539,3 +539,40 @@ func BenchmarkBlockTokensGeneric(b *testing.B) {
 		i++
 	}
 }
+
+// AppendTokensFrom writes the blocks from skip on as AppendTokens does,
+// leaves the room of the first skip blocks as it was, and gives the
+// prompt its length, with or without room in dst.
+func TestAppendTokensFromSkipsLeadingBlocks(t *testing.T) {
+	r := Request{InputLength: 3*BlockTokens + 100, HashIDs: []uint64{4, 8, 15, 16}}
+	full := r.Tokens(2)
+	for skip := -1; skip <= len(r.HashIDs)+1; skip++ {
+		for _, room := range []bool{true, false} {
+			var dst []uint32
+			if room {
+				dst = make([]uint32, 0, len(r.HashIDs)*BlockTokens+7)
+				for k := range dst[:cap(dst)] {
+					dst[:cap(dst)][k] = 7
+				}
+			}
+			got := r.AppendTokensFrom(dst, 2, skip)
+			if len(got) != r.InputLength {
+				t.Fatalf("skip %d: %d tokens, want %d", skip, len(got), r.InputLength)
+			}
+			from := min(max(skip, 0), len(r.HashIDs)) * BlockTokens
+			from = min(from, r.InputLength)
+			if !slices.Equal(got[from:], full[from:]) {
+				t.Fatalf("skip %d: the blocks after the skipped ones differ", skip)
+			}
+			want := uint32(0)
+			if room {
+				want = 7
+			}
+			for k, tok := range got[:from] {
+				if tok != want {
+					t.Fatalf("skip %d: skipped token %d is %d, want %d as the room held", skip, k, tok, want)
+				}
+			}
+		}
+	}
+}

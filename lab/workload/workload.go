@@ -64,12 +64,19 @@ func TraceRoom(r *trace.Request) int {
 // when its capacity is at least TraceRoom(r): every token of the prompt
 // is written, whatever buf held.
 func FromTraceRequestInto(r *trace.Request, buf []uint32) Request {
+	return FromTraceRequestFrom(r, buf, 0)
+}
+
+// FromTraceRequestFrom is FromTraceRequestInto writing the tokens of the
+// prompt's blocks from block skip on only (trace.Request.AppendTokensFrom):
+// the first skip blocks hold whatever buf held.
+func FromTraceRequestFrom(r *trace.Request, buf []uint32, skip int) Request {
 	if room := TraceRoom(r); cap(buf) < room {
 		buf = make([]uint32, 0, room)
 	}
 	return Request{
 		At:     time.Duration(r.Timestamp) * time.Millisecond,
-		Tokens: r.AppendTokens(buf[:0], 0),
+		Tokens: r.AppendTokensFrom(buf[:0], 0, skip),
 		OSL:    max1(r.OutputLength),
 	}
 }

@@ -180,18 +180,7 @@ func BenchmarkBlockIDs(b *testing.B) {
 // prompts' block ids and local hashes handed over (memo) and without
 // (hashed). Run with -count for the two to alternate.
 func BenchmarkTrace512(b *testing.B) {
-	path := os.Getenv("KVROUTER_TRACE")
-	if path == "" {
-		b.Skip("KVROUTER_TRACE names no trace")
-	}
-	tr, err := trace.Load(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := FromTrace(tr, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w := benchTrace(b)
 	for _, memo := range []bool{true, false} {
 		b.Run(map[bool]string{true: "memo", false: "hashed"}[memo], func(b *testing.B) {
 			for b.Loop() {
@@ -204,4 +193,22 @@ func BenchmarkTrace512(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchTrace is the trace the file KVROUTER_TRACE names, for the
+// benchmarks that run one whole; they skip without it.
+func benchTrace(b *testing.B) *Trace {
+	path := os.Getenv("KVROUTER_TRACE")
+	if path == "" {
+		b.Skip("KVROUTER_TRACE names no trace")
+	}
+	tr, err := trace.Load(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := FromTrace(tr, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return w
 }

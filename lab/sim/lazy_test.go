@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -133,18 +132,7 @@ func TestSkippedTokensThatAreReadChangeResults(t *testing.T) {
 // ungenerated and generated, and reports the runs' mean times
 // (skipped-ns/run, generated-ns/run).
 func BenchmarkTraceSkipped(b *testing.B) {
-	path := os.Getenv("KVROUTER_TRACE")
-	if path == "" {
-		b.Skip("KVROUTER_TRACE names no trace")
-	}
-	tr, err := trace.Load(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := FromTrace(tr, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w := benchTrace(b)
 	for _, bs := range []int{trace.BlockTokens, 16} {
 		b.Run(fmt.Sprint(bs), func(b *testing.B) {
 			var took [2]time.Duration

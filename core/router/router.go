@@ -1534,17 +1534,45 @@ func (r *Router) potentialLoads(req *Request) []WorkerLoad {
 // SetEngineLoad records what an engine rank reported about its own load
 // (its /metrics), which the modes scoring by engine-reported load read.
 func (r *Router) SetEngineLoad(w kv.Worker, l sched.EngineLoad) {
+	r.SetEngineLoads([]EngineReport{{Worker: w, Load: l}})
+}
+
+// EngineReport is one rank's report of its own load.
+type EngineReport struct {
+	Worker kv.Worker
+	Load   sched.EngineLoad
+}
+
+// SetEngineLoads records several ranks' reports as SetEngineLoad would,
+// one after another. Decisions read the reports without a lock, so every
+// change copies the table: a fleet's reports taken together cost one copy
+// instead of one per rank, and reports that change nothing cost none.
+func (r *Router) SetEngineLoads(reports []EngineReport) {
 	r.engineLoadMu.Lock()
 	defer r.engineLoadMu.Unlock()
-	next := map[kv.Worker]sched.EngineLoad{}
-	if old := r.engineLoads.Load(); old != nil {
-		for k, v := range *old {
-			next[k] = v
-		}
+	var old map[kv.Worker]sched.EngineLoad
+	if p := r.engineLoads.Load(); p != nil {
+		old = *p
 	}
-	l.Known = true
-	next[w] = l
-	r.engineLoads.Store(&next)
+	var next map[kv.Worker]sched.EngineLoad
+	for _, rep := range reports {
+		l := rep.Load
+		l.Known = true
+		if next == nil {
+			if prev, ok := old[rep.Worker]; ok && prev == l {
+				continue
+			}
+			if next = maps.Clone(old); next == nil {
+				next = make(map[kv.Worker]sched.EngineLoad, len(reports))
+			}
+		}
+		next[rep.Worker] = l
+	}
+	if next != nil {
+		p := new(map[kv.Worker]sched.EngineLoad)
+		*p = next
+		r.engineLoads.Store(p)
+	}
 }
 
 // Loads returns every rank's current load.

@@ -769,6 +769,7 @@ type sim struct {
 	dispatched []dispatch
 	queuedBy   [3]int // bookings the router's queue held, by dispatch kind
 	pollLoad   bool
+	loads      []router.EngineReport // poll's batch, reused
 	// ownsPrompts: the workload builds each prompt for its request alone
 	// (a Trace) and the loop drops it once sent, so the engine may keep it.
 	ownsPrompts bool
@@ -1428,11 +1429,13 @@ func (s *sim) applyKV(se *simEngine, events []engine.BlockEvent) {
 // poll reads every engine's metrics into the router, and keeps polling
 // while requests remain.
 func (s *sim) poll() {
+	s.loads = s.loads[:0]
 	for i := range s.engines {
 		m := s.engines[i].eng.Metrics()
-		l := sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage}
-		s.everyRouter(func(r *router.Router) { r.SetEngineLoad(s.engines[i].w, l) })
+		s.loads = append(s.loads, router.EngineReport{Worker: s.engines[i].w,
+			Load: sched.EngineLoad{Waiting: m.Waiting, Running: m.Running, KVUsage: m.KVUsage}})
 	}
+	s.everyRouter(func(r *router.Router) { r.SetEngineLoads(s.loads) })
 	if s.remaining > 0 {
 		s.schedule(s.now+int64(s.cfg.EngineMetricsInterval), evPoll, 0)
 	}

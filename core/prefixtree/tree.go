@@ -9,6 +9,8 @@ package prefixtree
 import (
 	"bytes"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/hugepage"
 )
 
 // maxSliceChildren is the fan-out above which a node's children move from
@@ -21,10 +23,8 @@ import (
 const maxSliceChildren = 8
 
 type node struct {
-	// label is never empty for a node other than the root. It is either an
-	// array of its own or a suffix of an array whose head lives on, copied,
-	// in its ancestors, which outlive it; so an evicted leaf frees its tokens
-	// and no surviving label pins evicted ones.
+	// label is never empty for a node other than the root. It lies in one
+	// of the tree's slabs, with its capacity cut at its end.
 	label  []uint32
 	parent *node
 
@@ -127,7 +127,25 @@ type Tree struct {
 	// leaves is a min-heap of every non-root childless node by (stamp,
 	// tick), so eviction costs O(log leaves) instead of a scan of the tree.
 	leaves []*node
+
+	// Labels are carved from slabs, so an insert copies only the tokens
+	// it adds, a split copies none, and a large tree's slabs lie on huge
+	// pages: a tree grows by as many bytes as the tokens it holds, and
+	// first touching new memory (a page fault per 4 KiB otherwise) cost
+	// more than the copy. slab is the one being filled; held counts the
+	// tokens written into every slab still in use, live or evicted, and
+	// once evicted ones outnumber live ones (by more than the smallest
+	// slab) the live labels move to fresh slabs and the old ones go.
+	slab []uint32
+	held int
 }
+
+// Slab sizes in tokens: a new slab is as large as the tree, within these
+// bounds, so a small tree stays small and a large one on few slabs.
+const (
+	minSlab = 4 << 10
+	maxSlab = 4 << 20
+)
 
 // New returns an empty tree holding at most maxTokens tokens (sum of edge
 // lengths); maxTokens <= 0 means no cap.
@@ -185,7 +203,7 @@ func (t *Tree) Insert(tokens []uint32, now int64) {
 		c := n.child(tokens[i])
 		if c == nil {
 			leaf := &node{
-				label:  append([]uint32(nil), tokens[i:]...),
+				label:  t.store(tokens[i:]),
 				parent: n,
 				stamp:  now,
 				tick:   t.tick,
@@ -213,12 +231,11 @@ func (t *Tree) Insert(tokens []uint32, now int64) {
 }
 
 // split cuts c's edge after m tokens (0 < m < len(c.label)) and returns the
-// new upper node. The upper part gets a fresh copy of its tokens so that c,
-// left holding the tail of the old array, is the only node pinning it;
-// both parts keep c's stamp until the caller restamps the upper one.
+// new upper node. Both parts keep c's stamp until the caller restamps the
+// upper one.
 func (t *Tree) split(c *node, m int) *node {
 	up := &node{
-		label:   append([]uint32(nil), c.label[:m]...),
+		label:   c.label[:m:m],
 		parent:  c.parent,
 		stamp:   c.stamp,
 		tick:    c.tick,
@@ -245,6 +262,50 @@ func (t *Tree) evict() {
 		leaf.parent, leaf.label = nil, nil
 		if p != t.root && p.numChildren() == 0 {
 			t.heapPush(p)
+		}
+	}
+	if t.held-t.size > t.size+minSlab {
+		t.compact()
+	}
+}
+
+// store copies tokens into the current slab. When they do not fit, the
+// next slab is sized to the tree (within bounds), and a run of more than a
+// quarter of it gets an array of its own instead, so a slab given up
+// leaves at most a quarter of itself unused.
+func (t *Tree) store(tokens []uint32) []uint32 {
+	n := len(tokens)
+	t.held += n
+	if len(t.slab)+n > cap(t.slab) {
+		size := min(max(t.size, minSlab), maxSlab)
+		if n > size/4 {
+			return append(hugepage.Make[uint32](n)[:0], tokens...)
+		}
+		t.slab = hugepage.Make[uint32](size)[:0]
+	}
+	at := len(t.slab)
+	t.slab = append(t.slab, tokens...)
+	return t.slab[at:len(t.slab):len(t.slab)]
+}
+
+// compact copies every live label into fresh slabs, so the old ones, which
+// evicted labels mostly filled, can be freed. It costs one copy of the
+// tree, paid for by the evictions since the last one, which were more.
+func (t *Tree) compact() {
+	t.slab, t.held = nil, 0
+	stack := []*node{t.root}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if n != t.root {
+			n.label = t.store(n.label)
+		}
+		if n.big != nil {
+			for _, c := range n.big {
+				stack = append(stack, c)
+			}
+		} else {
+			stack = append(stack, n.kids...)
 		}
 	}
 }

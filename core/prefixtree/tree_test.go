@@ -516,15 +516,61 @@ func TestEdgeCases(t *testing.T) {
 	})
 }
 
-func TestSplitDoesNotPinEvictedTokens(t *testing.T) {
-	// A split must copy the upper part: if it resliced, the surviving head
-	// of a long edge would keep the evicted tail's array alive.
-	tr := New(0)
-	long := seqOf(1, 1000)
-	tr.Insert(long, 1)
-	tr.Insert(long[:10], 2)
-	head := tr.root.child(1)
-	if len(head.label) != 10 || cap(head.label) >= 100 {
-		t.Fatalf("head label len %d cap %d", len(head.label), cap(head.label))
+// Evicted tokens are let go: the slabs in use hold at most twice the live
+// tokens (and a slab), however much was inserted and evicted, and a split
+// copies nothing.
+func TestEvictedTokensAreReleased(t *testing.T) {
+	const limit = 3000
+	tr := New(limit)
+	rng := rand.New(rand.NewPCG(9, 10))
+	long := make([]uint32, 2000)
+	inserted := 0
+	for step := range 2000 {
+		for i := range long {
+			long[i] = rng.Uint32N(4)
+		}
+		n := 50 + rng.IntN(len(long)-50)
+		tr.Insert(long[:n], int64(step))
+		inserted += n
+		if bound := 2*tr.Size() + minSlab; tr.held > bound {
+			t.Fatalf("step %d: slabs hold %d tokens for %d live, bound %d", step, tr.held, tr.Size(), bound)
+		}
 	}
+	if tr.Evicted() < uint64(inserted/2) {
+		t.Fatalf("only %d of %d tokens evicted: the workload does not test release", tr.Evicted(), inserted)
+	}
+	checkInvariants(t, tr)
+
+	split := New(0)
+	split.Insert(long, 1)
+	held := split.held
+	split.Insert(long[:10], 2)
+	split.Insert(append(slices.Clone(long[:500]), 7), 3)
+	if split.held != held+1 {
+		t.Fatalf("two splits and a one-token leaf wrote %d tokens, want 1", split.held-held)
+	}
+}
+
+// An insert that cuts an edge and adds a short leaf allocates nodes and
+// their child lists, but no tokens: those go into the slab.
+func TestSplitAndLeafAllocateNoTokens(t *testing.T) {
+	long := seqOf(1, 1000)
+	tr := New(0)
+	tr.Insert(long, 1)
+	tr.Insert(seqOf(5000, 100), 2) // the first slab, with room to spare
+	seqs := make([][]uint32, 101)
+	for i := range seqs {
+		k := 10 + 5*i
+		seqs[i] = append(long[:k:k], 7)
+	}
+	i := 0
+	a := testing.AllocsPerRun(100, func() {
+		tr.Insert(seqs[i], int64(10+i))
+		i++
+	})
+	t.Logf("%.2f allocations per insert", a)
+	if a > 5 {
+		t.Fatalf("a split and a one-token leaf allocated %.1f times, want 5: the two nodes and the child lists", a)
+	}
+	checkInvariants(t, tr)
 }

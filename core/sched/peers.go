@@ -6,7 +6,6 @@ package sched
 // can serve real traffic.
 
 import (
-	"container/list"
 	"sync"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -216,10 +215,8 @@ func newGIEApproxPrefix() policy {
 var gieHasher = blockhash.New(GIEHashBlockTokens, "")
 
 func (g *gieApproxPrefix) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
-	local := gieHasher.AppendLocalHashes(nil, req.Tokens)
-	if len(local) > GIEMaxPrefixBlocks {
-		local = local[:GIEMaxPrefixBlocks]
-	}
+	// Chunks past the scored ones are not hashed at all.
+	local := gieHasher.AppendLocalHashes(nil, req.Tokens[:min(len(req.Tokens), GIEMaxPrefixBlocks*GIEHashBlockTokens)])
 	chunks := blockhash.AppendSequenceHashes(nil, local)
 	scores := make([]float64, len(cands))
 	g.mu.Lock()
@@ -249,27 +246,70 @@ func (g *gieApproxPrefix) pick(req *Request, cands []Candidate, rng Rand) (int, 
 }
 
 // chunkLRU is a set of chunk hashes with least-recently-added eviction.
+// Its recency list is threaded through a slice of slots, reused as hashes
+// are evicted, so a full LRU adds a hash without allocating.
 type chunkLRU struct {
 	capacity int
-	order    *list.List // front = most recent; values are uint64 hashes
-	at       map[uint64]*list.Element
+	at       map[uint64]int32 // hash → its slot
+	slots    []lruSlot
+	// newest and oldest are slot indices, -1 when the set is empty.
+	newest, oldest int32
+}
+
+type lruSlot struct {
+	h            uint64
+	newer, older int32 // neighbouring slots, -1 at either end
 }
 
 func newChunkLRU(capacity int) *chunkLRU {
-	return &chunkLRU{capacity: capacity, order: list.New(), at: make(map[uint64]*list.Element)}
+	return &chunkLRU{capacity: capacity, at: make(map[uint64]int32), newest: -1, oldest: -1}
 }
 
 func (l *chunkLRU) add(h uint64) {
-	if e, ok := l.at[h]; ok {
-		l.order.MoveToFront(e)
+	if i, ok := l.at[h]; ok {
+		l.unlink(i)
+		l.pushNewest(i)
 		return
 	}
-	l.at[h] = l.order.PushFront(h)
-	for l.order.Len() > l.capacity {
-		e := l.order.Back()
-		l.order.Remove(e)
-		delete(l.at, e.Value.(uint64))
+	if l.capacity <= 0 {
+		return
 	}
+	var i int32
+	if len(l.slots) < l.capacity {
+		i = int32(len(l.slots))
+		l.slots = append(l.slots, lruSlot{})
+	} else {
+		i = l.oldest
+		l.unlink(i)
+		delete(l.at, l.slots[i].h)
+	}
+	l.slots[i].h = h
+	l.at[h] = i
+	l.pushNewest(i)
+}
+
+func (l *chunkLRU) unlink(i int32) {
+	s := &l.slots[i]
+	if s.newer >= 0 {
+		l.slots[s.newer].older = s.older
+	} else {
+		l.newest = s.older
+	}
+	if s.older >= 0 {
+		l.slots[s.older].newer = s.newer
+	} else {
+		l.oldest = s.newer
+	}
+}
+
+func (l *chunkLRU) pushNewest(i int32) {
+	l.slots[i].newer, l.slots[i].older = -1, l.newest
+	if l.newest >= 0 {
+		l.slots[l.newest].newer = i
+	} else {
+		l.oldest = i
+	}
+	l.newest = i
 }
 
 func (l *chunkLRU) leadingRun(chunks []uint64) int {

@@ -235,8 +235,8 @@ func TestChunkLRUEvictsOldest(t *testing.T) {
 	if got := l.leadingRun([]uint64{2}); got != 0 {
 		t.Fatalf("2 should have been evicted")
 	}
-	if len(l.at) != 3 || l.order.Len() != 3 {
-		t.Fatalf("size %d/%d, want 3", len(l.at), l.order.Len())
+	if len(l.at) != 3 || len(l.slots) != 3 {
+		t.Fatalf("size %d/%d, want 3", len(l.at), len(l.slots))
 	}
 }
 

@@ -162,3 +162,34 @@ func BenchmarkMatchFull(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkInsertGrow builds a tree below its cap, as a simulated fleet's
+// do: each op inserts 64 conversations of 8 turns each (16k tokens at the
+// last) into an empty tree, each turn ending in 16 tokens of its own that
+// the next turn replaces, so every turn cuts the edge the last one added.
+func BenchmarkInsertGrow(b *testing.B) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	convs := conversations(rng, 64)
+	turns := make([][][]uint32, len(convs))
+	for c, conv := range convs {
+		for n := 2048; n <= benchMaxConv; n += 2048 {
+			turn := append([]uint32(nil), conv[:n]...)
+			for i := n - 16; i < n; i++ {
+				turn[i] = 1<<31 + rng.Uint32N(1<<20)
+			}
+			turns[c] = append(turns[c], turn)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		tr := New(growCap)
+		for k := range turns[0] {
+			for c := range turns {
+				tr.Insert(turns[c][k], int64(tr.tick))
+			}
+		}
+	}
+}
+
+// growCap is far above what one op inserts, as SGLang's default.
+const growCap = 1 << 26

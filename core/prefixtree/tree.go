@@ -23,8 +23,12 @@ import (
 const maxSliceChildren = 8
 
 type node struct {
-	// label is never empty for a node other than the root. It lies in one
-	// of the tree's slabs, with its capacity cut at its end.
+	// label is never empty for a node other than the root. With inSlab
+	// it lies in one of the tree's slabs, its capacity cut at its end.
+	// Otherwise it is either an array of its own or a suffix of an array
+	// whose head lives on, copied, in its ancestors, which outlive it; so
+	// an evicted leaf frees its tokens and no surviving label pins evicted
+	// ones.
 	label  []uint32
 	parent *node
 
@@ -43,7 +47,8 @@ type node struct {
 
 	// heapIdx is the node's position in Tree.leaves, or -1 when it is not a
 	// leaf (or is the root, which is never evicted).
-	heapIdx int
+	heapIdx int32
+	inSlab  bool
 }
 
 func (n *node) child(tok uint32) *node {
@@ -128,16 +133,19 @@ type Tree struct {
 	// tick), so eviction costs O(log leaves) instead of a scan of the tree.
 	leaves []*node
 
-	// Labels are carved from slabs, so an insert copies only the tokens
-	// it adds, a split copies none, and a large tree's slabs lie on huge
-	// pages: a tree grows by as many bytes as the tokens it holds, and
-	// first touching new memory (a page fault per 4 KiB otherwise) cost
-	// more than the copy. slab is the one being filled; held counts the
-	// tokens written into every slab still in use, live or evicted, and
-	// once evicted ones outnumber live ones (by more than the smallest
-	// slab) the live labels move to fresh slabs and the old ones go.
-	slab []uint32
-	held int
+	// Until its first eviction a tree carves its labels from slabs, so an
+	// insert copies only the tokens it adds, a split copies none, and a
+	// large tree's slabs lie on huge pages: a growing tree touches new
+	// memory as fast as it takes tokens, and a page fault per 4 KiB cost
+	// more than the copy. Evicted labels cannot free a slab's memory, so
+	// from the first eviction on new labels get arrays of their own, and
+	// once the slabs hold more evicted tokens than live ones, the live
+	// ones move to arrays of their own too and the slabs go. slab is the
+	// one being filled; held counts the tokens written into slabs, dead
+	// those of them evicted.
+	slab       []uint32
+	held, dead int
+	evicting   bool
 }
 
 // Slab sizes in tokens: a new slab is as large as the tree, within these
@@ -203,11 +211,11 @@ func (t *Tree) Insert(tokens []uint32, now int64) {
 		c := n.child(tokens[i])
 		if c == nil {
 			leaf := &node{
-				label:  t.store(tokens[i:]),
 				parent: n,
 				stamp:  now,
 				tick:   t.tick,
 			}
+			leaf.label, leaf.inSlab = t.store(tokens[i:])
 			if n.heapIdx >= 0 {
 				t.heapRemove(n)
 			}
@@ -222,7 +230,7 @@ func (t *Tree) Insert(tokens []uint32, now int64) {
 		}
 		c.stamp, c.tick = now, t.tick
 		if c.heapIdx >= 0 {
-			t.heapFix(c.heapIdx)
+			t.heapFix(int(c.heapIdx))
 		}
 		i += m
 		n = c
@@ -231,7 +239,9 @@ func (t *Tree) Insert(tokens []uint32, now int64) {
 }
 
 // split cuts c's edge after m tokens (0 < m < len(c.label)) and returns the
-// new upper node. Both parts keep c's stamp until the caller restamps the
+// new upper node. Out of a slab, the upper part gets a fresh copy of its
+// tokens so that c, left holding the tail of the old array, is the only
+// node pinning it. Both parts keep c's stamp until the caller restamps the
 // upper one.
 func (t *Tree) split(c *node, m int) *node {
 	up := &node{
@@ -240,6 +250,10 @@ func (t *Tree) split(c *node, m int) *node {
 		stamp:   c.stamp,
 		tick:    c.tick,
 		heapIdx: -1,
+		inSlab:  c.inSlab,
+	}
+	if !c.inSlab {
+		up.label = append([]uint32(nil), up.label...)
 	}
 	c.parent.replaceChild(up)
 	c.label = c.label[m:]
@@ -259,46 +273,54 @@ func (t *Tree) evict() {
 		p.removeChild(leaf.label[0])
 		t.size -= len(leaf.label)
 		t.evicted += uint64(len(leaf.label))
+		t.evicting = true
+		if leaf.inSlab {
+			t.dead += len(leaf.label)
+		}
 		leaf.parent, leaf.label = nil, nil
 		if p != t.root && p.numChildren() == 0 {
 			t.heapPush(p)
 		}
 	}
-	if t.held-t.size > t.size+minSlab {
-		t.compact()
+	if t.held > 0 && t.dead > t.held-t.dead {
+		t.leaveSlabs()
 	}
 }
 
-// store copies tokens into the current slab. When they do not fit, the
-// next slab is sized to the tree (within bounds), and a run of more than a
-// quarter of it gets an array of its own instead, so a slab given up
-// leaves at most a quarter of itself unused.
-func (t *Tree) store(tokens []uint32) []uint32 {
+// store copies tokens into the current slab, or, once the tree evicts, an
+// array of their own. When they do not fit, the next slab is sized to the
+// tree (within bounds), and a run of more than a quarter of it gets an
+// array of its own instead, so a slab given up leaves at most a quarter of
+// itself unused.
+func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 	n := len(tokens)
-	t.held += n
+	if t.evicting {
+		return append([]uint32(nil), tokens...), false
+	}
 	if len(t.slab)+n > cap(t.slab) {
 		size := min(max(t.size, minSlab), maxSlab)
 		if n > size/4 {
-			return append(hugepage.Make[uint32](n)[:0], tokens...)
+			return append([]uint32(nil), tokens...), false
 		}
 		t.slab = hugepage.Make[uint32](size)[:0]
 	}
+	t.held += n
 	at := len(t.slab)
 	t.slab = append(t.slab, tokens...)
-	return t.slab[at:len(t.slab):len(t.slab)]
+	return t.slab[at:len(t.slab):len(t.slab)], true
 }
 
-// compact copies every live label into fresh slabs, so the old ones, which
-// evicted labels mostly filled, can be freed. It costs one copy of the
-// tree, paid for by the evictions since the last one, which were more.
-func (t *Tree) compact() {
-	t.slab, t.held = nil, 0
+// leaveSlabs copies every label still in a slab into an array of its own,
+// so the slabs, mostly filled with evicted labels, can be freed. It costs
+// at most one copy of the tree, once.
+func (t *Tree) leaveSlabs() {
+	t.slab, t.held, t.dead = nil, 0, 0
 	stack := []*node{t.root}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if n != t.root {
-			n.label = t.store(n.label)
+		if n.inSlab {
+			n.label, n.inSlab = append([]uint32(nil), n.label...), false
 		}
 		if n.big != nil {
 			for _, c := range n.big {
@@ -357,13 +379,13 @@ func older(a, b *node) bool {
 }
 
 func (t *Tree) heapPush(n *node) {
-	n.heapIdx = len(t.leaves)
+	n.heapIdx = int32(len(t.leaves))
 	t.leaves = append(t.leaves, n)
-	t.heapUp(n.heapIdx)
+	t.heapUp(int(n.heapIdx))
 }
 
 func (t *Tree) heapRemove(n *node) {
-	i, last := n.heapIdx, len(t.leaves)-1
+	i, last := int(n.heapIdx), len(t.leaves)-1
 	if i != last {
 		t.heapSwap(i, last)
 	}
@@ -384,8 +406,8 @@ func (t *Tree) heapFix(i int) {
 func (t *Tree) heapSwap(i, j int) {
 	h := t.leaves
 	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx = i
-	h[j].heapIdx = j
+	h[i].heapIdx = int32(i)
+	h[j].heapIdx = int32(j)
 }
 
 // heapUp reports whether the element moved.

@@ -143,7 +143,7 @@ func checkInvariants(t *testing.T, tr *Tree) {
 			size += len(n.label)
 			if len(kids) == 0 {
 				leaves++
-				if n.heapIdx < 0 || n.heapIdx >= len(tr.leaves) || tr.leaves[n.heapIdx] != n {
+				if n.heapIdx < 0 || int(n.heapIdx) >= len(tr.leaves) || tr.leaves[n.heapIdx] != n {
 					t.Fatalf("leaf not at its heap index %d", n.heapIdx)
 				}
 			} else if n.heapIdx != -1 {
@@ -516,11 +516,28 @@ func TestEdgeCases(t *testing.T) {
 	})
 }
 
-// Evicted tokens are let go: the slabs in use hold at most twice the live
-// tokens (and a slab), however much was inserted and evicted, and a split
-// copies nothing.
+// slabTokens is the sum of the labels lying in slabs.
+func slabTokens(tr *Tree) int {
+	n, stack := 0, []*node{tr.root}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if x.inSlab {
+			n += len(x.label)
+		}
+		for _, c := range x.big {
+			stack = append(stack, c)
+		}
+		stack = append(stack, x.kids...)
+	}
+	return n
+}
+
+// Evicted tokens are let go: the slabs never hold more evicted tokens than
+// live ones, and once most of what they held is evicted they are dropped.
+// A split in a slab copies nothing.
 func TestEvictedTokensAreReleased(t *testing.T) {
-	const limit = 3000
+	const limit = 30000
 	tr := New(limit)
 	rng := rand.New(rand.NewPCG(9, 10))
 	long := make([]uint32, 2000)
@@ -532,12 +549,16 @@ func TestEvictedTokensAreReleased(t *testing.T) {
 		n := 50 + rng.IntN(len(long)-50)
 		tr.Insert(long[:n], int64(step))
 		inserted += n
-		if bound := 2*tr.Size() + minSlab; tr.held > bound {
-			t.Fatalf("step %d: slabs hold %d tokens for %d live, bound %d", step, tr.held, tr.Size(), bound)
+		live := slabTokens(tr)
+		if live != tr.held-tr.dead || tr.dead > live {
+			t.Fatalf("step %d: slabs hold %d live tokens (%d counted) and %d evicted", step, live, tr.held-tr.dead, tr.dead)
+		}
+		if step == 10 && (live == 0 || tr.Evicted() > 0) {
+			t.Fatalf("a tree below its cap keeps %d tokens in slabs, evicted %d", live, tr.Evicted())
 		}
 	}
-	if tr.Evicted() < uint64(inserted/2) {
-		t.Fatalf("only %d of %d tokens evicted: the workload does not test release", tr.Evicted(), inserted)
+	if tr.Evicted() < uint64(inserted/2) || tr.held != 0 || tr.slab != nil || slabTokens(tr) != 0 {
+		t.Fatalf("%d of %d tokens evicted, slabs still hold %d", tr.Evicted(), inserted, tr.held)
 	}
 	checkInvariants(t, tr)
 
@@ -548,6 +569,22 @@ func TestEvictedTokensAreReleased(t *testing.T) {
 	split.Insert(append(slices.Clone(long[:500]), 7), 3)
 	if split.held != held+1 {
 		t.Fatalf("two splits and a one-token leaf wrote %d tokens, want 1", split.held-held)
+	}
+}
+
+func TestSplitDoesNotPinEvictedTokens(t *testing.T) {
+	// Out of a slab, a split must copy the upper part: if it resliced, the
+	// surviving head of a long edge would keep the evicted tail's array
+	// alive.
+	tr := New(1000)
+	tr.Insert(seqOf(5000, 1000), 1)
+	tr.Insert(seqOf(7000, 10), 2) // evicts: labels leave the slabs
+	long := seqOf(1, 1000)
+	tr.Insert(long, 3)
+	tr.Insert(long[:10], 4)
+	head := tr.root.child(1)
+	if head.inSlab || len(head.label) != 10 || cap(head.label) >= 100 {
+		t.Fatalf("head label len %d cap %d, in a slab %v", len(head.label), cap(head.label), head.inSlab)
 	}
 }
 

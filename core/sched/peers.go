@@ -215,9 +215,12 @@ func newGIEApproxPrefix() policy {
 var gieHasher = blockhash.New(GIEHashBlockTokens, "")
 
 func (g *gieApproxPrefix) pick(req *Request, cands []Candidate, rng Rand) (int, error) {
-	// Chunks past the scored ones are not hashed at all.
-	local := gieHasher.AppendLocalHashes(nil, req.Tokens[:min(len(req.Tokens), GIEMaxPrefixBlocks*GIEHashBlockTokens)])
-	chunks := blockhash.AppendSequenceHashes(nil, local)
+	// Chunks past the scored ones are not hashed at all; both hash runs
+	// share one array sized for them.
+	n := min(len(req.Tokens)/GIEHashBlockTokens, GIEMaxPrefixBlocks)
+	hashes := make([]uint64, 2*n)
+	local := gieHasher.AppendLocalHashes(hashes[:0:n], req.Tokens[:n*GIEHashBlockTokens])
+	chunks := blockhash.AppendSequenceHashes(hashes[n:n], local)
 	scores := make([]float64, len(cands))
 	g.mu.Lock()
 	if len(chunks) > 0 {

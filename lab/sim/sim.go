@@ -1089,7 +1089,8 @@ func (s *sim) submit(i int, req *workload.Request) {
 		rq = new(router.Request)
 	}
 	s.spare = nil
-	*rq = router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq}
+	// The loop keeps the hashes until the engine is done with them.
+	*rq = router.Request{ID: strconv.Itoa(i), Tokens: s.prompts.routerTokens(req.Tokens), OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq, LentHashes: true}
 	d, queued, err := s.routerOf(i).Submit(rq, s.onDispatch(i, dispAggregated))
 	if !queued {
 		*rq = router.Request{}
@@ -1099,9 +1100,11 @@ func (s *sim) submit(i int, req *workload.Request) {
 	case err != nil:
 		s.fail(i, err)
 	case queued:
+		s.prompts.park(req)
 		s.held[i] = *req
 		s.queuedBy[dispAggregated]++
 	default:
+		s.prompts.engineTokens(i, req)
 		s.reqs[i].credited = int32(d.OverlapBlocks)
 		s.decided(i, d.Worker, req)
 		s.start(i, d.Worker, req)
@@ -1185,6 +1188,7 @@ func (s *sim) flushDispatched() error {
 				s.fail(d.id, d.err)
 				continue
 			}
+			s.prompts.engineTokens(d.id, &req)
 			s.reqs[d.id].credited = int32(d.d.OverlapBlocks)
 			s.decided(d.id, d.d.Worker, &req)
 			s.start(d.id, d.d.Worker, &req)

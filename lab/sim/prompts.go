@@ -78,7 +78,8 @@ type promptPool struct {
 	// blocks' tokens, and the fleets that keep no pool.
 	lazy bool
 	fill skippedTokens
-	// skipped counts the blocks of trace tokens not generated.
+	// skipped counts the blocks of trace tokens not generated as the
+	// prompts arrive.
 	skipped int
 	// scratch is where a lazy run builds a prompt as it arrives, to hash
 	// the blocks no earlier turn shares: once hashed, nothing reads a

@@ -757,8 +757,9 @@ type sim struct {
 	dp      int
 	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
 	reqs    []reqState
-	// held are the prompts the loop keeps: requests in the router's queue
-	// and disaggregated requests until their decode engine has them.
+	// held are the requests the loop keeps: those in the router's queue
+	// (without their prompt in a lazy run: promptPool.park) and
+	// disaggregated requests until their decode engine has them.
 	held map[int]workload.Request
 	// pd is each request's disaggregated life; nil on an aggregated fleet.
 	pd []pdState

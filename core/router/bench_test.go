@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/kv"
 )
 
@@ -309,5 +310,66 @@ func TestSteadyDecisionAllocatesNothing(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(1000, book); a != 0 {
 		t.Fatalf("%.2f allocations per decision", a)
+	}
+}
+
+// BenchmarkSubmitQueued submits requests of 512 blocks, with their hashes,
+// that the admission queue holds, then dispatches and frees them: the
+// simulator's path in an overloaded run. The router copies the hashes
+// (copied) or keeps the caller's (lent: Request.LentHashes). An op is one
+// request.
+func BenchmarkSubmitQueued(b *testing.B) {
+	const n, blocks = 256, 512
+	for _, lend := range []bool{false, true} {
+		b.Run(map[bool]string{false: "copied", true: "lent"}[lend], func(b *testing.B) {
+			r, _ := newRouter(b, 1, func(c *Config) {
+				q := 1.0
+				c.QueueThreshold = &q
+			})
+			r.AddWorker(WorkerInfo{ID: 0, TotalKVBlocks: 1 << 20, MaxNumBatchedTokens: 100})
+			// A worker whose events come, as the simulator's engines'.
+			if err := r.ApplyEngineStored(&EngineStored{Worker: w(0), EngineHashes: []uint64{1}, Tokens: tokens(9, 0, 9, 1), BlockSize: bs}); err != nil {
+				b.Fatal(err)
+			}
+			var pending []string
+			reqs := make([]Request, n)
+			fns := make([]func(Decision, error), n)
+			for i := range reqs {
+				toks := tokens(2, blocks/2, 3+i, blocks)
+				local := blockhash.NewKeyed(bs, "", "").AppendLocalHashes(nil, toks)
+				reqs[i] = Request{ID: strconv.Itoa(i), Tokens: toks, LocalHashes: local, SeqHashes: blockhash.SequenceHashes(local), LentHashes: lend}
+				fns[i] = func(_ Decision, err error) {
+					if err != nil {
+						b.Fatal(err)
+					}
+					pending = append(pending, reqs[i].ID)
+				}
+			}
+			b.ReportAllocs()
+			ops := 0
+			for b.Loop() {
+				// A prompt never seen, so that it is not taken as cached:
+				// its prefill makes the worker busy.
+				blocker := Request{ID: "blocker", Tokens: tokens(1, 0, 1000+ops, 10)}
+				if _, queued, err := r.Submit(&blocker, fns[0]); err != nil || queued {
+					b.Fatalf("blocker: queued %v, %v", queued, err)
+				}
+				for i := range reqs {
+					if _, queued, err := r.Submit(&reqs[i], fns[i]); err != nil || !queued {
+						b.Fatalf("request %d: queued %v, %v", i, queued, err)
+					}
+				}
+				pending = append(pending[:0], blocker.ID)
+				for k := 0; k < len(pending); k++ {
+					r.MarkPrefillCompleted(pending[k])
+					r.Free(pending[k])
+				}
+				if len(pending) != n+1 {
+					b.Fatalf("%d of %d queued requests dispatched", len(pending)-1, n)
+				}
+				ops += n
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(ops), "ns/request")
+		})
 	}
 }

@@ -197,6 +197,14 @@ type Request struct {
 	// SeqHashes, with LocalHashes and as long, are their sequence hashes
 	// (blockhash.AppendSequenceHashes), which the router then takes too.
 	SeqHashes []uint64
+	// LentHashes lets the router keep LocalHashes and SeqHashes (both
+	// taken, no MM) as they are instead of copying them, until it is done
+	// with the request: the call that routed it has returned or, for a
+	// request Submit left queued, its dispatch has been called. The
+	// caller changes neither meanwhile. A caller that keeps every
+	// prompt's hashes anyway (the simulator) spares a copy per request,
+	// which for each request the admission queue holds was fresh memory.
+	LentHashes bool
 }
 
 // MMItem is one multimodal item (image, audio clip) of a prompt: its
@@ -890,6 +898,9 @@ type prepared struct {
 	params     sched.Params
 	warning    string
 	local, seq []uint64
+	// own are the pooled buffers local and seq are built in, unless the
+	// request lent its hashes (Request.LentHashes).
+	own [2][]uint64
 	// matchable is how many leading blocks of seq may be credited as
 	// cached (see appendMMHashes); seq beyond it is booked, never matched.
 	matchable int
@@ -1045,19 +1056,27 @@ func (r *Router) prepare(req *Request) (*prepared, error) {
 	p := preparedPool.Get().(*prepared)
 	h := blockhash.NewKeyed(r.cfg.BlockSize, req.LoRA, req.CacheSalt)
 	var local, seq []uint64
-	if len(req.LocalHashes) > 0 && len(req.LocalHashes) == len(req.Tokens)/r.cfg.BlockSize {
-		local = append(p.local[:0], req.LocalHashes...)
-		if len(req.SeqHashes) == len(local) {
-			seq = append(p.seq[:0], req.SeqHashes...)
-		} else {
-			seq = blockhash.AppendSequenceHashes(p.seq[:0], local)
+	own := p.own
+	if n := len(req.LocalHashes); n > 0 && n == len(req.Tokens)/r.cfg.BlockSize {
+		switch {
+		case req.LentHashes && len(req.SeqHashes) == n && len(req.MM) == 0:
+			// Capped: nothing appended to them may reach the caller's room.
+			local, seq = req.LocalHashes[:n:n], req.SeqHashes[:n:n]
+		case len(req.SeqHashes) == n:
+			local, seq = append(own[0][:0], req.LocalHashes...), append(own[1][:0], req.SeqHashes...)
+			own = [2][]uint64{local, seq}
+		default:
+			local = append(own[0][:0], req.LocalHashes...)
+			seq = blockhash.AppendSequenceHashes(own[1][:0], local)
+			own = [2][]uint64{local, seq}
 		}
 	} else {
-		local, seq = h.AppendHashes(p.local[:0], p.seq[:0], req.Tokens)
+		local, seq = h.AppendHashes(own[0][:0], own[1][:0], req.Tokens)
+		own = [2][]uint64{local, seq}
 	}
 	matchable := appendMMHashes(h, req.Tokens, req.MM, local, seq)
 	lap := tick()
-	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
+	*p = prepared{req: req, params: params, warning: warning, local: local, seq: seq, own: own, matchable: matchable, alt: p.alt[:0], overlaps: p.overlaps[:0], tiers: p.tiers[:0], hashTime: lap - start, start: start, lap: lap, arrival: r.now()}
 	return p, nil
 }
 
@@ -1082,11 +1101,12 @@ const maxPooledBlocks = 8192
 
 func release(p *prepared) {
 	p.req = nil
-	if cap(p.local) > maxPooledBlocks {
-		p.local = nil
-	}
-	if cap(p.seq) > maxPooledBlocks {
-		p.seq = nil
+	// Lent hashes must not be kept, nor overwritten by a later request.
+	p.local, p.seq = nil, nil
+	for k := range p.own {
+		if cap(p.own[k]) > maxPooledBlocks {
+			p.own[k] = nil
+		}
 	}
 	preparedPool.Put(p)
 }

@@ -634,7 +634,10 @@ func TestReleaseDropsLongPromptBuffers(t *testing.T) {
 			t.Fatalf("%d blocks hashed, want %d", len(p.seq), tc.blocks)
 		}
 		release(p)
-		if kept := p.local != nil && p.seq != nil; kept != tc.kept {
+		if p.local != nil || p.seq != nil {
+			t.Errorf("%d-block prompt: a released request keeps its hash lists", tc.blocks)
+		}
+		if kept := p.own[0] != nil && p.own[1] != nil; kept != tc.kept {
 			t.Errorf("%d-block prompt: buffers kept = %v, want %v", tc.blocks, kept, tc.kept)
 		}
 	}

@@ -4,10 +4,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/kv"
 )
 
 // A stored event handed its blocks' local hashes, all or the first few,
@@ -172,5 +176,83 @@ func BenchmarkHashEngineStored(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A request that lends its hashes is routed as one whose hashes the
+// router copies, and while the admission queue holds it the router keeps
+// no copy of them; once it is dispatched they are the caller's again:
+// later requests, whose hashes the router copies, never write there.
+func TestSubmitKeepsLentHashesWithoutCopying(t *testing.T) {
+	const n, blocks = 40, 512
+	type routed struct {
+		worker               kv.Worker
+		overlap, prompt, ord int
+	}
+	run := func(lend bool) (got []routed, perRequest uint64) {
+		r, c := newRouter(t, 1, func(c *Config) {
+			q := 1.0
+			c.QueueThreshold = &q
+		})
+		r.AddWorker(WorkerInfo{ID: 0, TotalKVBlocks: 100_000, MaxNumBatchedTokens: 100})
+		record := func(d Decision, err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			got = append(got, routed{d.Worker, d.OverlapBlocks, d.PromptBlocks, len(got)})
+		}
+		if _, queued, err := r.Submit(&Request{ID: "big", Tokens: tokens(1, 0, 1, 10)}, record); err != nil || queued {
+			t.Fatalf("first request: queued %v, %v", queued, err)
+		}
+		reqs := make([]Request, n)
+		var lists, kept [][]uint64
+		for i := range reqs {
+			toks := tokens(2, blocks/2, 3+i, blocks)
+			local := blockhash.NewKeyed(bs, "", "").AppendLocalHashes(nil, toks)
+			seq := blockhash.SequenceHashes(local)
+			reqs[i] = Request{ID: strconv.Itoa(i), Tokens: toks, LocalHashes: local, SeqHashes: seq, LentHashes: lend}
+			lists = append(lists, local, seq)
+			kept = append(kept, slices.Clone(local), slices.Clone(seq))
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range reqs {
+			if _, queued, err := r.Submit(&reqs[i], record); err != nil || !queued {
+				t.Fatalf("request %d: queued %v, %v", i, queued, err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		c.advance(time.Second)
+		r.MarkPrefillCompleted("big")
+		for pass := 0; len(got) < n && pass < n; pass++ {
+			for i := range reqs {
+				r.MarkPrefillCompleted(reqs[i].ID)
+			}
+		}
+		if len(got) != n {
+			t.Fatalf("%d of %d queued requests dispatched", len(got), n)
+		}
+		for i := range 2 * n {
+			toks := tokens(4, 0, 100+i, blocks)
+			if _, err := r.BestWorker(ctx(), &Request{Tokens: toks, LocalHashes: blockhash.NewKeyed(bs, "", "").AppendLocalHashes(nil, toks)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k := range lists {
+			if !slices.Equal(lists[k], kept[k]) {
+				t.Fatalf("lend %v: hash list %d changed after its request was dispatched", lend, k)
+			}
+		}
+		return got, (after.TotalAlloc - before.TotalAlloc) / n
+	}
+	copied, copiedBytes := run(false)
+	lent, lentBytes := run(true)
+	t.Logf("bytes allocated per queued request: %d lending its hashes, %d copied", lentBytes, copiedBytes)
+	if !slices.Equal(lent, copied) {
+		t.Fatalf("lent hashes routed\n%+v\ncopied ones\n%+v", lent, copied)
+	}
+	// One list is 8 bytes a block: copying both is twice that.
+	if list := uint64(8 * blocks); lentBytes >= list || copiedBytes < 2*list {
+		t.Fatalf("%d bytes allocated per queued request lending its hashes, %d per one copied, for lists of %d bytes", lentBytes, copiedBytes, list)
 	}
 }

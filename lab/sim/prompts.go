@@ -60,8 +60,9 @@ type promptPool struct {
 	given [][]uint32                // given[i]: request i's prompt while it runs
 	free  [bits.UintSize][][]uint32 // free[c]: free prompts of capacity 2^c
 	how   promptDisposal
-	// reused counts the prompts built in a free one.
-	reused int
+	// reused counts the prompts built in a free one, made those built in
+	// fresh memory.
+	reused, made int
 	// lazy: the tokens of the leading blocks a prompt shares with its
 	// previous turn are read by nothing, and are not generated. The loop
 	// hashes every prompt once at arrival (blockHashes) and takes those
@@ -77,8 +78,22 @@ type promptPool struct {
 	// blocks' tokens, and the fleets that keep no pool.
 	lazy bool
 	fill skippedTokens
-	// skipped counts the blocks of trace tokens not generated.
+	// skipped counts the blocks of trace tokens not generated as the
+	// prompts arrive.
 	skipped int
+	// scratch is where a lazy run builds a prompt as it arrives, to hash
+	// the blocks no earlier turn shares: once hashed, nothing reads a
+	// prompt's full blocks, and the prompt its engine gets (engineTokens)
+	// holds the tokens of its partial last block alone. An overloaded
+	// run, whose router queue holds nearly every prompt at once, kept
+	// them all, and their fresh memory cost more than the rest of the run.
+	scratch []uint32
+	// bs is the engines' block size, in a lazy run.
+	bs int
+	// stand are the tokens the router is told of in lazy runs, a stand-in
+	// of each prompt's length: it takes the prompts' hashes and reads
+	// nothing else of them.
+	stand []uint32
 }
 
 func (p *promptPool) init(s *sim) {
@@ -103,17 +118,36 @@ func (p *promptPool) initLazy(s *sim) {
 	m := &s.ids
 	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil &&
 		!s.cfg.IgnoreCacheSalt && !s.cfg.listsBlocks && !s.r.Mode().ReadsPrompt()
+	p.bs = m.bs
 }
 
-// request builds request i, in a free prompt of its size class when
-// there is one. Classes are powers of two: prompts of a trace grow turn
-// by turn, and a prompt of exactly its request's size would rarely fit
-// the next.
+// request builds request i as it arrives: in a lazy run in scratch, else
+// as build does.
 func (p *promptPool) request(s *sim, i int) workload.Request {
 	if p.tr == nil {
 		return s.w.Request(i)
 	}
-	c := bits.Len(uint(workload.TraceRoom(&p.tr.reqs[i]) - 1))
+	r := &p.tr.reqs[i]
+	if !p.lazy {
+		return p.build(i, 0)
+	}
+	// The router hashes the prompt as it arrives, taking as many blocks
+	// as this from the previous turn.
+	skip := s.ids.taken(i, "", r.InputLength/s.ids.bs) * s.ids.bs / trace.BlockTokens
+	p.skipped += skip
+	req := workload.FromTraceRequestFrom(r, p.scratch, skip)
+	p.scratch = req.Tokens[:0]
+	p.overwrite(req.Tokens[:skip*trace.BlockTokens])
+	return req
+}
+
+// build builds request i's prompt in a free one of its size class when
+// there is one, without the tokens of its first skip trace blocks.
+// Classes are powers of two: prompts of a trace grow turn by turn, and a
+// prompt of exactly its request's size would rarely fit the next.
+func (p *promptPool) build(i, skip int) workload.Request {
+	r := &p.tr.reqs[i]
+	c := bits.Len(uint(workload.TraceRoom(r) - 1))
 	var buf []uint32
 	if free := p.free[c]; len(free) > 0 {
 		p.reused++
@@ -121,22 +155,54 @@ func (p *promptPool) request(s *sim, i int) workload.Request {
 		free[len(free)-1] = nil
 		p.free[c] = free[:len(free)-1]
 	} else {
+		p.made++
 		buf = make([]uint32, 0, 1<<c)
-	}
-	r := &p.tr.reqs[i]
-	skip := 0
-	if p.lazy {
-		// The router hashes the prompt as it arrives, taking as many
-		// blocks as this from the previous turn.
-		skip = s.ids.taken(i, "", r.InputLength/s.ids.bs) * s.ids.bs / trace.BlockTokens
 	}
 	req := workload.FromTraceRequestFrom(r, buf, skip)
 	if skip > 0 {
-		p.skipped += skip
 		p.overwrite(req.Tokens[:skip*trace.BlockTokens])
 	}
 	p.given[i] = req.Tokens
 	return req
+}
+
+// routerTokens are the tokens of a prompt the router is told of: the
+// prompt itself, or in a lazy run a stand-in of its length, which holds
+// what the skipped blocks hold (see skippedTokens).
+func (p *promptPool) routerTokens(toks []uint32) []uint32 {
+	if !p.lazy {
+		return toks
+	}
+	n := len(toks)
+	if len(p.stand) < n {
+		// A new one: the router may still hold stand-ins of the old.
+		p.stand = make([]uint32, max(n, 2*len(p.stand)))
+		p.overwrite(p.stand)
+	}
+	return p.stand[:n:n]
+}
+
+// park forgets the prompt of request i, which the router's queue holds,
+// in a lazy run: engineTokens builds it.
+func (p *promptPool) park(req *workload.Request) {
+	if p.lazy {
+		req.Tokens = nil
+	}
+}
+
+// engineTokens builds, in a lazy run, the prompt request i's engine gets
+// in place of the one it arrived with: of the trace blocks, only the one
+// that holds the partial last engine block, the only tokens the engine
+// reads of a prompt whose block hashes it is handed.
+func (p *promptPool) engineTokens(i int, req *workload.Request) {
+	if !p.lazy {
+		return
+	}
+	skip := 0
+	if p.ids.seq[i] != nil {
+		skip = p.tr.reqs[i].InputLength / p.bs * p.bs / trace.BlockTokens
+	}
+	req.Tokens = p.build(i, skip).Tokens
 }
 
 // retire frees request i's prompt once its engine se has applied the

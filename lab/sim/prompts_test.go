@@ -154,3 +154,76 @@ func TestRecycledEventsChangeNothingInSim(t *testing.T) {
 		})
 	}
 }
+
+// A prompt the router's queue holds is not kept meanwhile: an overloaded
+// run, whose queue holds most of its requests at once, builds its
+// prompts in the memory of a few, and gives the results of a run that
+// keeps every prompt it builds.
+func TestQueuedPromptsAreNotKept(t *testing.T) {
+	w := conversations(t, 600)
+	tight := 0.5
+	run := func(how promptDisposal) (Point, *sim) {
+		cfg := smallConfig()
+		cfg.Engine.NumGPUBlocks = 1024
+		cfg.Router.QueueThreshold = &tight
+		cfg.prompts = how
+		s, err := newSim(cfg, "kv", w, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.run(); err != nil {
+			t.Fatal(err)
+		}
+		return s.point(), s
+	}
+	want, _ := run(dropPrompts)
+	got, s := run(reusePrompts)
+	if got != want {
+		t.Fatalf("queued prompts given back:\n%+v\nfresh prompts:\n%+v", got, want)
+	}
+	if !s.prompts.lazy {
+		t.Fatal("the run should skip its prompts' shared blocks")
+	}
+	if got.Queued < uint64(w.Len()/2) {
+		t.Fatalf("%d of %d requests waited in the router's queue", got.Queued, w.Len())
+	}
+	if s.prompts.made > w.Len()/4 {
+		t.Fatalf("%d of %d prompts built in fresh memory (%d queued)", s.prompts.made, w.Len(), got.Queued)
+	}
+	if got, _ := run(poisonPrompts); got != want {
+		t.Fatalf("overwritten prompts:\n%+v\nfresh prompts:\n%+v", got, want)
+	}
+}
+
+// BenchmarkOverloaded runs conversations whose router queue holds most of
+// their requests at once (kv mode, arrival speedup 16, a tight queue):
+// the path where queued requests keep no prompt.
+func BenchmarkOverloaded(b *testing.B) {
+	w := conversations(b, 2000)
+	tight := 0.5
+	b.ReportAllocs()
+	for b.Loop() {
+		cfg := smallConfig()
+		cfg.Router.QueueThreshold = &tight
+		if _, err := Run(cfg, "kv", w, 16); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTraceOverloaded runs a Mooncake trace (the file KVROUTER_TRACE
+// names; skipped without one) past the fleet's capacity, as `kvrouter
+// bench sim --arrival-speedup 16` does, in the modes whose overloaded
+// runs cost most.
+func BenchmarkTraceOverloaded(b *testing.B) {
+	w := benchTrace(b)
+	for _, mode := range []string{"kv", "round-robin", "dynamo-kv"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := Run(DefaultConfig(), mode, w, 16); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

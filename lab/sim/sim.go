@@ -757,8 +757,9 @@ type sim struct {
 	dp      int
 	engines []simEngine // rank r of engine id is engines[(id-1)*dp + r]
 	reqs    []reqState
-	// held are the prompts the loop keeps: requests in the router's queue
-	// and disaggregated requests until their decode engine has them.
+	// held are the requests the loop keeps: those in the router's queue
+	// (without their prompt in a lazy run: promptPool.park) and
+	// disaggregated requests until their decode engine has them.
 	held map[int]workload.Request
 	// pd is each request's disaggregated life; nil on an aggregated fleet.
 	pd []pdState
@@ -1090,7 +1091,8 @@ func (s *sim) submit(i int, req *workload.Request) {
 		rq = new(router.Request)
 	}
 	s.spare = nil
-	*rq = router.Request{ID: strconv.Itoa(i), Tokens: req.Tokens, OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq}
+	// The loop keeps the hashes until the engine is done with them.
+	*rq = router.Request{ID: strconv.Itoa(i), Tokens: s.prompts.routerTokens(req.Tokens), OSL: osl, CacheSalt: salt, LocalHashes: local, SeqHashes: seq, LentHashes: true}
 	d, queued, err := s.routerOf(i).Submit(rq, s.onDispatch(i, dispAggregated))
 	if !queued {
 		*rq = router.Request{}
@@ -1100,9 +1102,11 @@ func (s *sim) submit(i int, req *workload.Request) {
 	case err != nil:
 		s.fail(i, err)
 	case queued:
+		s.prompts.park(req)
 		s.held[i] = *req
 		s.queuedBy[dispAggregated]++
 	default:
+		s.prompts.engineTokens(i, req)
 		s.reqs[i].credited = int32(d.OverlapBlocks)
 		s.decided(i, d.Worker, req)
 		s.start(i, d.Worker, req)
@@ -1186,6 +1190,7 @@ func (s *sim) flushDispatched() error {
 				s.fail(d.id, d.err)
 				continue
 			}
+			s.prompts.engineTokens(d.id, &req)
 			s.reqs[d.id].credited = int32(d.d.OverlapBlocks)
 			s.decided(d.id, d.d.Worker, &req)
 			s.start(d.id, d.d.Worker, &req)

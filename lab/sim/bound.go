@@ -94,44 +94,50 @@ type decodeStats struct {
 // (8 bytes per block of the workload: half a GB for the agentic one).
 type ownership struct {
 	owners []int32
-	blocks map[uint64]blockOwner
+	blocks []blockOwner // by block number (replay.BlockIDs)
 	tails  decodeTails
 	stats  decodeStats
 }
 
 type blockOwner struct {
-	owner int32  // the first owner whose prompt holds it
+	owner int32  // the first owner whose prompt holds it; -1 before any
 	steps uint32 // that owner's steps
 	most  uint32 // the most steps of one request holding it
 }
 
 func newOwnership(w Workload, blockSize int) *ownership {
-	return &ownership{owners: requestOwners(w), blocks: map[uint64]blockOwner{}, tails: newDecodeTails(w.Len(), blockSize)}
+	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize)}
 }
 
-// add takes request i's full blocks (its prompt's chained hashes).
-func (o *ownership) add(i int, r *workload.Request, seq []uint64) {
+// add takes request i's full blocks: its prompt's chained hashes seq and
+// their numbers ids.
+func (o *ownership) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 	steps := uint32(max(r.OSL-1, 0))
 	o.stats.requests++
 	o.stats.steps += int64(steps)
 	o.tails.add(r, seq)
 	own := o.owners[i]
-	for _, b := range seq {
-		bo, ok := o.blocks[b]
-		if !ok {
+	for _, id := range ids {
+		for int(id) >= len(o.blocks) {
+			o.blocks = append(o.blocks, blockOwner{owner: -1})
+		}
+		bo := &o.blocks[id]
+		if bo.owner < 0 {
 			bo.owner = own
 		}
 		if bo.owner == own {
 			bo.steps += steps
 		}
 		bo.most = max(bo.most, steps)
-		o.blocks[b] = bo
 	}
 }
 
 func (o *ownership) result() decodeStats {
 	d := o.stats
 	for _, bo := range o.blocks {
+		if bo.owner < 0 {
+			continue
+		}
 		d.privateBlockSteps += int64(max(bo.steps, bo.most))
 	}
 	for i := range o.tails.requests() {
@@ -144,11 +150,14 @@ func (o *ownership) result() decodeStats {
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
 	o := newOwnership(w, blockSize)
+	numbers := replay.NewBlockIDs(0)
 	var local, seq []uint64
+	var ids []int32
 	for i := range w.Len() {
 		r := w.Request(i)
 		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		o.add(i, &r, seq)
+		ids = numbers.AppendIDs(ids[:0], seq)
+		o.add(i, &r, seq, ids)
 	}
 	return o.result()
 }

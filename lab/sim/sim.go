@@ -352,17 +352,22 @@ func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBo
 	if perRequest {
 		priv = newPrivacy(w.Len(), blockSize)
 	}
+	// Each block is looked up once, by hash, for its number; the four
+	// consumers keep their records in slices indexed by it.
+	numbers := replay.NewBlockIDs(0)
 	var local, seq []uint64
+	var ids []int32
 	for i := range w.Len() {
 		r := w.Request(i)
 		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		b.infinite.AddHashes(seq, len(r.Tokens))
+		ids = numbers.AppendIDs(ids[:0], seq)
+		b.infinite.AddBlocks(ids, len(r.Tokens))
 		if b.pooled != nil {
-			b.pooled.AddHashes(seq, len(r.Tokens))
+			b.pooled.AddBlocks(ids, len(r.Tokens))
 		}
-		own.add(i, &r, seq)
+		own.add(i, &r, seq, ids)
 		if priv != nil {
-			priv.add(i, &r, seq)
+			priv.add(i, &r, seq, ids)
 		}
 	}
 	b.decode = own.result()

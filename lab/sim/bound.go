@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -150,16 +151,107 @@ func (o *ownership) result() decodeStats {
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
 	o := newOwnership(w, blockSize)
+	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
+	return o.result()
+}
+
+// eachPromptBlocks calls f with every request of w in order, its prompt's
+// full blocks' chained hashes under its cache salt and their numbers (one
+// replay.BlockIDs numbers every prompt's blocks). The slices are f's
+// until it returns.
+func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
+	t := newTurnBlocks(w)
 	numbers := replay.NewBlockIDs(0)
-	var local, seq []uint64
-	var ids []int32
 	for i := range w.Len() {
 		r := w.Request(i)
-		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		ids = numbers.AppendIDs(ids[:0], seq)
-		o.add(i, &r, seq, ids)
+		seq, ids := t.blocks(i, &r, blockSize, numbers)
+		f(i, &r, seq, ids)
 	}
-	return o.result()
+}
+
+// turnBlocks carries a closed-loop session's blocks from one turn to the
+// next (see predecessors): a turn's prompt mostly repeats the one before
+// (an agent's context grows by the tool call and its result), and the
+// blocks it repeats need neither hashing nor a lookup of their number.
+// Whatever the workload, only blocks whose tokens and salt are the
+// previous turn's are taken from it, so the hashes and numbers are those
+// of hashing every prompt whole.
+type turnBlocks struct {
+	prev  []int32 // predecessors; nil when no request waits for another
+	next  []bool  // a request waits for this one
+	kept  map[int32]promptBlocks
+	free  []promptBlocks // slices to reuse
+	local []uint64
+}
+
+type promptBlocks struct {
+	salt   string
+	tokens []uint32
+	seq    []uint64
+	ids    []int32
+}
+
+func newTurnBlocks(w Workload) *turnBlocks {
+	t := &turnBlocks{prev: predecessors(w), kept: map[int32]promptBlocks{}}
+	if t.prev != nil {
+		t.next = make([]bool, len(t.prev))
+		for _, p := range t.prev {
+			if p >= 0 {
+				t.next[p] = true
+			}
+		}
+	}
+	return t
+}
+
+// blocks is request i's full blocks' chained hashes and numbers, valid
+// until the next call.
+func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.BlockIDs) ([]uint64, []int32) {
+	var k promptBlocks
+	if n := len(t.free); n > 0 {
+		k, t.free = t.free[n-1], t.free[:n-1]
+		k.seq, k.ids = k.seq[:0], k.ids[:0]
+	}
+	same := 0
+	if t.prev != nil && t.prev[i] >= 0 {
+		if p, ok := t.kept[t.prev[i]]; ok {
+			delete(t.kept, t.prev[i])
+			if p.salt == r.CacheSalt {
+				same = sharedBlocks(p.tokens, r.Tokens, len(p.seq), bs)
+				k.seq, k.ids = append(k.seq, p.seq[:same]...), append(k.ids, p.ids[:same]...)
+			}
+			t.free = append(t.free, p)
+		}
+	}
+	h := blockhash.NewKeyed(bs, "", r.CacheSalt)
+	if same > 0 {
+		t.local, k.seq = h.AppendChainedHashes(t.local[:0], k.seq, k.seq[same-1], r.Tokens[same*bs:])
+	} else {
+		t.local, k.seq = h.AppendHashes(t.local[:0], k.seq, r.Tokens)
+	}
+	k.ids = numbers.AppendIDs(k.ids, k.seq[same:])
+	if t.next != nil && t.next[i] {
+		k.salt, k.tokens = r.CacheSalt, r.Tokens
+		t.kept[int32(i)] = k
+	} else {
+		t.free = append(t.free, k)
+	}
+	return k.seq, k.ids
+}
+
+// sharedBlocks is how many leading full blocks of b, at most most, hold
+// a's tokens.
+func sharedBlocks(a, b []uint32, most, bs int) int {
+	most = min(most, len(a)/bs, len(b)/bs)
+	if most > 0 && &a[0] == &b[0] {
+		return most // one backing array: a session's turns
+	}
+	for j := range most {
+		if !slices.Equal(a[j*bs:(j+1)*bs], b[j*bs:(j+1)*bs]) {
+			return j
+		}
+	}
+	return most
 }
 
 // decodeTails counts the blocks each request's decode steps write into,

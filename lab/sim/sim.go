@@ -39,7 +39,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
-	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/index"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
@@ -354,22 +353,16 @@ func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBo
 	}
 	// Each block is looked up once, by hash, for its number; the four
 	// consumers keep their records in slices indexed by it.
-	numbers := replay.NewBlockIDs(0)
-	var local, seq []uint64
-	var ids []int32
-	for i := range w.Len() {
-		r := w.Request(i)
-		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		ids = numbers.AppendIDs(ids[:0], seq)
+	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) {
 		b.infinite.AddBlocks(ids, len(r.Tokens))
 		if b.pooled != nil {
 			b.pooled.AddBlocks(ids, len(r.Tokens))
 		}
-		own.add(i, &r, seq, ids)
+		own.add(i, r, seq, ids)
 		if priv != nil {
-			priv.add(i, &r, seq, ids)
+			priv.add(i, r, seq, ids)
 		}
-	}
+	})
 	b.decode = own.result()
 	if priv != nil {
 		hits, total := b.infinite.Tokens()

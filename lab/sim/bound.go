@@ -208,20 +208,24 @@ func newTurnBlocks(w Workload) *turnBlocks {
 // until the next call.
 func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.BlockIDs) ([]uint64, []int32) {
 	var k promptBlocks
-	if n := len(t.free); n > 0 {
-		k, t.free = t.free[n-1], t.free[:n-1]
-		k.seq, k.ids = k.seq[:0], k.ids[:0]
-	}
-	same := 0
+	same, carried := 0, false
 	if t.prev != nil && t.prev[i] >= 0 {
 		if p, ok := t.kept[t.prev[i]]; ok {
 			delete(t.kept, t.prev[i])
 			if p.salt == r.CacheSalt {
+				// The turn extends its predecessor's lists in place:
+				// no one reads them again.
 				same = sharedBlocks(p.tokens, r.Tokens, len(p.seq), bs)
-				k.seq, k.ids = append(k.seq, p.seq[:same]...), append(k.ids, p.ids[:same]...)
+				k, carried = p, true
+				k.seq, k.ids = p.seq[:same], p.ids[:same]
+			} else {
+				t.free = append(t.free, p)
 			}
-			t.free = append(t.free, p)
 		}
+	}
+	if n := len(t.free); !carried && n > 0 {
+		k, t.free = t.free[n-1], t.free[:n-1]
+		k.seq, k.ids = k.seq[:0], k.ids[:0]
 	}
 	h := blockhash.NewKeyed(bs, "", r.CacheSalt)
 	if same > 0 {

@@ -119,8 +119,8 @@ func (o *ownership) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 	o.tails.add(r, seq)
 	own := o.owners[i]
 	for _, id := range ids {
-		for int(id) >= len(o.blocks) {
-			o.blocks = append(o.blocks, blockOwner{owner: -1})
+		if int(id) >= len(o.blocks) {
+			o.blocks = extend(o.blocks, int(id)+1, blockOwner{owner: -1})
 		}
 		bo := &o.blocks[id]
 		if bo.owner < 0 {
@@ -131,6 +131,19 @@ func (o *ownership) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 		}
 		bo.most = max(bo.most, steps)
 	}
+}
+
+// extend lengthens s to n with fill, at least doubling its capacity when
+// it must grow: append grows a large slice by a quarter, and records
+// kept per block of a workload were copied several times over.
+func extend[T any](s []T, n int, fill T) []T {
+	if n > cap(s) {
+		s = slices.Grow(s, max(n, 2*cap(s))-len(s))
+	}
+	for len(s) < n {
+		s = append(s, fill)
+	}
+	return s
 }
 
 func (o *ownership) result() decodeStats {

@@ -172,8 +172,8 @@ func (p *privacy) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 	p.toks = append(p.toks, int32(len(r.Tokens)))
 	p.tails.add(r, seq)
 	for _, id := range ids {
-		for int(id) >= len(p.holders) {
-			p.holders = append(p.holders, blockHolder{req: -1})
+		if int(id) >= len(p.holders) {
+			p.holders = extend(p.holders, int(id)+1, blockHolder{req: -1})
 		}
 		h := &p.holders[id]
 		switch {

@@ -245,15 +245,17 @@ func CeilingHitRate(reqs []workload.Request, blockSize int) float64 {
 type Ceiling struct {
 	h           blockhash.Hasher
 	blockSize   int
-	seen        map[uint64]struct{}
+	ids         *BlockIDs // AddHashes' numbering of the blocks
+	seen        []uint64  // bit per block number: cached (infinite cache)
 	local, seq  []uint64
+	idBuf       []int32
 	hits, total int
 	lru         *lru // nil: the cache is infinite
 }
 
 // NewCeiling starts an empty infinite cache of blockSize-token blocks.
 func NewCeiling(blockSize int) *Ceiling {
-	return &Ceiling{h: blockhash.New(blockSize, ""), blockSize: blockSize, seen: map[uint64]struct{}{}}
+	return &Ceiling{h: blockhash.New(blockSize, ""), blockSize: blockSize}
 }
 
 // NewPooledCeiling starts an empty cache of capacity blocks that evicts the
@@ -264,26 +266,27 @@ func NewCeiling(blockSize int) *Ceiling {
 // first, so that its prefix outlives its tail, as engines free them.
 func NewPooledCeiling(blockSize, capacity int) *Ceiling {
 	c := NewCeiling(blockSize)
-	c.seen = nil
 	c.lru = newLRU(capacity)
 	return c
 }
 
-// lru is a fixed-capacity set of keys in recency order, in arrays linked by
-// index: the pooled ceiling of a fleet holds millions of blocks.
+// lru is a set of at most capacity block numbers in recency order, linked
+// through arrays indexed by the number: the pooled ceiling of a fleet
+// holds millions of blocks, and the numbering already found each one.
 type lru struct {
-	at               map[uint64]int32
-	keys             []uint64
-	prev, next       []int32
-	head, tail, used int32 // head is the most recent; -1 when empty
+	prev, next []int32 // prev is out for a number not in the set
+	capacity   int32
+	used       int32
+	head, tail int32 // head is the most recent; -1 when empty
 }
+
+const out = -2
 
 func newLRU(capacity int) *lru {
-	return &lru{at: make(map[uint64]int32, capacity), keys: make([]uint64, capacity),
-		prev: make([]int32, capacity), next: make([]int32, capacity), head: -1, tail: -1}
+	return &lru{capacity: int32(capacity), head: -1, tail: -1}
 }
 
-func (l *lru) has(k uint64) bool { _, ok := l.at[k]; return ok }
+func (l *lru) has(k int32) bool { return int(k) < len(l.prev) && l.prev[k] != out }
 
 func (l *lru) unlink(i int32) {
 	if p := l.prev[i]; p >= 0 {
@@ -296,6 +299,7 @@ func (l *lru) unlink(i int32) {
 	} else {
 		l.tail = l.prev[i]
 	}
+	l.prev[i] = out
 }
 
 func (l *lru) pushFront(i int32) {
@@ -309,28 +313,26 @@ func (l *lru) pushFront(i int32) {
 	}
 }
 
-// touch makes k the most recent key, evicting the least recent when full.
-func (l *lru) touch(k uint64) {
-	if len(l.keys) == 0 {
+// touch makes k the most recent, evicting the least recent when full.
+func (l *lru) touch(k int32) {
+	if l.capacity <= 0 {
 		return
 	}
-	if i, ok := l.at[k]; ok {
-		l.unlink(i)
-		l.pushFront(i)
+	for int(k) >= len(l.prev) {
+		l.prev = append(l.prev, out)
+		l.next = append(l.next, -1)
+	}
+	if l.has(k) {
+		l.unlink(k)
+		l.pushFront(k)
 		return
 	}
-	var i int32
-	if int(l.used) < len(l.keys) {
-		i = l.used
+	if l.used < l.capacity {
 		l.used++
 	} else {
-		i = l.tail
-		l.unlink(i)
-		delete(l.at, l.keys[i])
+		l.unlink(l.tail)
 	}
-	l.keys[i] = k
-	l.at[k] = i
-	l.pushFront(i)
+	l.pushFront(k)
 }
 
 // Add looks a prompt up and caches it.
@@ -351,29 +353,45 @@ func (c *Ceiling) AddSalted(toks []uint32, salt string) {
 // (blockhash.Hasher.AppendHashes under the prompt's salt), for a caller
 // that has hashed it already.
 func (c *Ceiling) AddHashes(seq []uint64, n int) {
+	if c.ids == nil {
+		c.ids = NewBlockIDs(0)
+	}
+	c.idBuf = c.ids.AppendIDs(c.idBuf[:0], seq)
+	c.AddBlocks(c.idBuf, n)
+}
+
+// AddBlocks adds a prompt of n tokens by its full blocks' numbers, from
+// one BlockIDs that numbers every prompt's blocks, for a caller that
+// numbers them for other uses too. A Ceiling takes prompts by hashes or
+// by numbers, not both.
+func (c *Ceiling) AddBlocks(ids []int32, n int) {
 	hit := 0
-	for hit < len(seq) && c.cached(seq[hit]) {
+	for hit < len(ids) && c.cached(ids[hit]) {
 		hit++
 	}
 	c.hits += min(hit*c.blockSize, (n-1)/c.blockSize*c.blockSize)
 	c.total += n
 	if c.lru != nil {
-		for i := len(seq) - 1; i >= 0; i-- {
-			c.lru.touch(seq[i])
+		for i := len(ids) - 1; i >= 0; i-- {
+			c.lru.touch(ids[i])
 		}
 		return
 	}
-	for _, s := range seq {
-		c.seen[s] = struct{}{}
+	for _, id := range ids {
+		w := int(id >> 6)
+		for w >= len(c.seen) {
+			c.seen = append(c.seen, 0)
+		}
+		c.seen[w] |= 1 << (id & 63)
 	}
 }
 
-func (c *Ceiling) cached(seq uint64) bool {
+func (c *Ceiling) cached(id int32) bool {
 	if c.lru != nil {
-		return c.lru.has(seq)
+		return c.lru.has(id)
 	}
-	_, ok := c.seen[seq]
-	return ok
+	w := int(id >> 6)
+	return w < len(c.seen) && c.seen[w]&(1<<(id&63)) != 0
 }
 
 // Tokens are the prompt tokens added so far and those of them cached.

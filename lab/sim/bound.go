@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -94,44 +95,63 @@ type decodeStats struct {
 // (8 bytes per block of the workload: half a GB for the agentic one).
 type ownership struct {
 	owners []int32
-	blocks map[uint64]blockOwner
+	blocks []blockOwner // by block number (replay.BlockIDs)
 	tails  decodeTails
 	stats  decodeStats
 }
 
 type blockOwner struct {
-	owner int32  // the first owner whose prompt holds it
+	owner int32  // the first owner whose prompt holds it; -1 before any
 	steps uint32 // that owner's steps
 	most  uint32 // the most steps of one request holding it
 }
 
 func newOwnership(w Workload, blockSize int) *ownership {
-	return &ownership{owners: requestOwners(w), blocks: map[uint64]blockOwner{}, tails: newDecodeTails(w.Len(), blockSize)}
+	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize)}
 }
 
-// add takes request i's full blocks (its prompt's chained hashes).
-func (o *ownership) add(i int, r *workload.Request, seq []uint64) {
+// add takes request i's full blocks: its prompt's chained hashes seq and
+// their numbers ids.
+func (o *ownership) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 	steps := uint32(max(r.OSL-1, 0))
 	o.stats.requests++
 	o.stats.steps += int64(steps)
 	o.tails.add(r, seq)
 	own := o.owners[i]
-	for _, b := range seq {
-		bo, ok := o.blocks[b]
-		if !ok {
+	for _, id := range ids {
+		if int(id) >= len(o.blocks) {
+			o.blocks = extend(o.blocks, int(id)+1, blockOwner{owner: -1})
+		}
+		bo := &o.blocks[id]
+		if bo.owner < 0 {
 			bo.owner = own
 		}
 		if bo.owner == own {
 			bo.steps += steps
 		}
 		bo.most = max(bo.most, steps)
-		o.blocks[b] = bo
 	}
+}
+
+// extend lengthens s to n with fill, at least doubling its capacity when
+// it must grow: append grows a large slice by a quarter, and records
+// kept per block of a workload were copied several times over.
+func extend[T any](s []T, n int, fill T) []T {
+	if n > cap(s) {
+		s = slices.Grow(s, max(n, 2*cap(s))-len(s))
+	}
+	for len(s) < n {
+		s = append(s, fill)
+	}
+	return s
 }
 
 func (o *ownership) result() decodeStats {
 	d := o.stats
 	for _, bo := range o.blocks {
+		if bo.owner < 0 {
+			continue
+		}
 		d.privateBlockSteps += int64(max(bo.steps, bo.most))
 	}
 	for i := range o.tails.requests() {
@@ -144,13 +164,111 @@ func (o *ownership) result() decodeStats {
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
 	o := newOwnership(w, blockSize)
-	var local, seq []uint64
+	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
+	return o.result()
+}
+
+// eachPromptBlocks calls f with every request of w in order, its prompt's
+// full blocks' chained hashes under its cache salt and their numbers (one
+// replay.BlockIDs numbers every prompt's blocks). The slices are f's
+// until it returns.
+func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
+	t := newTurnBlocks(w)
+	numbers := replay.NewBlockIDs(0)
 	for i := range w.Len() {
 		r := w.Request(i)
-		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		o.add(i, &r, seq)
+		seq, ids := t.blocks(i, &r, blockSize, numbers)
+		f(i, &r, seq, ids)
 	}
-	return o.result()
+}
+
+// turnBlocks carries a closed-loop session's blocks from one turn to the
+// next (see predecessors): a turn's prompt mostly repeats the one before
+// (an agent's context grows by the tool call and its result), and the
+// blocks it repeats need neither hashing nor a lookup of their number.
+// Whatever the workload, only blocks whose tokens and salt are the
+// previous turn's are taken from it, so the hashes and numbers are those
+// of hashing every prompt whole.
+type turnBlocks struct {
+	prev  []int32 // predecessors; nil when no request waits for another
+	next  []bool  // a request waits for this one
+	kept  map[int32]promptBlocks
+	free  []promptBlocks // slices to reuse
+	local []uint64
+}
+
+type promptBlocks struct {
+	salt   string
+	tokens []uint32
+	seq    []uint64
+	ids    []int32
+}
+
+func newTurnBlocks(w Workload) *turnBlocks {
+	t := &turnBlocks{prev: predecessors(w), kept: map[int32]promptBlocks{}}
+	if t.prev != nil {
+		t.next = make([]bool, len(t.prev))
+		for _, p := range t.prev {
+			if p >= 0 {
+				t.next[p] = true
+			}
+		}
+	}
+	return t
+}
+
+// blocks is request i's full blocks' chained hashes and numbers, valid
+// until the next call.
+func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.BlockIDs) ([]uint64, []int32) {
+	var k promptBlocks
+	same, carried := 0, false
+	if t.prev != nil && t.prev[i] >= 0 {
+		if p, ok := t.kept[t.prev[i]]; ok {
+			delete(t.kept, t.prev[i])
+			if p.salt == r.CacheSalt {
+				// The turn extends its predecessor's lists in place:
+				// no one reads them again.
+				same = sharedBlocks(p.tokens, r.Tokens, len(p.seq), bs)
+				k, carried = p, true
+				k.seq, k.ids = p.seq[:same], p.ids[:same]
+			} else {
+				t.free = append(t.free, p)
+			}
+		}
+	}
+	if n := len(t.free); !carried && n > 0 {
+		k, t.free = t.free[n-1], t.free[:n-1]
+		k.seq, k.ids = k.seq[:0], k.ids[:0]
+	}
+	h := blockhash.NewKeyed(bs, "", r.CacheSalt)
+	if same > 0 {
+		t.local, k.seq = h.AppendChainedHashes(t.local[:0], k.seq, k.seq[same-1], r.Tokens[same*bs:])
+	} else {
+		t.local, k.seq = h.AppendHashes(t.local[:0], k.seq, r.Tokens)
+	}
+	k.ids = numbers.AppendIDs(k.ids, k.seq[same:])
+	if t.next != nil && t.next[i] {
+		k.salt, k.tokens = r.CacheSalt, r.Tokens
+		t.kept[int32(i)] = k
+	} else {
+		t.free = append(t.free, k)
+	}
+	return k.seq, k.ids
+}
+
+// sharedBlocks is how many leading full blocks of b, at most most, hold
+// a's tokens.
+func sharedBlocks(a, b []uint32, most, bs int) int {
+	most = min(most, len(a)/bs, len(b)/bs)
+	if most > 0 && &a[0] == &b[0] {
+		return most // one backing array: a session's turns
+	}
+	for j := range most {
+		if !slices.Equal(a[j*bs:(j+1)*bs], b[j*bs:(j+1)*bs]) {
+			return j
+		}
+	}
+	return most
 }
 
 // decodeTails counts the blocks each request's decode steps write into,

@@ -144,7 +144,7 @@ type kvRequests struct {
 // and no block is designated twice, so the blocks designated to the
 // requests that decode in one step are distinct slots of their engine.
 type privacy struct {
-	holders map[uint64]blockHolder
+	holders []blockHolder // by block number (replay.BlockIDs)
 	tails   decodeTails
 	steps   []int32
 	full    []int32 // each request's full blocks
@@ -153,27 +153,32 @@ type privacy struct {
 
 // blockHolder is a block's designated request so far.
 type blockHolder struct {
-	req    int32
+	req    int32 // -1 before any
 	steps  int32 // its decode steps
 	shared bool  // another request's prompt holds it too
 }
 
 func newPrivacy(n, blockSize int) *privacy {
-	return &privacy{holders: map[uint64]blockHolder{}, tails: newDecodeTails(n, blockSize),
+	return &privacy{tails: newDecodeTails(n, blockSize),
 		steps: make([]int32, 0, n), full: make([]int32, 0, n), toks: make([]int32, 0, n)}
 }
 
-func (p *privacy) add(i int, r *workload.Request, seq []uint64) {
+// add takes request i's full blocks: its prompt's chained hashes seq and
+// their numbers ids.
+func (p *privacy) add(i int, r *workload.Request, seq []uint64, ids []int32) {
 	steps := int32(max(r.OSL-1, 0))
 	p.steps = append(p.steps, steps)
 	p.full = append(p.full, int32(len(seq)))
 	p.toks = append(p.toks, int32(len(r.Tokens)))
 	p.tails.add(r, seq)
-	for _, b := range seq {
-		h, ok := p.holders[b]
+	for _, id := range ids {
+		if int(id) >= len(p.holders) {
+			p.holders = extend(p.holders, int(id)+1, blockHolder{req: -1})
+		}
+		h := &p.holders[id]
 		switch {
-		case !ok:
-			p.holders[b] = blockHolder{req: int32(i), steps: steps}
+		case h.req < 0:
+			*h = blockHolder{req: int32(i), steps: steps}
 			continue
 		case int(h.req) == i:
 			continue
@@ -182,7 +187,6 @@ func (p *privacy) add(i int, r *workload.Request, seq []uint64) {
 		if steps > h.steps {
 			h.req, h.steps = int32(i), steps
 		}
-		p.holders[b] = h
 	}
 }
 
@@ -191,6 +195,9 @@ func (p *privacy) result(blockSize int, misses int64) kvRequests {
 	private := make([]int32, n) // full blocks no other request holds
 	designated := make([]int64, n)
 	for _, h := range p.holders {
+		if h.req < 0 {
+			continue
+		}
 		designated[h.req]++
 		if !h.shared {
 			private[h.req]++

@@ -39,7 +39,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
-	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/core/index"
 	"github.com/kvrouter/kvrouter/core/kv"
 	"github.com/kvrouter/kvrouter/core/router"
@@ -352,19 +351,18 @@ func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBo
 	if perRequest {
 		priv = newPrivacy(w.Len(), blockSize)
 	}
-	var local, seq []uint64
-	for i := range w.Len() {
-		r := w.Request(i)
-		local, seq = blockhash.NewKeyed(blockSize, "", r.CacheSalt).AppendHashes(local[:0], seq[:0], r.Tokens)
-		b.infinite.AddHashes(seq, len(r.Tokens))
+	// Each block is looked up once, by hash, for its number; the four
+	// consumers keep their records in slices indexed by it.
+	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) {
+		b.infinite.AddBlocks(ids, len(r.Tokens))
 		if b.pooled != nil {
-			b.pooled.AddHashes(seq, len(r.Tokens))
+			b.pooled.AddBlocks(ids, len(r.Tokens))
 		}
-		own.add(i, &r, seq)
+		own.add(i, r, seq, ids)
 		if priv != nil {
-			priv.add(i, &r, seq)
+			priv.add(i, r, seq, ids)
 		}
-	}
+	})
 	b.decode = own.result()
 	if priv != nil {
 		hits, total := b.infinite.Tokens()

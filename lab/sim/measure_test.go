@@ -1,0 +1,98 @@
+package sim
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/lab/workload"
+)
+
+// BenchmarkMeasure is the bounds pass of a sweep (every prompt hashed,
+// both ceilings, ownership and privacy) on agent sessions, whose prompts
+// repeat their session's context, and on the synthetic workload.
+func BenchmarkMeasure(b *testing.B) {
+	agentic := workload.DefaultAgenticConfig()
+	agentic.Requests = 3000
+	ag, err := workload.Agentic(agentic)
+	if err != nil {
+		b.Fatal(err)
+	}
+	syn, err := workload.Synthetic(workload.DefaultSyntheticConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	_, _, fleetBlocks := cfg.fleetSize(cfg.Workers)
+	for _, tc := range []struct {
+		name string
+		w    Workload
+	}{{"agentic", FromRequests(ag)}, {"synthetic", FromRequests(syn)}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var blocks int64
+			for range b.N {
+				m := measure(tc.w, cfg.Engine.BlockSize, fleetBlocks, true)
+				_, total := m.infinite.Tokens()
+				blocks = int64(total / cfg.Engine.BlockSize)
+			}
+			b.ReportMetric(float64(blocks*int64(b.N))/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+// The blocks taken from a session's previous turn are those of hashing
+// every prompt whole, and numbered as a map numbers them: on agent
+// sessions (one backing array per session) and on turns that change
+// their salt, rewrite their context or are copies of it.
+func TestTurnBlocksMatchWholeHashing(t *testing.T) {
+	agentic := workload.DefaultAgenticConfig()
+	agentic.Requests = 400
+	ag, err := workload.Agentic(agentic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := func(from, n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(from + i)
+		}
+		return out
+	}
+	base := tok(0, 100)
+	rewritten := slices.Concat(tok(0, 40), tok(500, 60)) // diverges in block 2
+	crafted := Requests{
+		{Tokens: base, Session: "s"},
+		{At: 1, Tokens: slices.Concat(base, tok(100, 20)), Session: "s", Think: 1},       // a copy that grows
+		{At: 2, Tokens: rewritten, Session: "s", Think: 1},                               // rewrites from block 2
+		{At: 3, Tokens: slices.Clone(rewritten), Session: "s", Think: 1, CacheSalt: "x"}, // same tokens, other salt
+		{At: 4, Tokens: tok(0, 10), Session: "s", Think: 1},                              // shorter than a block
+		{At: 5, Tokens: base, Session: "t"},
+		{At: 6, Tokens: base[:64], Session: "t", Think: 1}, // a prefix of the turn before
+	}
+	for _, tc := range []struct {
+		name string
+		w    Workload
+		bs   int
+	}{{"agentic", FromRequests(ag), 16}, {"crafted", crafted, 16}, {"crafted/8", crafted, 8}} {
+		if predecessors(tc.w) == nil {
+			t.Fatalf("%s: no request waits for another: nothing is carried", tc.name)
+		}
+		numbers := map[uint64]int32{}
+		eachPromptBlocks(tc.w, tc.bs, func(i int, r *workload.Request, seq []uint64, ids []int32) {
+			_, want := blockhash.NewKeyed(tc.bs, "", r.CacheSalt).Hashes(r.Tokens)
+			if !slices.Equal(seq, want) {
+				t.Fatalf("%s: request %d: hashes differ from hashing the prompt whole", tc.name, i)
+			}
+			for j, h := range want {
+				id, ok := numbers[h]
+				if !ok {
+					id = int32(len(numbers))
+					numbers[h] = id
+				}
+				if ids[j] != id {
+					t.Fatalf("%s: request %d block %d: number %d, want %d", tc.name, i, j, ids[j], id)
+				}
+			}
+		})
+	}
+}

@@ -158,3 +158,34 @@ func TestGeneratedHandedHashesAreTheRouters(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkGenerated runs the generated workloads with their prompts
+// pooled and their turns' hashes taken, and copied and hashed afresh
+// (the loop before either).
+func BenchmarkGenerated(b *testing.B) {
+	for _, name := range []string{"synthetic, 0 tenants", "agentic"} {
+		w := generated(b)[name]
+		for _, shared := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s, shared %v", name, shared), func(b *testing.B) {
+				cfg := smallConfig()
+				if !shared {
+					cfg.prompts = dropPrompts
+				}
+				b.ReportAllocs()
+				for range b.N {
+					s, err := newSim(cfg, "kv", w, 1)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !shared {
+						s.ids.prev = nil
+					}
+					if err := s.run(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*w.Len()), "ns/request")
+			})
+		}
+	}
+}

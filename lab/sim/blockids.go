@@ -25,7 +25,9 @@ import (
 // blocks again: on a trace, a request takes the hashes of the prefix it
 // shares with the earlier request holding one of its hash ids at the same
 // place (its previous turn), whose tokens are equal since a hash id's
-// tokens are a function of the id, and hashes only the rest.
+// tokens are a function of the id, and hashes only the rest; on a
+// generated workload, its session's previous turn, whose prompt is the
+// start of its own (prevOfRequests).
 type blockHashes struct {
 	on bool
 	bs int
@@ -38,15 +40,18 @@ type blockHashes struct {
 	// salted[i]: request i's were hashed under a cache salt, which a
 	// later turn must not take.
 	salted []bool
-	// prev[i] is the earlier request that holds one of request i's hash
-	// ids at the same place, the latest for the last such id: the turn
-	// before it, in a conversation. -1 for none, and nil but on a trace.
+	// prev[i] is the earlier request whose prompt request i's extends:
+	// on a trace the one that holds one of its hash ids at the same
+	// place, the latest for the last such id; the turn before it, in a
+	// conversation. -1 for none, and nil on a workload that cannot tell.
 	prev []int32
+	// share[i] is how many leading tokens request i's prompt shares with
+	// request prev[i]'s.
+	share []int32
 	// needed[i] counts the later requests whose prev is i and which have
 	// not been hashed yet.
 	needed  []int32
 	started []bool
-	tr      *Trace
 	// recycles: the loop tells when an engine is done with a request's
 	// hashes (engineDone), which then go to free for later requests'
 	// once no later turn needs them either: fresh memory for every
@@ -88,12 +93,42 @@ func (s *sim) initBlockHashes() {
 	if m.recycles = s.prompts.given != nil; m.recycles {
 		m.done = make([]bool, n)
 	}
-	t, ok := s.w.(*Trace)
-	if !ok {
-		return
+	switch w := s.w.(type) {
+	case *Trace:
+		m.prevOfTrace(w)
+	case Requests:
+		m.prevOfRequests(w)
 	}
-	m.tr = t
-	m.prev, m.needed = make([]int32, n), make([]int32, n)
+}
+
+// prevOfRequests finds the earlier turn each prompt of a materialised
+// workload extends: a prompt is a longer view of the memory of its
+// session's previous turn (workload.Synthetic and Agentic build a
+// session's turns in one array), so its tokens are that turn's and more,
+// as far as the shorter prompt reaches.
+func (m *blockHashes) prevOfRequests(reqs Requests) {
+	n := len(reqs)
+	m.prev, m.needed, m.share = make([]int32, n), make([]int32, n), make([]int32, n)
+	last := map[*uint32]int32{}
+	for i := range reqs {
+		m.prev[i] = -1
+		toks := reqs[i].Tokens
+		if len(toks) == 0 {
+			continue
+		}
+		if p, ok := last[&toks[0]]; ok && len(reqs[p].Tokens) <= len(toks) {
+			m.prev[i], m.share[i] = p, int32(len(reqs[p].Tokens))
+			m.needed[p]++
+		}
+		last[&toks[0]] = int32(i)
+	}
+}
+
+// prevOfTrace finds the earlier request each trace request shares a
+// prefix with, by their hash ids.
+func (m *blockHashes) prevOfTrace(t *Trace) {
+	n := t.Len()
+	m.prev, m.needed, m.share = make([]int32, n), make([]int32, n), make([]int32, n)
 	type at struct{ req, pos int32 }
 	last := make([]at, t.numIDs)
 	for k := range last {
@@ -104,6 +139,7 @@ func (s *sim) initBlockHashes() {
 		for j := len(dense) - 1; j >= 0; j-- {
 			if l := last[dense[j]]; l.req >= 0 && int(l.pos) == j {
 				m.prev[i] = l.req
+				m.share[i] = int32(t.shared(i, int(l.req), len(dense)) * trace.BlockTokens)
 				m.needed[l.req]++
 				break
 			}
@@ -163,7 +199,7 @@ func (m *blockHashes) taken(i int, salt string, full int) int {
 	if p < 0 || salt != "" || m.seq[p] == nil || m.salted[p] {
 		return 0
 	}
-	return min(m.tr.shared(i, int(p), len(m.tr.dense[i]))*trace.BlockTokens/m.bs, full, len(m.seq[p]))
+	return min(int(m.share[i])/m.bs, full, len(m.seq[p]))
 }
 
 // drop forgets request i's hashes once it has started and every later

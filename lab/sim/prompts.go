@@ -54,6 +54,11 @@ var defaultSkipped = leaveSkipped
 // zeroing and in the collector's work.
 type promptPool struct {
 	tr *Trace
+	// reqs is a materialised workload whose prompts its engines get in
+	// pooled copies (own), with tail when the copies hold only the
+	// tokens the engine reads; nil for a trace.
+	reqs Requests
+	tail bool
 	// ids frees the requests' block hashes with their prompts, which the
 	// engines' events point into as well.
 	ids   *blockHashes
@@ -79,7 +84,8 @@ type promptPool struct {
 	lazy bool
 	fill skippedTokens
 	// skipped counts the blocks of trace tokens not generated as the
-	// prompts arrive.
+	// prompts arrive, and the engine blocks of a materialised workload's
+	// prompts not copied (tail).
 	skipped int
 	// scratch is where a lazy run builds a prompt as it arrives, to hash
 	// the blocks no earlier turn shares: once hashed, nothing reads a
@@ -98,14 +104,15 @@ type promptPool struct {
 
 func (p *promptPool) init(s *sim) {
 	p.how = s.cfg.prompts
-	tr, ok := s.w.(*Trace)
+	tr, isTrace := s.w.(*Trace)
+	reqs, isReqs := s.w.(Requests)
 	// A disaggregated request's prompt goes to two engines, and replicas
 	// and speculative prefills keep prompts beyond their request.
-	if !ok || p.how == dropPrompts || s.pd != nil || s.rep != nil || s.cfg.SpeculativePrefill {
+	if !isTrace && !isReqs || p.how == dropPrompts || s.pd != nil || s.rep != nil || s.cfg.SpeculativePrefill {
 		return
 	}
-	p.tr = tr
-	p.given = make([][]uint32, tr.Len())
+	p.tr, p.reqs = tr, reqs
+	p.given = make([][]uint32, s.w.Len())
 	p.ids = &s.ids
 }
 
@@ -116,8 +123,9 @@ func (p *promptPool) initLazy(s *sim) {
 		p.fill = defaultSkipped
 	}
 	m := &s.ids
-	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil &&
-		!s.cfg.IgnoreCacheSalt && !s.cfg.listsBlocks && !s.r.Mode().ReadsPrompt()
+	readers := s.cfg.IgnoreCacheSalt || s.cfg.listsBlocks || s.r.Mode().ReadsPrompt()
+	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil && !readers
+	p.tail = p.reqs != nil && p.fill != generateSkipped && m.on && !readers
 	p.bs = m.bs
 }
 
@@ -147,24 +155,51 @@ func (p *promptPool) request(s *sim, i int) workload.Request {
 // prompt of exactly its request's size would rarely fit the next.
 func (p *promptPool) build(i, skip int) workload.Request {
 	r := &p.tr.reqs[i]
-	c := bits.Len(uint(workload.TraceRoom(r) - 1))
-	var buf []uint32
-	if free := p.free[c]; len(free) > 0 {
-		p.reused++
-		buf = free[len(free)-1]
-		free[len(free)-1] = nil
-		p.free[c] = free[:len(free)-1]
-	} else {
-		p.made++
-		buf = make([]uint32, 0, 1<<c)
-	}
-	req := workload.FromTraceRequestFrom(r, buf, skip)
+	req := workload.FromTraceRequestFrom(r, p.take(workload.TraceRoom(r)), skip)
 	if skip > 0 {
 		p.overwrite(req.Tokens[:skip*trace.BlockTokens])
 	}
 	p.given[i] = req.Tokens
 	return req
 }
+
+// take is an empty prompt of room for n tokens, a free one of its size
+// class when there is one.
+func (p *promptPool) take(n int) []uint32 {
+	c := bits.Len(uint(n - 1))
+	if free := p.free[c]; len(free) > 0 {
+		p.reused++
+		buf := free[len(free)-1]
+		free[len(free)-1] = nil
+		p.free[c] = free[:len(free)-1]
+		return buf
+	}
+	p.made++
+	return make([]uint32, 0, 1<<c)
+}
+
+// own gives request i's engine a pooled copy of its prompt, with room for
+// its output: the engine takes it over (engine.Request.Owned) instead of
+// copying it into fresh memory, which cost as much as the rest of Add. A
+// tail copy holds the tokens of the partial last block alone when the
+// prompt's block hashes are already taken: nothing else of the engine's
+// copy is read (see lazy), and copying them was most of what was left.
+func (p *promptPool) own(i int, req *workload.Request) {
+	n := len(req.Tokens)
+	buf := p.take(n + req.OSL)[:n]
+	skip := 0
+	if p.tail && p.ids.seq[i] != nil {
+		skip = n / p.bs * p.bs
+		p.skipped += skip / p.bs
+		p.overwrite(buf[:skip])
+	}
+	copy(buf[skip:], req.Tokens[skip:])
+	p.given[i] = buf
+	req.Tokens = buf
+}
+
+// owns reports whether request i's engine takes its prompt over.
+func (p *promptPool) owns(i int) bool { return p.given != nil && p.given[i] != nil }
 
 // routerTokens are the tokens of a prompt the router is told of: the
 // prompt itself, or in a lazy run a stand-in of its length, which holds
@@ -195,6 +230,10 @@ func (p *promptPool) park(req *workload.Request) {
 // that holds the partial last engine block, the only tokens the engine
 // reads of a prompt whose block hashes it is handed.
 func (p *promptPool) engineTokens(i int, req *workload.Request) {
+	if p.reqs != nil {
+		p.own(i, req)
+		return
+	}
 	if !p.lazy {
 		return
 	}

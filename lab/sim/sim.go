@@ -1128,7 +1128,7 @@ func (s *sim) start(i int, w kv.Worker, req *workload.Request) {
 	e := s.engineOf(w)
 	id := strconv.Itoa(i)
 	seq, local := s.startHashes(i, req)
-	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts, Tag: int32(i + 1),
+	if err := s.engines[e].eng.Add(engine.Request{ID: id, Tokens: req.Tokens, MaxTokens: req.OSL, CacheSalt: req.CacheSalt, Owned: s.ownsPrompts || s.prompts.owns(i), Tag: int32(i + 1),
 		BlockIDs: seq, LocalHashes: local}); err != nil {
 		s.free(i, id)
 		s.fail(i, err)

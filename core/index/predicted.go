@@ -45,9 +45,14 @@ type Predicted struct {
 
 	// mu guards everything below. Lookups take it exclusively: they apply
 	// expirations first, and they are short.
-	mu      sync.Mutex
-	heads   u64map   // sequence hash → 1 + index in holders of its first holder
-	byPair  u64map   // predictedPairKey(block, worker) → 1 + index of that holder
+	mu    sync.Mutex
+	heads u64map // sequence hash → 1 + index in holders of its first holder
+	// byPair maps predictedPairKey(block, worker) to 1 + index of that
+	// holder, for the blocks of more than shortList holders only: the
+	// others' lists are walked, and most blocks (a prompt's own, past
+	// what it shares) have one holder, whose pair key cost a table
+	// insertion and a deletion per hold for nothing.
+	byPair  u64map
 	holders []holder // a free list threads through the unused ones
 	free    []uint32
 	open    map[string]*prediction // by request id, until settled
@@ -423,7 +428,8 @@ func (p *Predicted) count(h uint64) uint32 {
 const shortList = 4
 
 // holderOf is w's holder of block h, whose list starts at first; 0 when w
-// does not hold it.
+// does not hold it. byPair holds a block's holders from the moment it has
+// more than shortList of them until it is back to shortList.
 func (p *Predicted) holderOf(first uint32, h uint64, w kv.Worker) uint32 {
 	if first == 0 {
 		return 0
@@ -454,7 +460,14 @@ func (p *Predicted) hold(h uint64, w kv.Worker) uint32 {
 	}
 	p.holders[n-1] = holder{w: w, h: h, n: 1, count: count, next: first}
 	p.heads.Put(h, n)
-	p.byPair.Put(predictedPairKey(h, w), n)
+	switch {
+	case count == shortList+1:
+		for i := n; i != 0; i = p.holders[i-1].next {
+			p.byPair.Put(predictedPairKey(h, p.holders[i-1].w), i)
+		}
+	case count > shortList:
+		p.byPair.Put(predictedPairKey(h, w), n)
+	}
 	p.pairs++
 	return n
 }
@@ -478,10 +491,18 @@ func (p *Predicted) release(i uint32) {
 	case next != 0:
 		p.holders[next-1].count = count
 		p.heads.Put(h, next)
+		first = next
 	default:
 		p.heads.Delete(h)
 	}
-	p.byPair.Delete(predictedPairKey(h, w))
+	if count >= shortList {
+		p.byPair.Delete(predictedPairKey(h, w))
+		if count == shortList {
+			for j := first; j != 0; j = p.holders[j-1].next {
+				p.byPair.Delete(predictedPairKey(h, p.holders[j-1].w))
+			}
+		}
+	}
 	p.holders[i-1] = holder{}
 	p.free = append(p.free, i)
 	p.pairs--

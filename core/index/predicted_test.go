@@ -167,6 +167,9 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 						t.Fatalf("step %d: overlaps beyond %d %v, want %v", step, from, got, want)
 					}
 				}
+				if err := checkPairKeys(p); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
 			}
 			// Everything expires: no pair may be left behind.
 			c.advance(ttl)
@@ -176,6 +179,30 @@ func TestPredictedMatchesReferenceModel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkPairKeys holds p's pair keys to what holderOf relies on: every
+// holder of a block of more than shortList holders, and no other.
+func checkPairKeys(p *Predicted) error {
+	want := 0
+	var err error
+	p.heads.Range(func(h uint64, first uint32) bool {
+		if p.holders[first-1].count <= shortList {
+			return true
+		}
+		for i := first; i != 0; i = p.holders[i-1].next {
+			want++
+			if got := p.find(h, p.holders[i-1].w); got != i {
+				err = fmt.Errorf("holder %d of block %x: pair key finds %d", i, h, got)
+				return false
+			}
+		}
+		return true
+	})
+	if err == nil && p.byPair.Len() != want {
+		err = fmt.Errorf("%d pair keys, want %d", p.byPair.Len(), want)
+	}
+	return err
 }
 
 // Requests whose router never settles them (lost, crashed clients) go at

@@ -540,7 +540,12 @@ type pairMap struct {
 
 type pairSlot struct{ k, v uint64 }
 
-func (p *pairMap) home(k uint64) int { return int((k * 0x9e3779b97f4a7c15) >> p.shift) }
+// home is the first slot of k's home line: a key's run starts at the
+// start of a 64-byte line (tables of 2^n slots of 16 bytes are aligned to
+// their size or to a huge page), so that two lines
+// hold it but for the longest runs, and lookups, whose runs most often end
+// in the home line, rarely read the next.
+func (p *pairMap) home(k uint64) int { return int((k*0x9e3779b97f4a7c15)>>p.shift) &^ 3 }
 
 // reserve sizes p for n keys without growing.
 func (p *pairMap) reserve(n int) {
@@ -577,13 +582,13 @@ func (p *pairMap) prefetch(k uint64) {
 
 // prefetchRun is prefetch for an insertion or a deletion, which read on
 // past k's slot (to the run's end, and a deletion shifts the run back):
-// it also asks for the line after k's when the slot lies in the second
-// half of its line, where the run most often crosses into the next.
+// it also asks for the line after k's home line, where a run that fills
+// its home line goes on.
 func (p *pairMap) prefetchRun(k uint64) {
 	if len(p.slots) > 0 {
 		h := p.home(k)
 		prefetch.Line(unsafe.Pointer(&p.slots[h]))
-		prefetch.Line(unsafe.Pointer(&p.slots[(h+2)&(len(p.slots)-1)]))
+		prefetch.Line(unsafe.Pointer(&p.slots[(h+4)&(len(p.slots)-1)]))
 	}
 }
 

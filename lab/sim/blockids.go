@@ -101,27 +101,40 @@ func (s *sim) initBlockHashes() {
 	}
 }
 
-// prevOfRequests finds the earlier turn each prompt of a materialised
-// workload extends: a prompt is a longer view of the memory of its
-// session's previous turn (workload.Synthetic and Agentic build a
-// session's turns in one array), so its tokens are that turn's and more,
-// as far as the shorter prompt reaches.
+// prevOfRequests takes each prompt's earlier turn from extendedTurns.
 func (m *blockHashes) prevOfRequests(reqs Requests) {
+	m.prev, m.share = extendedTurns(reqs)
+	m.needed = make([]int32, len(reqs))
+	for _, p := range m.prev {
+		if p >= 0 {
+			m.needed[p]++
+		}
+	}
+}
+
+// extendedTurns finds the earlier turn each prompt of a materialised
+// workload extends, and how many leading tokens it shares with it: a
+// prompt is a longer view of the memory of its session's previous turn
+// (workload.Synthetic and Agentic build a session's turns in one array),
+// so its tokens are that turn's and more, as far as the shorter prompt
+// reaches. prev[i] is -1 for none. A request is the previous turn of at
+// most one later request: the next view of its array.
+func extendedTurns(reqs Requests) (prev, share []int32) {
 	n := len(reqs)
-	m.prev, m.needed, m.share = make([]int32, n), make([]int32, n), make([]int32, n)
+	prev, share = make([]int32, n), make([]int32, n)
 	last := map[*uint32]int32{}
 	for i := range reqs {
-		m.prev[i] = -1
+		prev[i] = -1
 		toks := reqs[i].Tokens
 		if len(toks) == 0 {
 			continue
 		}
 		if p, ok := last[&toks[0]]; ok && len(reqs[p].Tokens) <= len(toks) {
-			m.prev[i], m.share[i] = p, int32(len(reqs[p].Tokens))
-			m.needed[p]++
+			prev[i], share[i] = p, int32(len(reqs[p].Tokens))
 		}
 		last[&toks[0]] = int32(i)
 	}
+	return prev, share
 }
 
 // prevOfTrace finds the earlier request each trace request shares a

@@ -182,31 +182,31 @@ func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Reque
 	}
 }
 
-// turnBlocks carries a closed-loop session's blocks from one turn to the
-// next (see predecessors): a turn's prompt mostly repeats the one before
-// (an agent's context grows by the tool call and its result), and the
-// blocks it repeats need neither hashing nor a lookup of their number.
-// Whatever the workload, only blocks whose tokens and salt are the
-// previous turn's are taken from it, so the hashes and numbers are those
-// of hashing every prompt whole.
+// turnBlocks carries a session's blocks from one turn to the next (see
+// extendedTurns): a turn's prompt mostly repeats the one before (an
+// agent's context grows by the tool call and its result), and the blocks
+// it repeats need neither hashing nor a lookup of their number. Only
+// blocks whose tokens and salt are the previous turn's are taken from it,
+// so the hashes and numbers are those of hashing every prompt whole.
 type turnBlocks struct {
-	prev  []int32 // predecessors; nil when no request waits for another
-	next  []bool  // a request waits for this one
+	prev  []int32 // extendedTurns; nil on a workload that cannot tell
+	share []int32
+	next  []bool // a later turn extends this one
 	kept  map[int32]promptBlocks
 	free  []promptBlocks // slices to reuse
 	local []uint64
 }
 
 type promptBlocks struct {
-	salt   string
-	tokens []uint32
-	seq    []uint64
-	ids    []int32
+	salt string
+	seq  []uint64
+	ids  []int32
 }
 
 func newTurnBlocks(w Workload) *turnBlocks {
-	t := &turnBlocks{prev: predecessors(w), kept: map[int32]promptBlocks{}}
-	if t.prev != nil {
+	t := &turnBlocks{kept: map[int32]promptBlocks{}}
+	if reqs, ok := w.(Requests); ok {
+		t.prev, t.share = extendedTurns(reqs)
 		t.next = make([]bool, len(t.prev))
 		for _, p := range t.prev {
 			if p >= 0 {
@@ -226,9 +226,10 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 		if p, ok := t.kept[t.prev[i]]; ok {
 			delete(t.kept, t.prev[i])
 			if p.salt == r.CacheSalt {
-				// The turn extends its predecessor's lists in place:
-				// no one reads them again.
-				same = sharedBlocks(p.tokens, r.Tokens, len(p.seq), bs)
+				// The turn extends its predecessor's lists in place: no
+				// one reads them again, since a turn has at most one
+				// successor.
+				same = min(int(t.share[i])/bs, len(p.seq))
 				k, carried = p, true
 				k.seq, k.ids = p.seq[:same], p.ids[:same]
 			} else {
@@ -248,27 +249,12 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 	}
 	k.ids = numbers.AppendIDs(k.ids, k.seq[same:])
 	if t.next != nil && t.next[i] {
-		k.salt, k.tokens = r.CacheSalt, r.Tokens
+		k.salt = r.CacheSalt
 		t.kept[int32(i)] = k
 	} else {
 		t.free = append(t.free, k)
 	}
 	return k.seq, k.ids
-}
-
-// sharedBlocks is how many leading full blocks of b, at most most, hold
-// a's tokens.
-func sharedBlocks(a, b []uint32, most, bs int) int {
-	most = min(most, len(a)/bs, len(b)/bs)
-	if most > 0 && &a[0] == &b[0] {
-		return most // one backing array: a session's turns
-	}
-	for j := range most {
-		if !slices.Equal(a[j*bs:(j+1)*bs], b[j*bs:(j+1)*bs]) {
-			return j
-		}
-	}
-	return most
 }
 
 // decodeTails counts the blocks each request's decode steps write into,

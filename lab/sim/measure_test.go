@@ -60,22 +60,33 @@ func TestTurnBlocksMatchWholeHashing(t *testing.T) {
 	}
 	base := tok(0, 100)
 	rewritten := slices.Concat(tok(0, 40), tok(500, 60)) // diverges in block 2
+	grown := slices.Concat(base, tok(100, 40))           // one array, viewed by turns
 	crafted := Requests{
-		{Tokens: base, Session: "s"},
-		{At: 1, Tokens: slices.Concat(base, tok(100, 20)), Session: "s", Think: 1},       // a copy that grows
-		{At: 2, Tokens: rewritten, Session: "s", Think: 1},                               // rewrites from block 2
-		{At: 3, Tokens: slices.Clone(rewritten), Session: "s", Think: 1, CacheSalt: "x"}, // same tokens, other salt
-		{At: 4, Tokens: tok(0, 10), Session: "s", Think: 1},                              // shorter than a block
-		{At: 5, Tokens: base, Session: "t"},
-		{At: 6, Tokens: base[:64], Session: "t", Think: 1}, // a prefix of the turn before
+		{Tokens: grown[:100], Session: "s"},
+		{At: 1, Tokens: grown[:120], Session: "s", Think: 1},                       // the same array, longer
+		{At: 2, Tokens: grown[:120], Session: "s", Think: 1, CacheSalt: "x"},       // the same view, another salt
+		{At: 3, Tokens: grown[:140], Session: "s", Think: 1, CacheSalt: "x"},       // carried under that salt
+		{At: 4, Tokens: grown[:10], Session: "s", Think: 1},                        // a shorter view: not carried
+		{At: 5, Tokens: slices.Concat(base, tok(100, 20)), Session: "t", Think: 1}, // a copy: hashed whole
+		{At: 6, Tokens: rewritten, Session: "t", Think: 1},                         // another array
+		{At: 7, Tokens: grown[:130], Session: "u"},                                 // the array again, after the short view
 	}
 	for _, tc := range []struct {
 		name string
 		w    Workload
 		bs   int
 	}{{"agentic", FromRequests(ag), 16}, {"crafted", crafted, 16}, {"crafted/8", crafted, 8}} {
-		if predecessors(tc.w) == nil {
-			t.Fatalf("%s: no request waits for another: nothing is carried", tc.name)
+		carried := 0
+		if reqs, ok := tc.w.(Requests); ok {
+			prev, _ := extendedTurns(reqs)
+			for _, p := range prev {
+				if p >= 0 {
+					carried++
+				}
+			}
+		}
+		if carried == 0 {
+			t.Fatalf("%s: no turn extends another: nothing is carried", tc.name)
 		}
 		numbers := map[uint64]int32{}
 		eachPromptBlocks(tc.w, tc.bs, func(i int, r *workload.Request, seq []uint64, ids []int32) {

@@ -106,8 +106,9 @@ type blockOwner struct {
 	most  uint32 // the most steps of one request holding it
 }
 
-func newOwnership(w Workload, blockSize int) *ownership {
-	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize)}
+// newOwnership has room for about blocks distinct blocks (blocksHint).
+func newOwnership(w Workload, blockSize, blocks int) *ownership {
+	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize), blocks: make([]blockOwner, 0, blocks)}
 }
 
 // add takes request i's full blocks: its prompt's chained hashes seq and
@@ -163,18 +164,19 @@ func (o *ownership) result() decodeStats {
 // decodeStatsOf hashes every prompt under its cache salt: salted copies of
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
-	o := newOwnership(w, blockSize)
-	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
+	hint := blocksHint(w, blockSize)
+	o := newOwnership(w, blockSize, hint)
+	eachPromptBlocks(w, blockSize, hint, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
 	return o.result()
 }
 
 // eachPromptBlocks calls f with every request of w in order, its prompt's
 // full blocks' chained hashes under its cache salt and their numbers (one
-// replay.BlockIDs numbers every prompt's blocks). The slices are f's
-// until it returns.
-func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
+// replay.BlockIDs, with room for about blocks hashes, numbers every
+// prompt's blocks). The slices are f's until it returns.
+func eachPromptBlocks(w Workload, blockSize, blocks int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
 	t := newTurnBlocks(w)
-	numbers := replay.NewBlockIDs(0)
+	numbers := replay.NewBlockIDs(blocks)
 	for i := range w.Len() {
 		r := w.Request(i)
 		seq, ids := t.blocks(i, &r, blockSize, numbers)
@@ -182,19 +184,47 @@ func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Reque
 	}
 }
 
-// turnBlocks carries a session's blocks from one turn to the next (see
-// extendedTurns): a turn's prompt mostly repeats the one before (an
-// agent's context grows by the tool call and its result), and the blocks
-// it repeats need neither hashing nor a lookup of their number. Only
-// blocks whose tokens and salt are the previous turn's are taken from it,
-// so the hashes and numbers are those of hashing every prompt whole.
+// blocksHint is about how many distinct full blocks the prompts of w
+// hold at blockSize, at most: each prompt's full blocks beyond those it
+// shares with the prompt it extends (extensions); 0 on a workload that
+// cannot tell its prompts' lengths without building them. The bounds
+// pass sizes its tables by it, so that they do not copy themselves as
+// they grow.
+func blocksHint(w Workload, blockSize int) int {
+	var length func(i int) int
+	switch w := w.(type) {
+	case *Trace:
+		length = func(i int) int { return w.reqs[i].InputLength }
+	case Requests:
+		length = func(i int) int { return len(w[i].Tokens) }
+	default:
+		return 0
+	}
+	prev, share := extensions(w)
+	n := 0
+	for i := range w.Len() {
+		shared := 0
+		if prev[i] >= 0 {
+			shared = int(share[i]) / blockSize
+		}
+		n += max(length(i)/blockSize-shared, 0)
+	}
+	return n
+}
+
+// turnBlocks carries a prompt's blocks to the later prompts that extend
+// it (see extensions): a turn's prompt mostly repeats the one before (an
+// agent's context grows by the tool call and its result; a conversation
+// sends its earlier turns again), and the blocks it repeats need neither
+// hashing nor a lookup of their number. Only blocks whose tokens and salt
+// are the earlier prompt's are taken from it, so the hashes and numbers
+// are those of hashing every prompt whole.
 type turnBlocks struct {
-	prev  []int32 // extendedTurns; nil on a workload that cannot tell
-	share []int32
-	next  []bool // a later turn extends this one
-	kept  map[int32]promptBlocks
-	free  []promptBlocks // slices to reuse
-	local []uint64
+	prev, share []int32 // extensions; nil on a workload that cannot tell
+	left        []int32 // later prompts that have yet to take a prompt's blocks
+	kept        map[int32]promptBlocks
+	free        []promptBlocks // slices to reuse
+	local       []uint64
 }
 
 type promptBlocks struct {
@@ -205,14 +235,8 @@ type promptBlocks struct {
 
 func newTurnBlocks(w Workload) *turnBlocks {
 	t := &turnBlocks{kept: map[int32]promptBlocks{}}
-	if reqs, ok := w.(Requests); ok {
-		t.prev, t.share = extendedTurns(reqs)
-		t.next = make([]bool, len(t.prev))
-		for _, p := range t.prev {
-			if p >= 0 {
-				t.next[p] = true
-			}
-		}
+	if t.prev, t.share = extensions(w); t.prev != nil {
+		t.left = successors(t.prev)
 	}
 	return t
 }
@@ -223,23 +247,32 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 	var k promptBlocks
 	same, carried := 0, false
 	if t.prev != nil && t.prev[i] >= 0 {
-		if p, ok := t.kept[t.prev[i]]; ok {
-			delete(t.kept, t.prev[i])
+		pi := t.prev[i]
+		if p, ok := t.kept[pi]; ok {
+			t.left[pi]--
+			last := t.left[pi] == 0
+			if last {
+				delete(t.kept, pi)
+			}
 			if p.salt == r.CacheSalt {
-				// The turn extends its predecessor's lists in place: no
-				// one reads them again, since a turn has at most one
-				// successor.
-				same = min(int(t.share[i])/bs, len(p.seq))
-				k, carried = p, true
-				k.seq, k.ids = p.seq[:same], p.ids[:same]
-			} else {
+				same = min(int(t.share[i])/bs, len(p.seq), len(r.Tokens)/bs)
+				carried = true
+				if last {
+					// The last prompt to take them extends the lists
+					// in place: no one reads them again.
+					k = p
+					k.seq, k.ids = p.seq[:same], p.ids[:same]
+				} else {
+					k = t.spare()
+					k.seq, k.ids = append(k.seq, p.seq[:same]...), append(k.ids, p.ids[:same]...)
+				}
+			} else if last {
 				t.free = append(t.free, p)
 			}
 		}
 	}
-	if n := len(t.free); !carried && n > 0 {
-		k, t.free = t.free[n-1], t.free[:n-1]
-		k.seq, k.ids = k.seq[:0], k.ids[:0]
+	if !carried {
+		k = t.spare()
 	}
 	h := blockhash.NewKeyed(bs, "", r.CacheSalt)
 	if same > 0 {
@@ -248,13 +281,25 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 		t.local, k.seq = h.AppendHashes(t.local[:0], k.seq, r.Tokens)
 	}
 	k.ids = numbers.AppendIDs(k.ids, k.seq[same:])
-	if t.next != nil && t.next[i] {
+	if t.left != nil && t.left[i] > 0 {
 		k.salt = r.CacheSalt
 		t.kept[int32(i)] = k
 	} else {
 		t.free = append(t.free, k)
 	}
 	return k.seq, k.ids
+}
+
+// spare is empty lists, reused when some are free.
+func (t *turnBlocks) spare() promptBlocks {
+	n := len(t.free)
+	if n == 0 {
+		return promptBlocks{}
+	}
+	k := t.free[n-1]
+	t.free = t.free[:n-1]
+	k.seq, k.ids = k.seq[:0], k.ids[:0]
+	return k
 }
 
 // decodeTails counts the blocks each request's decode steps write into,

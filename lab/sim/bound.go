@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
@@ -177,8 +178,18 @@ func decodeStatsOf(w Workload, blockSize int) decodeStats {
 func eachPromptBlocks(w Workload, blockSize, blocks int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
 	t := newTurnBlocks(w)
 	numbers := replay.NewBlockIDs(blocks)
+	tr, _ := w.(*Trace)
+	var buf []uint32
 	for i := range w.Len() {
-		r := w.Request(i)
+		var r workload.Request
+		if tr != nil {
+			// Only the tokens after the blocks taken are read: the
+			// trace's blocks before them are left unwritten.
+			r = workload.FromTraceRequestFrom(&tr.reqs[i], buf, t.taken(i, blockSize)/trace.BlockTokens)
+			buf = r.Tokens
+		} else {
+			r = w.Request(i)
+		}
 		seq, ids := t.blocks(i, &r, blockSize, numbers)
 		f(i, &r, seq, ids)
 	}
@@ -288,6 +299,20 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 		t.free = append(t.free, k)
 	}
 	return k.seq, k.ids
+}
+
+// taken is how many leading tokens of request i's prompt blocks will
+// take from the prompt it extends rather than read, if its salt is that
+// prompt's.
+func (t *turnBlocks) taken(i, bs int) int {
+	if t.prev == nil || t.prev[i] < 0 {
+		return 0
+	}
+	p, ok := t.kept[t.prev[i]]
+	if !ok {
+		return 0
+	}
+	return min(int(t.share[i])/bs, len(p.seq)) * bs
 }
 
 // spare is empty lists, reused when some are free.

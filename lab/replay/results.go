@@ -313,14 +313,37 @@ func (l *lru) pushFront(i int32) {
 	}
 }
 
+// grow lengthens the arrays to n numbers, at least doubling their
+// capacity when they must move: append grows a large slice by a quarter,
+// and a workload's millions of numbers had them copied dozens of times.
+func (l *lru) grow(n int) {
+	if n > cap(l.prev) {
+		room := max(n, 2*cap(l.prev))
+		l.prev = append(make([]int32, 0, room), l.prev...)
+		l.next = append(make([]int32, 0, room), l.next...)
+	}
+	for len(l.prev) < n {
+		l.prev = append(l.prev, out)
+		l.next = append(l.next, -1)
+	}
+}
+
+// Reserve makes room for about blocks distinct block numbers, so that a
+// pass that knows how many it will add never moves its arrays.
+func (c *Ceiling) Reserve(blocks int) {
+	if c.lru != nil && blocks > cap(c.lru.prev) {
+		c.lru.prev = append(make([]int32, 0, blocks), c.lru.prev...)
+		c.lru.next = append(make([]int32, 0, blocks), c.lru.next...)
+	}
+}
+
 // touch makes k the most recent, evicting the least recent when full.
 func (l *lru) touch(k int32) {
 	if l.capacity <= 0 {
 		return
 	}
-	for int(k) >= len(l.prev) {
-		l.prev = append(l.prev, out)
-		l.next = append(l.next, -1)
+	if int(k) >= len(l.prev) {
+		l.grow(int(k) + 1)
 	}
 	if l.has(k) {
 		l.unlink(k)

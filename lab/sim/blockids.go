@@ -27,7 +27,7 @@ import (
 // place (its previous turn), whose tokens are equal since a hash id's
 // tokens are a function of the id, and hashes only the rest; on a
 // generated workload, its session's previous turn, whose prompt is the
-// start of its own (prevOfRequests).
+// start of its own (extensions).
 type blockHashes struct {
 	on bool
 	bs int
@@ -93,54 +93,78 @@ func (s *sim) initBlockHashes() {
 	if m.recycles = s.prompts.given != nil; m.recycles {
 		m.done = make([]bool, n)
 	}
-	switch w := s.w.(type) {
-	case *Trace:
-		m.prevOfTrace(w)
-	case Requests:
-		m.prevOfRequests(w)
+	if m.prev, m.share = extensions(s.w); m.prev != nil {
+		m.needed = successors(m.prev)
 	}
 }
 
-// prevOfRequests finds the earlier turn each prompt of a materialised
+// extensions finds the earlier request each request of w extends, and
+// how many leading tokens of its prompt it shares with it: prev[i] is -1
+// for none, and prev is nil on a workload that cannot tell.
+func extensions(w Workload) (prev, share []int32) {
+	switch w := w.(type) {
+	case *Trace:
+		return traceExtensions(w)
+	case Requests:
+		return extendedTurns(w)
+	}
+	return nil, nil
+}
+
+// successors counts, for each request, the later ones that extend it.
+func successors(prev []int32) []int32 {
+	n := make([]int32, len(prev))
+	for _, p := range prev {
+		if p >= 0 {
+			n[p]++
+		}
+	}
+	return n
+}
+
+// extendedTurns finds the earlier turn each prompt of a materialised
 // workload extends: a prompt is a longer view of the memory of its
 // session's previous turn (workload.Synthetic and Agentic build a
 // session's turns in one array), so its tokens are that turn's and more,
-// as far as the shorter prompt reaches.
-func (m *blockHashes) prevOfRequests(reqs Requests) {
+// as far as the shorter prompt reaches. A request is extended by at most
+// one later request: the next view of its array.
+func extendedTurns(reqs Requests) (prev, share []int32) {
 	n := len(reqs)
-	m.prev, m.needed, m.share = make([]int32, n), make([]int32, n), make([]int32, n)
+	prev, share = make([]int32, n), make([]int32, n)
 	last := map[*uint32]int32{}
 	for i := range reqs {
-		m.prev[i] = -1
+		prev[i] = -1
 		toks := reqs[i].Tokens
 		if len(toks) == 0 {
 			continue
 		}
 		if p, ok := last[&toks[0]]; ok && len(reqs[p].Tokens) <= len(toks) {
-			m.prev[i], m.share[i] = p, int32(len(reqs[p].Tokens))
-			m.needed[p]++
+			prev[i], share[i] = p, int32(len(reqs[p].Tokens))
 		}
 		last[&toks[0]] = int32(i)
 	}
+	return prev, share
 }
 
-// prevOfTrace finds the earlier request each trace request shares a
-// prefix with, by their hash ids.
-func (m *blockHashes) prevOfTrace(t *Trace) {
+// traceExtensions finds the earlier request each trace request shares a
+// prefix with, by their hash ids: the one that holds one of its ids at
+// the same place, the latest for the last such id. A hash id's tokens
+// are a function of the id, so the shared ids' tokens are equal (as far
+// as both prompts reach). Several later requests may extend one.
+func traceExtensions(t *Trace) (prev, share []int32) {
 	n := t.Len()
-	m.prev, m.needed, m.share = make([]int32, n), make([]int32, n), make([]int32, n)
+	prev, share = make([]int32, n), make([]int32, n)
 	type at struct{ req, pos int32 }
 	last := make([]at, t.numIDs)
 	for k := range last {
 		last[k].req = -1
 	}
 	for i, dense := range t.dense {
-		m.prev[i] = -1
+		prev[i] = -1
 		for j := len(dense) - 1; j >= 0; j-- {
 			if l := last[dense[j]]; l.req >= 0 && int(l.pos) == j {
-				m.prev[i] = l.req
-				m.share[i] = int32(t.shared(i, int(l.req), len(dense)) * trace.BlockTokens)
-				m.needed[l.req]++
+				prev[i] = l.req
+				share[i] = int32(t.shared(i, int(l.req), len(dense)) * trace.BlockTokens)
 				break
 			}
 		}
@@ -148,6 +172,7 @@ func (m *blockHashes) prevOfTrace(t *Trace) {
 			last[d] = at{int32(i), int32(j)}
 		}
 	}
+	return prev, share
 }
 
 // hashes are request i's local and sequence hashes, of the full blocks of

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/replay"
+	"github.com/kvrouter/kvrouter/lab/trace"
 	"github.com/kvrouter/kvrouter/lab/workload"
 	"github.com/kvrouter/kvrouter/mocker/engine"
 )
@@ -106,8 +107,9 @@ type blockOwner struct {
 	most  uint32 // the most steps of one request holding it
 }
 
-func newOwnership(w Workload, blockSize int) *ownership {
-	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize)}
+// newOwnership has room for about blocks distinct blocks (blocksHint).
+func newOwnership(w Workload, blockSize, blocks int) *ownership {
+	return &ownership{owners: requestOwners(w), tails: newDecodeTails(w.Len(), blockSize), blocks: make([]blockOwner, 0, blocks)}
 }
 
 // add takes request i's full blocks: its prompt's chained hashes seq and
@@ -163,56 +165,89 @@ func (o *ownership) result() decodeStats {
 // decodeStatsOf hashes every prompt under its cache salt: salted copies of
 // one prefix are different blocks.
 func decodeStatsOf(w Workload, blockSize int) decodeStats {
-	o := newOwnership(w, blockSize)
-	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
+	hint := blocksHint(w, blockSize)
+	o := newOwnership(w, blockSize, hint)
+	eachPromptBlocks(w, blockSize, hint, func(i int, r *workload.Request, seq []uint64, ids []int32) { o.add(i, r, seq, ids) })
 	return o.result()
 }
 
 // eachPromptBlocks calls f with every request of w in order, its prompt's
 // full blocks' chained hashes under its cache salt and their numbers (one
-// replay.BlockIDs numbers every prompt's blocks). The slices are f's
-// until it returns.
-func eachPromptBlocks(w Workload, blockSize int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
+// replay.BlockIDs, with room for about blocks hashes, numbers every
+// prompt's blocks). The slices are f's until it returns.
+func eachPromptBlocks(w Workload, blockSize, blocks int, f func(i int, r *workload.Request, seq []uint64, ids []int32)) {
 	t := newTurnBlocks(w)
-	numbers := replay.NewBlockIDs(0)
+	numbers := replay.NewBlockIDs(blocks)
+	tr, _ := w.(*Trace)
+	var buf []uint32
 	for i := range w.Len() {
-		r := w.Request(i)
+		var r workload.Request
+		if tr != nil {
+			// Only the tokens after the blocks taken are read: the
+			// trace's blocks before them are left unwritten.
+			r = workload.FromTraceRequestFrom(&tr.reqs[i], buf, t.taken(i, blockSize)/trace.BlockTokens)
+			buf = r.Tokens
+		} else {
+			r = w.Request(i)
+		}
 		seq, ids := t.blocks(i, &r, blockSize, numbers)
 		f(i, &r, seq, ids)
 	}
 }
 
-// turnBlocks carries a closed-loop session's blocks from one turn to the
-// next (see predecessors): a turn's prompt mostly repeats the one before
-// (an agent's context grows by the tool call and its result), and the
-// blocks it repeats need neither hashing nor a lookup of their number.
-// Whatever the workload, only blocks whose tokens and salt are the
-// previous turn's are taken from it, so the hashes and numbers are those
-// of hashing every prompt whole.
+// blocksHint is about how many distinct full blocks the prompts of w
+// hold at blockSize, at most: each prompt's full blocks beyond those it
+// shares with the prompt it extends (extensions); 0 on a workload that
+// cannot tell its prompts' lengths without building them. The bounds
+// pass sizes its tables by it, so that they do not copy themselves as
+// they grow.
+func blocksHint(w Workload, blockSize int) int {
+	var length func(i int) int
+	switch w := w.(type) {
+	case *Trace:
+		length = func(i int) int { return w.reqs[i].InputLength }
+	case Requests:
+		length = func(i int) int { return len(w[i].Tokens) }
+	default:
+		return 0
+	}
+	prev, share := extensions(w)
+	n := 0
+	for i := range w.Len() {
+		shared := 0
+		if prev[i] >= 0 {
+			shared = int(share[i]) / blockSize
+		}
+		n += max(length(i)/blockSize-shared, 0)
+	}
+	return n
+}
+
+// turnBlocks carries a prompt's blocks to the later prompts that extend
+// it (see extensions): a turn's prompt mostly repeats the one before (an
+// agent's context grows by the tool call and its result; a conversation
+// sends its earlier turns again), and the blocks it repeats need neither
+// hashing nor a lookup of their number. Only blocks whose tokens and salt
+// are the earlier prompt's are taken from it, so the hashes and numbers
+// are those of hashing every prompt whole.
 type turnBlocks struct {
-	prev  []int32 // predecessors; nil when no request waits for another
-	next  []bool  // a request waits for this one
-	kept  map[int32]promptBlocks
-	free  []promptBlocks // slices to reuse
-	local []uint64
+	prev, share []int32 // extensions; nil on a workload that cannot tell
+	left        []int32 // later prompts that have yet to take a prompt's blocks
+	kept        map[int32]promptBlocks
+	free        []promptBlocks // slices to reuse
+	local       []uint64
 }
 
 type promptBlocks struct {
-	salt   string
-	tokens []uint32
-	seq    []uint64
-	ids    []int32
+	salt string
+	seq  []uint64
+	ids  []int32
 }
 
 func newTurnBlocks(w Workload) *turnBlocks {
-	t := &turnBlocks{prev: predecessors(w), kept: map[int32]promptBlocks{}}
-	if t.prev != nil {
-		t.next = make([]bool, len(t.prev))
-		for _, p := range t.prev {
-			if p >= 0 {
-				t.next[p] = true
-			}
-		}
+	t := &turnBlocks{kept: map[int32]promptBlocks{}}
+	if t.prev, t.share = extensions(w); t.prev != nil {
+		t.left = successors(t.prev)
 	}
 	return t
 }
@@ -223,22 +258,32 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 	var k promptBlocks
 	same, carried := 0, false
 	if t.prev != nil && t.prev[i] >= 0 {
-		if p, ok := t.kept[t.prev[i]]; ok {
-			delete(t.kept, t.prev[i])
+		pi := t.prev[i]
+		if p, ok := t.kept[pi]; ok {
+			t.left[pi]--
+			last := t.left[pi] == 0
+			if last {
+				delete(t.kept, pi)
+			}
 			if p.salt == r.CacheSalt {
-				// The turn extends its predecessor's lists in place:
-				// no one reads them again.
-				same = sharedBlocks(p.tokens, r.Tokens, len(p.seq), bs)
-				k, carried = p, true
-				k.seq, k.ids = p.seq[:same], p.ids[:same]
-			} else {
+				same = min(int(t.share[i])/bs, len(p.seq), len(r.Tokens)/bs)
+				carried = true
+				if last {
+					// The last prompt to take them extends the lists
+					// in place: no one reads them again.
+					k = p
+					k.seq, k.ids = p.seq[:same], p.ids[:same]
+				} else {
+					k = t.spare()
+					k.seq, k.ids = append(k.seq, p.seq[:same]...), append(k.ids, p.ids[:same]...)
+				}
+			} else if last {
 				t.free = append(t.free, p)
 			}
 		}
 	}
-	if n := len(t.free); !carried && n > 0 {
-		k, t.free = t.free[n-1], t.free[:n-1]
-		k.seq, k.ids = k.seq[:0], k.ids[:0]
+	if !carried {
+		k = t.spare()
 	}
 	h := blockhash.NewKeyed(bs, "", r.CacheSalt)
 	if same > 0 {
@@ -247,8 +292,8 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 		t.local, k.seq = h.AppendHashes(t.local[:0], k.seq, r.Tokens)
 	}
 	k.ids = numbers.AppendIDs(k.ids, k.seq[same:])
-	if t.next != nil && t.next[i] {
-		k.salt, k.tokens = r.CacheSalt, r.Tokens
+	if t.left != nil && t.left[i] > 0 {
+		k.salt = r.CacheSalt
 		t.kept[int32(i)] = k
 	} else {
 		t.free = append(t.free, k)
@@ -256,19 +301,30 @@ func (t *turnBlocks) blocks(i int, r *workload.Request, bs int, numbers *replay.
 	return k.seq, k.ids
 }
 
-// sharedBlocks is how many leading full blocks of b, at most most, hold
-// a's tokens.
-func sharedBlocks(a, b []uint32, most, bs int) int {
-	most = min(most, len(a)/bs, len(b)/bs)
-	if most > 0 && &a[0] == &b[0] {
-		return most // one backing array: a session's turns
+// taken is how many leading tokens of request i's prompt blocks will
+// take from the prompt it extends rather than read, if its salt is that
+// prompt's.
+func (t *turnBlocks) taken(i, bs int) int {
+	if t.prev == nil || t.prev[i] < 0 {
+		return 0
 	}
-	for j := range most {
-		if !slices.Equal(a[j*bs:(j+1)*bs], b[j*bs:(j+1)*bs]) {
-			return j
-		}
+	p, ok := t.kept[t.prev[i]]
+	if !ok {
+		return 0
 	}
-	return most
+	return min(int(t.share[i])/bs, len(p.seq)) * bs
+}
+
+// spare is empty lists, reused when some are free.
+func (t *turnBlocks) spare() promptBlocks {
+	n := len(t.free)
+	if n == 0 {
+		return promptBlocks{}
+	}
+	k := t.free[n-1]
+	t.free = t.free[:n-1]
+	k.seq, k.ids = k.seq[:0], k.ids[:0]
+	return k
 }
 
 // decodeTails counts the blocks each request's decode steps write into,

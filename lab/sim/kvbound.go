@@ -158,8 +158,10 @@ type blockHolder struct {
 	shared bool  // another request's prompt holds it too
 }
 
-func newPrivacy(n, blockSize int) *privacy {
-	return &privacy{tails: newDecodeTails(n, blockSize),
+// newPrivacy has room for n requests and about blocks distinct blocks
+// (blocksHint).
+func newPrivacy(n, blockSize, blocks int) *privacy {
+	return &privacy{tails: newDecodeTails(n, blockSize), holders: make([]blockHolder, 0, blocks),
 		steps: make([]int32, 0, n), full: make([]int32, 0, n), toks: make([]int32, 0, n)}
 }
 

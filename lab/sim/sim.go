@@ -343,17 +343,19 @@ type workloadBounds struct {
 // with perRequest the KV bound's requests.
 func measure(w Workload, blockSize, fleetBlocks int, perRequest bool) workloadBounds {
 	b := workloadBounds{infinite: replay.NewCeiling(blockSize)}
+	hint := blocksHint(w, blockSize)
 	if fleetBlocks > 0 {
 		b.pooled = replay.NewPooledCeiling(blockSize, fleetBlocks)
+		b.pooled.Reserve(hint)
 	}
-	own := newOwnership(w, blockSize)
+	own := newOwnership(w, blockSize, hint)
 	var priv *privacy
 	if perRequest {
-		priv = newPrivacy(w.Len(), blockSize)
+		priv = newPrivacy(w.Len(), blockSize, hint)
 	}
 	// Each block is looked up once, by hash, for its number; the four
 	// consumers keep their records in slices indexed by it.
-	eachPromptBlocks(w, blockSize, func(i int, r *workload.Request, seq []uint64, ids []int32) {
+	eachPromptBlocks(w, blockSize, hint, func(i int, r *workload.Request, seq []uint64, ids []int32) {
 		b.infinite.AddBlocks(ids, len(r.Tokens))
 		if b.pooled != nil {
 			b.pooled.AddBlocks(ids, len(r.Tokens))

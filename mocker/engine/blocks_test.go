@@ -720,23 +720,42 @@ func TestWarmVictimsReachesEveryVictim(t *testing.T) {
 // evicts one. Hashes are given, so that the figure is the block
 // management's.
 func BenchmarkConversationChurn(b *testing.B) {
+	for _, engines := range []int{1, 8} {
+		b.Run(fmt.Sprintf("engines=%d", engines), func(b *testing.B) { benchConversationChurn(b, engines) })
+	}
+}
+
+// benchConversationChurn runs BenchmarkConversationChurn's turns on
+// engines block managers, each turn on one picked at random: eight
+// engines' tables, as the simulator's fleet has them, do not fit the
+// caches that one engine's fits.
+func benchConversationChurn(b *testing.B, engines int) {
 	const bs, capacity, convs, turn, maxLen = 16, 131072, 512, 64, 1024
 	rng := rand.New(rand.NewPCG(1, 2))
-	m := newBlockManager(bs, capacity, true, 1)
-	m.noTokens = true
+	ms := make([]*blockManager, engines)
+	for i := range ms {
+		ms[i] = newBlockManager(bs, capacity, true, 1)
+		ms[i].noTokens = true
+	}
 	tokens := make([]uint32, bs*maxLen)
-	hist := make([][]uint64, convs)
+	hist := make([][][]uint64, engines)
+	for i := range hist {
+		hist[i] = make([][]uint64, convs)
+	}
 	held := make([]int32, 0, maxLen)
-	step := func() int {
+	var m *blockManager
+	step := func(e int) int {
+		m = ms[e]
 		c := rng.IntN(convs)
-		if len(hist[c])+turn > maxLen {
-			hist[c] = hist[c][:0]
+		h := &hist[e][c]
+		if len(*h)+turn > maxLen {
+			*h = (*h)[:0]
 		}
 		for range turn {
-			hist[c] = append(hist[c], rng.Uint64())
+			*h = append(*h, rng.Uint64())
 		}
-		n := len(hist[c])
-		s := &seqBlocks{tokens: tokens[:n*bs], hashes: hist[c], blocks: held[:0]}
+		n := len(*h)
+		s := &seqBlocks{tokens: tokens[:n*bs], hashes: *h, blocks: held[:0]}
 		if !m.allocate(s, n*bs) {
 			b.Fatal("allocation failed on an idle cache")
 		}
@@ -745,13 +764,15 @@ func BenchmarkConversationChurn(b *testing.B) {
 		m.evicted = m.evicted[:0]
 		return n
 	}
-	for m.numInactive < capacity {
-		step()
+	for e := range ms {
+		for ms[e].numInactive < capacity {
+			step(e)
+		}
 	}
 	blocks, found := 0, 0
 	b.ResetTimer()
 	for range b.N {
-		blocks += step()
+		blocks += step(rng.IntN(engines))
 		for _, idx := range m.found {
 			if idx != noBlock {
 				found++

@@ -37,12 +37,20 @@ import (
 
 const noBlock = -1
 
+// block is 16 bytes, four to a cache line: the arrays of a fleet's engines
+// are read at random and do not fit the caches, and the smaller they are
+// the more of them does. What only CachedBlocks reads (the parent) is kept
+// apart, and only by engines that list their blocks (Config.NoBlockTokens).
 type block struct {
 	hash   uint64
-	parent uint64 // engine id of the block before it; valid when !root
-	root   bool
 	ref    int32
 	lruPos int32 // the block's entry in blockManager.lru while inactive, else noBlock
+}
+
+// blockParent is where a cached block hangs, for CachedBlocks.
+type blockParent struct {
+	id   uint64 // engine id of the block before it; valid when !root
+	root bool
 }
 
 type blockManager struct {
@@ -64,8 +72,9 @@ type blockManager struct {
 	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
 	// array would be copied on every doubling (megabytes per engine).
 	tokens   [][]uint32
-	noTokens bool    // Config.NoBlockTokens: tokens stays empty
-	freeIdx  []int32 // unused indices into blocks
+	noTokens bool          // Config.NoBlockTokens: tokens and parents stay empty
+	parents  []blockParent // blocks[i]'s parent, unless noTokens
+	freeIdx  []int32       // unused indices into blocks
 	byHash   blockMap
 	// extra holds the adapter and extra keys of the cached blocks that
 	// have any, for CachedBlocks; most blocks have none.
@@ -369,11 +378,14 @@ func (m *blockManager) placeNew(s *seqBlocks, have, full, newCnt int) {
 			idx = victims[q-fresh]
 		}
 		q++
-		m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, lruPos: noBlock}
-		if i > 0 {
-			m.blocks[idx].parent = s.hashes[i-1]
+		m.blocks[idx] = block{hash: s.hashes[i], ref: 1, lruPos: noBlock}
+		if !m.noTokens {
+			m.parents[idx] = blockParent{root: i == 0}
+			if i > 0 {
+				m.parents[idx].id = s.hashes[i-1]
+			}
+			copy(m.blockTokens(idx), s.tokens[i*m.blockSize:(i+1)*m.blockSize])
 		}
-		copy(m.blockTokens(idx), s.tokens[i*m.blockSize:(i+1)*m.blockSize]) // nothing under noTokens
 		m.setKeys(idx, s.keys, i)
 		m.byHash.put(s.hashes[i], idx)
 		s.blocks[i] = idx
@@ -497,8 +509,11 @@ func (m *blockManager) newIndex() int32 {
 	if m.reserved && idx == promoteAt {
 		promote(m.blocks)
 	}
-	if !m.noTokens && int(idx) >= len(m.tokens)*tokenPageBlocks {
-		m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
+	if !m.noTokens {
+		m.parents = append(m.parents, blockParent{})
+		if int(idx) >= len(m.tokens)*tokenPageBlocks {
+			m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
+		}
 	}
 	return idx
 }
@@ -551,6 +566,7 @@ func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 // reset drops every cached block. Only valid when no request holds blocks.
 func (m *blockManager) reset() {
 	m.blocks = m.blocks[:0]
+	m.parents = m.parents[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	clear(m.extra)
@@ -690,7 +706,7 @@ func parentsFirst(slots []int32, parentOf func(int32) (int32, bool)) []int32 {
 
 // cached lists the cached blocks, every block after its parent (when that
 // is cached too; a block can outlive its parent only in principle, since
-// releases go tail-first).
+// releases go tail-first); under noTokens, without parents, by slot.
 func (m *blockManager) cached() []CachedBlock {
 	out := make([]CachedBlock, 0, m.byHash.len())
 	slots := make([]int32, 0, m.byHash.len())
@@ -698,10 +714,10 @@ func (m *blockManager) cached() []CachedBlock {
 		slots = append(slots, i)
 	}
 	order := parentsFirst(slots, func(idx int32) (int32, bool) {
-		if b := &m.blocks[idx]; !b.root {
-			return m.byHash.get(b.parent)
+		if m.noTokens || m.parents[idx].root {
+			return 0, false
 		}
-		return 0, false
+		return m.byHash.get(m.parents[idx].id)
 	})
 	for _, idx := range order {
 		b := &m.blocks[idx]
@@ -709,8 +725,8 @@ func (m *blockManager) cached() []CachedBlock {
 		if x, ok := m.extra[idx]; ok {
 			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
 		}
-		if !b.root {
-			p := b.parent
+		if !m.noTokens && !m.parents[idx].root {
+			p := m.parents[idx].id
 			cb.Parent = &p
 		}
 		out = append(out, cb)

@@ -566,15 +566,7 @@ func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
 	m := newBlockManager(bs, capacity, true, 1)
 	next := uint32(1)
 	for range 5000 {
-		s := &seqBlocks{tokens: make([]uint32, bs*blocks)}
-		for i := range s.tokens {
-			s.tokens[i], next = next, next+1
-		}
-		if !m.allocate(s, len(s.tokens)) {
-			t.Fatal("a request of 8 blocks did not fit a cache of 64 with nothing active")
-		}
-		m.release(s)
-		m.events = m.events[:0]
+		churnOne(t, m, blocks, &next)
 	}
 	if c := cap(m.lru); c > 8*capacity {
 		t.Fatalf("LRU queue capacity %d after 5,000 requests on a cache of %d blocks; want at most %d", c, capacity, 8*capacity)
@@ -582,6 +574,21 @@ func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
 	if m.numInactive != capacity {
 		t.Fatalf("%d inactive blocks, want the full cache's %d", m.numInactive, capacity)
 	}
+}
+
+// churnOne allocates and releases a request of n new blocks, its tokens
+// counted on from *next, on a manager with nothing active.
+func churnOne(t *testing.T, m *blockManager, n int, next *uint32) {
+	t.Helper()
+	s := &seqBlocks{tokens: make([]uint32, m.blockSize*n)}
+	for i := range s.tokens {
+		s.tokens[i], *next = *next, *next+1
+	}
+	if !m.allocate(s, len(s.tokens)) {
+		t.Fatalf("a request of %d new blocks did not fit a cache of %d with nothing active", n, m.capacity)
+	}
+	m.release(s)
+	m.events = m.events[:0]
 }
 
 // runToIdle steps e until it has nothing left to run.

@@ -144,15 +144,7 @@ func TestReservedBlocksNeverMove(t *testing.T) {
 	first := unsafe.SliceData(m.blocks)
 	next := uint32(1)
 	for m.numInactive < capacity {
-		s := &seqBlocks{tokens: make([]uint32, bs*512)}
-		for i := range s.tokens {
-			s.tokens[i], next = next, next+1
-		}
-		if !m.allocate(s, len(s.tokens)) {
-			t.Fatal("allocation failed with nothing active")
-		}
-		m.release(s)
-		m.events = m.events[:0]
+		churnOne(t, m, 512, &next)
 	}
 	if len(m.blocks) != capacity || unsafe.SliceData(m.blocks) != first {
 		t.Fatalf("%d blocks; array moved: %v", len(m.blocks), unsafe.SliceData(m.blocks) != first)

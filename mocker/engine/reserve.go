@@ -8,10 +8,10 @@ import (
 // Room reserved up front for tables that grow by appending.
 //
 // An engine's block array and LRU queue grow as its cache fills: an engine
-// of 131,072 blocks reaches 4 MB of blocks, but one of a thousand in a
-// simulated fleet sees a few requests and must not pay for its capacity.
-// Grown by doubling, each array was copied a dozen times on its way, each
-// copy onto fresh pages that the kernel first zeroes. Here the array's
+// of 131,072 blocks reaches 2 MB of blocks and up to 2 MB of queue, but one
+// of a thousand in a simulated fleet sees a few requests and must not pay
+// for its capacity. Grown by doubling, each array was copied a dozen times
+// on its way, each copy onto fresh pages that the kernel first zeroes. Here the array's
 // room for its whole capacity is address space only: the kernel backs a
 // page with memory when it is first written, once, so an engine's memory
 // is what it has touched, as before, and the array never moves.

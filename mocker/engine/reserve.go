@@ -2,6 +2,7 @@ package engine
 
 import (
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -33,11 +34,16 @@ func reserve[T, O any](owner *O, n int) []T {
 	if size < hugeBytes {
 		return nil
 	}
-	all := mapAnon(size + hugeBytes)
-	if all == nil {
+	if reservations.Add(1) > maxReservations {
+		reservations.Add(-1)
 		return nil
 	}
-	runtime.AddCleanup(owner, unmap, all)
+	all := mapAnon(size + hugeBytes)
+	if all == nil {
+		reservations.Add(-1)
+		return nil
+	}
+	runtime.AddCleanup(owner, release, all)
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(all)))
 	off := int((p+hugeBytes-1)&^(hugeBytes-1) - p)
 	room := all[off : off+size : off+size]
@@ -45,6 +51,19 @@ func reserve[T, O any](owner *O, n int) []T {
 		adviseHuge(room[hugeBytes:])
 	}
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(room))), n)[:0]
+}
+
+// reservations counts the rooms mapped and not yet released. Each is a
+// mapping of its own, of which the kernel allows a process some 65,000
+// (vm.max_map_count) for everything, the Go heap's included: past
+// maxReservations, arrays grow by doubling on the heap instead.
+var reservations atomic.Int64
+
+var maxReservations int64 = 8192
+
+func release(all []byte) {
+	unmap(all)
+	reservations.Add(-1)
 }
 
 // promote asks for huge pages for the first huge page of s's room (from

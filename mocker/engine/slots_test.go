@@ -184,6 +184,40 @@ func TestReservedRoomIsReleased(t *testing.T) {
 	t.Fatalf("%#x still mapped after its owner was collected", addr)
 }
 
+// TestReservationsAreBounded: with maxReservations rooms alive, reserve
+// gives none (the arrays grow on the heap), and a released room is counted
+// off, so that a fleet of many engines cannot run the process out of
+// mappings.
+func TestReservationsAreBounded(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("room is reserved on Linux only")
+	}
+	defer func(n int64) { maxReservations = n }(maxReservations)
+	maxReservations = 0
+	if reserve[uint64](new(int), hugeBytes/8) != nil {
+		t.Fatal("room reserved past the bound")
+	}
+	maxReservations = 1 << 30
+	owner := new(int)
+	room := reserve[uint64](owner, hugeBytes/8)
+	if room == nil {
+		t.Fatal("no room reserved under the bound")
+	}
+	addr := uintptr(unsafe.Pointer(unsafe.SliceData(room)))
+	alive := reservations.Load()
+	room, owner = nil, nil
+	for range 100 {
+		runtime.GC()
+		// Other rooms may be released meanwhile, never taken: no
+		// test here runs in parallel.
+		if !mapped(t, addr) && reservations.Load() < alive {
+			return
+		}
+		runtime.Gosched()
+	}
+	t.Fatalf("room released: %v; %d rooms counted, %d with it", !mapped(t, addr), reservations.Load(), alive)
+}
+
 // mapped reports whether addr lies in one of the process's mappings.
 func mapped(t *testing.T, addr uintptr) bool {
 	t.Helper()

@@ -37,12 +37,20 @@ import (
 
 const noBlock = -1
 
+// block is 16 bytes, four to a cache line: the arrays of a fleet's engines
+// are read at random and do not fit the caches, and the smaller they are
+// the more of them does. What only CachedBlocks reads (the parent) is kept
+// apart, and only by engines that list their blocks (Config.NoBlockTokens).
 type block struct {
 	hash   uint64
-	parent uint64 // engine id of the block before it; valid when !root
-	root   bool
 	ref    int32
 	lruPos int32 // the block's entry in blockManager.lru while inactive, else noBlock
+}
+
+// blockParent is where a cached block hangs, for CachedBlocks.
+type blockParent struct {
+	id   uint64 // engine id of the block before it; valid when !root
+	root bool
 }
 
 type blockManager struct {
@@ -57,12 +65,16 @@ type blockManager struct {
 	plain  blockhash.Hasher
 
 	blocks []block // full blocks by slot index
+	// reserved: blocks has room for the whole capacity (reserve), and
+	// never moves.
+	reserved bool
 	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
 	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
 	// array would be copied on every doubling (megabytes per engine).
 	tokens   [][]uint32
-	noTokens bool    // Config.NoBlockTokens: tokens stays empty
-	freeIdx  []int32 // unused indices into blocks
+	noTokens bool          // Config.NoBlockTokens: tokens and parents stay empty
+	parents  []blockParent // blocks[i]'s parent, unless noTokens
+	freeIdx  []int32       // unused indices into blocks
 	byHash   blockMap
 	// extra holds the adapter and extra keys of the cached blocks that
 	// have any, for CachedBlocks; most blocks have none.
@@ -88,6 +100,7 @@ type blockManager struct {
 	group   int          // the group_idx of these blocks (Config.KVCacheGroups)
 	groups  []*sideGroup // the hybrid model's other groups (groups.go)
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
+	victims []int32      // scratch: their slots, for the new blocks (placeNew)
 	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
 
 	// spareEvents and spareIDs are event slices and Removed events' id
@@ -118,9 +131,19 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 		caching:   caching,
 		seed:      seed,
 	}
+	if caching {
+		m.blocks = reserve[block](m, capacity)
+		m.reserved = m.blocks != nil
+		m.lru = reserve[int32](m, lruRoom*capacity)
+	}
 	m.byHash = newBlockMap(capacity, &m.blocks)
 	return m
 }
+
+// lruRoom is the LRU queue's reserved room per block of capacity: the queue
+// compacts itself before its stale entries outnumber its live ones, and
+// before it would grow with its evicted front half of it (lruPushBack).
+const lruRoom = 4
 
 // free is the number of free slots (not counting evictable inactive blocks).
 func (m *blockManager) free() int {
@@ -302,35 +325,7 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		s.blocks = append(s.blocks, idx)
 	}
 	if newCnt > 0 {
-		// The insertions ask for their slots again: a long prompt's
-		// lookups above have read thousands of lines since its first.
-		for i := have; i < min(have+warmAhead, full); i++ {
-			if s.blocks[i] == noBlock {
-				m.byHash.warm(s.hashes[i])
-			}
-		}
-		for i := have; i < full; i++ {
-			if j := i + warmAhead; j < full && s.blocks[j] == noBlock {
-				m.byHash.warm(s.hashes[j])
-			}
-			if s.blocks[i] != noBlock {
-				continue
-			}
-			if m.free() == 0 {
-				m.warmVictims()
-			}
-			m.makeRoom()
-			idx := m.newIndex()
-			m.blocks[idx] = block{hash: s.hashes[i], root: i == 0, ref: 1, lruPos: noBlock}
-			if i > 0 {
-				m.blocks[idx].parent = s.hashes[i-1]
-			}
-			copy(m.blockTokens(idx), s.tokens[i*bs:(i+1)*bs]) // nothing under noTokens
-			m.setKeys(idx, s.keys, i)
-			m.byHash.put(s.hashes[i], idx)
-			m.numActive++
-			s.blocks[i] = idx
-		}
+		m.placeNew(s, have, full, newCnt)
 	}
 	if part {
 		m.makeRoom()
@@ -342,6 +337,60 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		m.emitStored(s, have, full)
 	}
 	return true
+}
+
+// placeNew gives the newCnt new blocks among s's blocks [have, full) (those
+// s.blocks lists as noBlock) their slots, maps them and counts them active.
+// The first free() of them take free slots; each of the others takes the
+// slot of the inactive block it evicts, the first evicted going to the
+// first of them, as when each evicted its victim just before it took the
+// slot. The evictions all run first, in one loop whose misses (each
+// victim's block and map slot) overlap, and the insertions after them:
+// no new block can be a victim (it is active), and none of the blocks s
+// reuses either (allocateOwn took them first).
+func (m *blockManager) placeNew(s *seqBlocks, have, full, newCnt int) {
+	fresh := min(m.free(), newCnt)
+	victims := m.victims[:0]
+	for range newCnt - fresh {
+		m.warmVictims()
+		victims = append(victims, m.evict())
+	}
+	m.victims = victims
+	// The insertions ask for their slots again: a long prompt's lookups
+	// have read thousands of lines since its first.
+	for i := have; i < min(have+warmAhead, full); i++ {
+		if s.blocks[i] == noBlock {
+			m.byHash.warm(s.hashes[i])
+		}
+	}
+	q := 0
+	for i := have; i < full; i++ {
+		if j := i + warmAhead; j < full && s.blocks[j] == noBlock {
+			m.byHash.warm(s.hashes[j])
+		}
+		if s.blocks[i] != noBlock {
+			continue
+		}
+		var idx int32
+		if q < fresh {
+			idx = m.newIndex()
+		} else {
+			idx = victims[q-fresh]
+		}
+		q++
+		m.blocks[idx] = block{hash: s.hashes[i], ref: 1, lruPos: noBlock}
+		if !m.noTokens {
+			m.parents[idx] = blockParent{root: i == 0}
+			if i > 0 {
+				m.parents[idx].id = s.hashes[i-1]
+			}
+			copy(m.blockTokens(idx), s.tokens[i*m.blockSize:(i+1)*m.blockSize])
+		}
+		m.setKeys(idx, s.keys, i)
+		m.byHash.put(s.hashes[i], idx)
+		s.blocks[i] = idx
+	}
+	m.numActive += newCnt
 }
 
 // emitStored publishes the blocks of s in [from, to) that allocate just
@@ -389,16 +438,24 @@ func (m *blockManager) makeRoom() {
 	if m.free() > 0 {
 		return
 	}
+	m.freeIdx = append(m.freeIdx, m.evict())
+}
+
+// evict evicts the LRU inactive block, which must exist, and returns its
+// slot, now unused.
+func (m *blockManager) evict() int32 {
 	idx := m.lruPop()
 	if idx == noBlock {
 		panic("engine: block manager out of slots")
 	}
 	h := m.blocks[idx].hash
 	m.byHash.delete(h)
-	delete(m.extra, idx)
+	if len(m.extra) > 0 {
+		delete(m.extra, idx)
+	}
 	m.numInactive--
-	m.freeIdx = append(m.freeIdx, idx)
 	m.evicted = append(m.evicted, h)
+	return idx
 }
 
 // flushEvicted publishes the blocks evicted by the current allocation as
@@ -449,13 +506,24 @@ func (m *blockManager) newIndex() int32 {
 	}
 	m.blocks = append(m.blocks, block{})
 	idx := int32(len(m.blocks) - 1)
-	if !m.noTokens && int(idx) >= len(m.tokens)*tokenPageBlocks {
-		m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
+	if m.reserved && idx == promoteAt {
+		promote(m.blocks)
+	}
+	if !m.noTokens {
+		m.parents = append(m.parents, blockParent{})
+		if int(idx) >= len(m.tokens)*tokenPageBlocks {
+			m.tokens = append(m.tokens, make([]uint32, tokenPageBlocks*m.blockSize))
+		}
 	}
 	return idx
 }
 
 const tokenPageBlocks = 256
+
+// promoteAt is the block count at which a reserved block array asks for
+// its first huge page: where the array grown by doubling moved onto huge
+// pages (core/hugepage's threshold).
+const promoteAt = hugeBytes / 2 / int32(unsafe.Sizeof(block{}))
 
 // blockTokens is the token storage of block idx (nil under noTokens).
 func (m *blockManager) blockTokens(idx int32) []uint32 {
@@ -498,6 +566,7 @@ func (m *blockManager) releaseTail(s *seqBlocks, keep int) {
 // reset drops every cached block. Only valid when no request holds blocks.
 func (m *blockManager) reset() {
 	m.blocks = m.blocks[:0]
+	m.parents = m.parents[:0]
 	m.freeIdx = m.freeIdx[:0]
 	m.byHash.clear()
 	clear(m.extra)
@@ -637,7 +706,7 @@ func parentsFirst(slots []int32, parentOf func(int32) (int32, bool)) []int32 {
 
 // cached lists the cached blocks, every block after its parent (when that
 // is cached too; a block can outlive its parent only in principle, since
-// releases go tail-first).
+// releases go tail-first); under noTokens, without parents, by slot.
 func (m *blockManager) cached() []CachedBlock {
 	out := make([]CachedBlock, 0, m.byHash.len())
 	slots := make([]int32, 0, m.byHash.len())
@@ -645,10 +714,10 @@ func (m *blockManager) cached() []CachedBlock {
 		slots = append(slots, i)
 	}
 	order := parentsFirst(slots, func(idx int32) (int32, bool) {
-		if b := &m.blocks[idx]; !b.root {
-			return m.byHash.get(b.parent)
+		if m.noTokens || m.parents[idx].root {
+			return 0, false
 		}
-		return 0, false
+		return m.byHash.get(m.parents[idx].id)
 	})
 	for _, idx := range order {
 		b := &m.blocks[idx]
@@ -656,8 +725,8 @@ func (m *blockManager) cached() []CachedBlock {
 		if x, ok := m.extra[idx]; ok {
 			cb.LoRAName, cb.ExtraKeys = x.lora, x.keys
 		}
-		if !b.root {
-			p := b.parent
+		if !m.noTokens && !m.parents[idx].root {
+			p := m.parents[idx].id
 			cb.Parent = &p
 		}
 		out = append(out, cb)

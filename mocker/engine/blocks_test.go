@@ -566,15 +566,7 @@ func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
 	m := newBlockManager(bs, capacity, true, 1)
 	next := uint32(1)
 	for range 5000 {
-		s := &seqBlocks{tokens: make([]uint32, bs*blocks)}
-		for i := range s.tokens {
-			s.tokens[i], next = next, next+1
-		}
-		if !m.allocate(s, len(s.tokens)) {
-			t.Fatal("a request of 8 blocks did not fit a cache of 64 with nothing active")
-		}
-		m.release(s)
-		m.events = m.events[:0]
+		churnOne(t, m, blocks, &next)
 	}
 	if c := cap(m.lru); c > 8*capacity {
 		t.Fatalf("LRU queue capacity %d after 5,000 requests on a cache of %d blocks; want at most %d", c, capacity, 8*capacity)
@@ -582,6 +574,21 @@ func TestLRUQueueStaysBoundedUnderChurn(t *testing.T) {
 	if m.numInactive != capacity {
 		t.Fatalf("%d inactive blocks, want the full cache's %d", m.numInactive, capacity)
 	}
+}
+
+// churnOne allocates and releases a request of n new blocks, its tokens
+// counted on from *next, on a manager with nothing active.
+func churnOne(t *testing.T, m *blockManager, n int, next *uint32) {
+	t.Helper()
+	s := &seqBlocks{tokens: make([]uint32, m.blockSize*n)}
+	for i := range s.tokens {
+		s.tokens[i], *next = *next, *next+1
+	}
+	if !m.allocate(s, len(s.tokens)) {
+		t.Fatalf("a request of %d new blocks did not fit a cache of %d with nothing active", n, m.capacity)
+	}
+	m.release(s)
+	m.events = m.events[:0]
 }
 
 // runToIdle steps e until it has nothing left to run.
@@ -720,23 +727,42 @@ func TestWarmVictimsReachesEveryVictim(t *testing.T) {
 // evicts one. Hashes are given, so that the figure is the block
 // management's.
 func BenchmarkConversationChurn(b *testing.B) {
+	for _, engines := range []int{1, 8} {
+		b.Run(fmt.Sprintf("engines=%d", engines), func(b *testing.B) { benchConversationChurn(b, engines) })
+	}
+}
+
+// benchConversationChurn runs BenchmarkConversationChurn's turns on
+// engines block managers, each turn on one picked at random: eight
+// engines' tables, as the simulator's fleet has them, do not fit the
+// caches that one engine's fits.
+func benchConversationChurn(b *testing.B, engines int) {
 	const bs, capacity, convs, turn, maxLen = 16, 131072, 512, 64, 1024
 	rng := rand.New(rand.NewPCG(1, 2))
-	m := newBlockManager(bs, capacity, true, 1)
-	m.noTokens = true
+	ms := make([]*blockManager, engines)
+	for i := range ms {
+		ms[i] = newBlockManager(bs, capacity, true, 1)
+		ms[i].noTokens = true
+	}
 	tokens := make([]uint32, bs*maxLen)
-	hist := make([][]uint64, convs)
+	hist := make([][][]uint64, engines)
+	for i := range hist {
+		hist[i] = make([][]uint64, convs)
+	}
 	held := make([]int32, 0, maxLen)
-	step := func() int {
+	var m *blockManager
+	step := func(e int) int {
+		m = ms[e]
 		c := rng.IntN(convs)
-		if len(hist[c])+turn > maxLen {
-			hist[c] = hist[c][:0]
+		h := &hist[e][c]
+		if len(*h)+turn > maxLen {
+			*h = (*h)[:0]
 		}
 		for range turn {
-			hist[c] = append(hist[c], rng.Uint64())
+			*h = append(*h, rng.Uint64())
 		}
-		n := len(hist[c])
-		s := &seqBlocks{tokens: tokens[:n*bs], hashes: hist[c], blocks: held[:0]}
+		n := len(*h)
+		s := &seqBlocks{tokens: tokens[:n*bs], hashes: *h, blocks: held[:0]}
 		if !m.allocate(s, n*bs) {
 			b.Fatal("allocation failed on an idle cache")
 		}
@@ -745,13 +771,15 @@ func BenchmarkConversationChurn(b *testing.B) {
 		m.evicted = m.evicted[:0]
 		return n
 	}
-	for m.numInactive < capacity {
-		step()
+	for e := range ms {
+		for ms[e].numInactive < capacity {
+			step(e)
+		}
 	}
 	blocks, found := 0, 0
 	b.ResetTimer()
 	for range b.N {
-		blocks += step()
+		blocks += step(rng.IntN(engines))
 		for _, idx := range m.found {
 			if idx != noBlock {
 				found++

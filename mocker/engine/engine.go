@@ -109,9 +109,12 @@ type Config struct {
 	// DefaultKVOffloadBandwidth.
 	KVOffloadBandwidth float64
 	// NoBlockTokens keeps no copy of the cached blocks' tokens, which
-	// only CachedBlocks and HostBlocks read: they then list blocks
-	// without tokens (Tokens nil). For a caller that never lists them,
-	// such as the simulator, the copy is a cache miss per new block.
+	// only CachedBlocks and HostBlocks read, nor of the GPU blocks'
+	// parents, which only CachedBlocks reads: they then list blocks
+	// without tokens (Tokens nil), and CachedBlocks without parents
+	// (Parent nil), by slot. For a caller that never lists them, such as
+	// the simulator, the copy is a cache miss per new block, and the
+	// parent would double the 16 bytes the engine keeps per block.
 	NoBlockTokens bool
 	// SequenceHashIDs names every full block by kvrouter's sequence hash
 	// of it (core/blockhash: the chain of the blocks' local hashes under

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -704,32 +705,49 @@ func stepTwins(t *testing.T, a, b *Engine, seed uint64, check func(step int, ra,
 }
 
 // An engine that keeps no block tokens steps exactly as one that does, and
-// lists the same cached blocks, without their tokens.
+// lists the same cached blocks, without their tokens, and the GPU's without
+// their parents.
 func TestNoBlockTokensChangesNothingElse(t *testing.T) {
+	byHash := func(a, b CachedBlock) int { return cmp.Compare(a.Hash, b.Hash) }
 	for _, cpu := range []int{0, 48} {
 		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
 		bare := cfg
 		bare.NoBlockTokens = true
 		a, b := mustNew(t, cfg), mustNew(t, bare)
+		listed := 0
 		stepTwins(t, a, b, 7+uint64(cpu), func(step int, _, _ StepResult) {
 			if step%37 != 0 {
 				return
 			}
-			ca := append(a.CachedBlocks(), a.HostBlocks()...)
-			cb := append(b.CachedBlocks(), b.HostBlocks()...)
-			for i := range ca {
-				if ca[i].Tokens == nil {
-					t.Fatalf("cpu %d, step %d: block %x listed without tokens", cpu, step, ca[i].Hash)
+			ga, gb := a.CachedBlocks(), b.CachedBlocks()
+			ha, hb := a.HostBlocks(), b.HostBlocks()
+			for i := range ga {
+				if ga[i].Tokens == nil {
+					t.Fatalf("cpu %d, step %d: block %x listed without tokens", cpu, step, ga[i].Hash)
 				}
-				if cb[i].Tokens != nil {
-					t.Fatalf("cpu %d, step %d: NoBlockTokens listed tokens", cpu, step)
-				}
-				ca[i].Tokens = nil
+				ga[i].Tokens, ga[i].Parent = nil, nil
 			}
-			if !reflect.DeepEqual(ca, cb) {
+			for _, x := range gb {
+				if x.Tokens != nil || x.Parent != nil {
+					t.Fatalf("cpu %d, step %d: NoBlockTokens listed tokens or a parent", cpu, step)
+				}
+			}
+			slices.SortFunc(ga, byHash)
+			slices.SortFunc(gb, byHash)
+			for i := range ha {
+				if ha[i].Tokens == nil || hb[i].Tokens != nil {
+					t.Fatalf("cpu %d, step %d: host block %x listed with tokens %v, and %v under NoBlockTokens", cpu, step, ha[i].Hash, ha[i].Tokens != nil, hb[i].Tokens != nil)
+				}
+				ha[i].Tokens = nil
+			}
+			if !reflect.DeepEqual(ga, gb) || !reflect.DeepEqual(ha, hb) {
 				t.Fatalf("cpu %d, step %d: cached blocks differ", cpu, step)
 			}
+			listed += len(ga)
 		})
+		if listed == 0 {
+			t.Fatalf("cpu %d: no cached block listed", cpu)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package enginemetrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -406,6 +407,12 @@ func TestSimulatedEngine(t *testing.T) {
 	for len(seen) < len(targets) {
 		r := next(ctx, t, reports)
 		if r.err != nil {
+			// On a loaded machine a scrape may overrun its bound; the
+			// poller scrapes again at its next tick, and next fails the
+			// test if no good report comes. Any other error is a defect.
+			if errors.Is(r.err, context.DeadlineExceeded) {
+				continue
+			}
 			t.Fatalf("target %d: %v", r.id, r.err)
 		}
 		s, ok := r.samples[0]

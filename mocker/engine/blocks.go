@@ -65,9 +65,6 @@ type blockManager struct {
 	plain  blockhash.Hasher
 
 	blocks []block // full blocks by slot index
-	// reserved: blocks has room for the whole capacity (reserve), and
-	// never moves.
-	reserved bool
 	// tokens holds blocks[i]'s tokens, for CachedBlocks, in pages of
 	// tokenPageBlocks blocks: the cache grows as it fills, and one flat
 	// array would be copied on every doubling (megabytes per engine).
@@ -131,19 +128,9 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 		caching:   caching,
 		seed:      seed,
 	}
-	if caching {
-		m.blocks = reserve[block](m, capacity)
-		m.reserved = m.blocks != nil
-		m.lru = reserve[int32](m, lruRoom*capacity)
-	}
 	m.byHash = newBlockMap(capacity, &m.blocks)
 	return m
 }
-
-// lruRoom is the LRU queue's reserved room per block of capacity: the queue
-// compacts itself before its stale entries outnumber its live ones, and
-// before it would grow with its evicted front half of it (lruPushBack).
-const lruRoom = 4
 
 // free is the number of free slots (not counting evictable inactive blocks).
 func (m *blockManager) free() int {
@@ -506,9 +493,6 @@ func (m *blockManager) newIndex() int32 {
 	}
 	m.blocks = append(m.blocks, block{})
 	idx := int32(len(m.blocks) - 1)
-	if m.reserved && idx == promoteAt {
-		promote(m.blocks)
-	}
 	if !m.noTokens {
 		m.parents = append(m.parents, blockParent{})
 		if int(idx) >= len(m.tokens)*tokenPageBlocks {
@@ -519,11 +503,6 @@ func (m *blockManager) newIndex() int32 {
 }
 
 const tokenPageBlocks = 256
-
-// promoteAt is the block count at which a reserved block array asks for
-// its first huge page: where the array grown by doubling moved onto huge
-// pages (core/hugepage's threshold).
-const promoteAt = hugeBytes / 2 / int32(unsafe.Sizeof(block{}))
 
 // blockTokens is the token storage of block idx (nil under noTokens).
 func (m *blockManager) blockTokens(idx int32) []uint32 {

@@ -1,14 +1,9 @@
 package engine
 
 import (
-	"fmt"
 	"math/rand/v2"
-	"os"
-	"runtime"
 	"slices"
-	"strings"
 	"testing"
-	"unsafe"
 )
 
 // expectedSlots is the slot each of s's blocks [have, full) takes when s
@@ -126,112 +121,4 @@ func TestNewBlocksTakeTheirVictimsSlots(t *testing.T) {
 	if evicting < 1000 {
 		t.Fatalf("only %d allocations began on a full cache", evicting)
 	}
-}
-
-// TestReservedBlocksNeverMove: an engine of a capacity worth reserving
-// keeps its block array in one place from the first block to the last
-// (no copy on the way), and one below it grows as before.
-func TestReservedBlocksNeverMove(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("room is reserved on Linux only")
-	}
-	const bs = 4
-	capacity := 2 * hugeBytes / int(unsafe.Sizeof(block{}))
-	m := newBlockManager(bs, capacity, true, 1)
-	if !m.reserved || cap(m.blocks) != capacity || cap(m.lru) != lruRoom*capacity {
-		t.Fatalf("reserved %v, room for %d blocks and %d queue entries; want %d and %d", m.reserved, cap(m.blocks), cap(m.lru), capacity, lruRoom*capacity)
-	}
-	first := unsafe.SliceData(m.blocks)
-	next := uint32(1)
-	for m.numInactive < capacity {
-		churnOne(t, m, 512, &next)
-	}
-	if len(m.blocks) != capacity || unsafe.SliceData(m.blocks) != first {
-		t.Fatalf("%d blocks; array moved: %v", len(m.blocks), unsafe.SliceData(m.blocks) != first)
-	}
-	small := newBlockManager(bs, hugeBytes/2/int(unsafe.Sizeof(block{})), true, 1)
-	if small.reserved || small.blocks != nil || small.lru != nil {
-		t.Fatal("an engine under a huge page of blocks reserved room")
-	}
-}
-
-// TestReservedRoomIsReleased: the room goes back to the system once its
-// owner is collected (many simulated fleets run in one process).
-func TestReservedRoomIsReleased(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("room is reserved on Linux only")
-	}
-	owner := new(int)
-	room := reserve[uint64](owner, hugeBytes)
-	if room == nil {
-		t.Fatal("no room reserved")
-	}
-	room = append(room, 7)
-	addr := uintptr(unsafe.Pointer(unsafe.SliceData(room)))
-	if !mapped(t, addr) {
-		t.Fatalf("%#x not mapped", addr)
-	}
-	room = nil
-	runtime.KeepAlive(owner)
-	owner = nil
-	for range 100 {
-		runtime.GC()
-		if !mapped(t, addr) {
-			return
-		}
-		runtime.Gosched()
-	}
-	t.Fatalf("%#x still mapped after its owner was collected", addr)
-}
-
-// TestReservationsAreBounded: with maxReservations rooms alive, reserve
-// gives none (the arrays grow on the heap), and a released room is counted
-// off, so that a fleet of many engines cannot run the process out of
-// mappings.
-func TestReservationsAreBounded(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("room is reserved on Linux only")
-	}
-	defer func(n int64) { maxReservations = n }(maxReservations)
-	maxReservations = 0
-	if reserve[uint64](new(int), hugeBytes/8) != nil {
-		t.Fatal("room reserved past the bound")
-	}
-	maxReservations = 1 << 30
-	owner := new(int)
-	room := reserve[uint64](owner, hugeBytes/8)
-	if room == nil {
-		t.Fatal("no room reserved under the bound")
-	}
-	addr := uintptr(unsafe.Pointer(unsafe.SliceData(room)))
-	alive := reservations.Load()
-	room, owner = nil, nil
-	for range 100 {
-		runtime.GC()
-		// Other rooms may be released meanwhile, never taken: no
-		// test here runs in parallel.
-		if !mapped(t, addr) && reservations.Load() < alive {
-			return
-		}
-		runtime.Gosched()
-	}
-	t.Fatalf("room released: %v; %d rooms counted, %d with it", !mapped(t, addr), reservations.Load(), alive)
-}
-
-// mapped reports whether addr lies in one of the process's mappings.
-func mapped(t *testing.T, addr uintptr) bool {
-	t.Helper()
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(maps), "\n") {
-		var lo, hi uintptr
-		if f := strings.Fields(line); len(f) > 0 {
-			if _, err := fmt.Sscanf(f[0], "%x-%x", &lo, &hi); err == nil && lo <= addr && addr < hi {
-				return true
-			}
-		}
-	}
-	return false
 }

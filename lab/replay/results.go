@@ -318,9 +318,7 @@ func (l *lru) pushFront(i int32) {
 // and a workload's millions of numbers had them copied dozens of times.
 func (l *lru) grow(n int) {
 	if n > cap(l.prev) {
-		room := max(n, 2*cap(l.prev))
-		l.prev = append(make([]int32, 0, room), l.prev...)
-		l.next = append(make([]int32, 0, room), l.next...)
+		l.room(max(n, 2*cap(l.prev)))
 	}
 	for len(l.prev) < n {
 		l.prev = append(l.prev, out)
@@ -332,9 +330,14 @@ func (l *lru) grow(n int) {
 // pass that knows how many it will add never moves its arrays.
 func (c *Ceiling) Reserve(blocks int) {
 	if c.lru != nil && blocks > cap(c.lru.prev) {
-		c.lru.prev = append(make([]int32, 0, blocks), c.lru.prev...)
-		c.lru.next = append(make([]int32, 0, blocks), c.lru.next...)
+		c.lru.room(blocks)
 	}
+}
+
+// room moves the arrays to ones of capacity n.
+func (l *lru) room(n int) {
+	l.prev = append(make([]int32, 0, n), l.prev...)
+	l.next = append(make([]int32, 0, n), l.next...)
 }
 
 // touch makes k the most recent, evicting the least recent when full.

@@ -38,7 +38,11 @@ import (
 // refused with ErrUnknownTier), a memory cap, re-anchoring of unknown
 // parents (Config.Locate: they are refused) and dumps.
 type Single struct {
-	bySeq    pairMap // sequence hash -> bit set of holding ranks
+	// sets maps a sequence hash to the bit set of the ranks holding it
+	// while no rank's bit is setMapRanks or more; then bySeq does (wide).
+	sets     setMap
+	bySeq    pairMap
+	wide     bool
 	ranks    [64]singleRank
 	bitOf    map[kv.Worker]int
 	used     uint64 // bits of ranks in use
@@ -88,11 +92,83 @@ func (x *Single) rank(w kv.Worker, create bool) (int, bool) {
 		return 0, false
 	}
 	b := bits.TrailingZeros64(^x.used)
+	if b >= setMapRanks && !x.wide {
+		x.widen()
+	}
 	x.used |= 1 << b
 	x.bitOf[w] = b
 	r := &x.ranks[b]
 	*r = singleRank{id: w, bound: RankBound(x.reserved[w])}
 	return b, true
+}
+
+// widen moves the sets to bySeq, whose sets hold every rank.
+func (x *Single) widen() {
+	x.wide = true
+	x.bySeq.reserve(max(x.reservedBlocks(), x.sets.n))
+	x.sets.each(func(s, set uint64) { x.bySeq.put(s, set) })
+	x.sets = setMap{}
+}
+
+// setOf is the set of ranks holding the block of sequence hash s.
+func (x *Single) setOf(s uint64) uint64 {
+	if x.wide {
+		set, _ := x.bySeq.get(s)
+		return set
+	}
+	return x.sets.get(s)
+}
+
+// addRank puts rank b into the set of s and reports whether it was there.
+func (x *Single) addRank(b int, s uint64) bool {
+	if !x.wide {
+		return x.sets.add(s, 1<<b)
+	}
+	slot, had := x.bySeq.slot(s)
+	if had && slot.v&(1<<b) != 0 {
+		return true
+	}
+	slot.v |= 1 << b
+	return false
+}
+
+// dropRank takes rank b out of the set of s, and s out of the table with
+// the last, and reports whether it was there.
+func (x *Single) dropRank(b int, s uint64) bool {
+	if !x.wide {
+		return x.sets.remove(s, 1<<b)
+	}
+	slot, ok := x.bySeq.find(s)
+	if !ok || slot.v&(1<<b) == 0 {
+		return false
+	}
+	if slot.v &^= 1 << b; slot.v == 0 {
+		x.bySeq.drop(slot)
+	}
+	return true
+}
+
+func (x *Single) eachSet(f func(s, set uint64)) {
+	if x.wide {
+		x.bySeq.each(f)
+	} else {
+		x.sets.each(f)
+	}
+}
+
+// prefetchSet asks for the line of the set of s; prefetchRun for the
+// lines an insertion or a deletion reads.
+func (x *Single) prefetchSet(s uint64, run bool) {
+	switch {
+	case !x.wide && run:
+		x.sets.prefetchRun(s)
+	case !x.wide:
+		x.sets.prefetch(s)
+	case run:
+		x.bySeq.prefetchRun(s)
+	default:
+		x.bySeq.prefetch(s)
+	}
 }
 
 // blocks is how many blocks rank r holds.
@@ -109,7 +185,7 @@ func (x *Single) name(b int) {
 	r := &x.ranks[b]
 	r.named = true
 	r.ids.reserve(max(x.reserved[r.id], r.held))
-	x.bySeq.each(func(s, set uint64) {
+	x.eachSet(func(s, set uint64) {
 		if set&(1<<b) != 0 {
 			r.ids.put(s, s)
 		}
@@ -119,8 +195,7 @@ func (x *Single) name(b int) {
 
 // has reports whether rank b holds the block of sequence hash s.
 func (x *Single) has(b int, s uint64) bool {
-	set, _ := x.bySeq.get(s)
-	return set&(1<<b) != 0
+	return x.setOf(s)&(1<<b) != 0
 }
 
 // Apply applies one event, with Index.Apply's outcomes and counters.
@@ -234,7 +309,7 @@ func (x *Single) warmStore(r *singleRank, parent uint64, root bool, blocks []kv.
 			parent = blockhash.Chain(parent, blk.LocalHash)
 		}
 		seqs = append(seqs, parent)
-		x.bySeq.prefetchRun(parent)
+		x.prefetchSet(parent, true)
 		if r.named {
 			r.ids.prefetchRun(blk.EngineHash)
 		}
@@ -246,8 +321,7 @@ func (x *Single) warmStore(r *singleRank, parent uint64, root bool, blocks []kv.
 // hold records that rank b holds the block of sequence hash s under one
 // more engine id.
 func (x *Single) hold(b int, s uint64) {
-	slot, had := x.bySeq.slot(s)
-	if had && slot.v&(1<<b) != 0 {
+	if x.addRank(b, s) {
 		r := &x.ranks[b]
 		if r.extra == nil {
 			r.extra = map[uint64]uint32{}
@@ -255,19 +329,16 @@ func (x *Single) hold(b int, s uint64) {
 		r.extra[s]++
 		return
 	}
-	slot.v |= 1 << b
 	x.pairs++
 }
 
 // holdSeq is store's step for one block of a rank without an id table,
 // named by its sequence hash s.
 func (x *Single) holdSeq(b int, s uint64) {
-	slot, had := x.bySeq.slot(s)
-	if had && slot.v&(1<<b) != 0 {
+	if x.addRank(b, s) {
 		x.stats.DuplicateBlocks++
 		return
 	}
-	slot.v |= 1 << b
 	x.pairs++
 	x.ranks[b].held++
 	x.stats.BlocksStored++
@@ -278,18 +349,8 @@ func (x *Single) unref(b int, s uint64) {
 	if dropExtraRef(x.ranks[b].extra, s) {
 		return
 	}
-	slot, ok := x.bySeq.find(s)
-	if !ok || slot.v&(1<<b) == 0 {
-		return
-	}
-	x.letGo(b, slot)
-}
-
-// letGo drops rank b's bit from a block's slot, and the slot with the last.
-func (x *Single) letGo(b int, slot *pairSlot) {
-	x.pairs--
-	if slot.v &^= 1 << b; slot.v == 0 {
-		x.bySeq.drop(slot)
+	if x.dropRank(b, s) {
+		x.pairs--
 	}
 }
 
@@ -308,7 +369,7 @@ func (x *Single) remove(b int, hashes []uint64) {
 		}
 		for _, h := range chunk {
 			if s, ok := r.ids.get(h); ok {
-				x.bySeq.prefetchRun(s)
+				x.prefetchSet(s, true)
 			}
 		}
 		for _, h := range chunk {
@@ -331,17 +392,16 @@ func (x *Single) removeSeqs(b int, hashes []uint64) {
 		chunk := hashes[:n]
 		hashes = hashes[n:]
 		for _, h := range chunk {
-			x.bySeq.prefetchRun(h)
+			x.prefetchSet(h, true)
 		}
 		for _, h := range chunk {
-			slot, ok := x.bySeq.find(h)
-			if !ok || slot.v&(1<<b) == 0 {
+			if !x.dropRank(b, h) {
 				x.stats.UnknownBlocks++
 				continue
 			}
 			r.held--
+			x.pairs--
 			x.stats.BlocksRemoved++
-			x.letGo(b, slot)
 		}
 	}
 }
@@ -350,14 +410,14 @@ func (x *Single) removeSeqs(b int, hashes []uint64) {
 func (x *Single) clear(b int) {
 	r := &x.ranks[b]
 	if !r.named {
-		x.bySeq.each(func(s, set uint64) {
+		x.eachSet(func(s, set uint64) {
 			if set&(1<<b) != 0 {
 				x.unheld = append(x.unheld, s)
 			}
 		})
 		for _, s := range x.unheld {
-			if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
-				x.letGo(b, slot)
+			if x.dropRank(b, s) {
+				x.pairs--
 			}
 		}
 		x.unheld = x.unheld[:0]
@@ -365,8 +425,8 @@ func (x *Single) clear(b int) {
 		return
 	}
 	r.ids.each(func(_, s uint64) {
-		if slot, ok := x.bySeq.find(s); ok && slot.v&(1<<b) != 0 {
-			x.letGo(b, slot)
+		if x.dropRank(b, s) {
+			x.pairs--
 		}
 	})
 	r.ids.reset()
@@ -393,15 +453,15 @@ func (x *Single) FindMatches(m *Matcher, seq []uint64) []Overlap {
 	// The probes do not depend on each other: ask for those ahead.
 	const ahead = 8
 	for i := 1; i < min(len(seq), ahead); i++ {
-		x.bySeq.prefetch(seq[i])
+		x.prefetchSet(seq[i], false)
 	}
-	active, _ := x.bySeq.get(seq[0])
+	active := x.setOf(seq[0])
 	d := 1
 	for ; d < len(seq) && active != 0; d++ {
 		if d+ahead-1 < len(seq) {
-			x.bySeq.prefetch(seq[d+ahead-1])
+			x.prefetchSet(seq[d+ahead-1], false)
 		}
-		h, _ := x.bySeq.get(seq[d])
+		h := x.setOf(seq[d])
 		m.out = x.emit(m.out, active&^h, d)
 		active &= h
 	}
@@ -428,11 +488,19 @@ func (x *Single) Reserve(w kv.Worker, blocks int) {
 		}
 		x.ranks[b].bound = RankBound(blocks)
 	}
+	if x.wide {
+		x.bySeq.reserve(x.reservedBlocks())
+	} else {
+		x.sets.reserve(x.reservedBlocks())
+	}
+}
+
+func (x *Single) reservedBlocks() int {
 	total := 0
 	for _, n := range x.reserved {
 		total += n
 	}
-	x.bySeq.reserve(total)
+	return total
 }
 
 // OverBound is Index.OverBound.
@@ -500,7 +568,7 @@ func (x *Single) HeldOn(w kv.Worker, tier kv.StorageTier) ([]uint64, bool) {
 	r := &x.ranks[b]
 	out := make([]uint64, 0, r.blocks())
 	if !r.named {
-		x.bySeq.each(func(s, set uint64) {
+		x.eachSet(func(s, set uint64) {
 			if set&(1<<b) != 0 {
 				out = append(out, s)
 			}

@@ -26,11 +26,10 @@ import (
 // table of a million slots has a span of 4,096, beyond any run at its
 // load.
 type setMap struct {
-	slots    []uint64
-	shift    uint8 // 64 - log2(len(slots))
-	span     int   // len(slots) >> 8
-	n        int
-	minSlots int
+	slots []uint64
+	shift uint8 // 64 - log2(len(slots))
+	span  int   // len(slots) >> 8
+	n     int
 }
 
 const (
@@ -64,14 +63,18 @@ func (m *setMap) dist(i int, w uint64) int {
 
 // reserve sizes m for n keys without growing.
 func (m *setMap) reserve(n int) {
-	want := setMapMinSlots
-	for want*3 < n*4 {
-		want *= 2
-	}
-	m.minSlots = want
-	if want > len(m.slots) {
+	if want := slotsFor(n, setMapMinSlots); want > len(m.slots) {
 		m.rehash(want)
 	}
+}
+
+// slotsFor is the size of a table of at least least slots that holds n
+// keys without growing: at most three quarters full.
+func slotsFor(n, least int) int {
+	for least*3 < n*4 {
+		least *= 2
+	}
+	return least
 }
 
 // rehash moves the keys to a table of size slots, or of more if one

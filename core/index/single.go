@@ -613,14 +613,11 @@ type pairSlot struct{ k, v uint64 }
 // their size or to a huge page), so that two lines
 // hold it but for the longest runs, and lookups, whose runs most often end
 // in the home line, rarely read the next.
-func (p *pairMap) home(k uint64) int { return int((k*0x9e3779b97f4a7c15)>>p.shift) &^ 3 }
+func (p *pairMap) home(k uint64) int { return int((k*mixer)>>p.shift) &^ 3 }
 
 // reserve sizes p for n keys without growing.
 func (p *pairMap) reserve(n int) {
-	want := 16
-	for want*3 < n*4 {
-		want *= 2
-	}
+	want := slotsFor(n, 16)
 	p.minSlots = want
 	if want > len(p.slots) {
 		p.rehash(want)

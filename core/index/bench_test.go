@@ -195,10 +195,13 @@ func BenchmarkApplyChurnBounded(b *testing.B) { applyChurn(b, New(Config{}), 256
 // BenchmarkSingleApplyChurn is the churn on the simulator's one-goroutine
 // index at the simulator's size: 8 engines of 131,072 blocks (1 M pairs),
 // each announced, whose engines name blocks by ids of their own (opaque)
-// or by their sequence hashes, as the simulator's do (seqids).
+// or by their sequence hashes, as the simulator's do (seqids); and the
+// same pairs over 16 engines (seqids-16), past the ranks whose sets fit
+// the 8-byte table.
 func BenchmarkSingleApplyChurn(b *testing.B) {
 	b.Run("opaque", func(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true, false) })
 	b.Run("seqids", func(b *testing.B) { applyChurn(b, NewSingle(), 8, 131072, true, true) })
+	b.Run("seqids-16", func(b *testing.B) { applyChurn(b, NewSingle(), 16, 65536, true, true) })
 }
 
 type churnIndex interface {

@@ -120,16 +120,13 @@ func (x *Single) setOf(s uint64) uint64 {
 }
 
 // addRank puts rank b into the set of s and reports whether it was there.
+// The callers that apply each block test wide themselves, a call fewer
+// on the hot path.
 func (x *Single) addRank(b int, s uint64) bool {
 	if !x.wide {
 		return x.sets.add(s, 1<<b)
 	}
-	slot, had := x.bySeq.slot(s)
-	if had && slot.v&(1<<b) != 0 {
-		return true
-	}
-	slot.v |= 1 << b
-	return false
+	return x.bySeq.addBit(s, 1<<b)
 }
 
 // dropRank takes rank b out of the set of s, and s out of the table with
@@ -138,14 +135,7 @@ func (x *Single) dropRank(b int, s uint64) bool {
 	if !x.wide {
 		return x.sets.remove(s, 1<<b)
 	}
-	slot, ok := x.bySeq.find(s)
-	if !ok || slot.v&(1<<b) == 0 {
-		return false
-	}
-	if slot.v &^= 1 << b; slot.v == 0 {
-		x.bySeq.drop(slot)
-	}
-	return true
+	return x.bySeq.removeBit(s, 1<<b)
 }
 
 func (x *Single) eachSet(f func(s, set uint64)) {
@@ -309,7 +299,11 @@ func (x *Single) warmStore(r *singleRank, parent uint64, root bool, blocks []kv.
 			parent = blockhash.Chain(parent, blk.LocalHash)
 		}
 		seqs = append(seqs, parent)
-		x.prefetchSet(parent, true)
+		if x.wide {
+			x.bySeq.prefetchRun(parent)
+		} else {
+			x.sets.prefetchRun(parent)
+		}
 		if r.named {
 			r.ids.prefetchRun(blk.EngineHash)
 		}
@@ -335,7 +329,13 @@ func (x *Single) hold(b int, s uint64) {
 // holdSeq is store's step for one block of a rank without an id table,
 // named by its sequence hash s.
 func (x *Single) holdSeq(b int, s uint64) {
-	if x.addRank(b, s) {
+	var had bool
+	if x.wide {
+		had = x.bySeq.addBit(s, 1<<b)
+	} else {
+		had = x.sets.add(s, 1<<b)
+	}
+	if had {
 		x.stats.DuplicateBlocks++
 		return
 	}
@@ -392,10 +392,20 @@ func (x *Single) removeSeqs(b int, hashes []uint64) {
 		chunk := hashes[:n]
 		hashes = hashes[n:]
 		for _, h := range chunk {
-			x.prefetchSet(h, true)
+			if x.wide {
+				x.bySeq.prefetchRun(h)
+			} else {
+				x.sets.prefetchRun(h)
+			}
 		}
 		for _, h := range chunk {
-			if !x.dropRank(b, h) {
+			var had bool
+			if x.wide {
+				had = x.bySeq.removeBit(h, 1<<b)
+			} else {
+				had = x.sets.remove(h, 1<<b)
+			}
+			if !had {
 				x.stats.UnknownBlocks++
 				continue
 			}
@@ -712,6 +722,29 @@ func (p *pairMap) slot(k uint64) (*pairSlot, bool) {
 		p.n++
 	}
 	return s, ok
+}
+
+// addBit sets bit in k's value, adding k, and reports whether it was set.
+func (p *pairMap) addBit(k, bit uint64) bool {
+	s, had := p.slot(k)
+	if had && s.v&bit != 0 {
+		return true
+	}
+	s.v |= bit
+	return false
+}
+
+// removeBit clears bit in k's value, removing k with its last bit, and
+// reports whether it was set.
+func (p *pairMap) removeBit(k, bit uint64) bool {
+	s, ok := p.find(k)
+	if !ok || s.v&bit == 0 {
+		return false
+	}
+	if s.v &^= bit; s.v == 0 {
+		p.drop(s)
+	}
+	return true
 }
 
 // put maps k to v and returns the value it replaced.

@@ -885,9 +885,11 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	_, s.ownsPrompts = w.(*Trace)
 	s.dp = max(cfg.DPSize, 1)
 	s.engines = make([]simEngine, workers*s.dp)
+	expected := engineBlocksHint(w, cfg.Engine.BlockSize, len(s.engines))
 	for i := range s.engines {
 		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
+		ecfg.ExpectedBlocks = expected
 		ecfg.NoBlockTokens = !cfg.listsBlocks
 		ecfg.SequenceHashIDs = cfg.sequenceHashIDs()
 		eng, err := engine.New(ecfg)

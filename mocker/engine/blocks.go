@@ -132,6 +132,23 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 	return m
 }
 
+// reserve sizes the tables for n cached blocks (at most the capacity):
+// the block array, the map at its load factor, and the inactive queue at
+// the most that n inactive blocks make it hold (see lruPushBack). Only
+// before the first allocation.
+func (m *blockManager) reserve(n int) {
+	n = min(n, m.capacity)
+	if n <= 0 || !m.caching {
+		return
+	}
+	m.blocks = hugepage.Make[block](n)[:0]
+	if !m.noTokens {
+		m.parents = make([]blockParent, 0, n)
+	}
+	m.byHash.reserve(n)
+	m.lru = hugepage.Make[int32](lruRoom(n))[:0]
+}
+
 // free is the number of free slots (not counting evictable inactive blocks).
 func (m *blockManager) free() int {
 	return m.capacity - m.numActive - m.numInactive - m.numPartial - m.numAnon
@@ -576,6 +593,11 @@ func (m *blockManager) lruPushBack(idx int32) {
 	m.blocks[idx].lruPos = int32(len(m.lru))
 	m.lru = append(m.lru, idx)
 }
+
+// lruRoom is the most the inactive queue holds for n inactive blocks: up
+// to n stale entries beside them (the first rule of lruPushBack), and an
+// evicted front as long as both before the second compacts.
+func lruRoom(n int) int { return max(4*n, lruCompactMin) }
 
 // lruCompactMin is the queue length below which it is never compacted
 // (tests lower it to compact at every chance).

@@ -50,6 +50,14 @@ func newBlockMap(capacity int, blocks *[]block) blockMap {
 	}
 }
 
+// reserve makes room for n entries at most half the slots, before the
+// first put.
+func (m *blockMap) reserve(n int) {
+	size := max(minMapSlots, 1<<bits.Len(uint(2*n-1)))
+	m.slots = hugepage.Make[uint64](size)
+	m.mask = uint64(size - 1)
+}
+
 func (m *blockMap) idxOf(s uint64) int32 { return int32(s&(1<<m.idxBits-1)) - 1 }
 
 // home is the home position of the id whose slot is s.

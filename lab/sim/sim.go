@@ -542,7 +542,12 @@ func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, er
 	if err := s.run(); err != nil {
 		return Point{}, err
 	}
-	return s.point(), nil
+	p := s.point()
+	// The next run's engines, of a sweep's, take their tables.
+	for i := range s.engines {
+		s.engines[i].eng.Free()
+	}
+	return p, nil
 }
 
 // Event kinds. Events due at the same instant run in the order they were

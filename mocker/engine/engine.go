@@ -454,6 +454,15 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// Free ends the engine: the block tables that Config.ExpectedBlocks sized
+// go to the next engine made in this process with as many expected
+// blocks, instead of to the garbage collector. The engine must not be
+// used again.
+func (e *Engine) Free() {
+	e.bm.giveBack()
+	e.bm = nil
+}
+
 // Config returns the engine's configuration (defaults filled in).
 func (e *Engine) Config() Config { return e.cfg }
 

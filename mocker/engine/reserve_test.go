@@ -135,3 +135,52 @@ func BenchmarkFill(b *testing.B) {
 		})
 	}
 }
+
+// An allocation takes the slots countPrefix found for its request only
+// while no block was mapped or unmapped since: here another request's
+// allocation in between evicts the counted blocks, and the request must
+// then hold blocks of its own content, not the slots its count found.
+func TestCountedPrefixGoesStale(t *testing.T) {
+	const bs, capacity = 4, 16
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, evictBetween := range []bool{false, true} {
+		m := newBlockManager(bs, capacity, true, 1)
+		old := &seqBlocks{tokens: randTokens(rng, 8*bs, 1<<30)}
+		if !m.allocate(old, len(old.tokens)) {
+			t.Fatal("allocation failed")
+		}
+		m.release(old)
+		s := &seqBlocks{tokens: append(old.tokens[:8*bs:8*bs], randTokens(rng, 4*bs, 1<<30)...)}
+		if hits := m.countPrefix(s, len(s.tokens)/bs); hits != 8 {
+			t.Fatalf("%d blocks counted, want 8", hits)
+		}
+		if evictBetween {
+			other := &seqBlocks{tokens: randTokens(rng, capacity*bs, 1<<30)}
+			if !m.allocate(other, len(other.tokens)) {
+				t.Fatal("allocation failed")
+			}
+			m.release(other)
+		}
+		if !m.allocate(s, len(s.tokens)) {
+			t.Fatal("allocation failed")
+		}
+		for i, idx := range s.blocks {
+			if m.blocks[idx].hash != s.hashes[i] {
+				t.Fatalf("evicted between: %v: block %d holds slot %d of another block", evictBetween, i, idx)
+			}
+		}
+		if found := len(m.found) - countNew(m.found); evictBetween == (found != 0) {
+			t.Fatalf("evicted between: %v: %d blocks found cached", evictBetween, found)
+		}
+	}
+}
+
+func countNew(found []int32) int {
+	n := 0
+	for _, idx := range found {
+		if idx == noBlock {
+			n++
+		}
+	}
+	return n
+}

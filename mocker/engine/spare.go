@@ -16,10 +16,11 @@ var spareTables struct {
 	bytes int
 }
 
-// maxSpareBytes bounds the spare tables: what the engines of the runs a
-// sweep has in flight hold (16 engines of 131,072 blocks hold 200 MB),
-// not more, so that tables no engine takes never hold much memory.
-const maxSpareBytes = 256 << 20
+// maxSpareBytes bounds the spare tables (their own bytes; a table on
+// huge pages holds up to 2 MB more for its alignment): what the engines
+// of the runs a sweep has in flight hold (16 engines of 131,072 blocks,
+// 96 MB), not more, so that tables no engine takes hold little memory.
+const maxSpareBytes = 128 << 20
 
 // blockTables are a block manager's large arrays.
 type blockTables struct {

@@ -74,8 +74,9 @@ func (c *Config) sequenceHashIDs() bool {
 }
 
 // initBlockHashes has the run hand over its prompts' hashes when its
-// engines name blocks by sequence hashes, all at one block size.
-func (s *sim) initBlockHashes() {
+// engines name blocks by sequence hashes, all at one block size; prev and
+// share are the workload's extensions.
+func (s *sim) initBlockHashes(prev, share []int32) {
 	if s.cfg.noBlockIDs || !s.cfg.sequenceHashIDs() || !s.cfg.Engine.EnablePrefixCaching {
 		return
 	}
@@ -93,18 +94,20 @@ func (s *sim) initBlockHashes() {
 	if m.recycles = s.prompts.given != nil; m.recycles {
 		m.done = make([]bool, n)
 	}
-	if m.prev, m.share = extensions(s.w); m.prev != nil {
+	if m.prev, m.share = prev, share; m.prev != nil {
 		m.needed = successors(m.prev)
 	}
 }
 
 // extensions finds the earlier request each request of w extends, and
 // how many leading tokens of its prompt it shares with it: prev[i] is -1
-// for none, and prev is nil on a workload that cannot tell.
+// for none, and prev is nil on a workload that cannot tell. A trace's are
+// shared by all its runs: read only.
 func extensions(w Workload) (prev, share []int32) {
 	switch w := w.(type) {
 	case *Trace:
-		return traceExtensions(w)
+		w.ext.once.Do(func() { w.ext.prev, w.ext.share = traceExtensions(w) })
+		return w.ext.prev, w.ext.share
 	case Requests:
 		return extendedTurns(w)
 	}

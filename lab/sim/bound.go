@@ -202,25 +202,61 @@ func eachPromptBlocks(w Workload, blockSize, blocks int, f func(i int, r *worklo
 // pass sizes its tables by it, so that they do not copy themselves as
 // they grow.
 func blocksHint(w Workload, blockSize int) int {
-	var length func(i int) int
-	switch w := w.(type) {
-	case *Trace:
-		length = func(i int) int { return w.reqs[i].InputLength }
-	case Requests:
-		length = func(i int) int { return len(w[i].Tokens) }
-	default:
+	prev, share := extensions(w)
+	return distinctPromptBlocks(w, blockSize, prev, share)
+}
+
+// distinctPromptBlocks is blocksHint of the extensions prev and share of w.
+func distinctPromptBlocks(w Workload, blockSize int, prev, share []int32) int {
+	length := lengths(w)
+	if length == nil {
 		return 0
 	}
-	prev, share := extensions(w)
 	n := 0
 	for i := range w.Len() {
 		shared := 0
-		if prev[i] >= 0 {
-			shared = int(share[i]) / blockSize
+		if p := prev[i]; p >= 0 {
+			// Only the blocks the earlier prompt holds in full: a
+			// trace's prompts share whole hash ids, the last of which
+			// the earlier one may hold only part of.
+			pin, _ := length(int(p))
+			shared = min(int(share[i]), pin) / blockSize
 		}
-		n += max(length(i)/blockSize-shared, 0)
+		in, _ := length(i)
+		n += max(in/blockSize-shared, 0)
 	}
 	return n
+}
+
+// lengths tells the prompt and output lengths of w's requests without
+// building them; nil on a workload that cannot.
+func lengths(w Workload) func(i int) (in, out int) {
+	switch w := w.(type) {
+	case *Trace:
+		return func(i int) (int, int) { return w.reqs[i].InputLength, w.reqs[i].OutputLength }
+	case Requests:
+		return func(i int) (int, int) { return len(w[i].Tokens), w[i].OSL }
+	}
+	return nil
+}
+
+// engineBlocksHint is the engines' Config.ExpectedBlocks on a fleet of
+// engines running w: each engine's share of the most distinct blocks the
+// run can make (the prompts', blocksHint, and every request's generated
+// ones), doubled, as routing spreads requests unevenly and engines cache
+// blocks that others cache too. 0, for tables that start small, on a
+// workload that cannot tell. prev and share are w's extensions.
+func engineBlocksHint(w Workload, prev, share []int32, blockSize, engines int) int {
+	length := lengths(w)
+	if length == nil || engines <= 0 {
+		return 0
+	}
+	n := distinctPromptBlocks(w, blockSize, prev, share)
+	for i := range w.Len() {
+		_, out := length(i)
+		n += out/blockSize + 1
+	}
+	return (2*n + engines - 1) / engines
 }
 
 // turnBlocks carries a prompt's blocks to the later prompts that extend

@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvrouter/kvrouter/adapters/enginesource"
@@ -219,6 +220,13 @@ type Trace struct {
 	numIDs int
 	// at, when set, replaces the trace's own arrival times (SpreadBatches).
 	at []time.Duration
+	// ext holds the trace's extensions, found once for all the runs of a
+	// sweep: finding them takes a table as long as the trace's ids, whose
+	// fresh pages cost each run more than the search.
+	ext struct {
+		once        sync.Once
+		prev, share []int32
+	}
 }
 
 // FromTrace keeps the first max requests of tr (all with max <= 0). It
@@ -534,7 +542,12 @@ func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, er
 	if err := s.run(); err != nil {
 		return Point{}, err
 	}
-	return s.point(), nil
+	p := s.point()
+	// The next run's engines, of a sweep's, take their tables.
+	for i := range s.engines {
+		s.engines[i].eng.Free()
+	}
+	return p, nil
 }
 
 // Event kinds. Events due at the same instant run in the order they were
@@ -885,9 +898,12 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	_, s.ownsPrompts = w.(*Trace)
 	s.dp = max(cfg.DPSize, 1)
 	s.engines = make([]simEngine, workers*s.dp)
+	prev, share := extensions(w)
+	expected := engineBlocksHint(w, prev, share, cfg.Engine.BlockSize, len(s.engines))
 	for i := range s.engines {
 		ecfg := cfg.engineConfig(i / s.dp)
 		ecfg.Seed = fleet.RankSeed(cfg.Engine.Seed, i)
+		ecfg.ExpectedBlocks = expected
 		ecfg.NoBlockTokens = !cfg.listsBlocks
 		ecfg.SequenceHashIDs = cfg.sequenceHashIDs()
 		eng, err := engine.New(ecfg)
@@ -910,7 +926,7 @@ func newSim(cfg Config, mode string, w Workload, scale float64) (*sim, error) {
 	s.reqs = make([]reqState, w.Len())
 	s.remaining = w.Len()
 	s.prompts.init(s)
-	s.initBlockHashes()
+	s.initBlockHashes(prev, share)
 	s.prompts.initLazy(s)
 	s.recycleEvents = s.rep == nil && s.pd == nil
 	return s, nil

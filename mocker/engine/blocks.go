@@ -99,6 +99,14 @@ type blockManager struct {
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
 	victims []int32      // scratch: their slots, for the new blocks (placeNew)
 	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
+	// counted is the request countPrefix last counted, and countedIdx
+	// the slots of its leading cached blocks: the scheduler counts a
+	// waiting request's cached prefix and allocates it next, and the
+	// allocation takes them instead of looking every one up again, if
+	// no block has been mapped or unmapped since (countedGen).
+	counted    *seqBlocks
+	countedIdx []int32
+	countedGen uint64
 
 	// spareEvents and spareIDs are event slices and Removed events' id
 	// lists the caller is done with (Engine.Recycle), reused before any
@@ -111,6 +119,7 @@ type blockManager struct {
 	spareBlocks spareLists[int32]
 
 	allocateAll bool // tests: no step skips allocate (see holds)
+	reserved    bool // reserve sized the tables
 }
 
 // blockList is an empty slot list of room for n blocks.
@@ -130,6 +139,42 @@ func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockM
 	}
 	m.byHash = newBlockMap(capacity, &m.blocks)
 	return m
+}
+
+// reserve sizes the tables for n cached blocks (at most the capacity):
+// the block array, the map at its load factor, and the inactive queue at
+// the most that n inactive blocks make it hold (see lruPushBack). Only
+// before the first allocation.
+func (m *blockManager) reserve(n int) {
+	n = min(n, m.capacity)
+	if n <= 0 || !m.caching {
+		return
+	}
+	if !m.noTokens {
+		m.parents = make([]blockParent, 0, n)
+	}
+	m.reserved = true
+	if t, ok := takeTables(n); ok {
+		// Their contents are another engine's: only the map's are read
+		// before they are written.
+		m.blocks, m.lru = t.blocks[:0], t.lru[:0]
+		clear(t.slots)
+		m.byHash.use(t.slots)
+		return
+	}
+	m.blocks = hugepage.Make[block](n)[:0]
+	m.byHash.use(hugepage.Make[uint64](mapSlots(n)))
+	m.lru = hugepage.Make[int32](lruRoom(n))[:0]
+}
+
+// giveBack hands the tables that reserve sized to the next engine that
+// reserves as many blocks (Engine.Free). The manager is not used again.
+func (m *blockManager) giveBack() {
+	if !m.reserved {
+		return
+	}
+	putTables(blockTables{blocks: m.blocks[:0], slots: m.byHash.slots, lru: m.lru[:0]})
+	m.blocks, m.byHash.slots, m.lru = nil, nil, nil
 }
 
 // free is the number of free slots (not counting evictable inactive blocks).
@@ -200,6 +245,7 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	if !m.caching {
 		return 0
 	}
+	m.counted, m.countedIdx, m.countedGen = s, m.countedIdx[:0], m.byHash.gen
 	n := 0
 	for n < maxBlocks {
 		// Hashes are computed a window ahead, so that the window's slots
@@ -211,12 +257,23 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 			m.byHash.warm(h)
 		}
 		for ; n < end; n++ {
-			if _, ok := m.byHash.get(s.hashes[n]); !ok {
+			idx, ok := m.byHash.get(s.hashes[n])
+			if !ok {
 				return n
 			}
+			m.countedIdx = append(m.countedIdx, idx)
 		}
 	}
 	return n
+}
+
+// countedPrefix is the slots of s's leading cached blocks that countPrefix
+// found, if they are still valid.
+func (m *blockManager) countedPrefix(s *seqBlocks) []int32 {
+	if m.counted != s || m.countedGen != m.byHash.gen {
+		return nil
+	}
+	return m.countedIdx
 }
 
 // warmAhead is how many block lookups are asked for before they are made.
@@ -262,10 +319,20 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 	m.ensureHashes(s, full)
 	newCnt, revive := 0, 0
 	m.found = m.found[:0]
-	for i := have; i < min(have+warmAhead, full); i++ {
+	from := have
+	if counted := m.countedPrefix(s); len(counted) > have {
+		from = min(len(counted), full)
+		for _, idx := range counted[have:from] {
+			m.found = append(m.found, idx)
+			if m.blocks[idx].ref == 0 {
+				revive++
+			}
+		}
+	}
+	for i := from; i < min(from+warmAhead, full); i++ {
 		m.byHash.warm(s.hashes[i])
 	}
-	for i := have; i < full; i++ {
+	for i := from; i < full; i++ {
 		if j := i + warmAhead; j < full {
 			m.byHash.warm(s.hashes[j])
 		}
@@ -576,6 +643,11 @@ func (m *blockManager) lruPushBack(idx int32) {
 	m.blocks[idx].lruPos = int32(len(m.lru))
 	m.lru = append(m.lru, idx)
 }
+
+// lruRoom is the most the inactive queue holds for n inactive blocks: up
+// to n stale entries beside them (the first rule of lruPushBack), and an
+// evicted front as long as both before the second compacts.
+func lruRoom(n int) int { return max(4*n, lruCompactMin) }
 
 // lruCompactMin is the queue length below which it is never compacted
 // (tests lower it to compact at every chance).

@@ -128,6 +128,16 @@ type Config struct {
 	// hashed twice. Not with multimodal requests, whose router hashes
 	// mix in their items, nor with KVCacheGroups.
 	SequenceHashIDs bool
+	// ExpectedBlocks is about the most full blocks the engine is expected
+	// to cache, from a caller that knows its workload (the simulator): the
+	// block tables (the id map, the block array, the inactive queue) start
+	// at the size that many blocks need, at most NumGPUBlocks' size,
+	// instead of doubling their way there from a few slots, each doubling
+	// a copy into fresh memory whose pages fault in one by one. Only a
+	// hint: the tables still grow past it if they must. 0 starts them
+	// small, for an engine that may never see many blocks (one of a
+	// simulated fleet of hundreds).
+	ExpectedBlocks int
 }
 
 // DefaultConfig is vLLM's defaults as the mocker's flags have them.
@@ -417,9 +427,12 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: a host tier with KV-cache groups is not simulated", ErrInvalid)
 	case cfg.SequenceHashIDs && len(cfg.KVCacheGroups) > 0:
 		return nil, fmt.Errorf("%w: sequence-hash ids with KV-cache groups", ErrInvalid)
+	case cfg.ExpectedBlocks < 0:
+		return nil, fmt.Errorf("%w: %d expected blocks", ErrInvalid, cfg.ExpectedBlocks)
 	}
 	bm := newBlockManager(cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching, cfg.Seed)
 	bm.noTokens = cfg.NoBlockTokens
+	bm.reserve(cfg.ExpectedBlocks)
 	if cfg.SequenceHashIDs {
 		bm.seqIDs = true
 		bm.plain = blockhash.New(cfg.BlockSize, "")
@@ -439,6 +452,15 @@ func New(cfg Config) (*Engine, error) {
 		e.host = newHostPool(cfg)
 	}
 	return e, nil
+}
+
+// Free ends the engine: the block tables that Config.ExpectedBlocks sized
+// go to the next engine made in this process with as many expected
+// blocks, instead of to the garbage collector. The engine must not be
+// used again.
+func (e *Engine) Free() {
+	e.bm.giveBack()
+	e.bm = nil
 }
 
 // Config returns the engine's configuration (defaults filled in).

@@ -32,6 +32,7 @@ type blockMap struct {
 	idxBits uint     // the low bits of a slot that hold the index plus one
 	tagMask uint64   // the id bits a slot keeps
 	blocks  *[]block // the blocks the indices name, whose hash is their id
+	gen     uint64   // counts the puts, deletions and clears
 }
 
 const minMapSlots = 16
@@ -48,6 +49,16 @@ func newBlockMap(capacity int, blocks *[]block) blockMap {
 		tagMask: 1<<(64-b) - 1,
 		blocks:  blocks,
 	}
+}
+
+// mapSlots is the table that holds n entries at most half its slots.
+func mapSlots(n int) int { return max(minMapSlots, 1<<bits.Len(uint(2*n-1))) }
+
+// use makes the empty table slots, of a power of two slots, the map's,
+// before the first put.
+func (m *blockMap) use(slots []uint64) {
+	m.slots = slots
+	m.mask = uint64(len(slots) - 1)
 }
 
 func (m *blockMap) idxOf(s uint64) int32 { return int32(s&(1<<m.idxBits-1)) - 1 }
@@ -79,6 +90,7 @@ func (m *blockMap) len() int { return m.n }
 func (m *blockMap) clear() {
 	clear(m.slots)
 	m.n = 0
+	m.gen++
 }
 
 // find is the position of key's slot, or -1.
@@ -129,6 +141,7 @@ func (m *blockMap) put(key uint64, val int32) {
 	}
 	m.slots[i] = (key&m.tagMask)<<m.idxBits | uint64(val+1)
 	m.n++
+	m.gen++
 }
 
 func (m *blockMap) delete(key uint64) {
@@ -137,6 +150,7 @@ func (m *blockMap) delete(key uint64) {
 		return
 	}
 	m.n--
+	m.gen++
 	// Backward shift: move later entries of the probe run into the hole
 	// unless their home slot lies cyclically after the hole.
 	h := uint64(i)

@@ -99,12 +99,16 @@ type blockManager struct {
 	evicted []uint64     // scratch: blocks evicted by the allocation in progress
 	victims []int32      // scratch: their slots, for the new blocks (placeNew)
 	found   []int32      // scratch: slots of the cached blocks the allocation in progress reuses (noBlock: new)
-	// counted is the request countPrefix last counted, and countedIdx
-	// the slots of its leading cached blocks: the scheduler counts a
-	// waiting request's cached prefix and allocates it next, and the
-	// allocation takes them instead of looking every one up again, if
-	// no block has been mapped or unmapped since (countedGen).
-	counted    *seqBlocks
+	// counts numbers countPrefix's counts, and countedIdx holds the slots
+	// of the leading cached blocks the last one found: the scheduler
+	// counts a waiting request's cached prefix and allocates it next,
+	// and the allocation takes them instead of looking every one up
+	// again, if that request was the last counted (its seqBlocks.count)
+	// and no block has been mapped or unmapped since (countedGen). A
+	// number rather than the request's address, which the manager would
+	// then keep alive, with the tokens of the callers' throwaway requests
+	// (CachedPrefixBlocks).
+	counts     uint64
 	countedIdx []int32
 	countedGen uint64
 
@@ -196,7 +200,8 @@ type seqBlocks struct {
 	partial bool     // holds a partial block
 	anon    int      // anonymous slots held (caching off)
 	keys    *requestKeys
-	tag     int32 // Request.Tag, for Stored events
+	tag     int32  // Request.Tag, for Stored events
+	count   uint64 // blockManager.counts when countPrefix last counted s
 
 	groups []sideSeq // blocks in the side groups, by blockManager.groups
 }
@@ -245,7 +250,8 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 	if !m.caching {
 		return 0
 	}
-	m.counted, m.countedIdx, m.countedGen = s, m.countedIdx[:0], m.byHash.gen
+	m.counts++
+	s.count, m.countedIdx, m.countedGen = m.counts, m.countedIdx[:0], m.byHash.gen
 	n := 0
 	for n < maxBlocks {
 		// Hashes are computed a window ahead, so that the window's slots
@@ -270,7 +276,7 @@ func (m *blockManager) countPrefix(s *seqBlocks, maxBlocks int) int {
 // countedPrefix is the slots of s's leading cached blocks that countPrefix
 // found, if they are still valid.
 func (m *blockManager) countedPrefix(s *seqBlocks) []int32 {
-	if m.counted != s || m.countedGen != m.byHash.gen {
+	if s.count != m.counts || m.countedGen != m.byHash.gen {
 		return nil
 	}
 	return m.countedIdx

@@ -810,7 +810,8 @@ func (t *Tracker) book(b []uint64, si int32) *node {
 		if c == nil {
 			c = t.newNode()
 			if len(b)-i > cap(c.run) {
-				c.run = t.longRun(len(b) - i)
+				t.dropRun(c.run)
+				c.run = t.runFor(len(b) - i)
 			}
 			c.run = append(c.run, b[i:]...)
 			c.parent = n
@@ -890,12 +891,19 @@ func (t *Tracker) split(n *node, m int) *node {
 	u := t.newNode()
 	if cap(n.run) <= maxRecycledRun {
 		u.run = append(u.run, n.run[:m]...)
+		poisonRun(n.run[:m:m])
 		n.run = n.run[m:]
 	} else {
 		// A long buffer stays whole with u and n gets a copy of the rest:
 		// n keeping a slice into its middle would pin all of it, whatever
 		// its cap says, past recycle's bound.
-		tail := append(u.run[:0], n.run[m:]...)
+		tail := u.run
+		if rest := len(n.run) - m; rest > cap(tail) {
+			t.dropRun(tail)
+			tail = t.runFor(rest)
+		}
+		tail = append(tail, n.run[m:]...)
+		poisonRun(n.run[m:])
 		u.run, n.run = n.run[:m], tail
 	}
 	u.holders = append(u.holders, n.holders...)
@@ -911,8 +919,22 @@ func (t *Tracker) split(n *node, m int) *node {
 // mean equal holders (a child's refs never exceed its parent's) and that no
 // request ends at p, so p can go; c stays, as requests may end at it.
 func (t *Tracker) merge(p, c *node) {
-	p.run = append(p.run, c.run...)
-	p.run, c.run = c.run, p.run
+	lp, lc := len(p.run), len(c.run)
+	switch {
+	case cap(p.run) >= lp+lc:
+		p.run = append(p.run, c.run...)
+		p.run, c.run = c.run, p.run
+	case cap(c.run) >= lp+lc:
+		// c's buffer has the room (a kept long one): c's blocks move up
+		// in it rather than both runs into a new one.
+		c.run = c.run[:lp+lc]
+		copy(c.run[lp:], c.run[:lc])
+		copy(c.run, p.run)
+	default:
+		r := append(append(t.runFor(lp+lc), p.run...), c.run...)
+		t.dropRun(c.run)
+		c.run = r
+	}
 	c.parent = p.parent
 	c.parent.kids.replace(c.run[0], c)
 	t.recycle(p)
@@ -938,19 +960,45 @@ const (
 	maxLongRuns = 16
 )
 
-// longRun is an empty buffer of room for n blocks: a kept long one if one
-// is large enough, else a new one.
-func (t *Tracker) longRun(n int) []uint64 {
+// runFor is an empty buffer of room for n blocks, for a run longer than
+// the buffer of its node: for a long run the shortest kept long one that
+// has the room, else a new one. A first fit gave a long prompt's buffer
+// to a shorter one, and the next long prompt a fresh one.
+func (t *Tracker) runFor(n int) []uint64 {
+	if n <= maxRecycledRun {
+		return make([]uint64, 0, n)
+	}
+	best := -1
 	for i, r := range t.longRuns {
-		if cap(r) >= n {
-			last := len(t.longRuns) - 1
-			t.longRuns[i] = t.longRuns[last]
-			t.longRuns[last] = nil
-			t.longRuns = t.longRuns[:last]
-			return r
+		if cap(r) >= n && (best < 0 || cap(r) < cap(t.longRuns[best])) {
+			best = i
 		}
 	}
-	return make([]uint64, 0, n)
+	if best < 0 {
+		// Rounded up to the heap's 8 KiB pages, which a large buffer
+		// takes whole anyway: the room is free, and serves a slightly
+		// longer prompt later.
+		return make([]uint64, 0, (n+runPage-1)/runPage*runPage)
+	}
+	r := t.longRuns[best]
+	last := len(t.longRuns) - 1
+	t.longRuns[best] = t.longRuns[last]
+	t.longRuns[last] = nil
+	t.longRuns = t.longRuns[:last]
+	return r
+}
+
+// runPage is the heap's page, in blocks.
+const runPage = 8 << 10 / 8
+
+// dropRun lets go of r, a buffer no node uses any more: a long one is
+// kept for reuse, a short one is left to the collector, as the node it
+// came with has one.
+func (t *Tracker) dropRun(r []uint64) {
+	poisonRun(r)
+	if cap(r) > maxRecycledRun {
+		t.keepLongRun(r)
+	}
 }
 
 // keepLongRun keeps r, a freed node's run buffer longer than
@@ -977,6 +1025,7 @@ func (t *Tracker) keepLongRun(r []uint64) {
 }
 
 func (t *Tracker) recycle(n *node) {
+	poisonRun(n.run)
 	n.run = n.run[:0]
 	if cap(n.run) > maxRecycledRun {
 		t.keepLongRun(n.run)

@@ -126,12 +126,26 @@ type blockManager struct {
 	reserved    bool // reserve sized the tables
 }
 
-// blockList is an empty slot list of room for n blocks.
+// blockList is an empty slot list of room for n blocks: the shortest
+// spare one that has the room, else a new one. A spare too short stays
+// for a shorter request; taking only the last one put, a long prompt
+// threw it away for a fresh list.
 func (m *blockManager) blockList(n int) []int32 {
-	if l := m.spareBlocks.take(); cap(l) >= n {
-		return l
+	best := -1
+	for i, l := range m.spareBlocks {
+		if cap(l) >= n && (best < 0 || cap(l) < cap(m.spareBlocks[best])) {
+			best = i
+		}
 	}
-	return make([]int32, 0, n)
+	if best < 0 {
+		return make([]int32, 0, n)
+	}
+	l := m.spareBlocks[best]
+	last := len(m.spareBlocks) - 1
+	m.spareBlocks[best] = m.spareBlocks[last]
+	m.spareBlocks[last] = nil
+	m.spareBlocks = m.spareBlocks[:last]
+	return l
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
@@ -193,12 +207,17 @@ func (m *blockManager) used() int {
 
 // seqBlocks is what a request holds in the manager.
 type seqBlocks struct {
-	tokens  []uint32 // all tokens known so far (prompt, then generated)
-	hashes  []uint64 // engine ids of the full blocks of tokens, computed lazily
-	locals  []uint64 // under blockManager.seqIDs, the local hashes of the blocks of hashes
-	blocks  []int32  // slot indices of the full blocks held, in order
-	partial bool     // holds a partial block
-	anon    int      // anonymous slots held (caching off)
+	tokens []uint32 // all tokens known so far (prompt, then generated)
+	hashes []uint64 // engine ids of the full blocks of tokens, computed lazily
+	locals []uint64 // under blockManager.seqIDs, the local hashes of the blocks of hashes
+	blocks []int32  // slot indices of the full blocks held, in order
+	// room is how many full blocks s can reach (prompt and max_tokens),
+	// the room its blocks list gets when its first blocks are allocated:
+	// not before, as an overloaded engine's waiting requests, nearly all
+	// it was given, held lists that nothing filled yet.
+	room    int
+	partial bool // holds a partial block
+	anon    int  // anonymous slots held (caching off)
 	keys    *requestKeys
 	tag     int32  // Request.Tag, for Stored events
 	count   uint64 // blockManager.counts when countPrefix last counted s
@@ -367,6 +386,9 @@ func (m *blockManager) allocateOwn(s *seqBlocks, upTo int) bool {
 		m.numPartial--
 		s.partial = false
 	}
+	if s.blocks == nil {
+		s.blocks = m.blockList(max(s.room, full))
+	}
 	// Take the cached blocks first, so that this allocation cannot evict a
 	// block it is about to reuse.
 	for i := have; i < full; i++ {
@@ -519,13 +541,22 @@ func (m *blockManager) evict() int32 {
 }
 
 // flushEvicted publishes the blocks evicted by the current allocation as
-// one Removed event.
+// one Removed event. The event takes the scratch list itself when a
+// spare one (Engine.Recycle) can become the scratch: copying the ids into
+// the spare cost as much as the evictions' other bookkeeping. Without one,
+// the event gets a copy of its own size, and the scratch keeps its room.
 func (m *blockManager) flushEvicted() {
 	if len(m.evicted) == 0 {
 		return
 	}
-	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: append(m.spareIDs.take(), m.evicted...)})
-	m.evicted = m.evicted[:0]
+	ids := m.evicted
+	if spare := m.spareIDs.take(); spare != nil {
+		m.evicted = spare
+	} else {
+		ids = append([]uint64(nil), ids...)
+		m.evicted = m.evicted[:0]
+	}
+	m.events = append(m.events, BlockEvent{Kind: Removed, Group: m.group, BlockHashes: ids})
 }
 
 // maxSpare bounds the spare lists: a caller recycles at most what the
@@ -548,6 +579,25 @@ func (l *spareLists[T]) take() []T {
 func (l *spareLists[T]) put(x []T) {
 	if cap(x) > 0 && len(*l) < maxSpare {
 		*l = append(*l, x[:0])
+	}
+}
+
+// putLong is put for lists taken by size (blockList): when maxSpare are
+// kept, x takes the place of the shortest if it is longer, so that what
+// is kept serves the longest requests.
+func (l *spareLists[T]) putLong(x []T) {
+	if len(*l) < maxSpare {
+		l.put(x)
+		return
+	}
+	short := 0
+	for i, y := range *l {
+		if cap(y) < cap((*l)[short]) {
+			short = i
+		}
+	}
+	if cap(x) > cap((*l)[short]) {
+		(*l)[short] = x[:0]
 	}
 }
 

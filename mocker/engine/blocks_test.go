@@ -604,17 +604,29 @@ func runToIdle(t *testing.T, e *Engine) {
 }
 
 // A finished request's slot list goes to the next request, whose blocks
-// it then lists; a request that finishes holding its blocks keeps its
-// own.
+// it then lists, when its first blocks are allocated (a waiting request
+// holds none); a request that finishes holding its blocks keeps its own.
 func TestFinishedRequestsLeaveTheirSlotListsToTheNext(t *testing.T) {
 	e := mustNew(t, Config{BlockSize: 4, NumGPUBlocks: 64, MaxNumSeqs: 4, MaxNumBatchedTokens: 64, EnablePrefixCaching: true})
+	list := func(id string) *int32 {
+		s := e.byID[id]
+		if s == nil {
+			s = e.held[id]
+		}
+		return unsafe.SliceData(s.blocks)
+	}
 	mustAdd(t, e, "a", seqTokens(0, 40), 2)
-	first := unsafe.SliceData(e.byID["a"].blocks)
+	if list("a") != nil {
+		t.Fatal("a waiting request holds a slot list")
+	}
+	e.Step()
+	first := list("a")
 	runToIdle(t, e)
 	if err := e.Add(Request{ID: "held", Tokens: seqTokens(100, 24), MaxTokens: 1, HoldBlocks: true}); err != nil {
 		t.Fatal(err)
 	}
-	if got := unsafe.SliceData(e.byID["held"].blocks); got != first {
+	e.Step()
+	if got := list("held"); got != first {
 		t.Fatal("the next request got a fresh slot list, not the finished one's")
 	}
 	runToIdle(t, e)
@@ -623,8 +635,9 @@ func TestFinishedRequestsLeaveTheirSlotListsToTheNext(t *testing.T) {
 		t.Fatalf("held %v, want 6 blocks", want)
 	}
 	// A later request must not take the held request's list.
-	mustAdd(t, e, "b", seqTokens(200, 24), 1)
-	if unsafe.SliceData(e.byID["b"].blocks) == first {
+	mustAdd(t, e, "b", seqTokens(200, 24), 3)
+	e.Step()
+	if list("b") == first {
 		t.Fatal("a request took the slot list of a request still holding its blocks")
 	}
 	runToIdle(t, e)

@@ -517,7 +517,7 @@ func (e *Engine) Add(r Request) error {
 		hashes = append(make([]uint64, 0, total/bs), r.BlockIDs...)
 	}
 	s := &seq{
-		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: hashes, blocks: e.bm.blockList(total / bs), tag: r.Tag},
+		seqBlocks:    seqBlocks{tokens: toks, keys: newRequestKeys(&r), hashes: hashes, room: total / bs, tag: r.Tag},
 		id:           r.ID,
 		tag:          r.Tag,
 		numPrompt:    len(r.Tokens),
@@ -962,7 +962,7 @@ func (e *Engine) finish(s *seq) {
 	}
 	if keep == 0 {
 		e.bm.release(&s.seqBlocks)
-		e.bm.spareBlocks.put(s.blocks)
+		e.bm.spareBlocks.putLong(s.blocks)
 		s.blocks = nil
 		return
 	}

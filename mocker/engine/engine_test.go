@@ -820,6 +820,9 @@ func TestOutputsCarryTheRequestsTag(t *testing.T) {
 // whose caller recycles every step's events, their id lists overwritten
 // first (as a caller done with them may leave them), and one whose caller
 // keeps them: every step's results agree, with and without a host tier.
+// The recycling engine's spare lists (id lists and finished requests' slot
+// lists) are poisoned whole after every step, so that nothing it reuses
+// may show what it held before.
 func TestRecycledEventsChangeNothing(t *testing.T) {
 	for _, cpu := range []int{0, 48} {
 		cfg := Config{BlockSize: 4, NumGPUBlocks: 64, NumCPUBlocks: cpu, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, EnablePrefixCaching: true, Seed: 3}
@@ -835,6 +838,7 @@ func TestRecycledEventsChangeNothing(t *testing.T) {
 				}
 			}
 			b.Recycle(rb.Events)
+			poisonSpares(b)
 		})
 		if removed == 0 {
 			t.Fatalf("cpu %d: no evictions: the stream should fill the cache", cpu)
@@ -898,5 +902,21 @@ func TestStepToMatchesStep(t *testing.T) {
 	}
 	if evented == 0 || idle == 0 || preempted == 0 || waited == 0 {
 		t.Fatalf("%d steps with events, %d idle, %d preemptions, %d load waits", evented, idle, preempted, waited)
+	}
+}
+
+// poisonSpares overwrites the whole room of e's spare id and slot lists.
+func poisonSpares(e *Engine) {
+	for _, l := range e.bm.spareIDs {
+		l = l[:cap(l)]
+		for i := range l {
+			l[i] = ^uint64(0)
+		}
+	}
+	for _, l := range e.bm.spareBlocks {
+		l = l[:cap(l)]
+		for i := range l {
+			l[i] = -7
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -1168,5 +1169,45 @@ func TestLongPromptsReuseBuffers(t *testing.T) {
 	}
 	if st := tr.Stats(); st.Blocks != 0 || st.Active != 0 {
 		t.Fatalf("Stats = %+v", st)
+	}
+}
+
+// BenchmarkAddFreeLongMixed books and frees prompts of 1,100 to 6,000
+// blocks (longer than a recycled node's buffer, of every length), 64 of
+// them active, a third sharing a long prefix with the one before, so
+// that runs are split and merged back: the long buffers kept must serve
+// prompts of other lengths.
+func BenchmarkAddFreeLongMixed(b *testing.B) {
+	tr := New(DefaultConfig())
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := seqOf(1<<50, 6000)
+	prompt := func(i int) []uint64 {
+		n := maxRecycledRun + 76 + rng.IntN(6000-maxRecycledRun-76)
+		if i%3 == 0 {
+			p := slices.Clone(base[:n])
+			base[rng.IntN(len(base))]++ // later prompts diverge from this one somewhere
+			return p
+		}
+		return seqOf(uint64(i+1)<<40, n)
+	}
+	var reqs [64]Request
+	for i := range reqs {
+		reqs[i] = Request{ID: fmt.Sprint(i), Worker: w1, Blocks: prompt(i), ISL: 16000}
+		mustAdd(b, tr, reqs[i])
+	}
+	prompts := make([][]uint64, 1024)
+	for i := range prompts {
+		prompts[i] = prompt(i)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		r := &reqs[i%len(reqs)]
+		tr.Free(r.ID)
+		r.Blocks = prompts[i%len(prompts)]
+		if err := tr.AddRequest(*r); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }

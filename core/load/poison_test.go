@@ -62,8 +62,8 @@ func TestLongRunsAgainstModel(t *testing.T) {
 	lengths := []int{1, 7, maxRecycledRun - 1, maxRecycledRun, maxRecycledRun + 1, 1500, 2048, 3000, maxLongRun, maxLongRun + 300}
 	booked := map[string][]uint64{}
 	var dst []Potential
-	for step := range 1500 {
-		id := fmt.Sprint("r", rng.IntN(24))
+	for step := range 600 {
+		id := fmt.Sprint("r", rng.IntN(16))
 		if rng.IntN(100) < 55 {
 			n := lengths[rng.IntN(len(lengths))]
 			if rng.IntN(2) == 0 {

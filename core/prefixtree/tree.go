@@ -9,8 +9,6 @@ package prefixtree
 import (
 	"bytes"
 	"unsafe"
-
-	"github.com/kvrouter/kvrouter/core/hugepage"
 )
 
 // maxSliceChildren is the fan-out above which a node's children move from
@@ -146,6 +144,10 @@ type Tree struct {
 	slab       []uint32
 	held, dead int
 	evicting   bool
+	// slabs lists every slab the tree carved labels from, for the spare
+	// slabs once the tree no longer needs them (leaveSlabs, or the tree
+	// collected).
+	slabs *slabSet
 }
 
 // Slab sizes in tokens: a new slab is as large as the tree, within these
@@ -302,7 +304,7 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 		if n > size/4 {
 			return append([]uint32(nil), tokens...), false
 		}
-		t.slab = hugepage.Make[uint32](size)[:0]
+		t.slab = t.newSlab(size)
 	}
 	t.held += n
 	at := len(t.slab)
@@ -314,6 +316,7 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 // so the slabs, mostly filled with evicted labels, can be freed. It costs
 // at most one copy of the tree, once.
 func (t *Tree) leaveSlabs() {
+	defer t.slabs.release()
 	t.slab, t.held, t.dead = nil, 0, 0
 	stack := []*node{t.root}
 	for len(stack) > 0 {

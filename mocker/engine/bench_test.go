@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -110,5 +111,49 @@ func BenchmarkPrefill8k(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkQueuedPrompts: an overloaded engine, its waiting queue 256
+// prompts of 2 K to 32 K tokens deep and growing; each op adds one more
+// and runs one step, its events recycled, as the simulator does. What
+// the queue holds of each request costs memory for nothing until it runs.
+func BenchmarkQueuedPrompts(b *testing.B) {
+	cfg := DefaultConfig()
+	cfg.NumGPUBlocks = 8192
+	cfg.MaxNumSeqs = 8
+	e, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := 0
+	prompt := func() []uint32 {
+		l := 2048 + rng.IntN(30*1024)
+		toks := make([]uint32, l, l+16)
+		for j := range toks {
+			toks[j] = uint32(n)<<16 + uint32(j)
+		}
+		return toks
+	}
+	add := func(toks []uint32) {
+		if err := e.Add(Request{ID: fmt.Sprint(n), Tokens: toks, MaxTokens: 16, Owned: true}); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	for range 256 {
+		add(prompt())
+	}
+	var res StepResult
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		toks := prompt()
+		b.StartTimer()
+		add(toks)
+		e.StepTo(&res)
+		e.Recycle(res.Events)
 	}
 }

@@ -313,10 +313,10 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 }
 
 // leaveSlabs copies every label still in a slab into an array of its own,
-// so the slabs, mostly filled with evicted labels, can be freed. It costs
+// so the slabs, mostly filled with evicted labels, can go to the spare
+// ones. It costs
 // at most one copy of the tree, once.
 func (t *Tree) leaveSlabs() {
-	defer t.slabs.release()
 	t.slab, t.held, t.dead = nil, 0, 0
 	stack := []*node{t.root}
 	for len(stack) > 0 {
@@ -333,6 +333,7 @@ func (t *Tree) leaveSlabs() {
 			stack = append(stack, n.kids...)
 		}
 	}
+	t.slabs.release()
 }
 
 // commonPrefix returns the length of the common prefix of a and b.

@@ -314,8 +314,7 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 
 // leaveSlabs copies every label still in a slab into an array of its own,
 // so the slabs, mostly filled with evicted labels, can go to the spare
-// ones. It costs
-// at most one copy of the tree, once.
+// ones. It costs at most one copy of the tree, once.
 func (t *Tree) leaveSlabs() {
 	t.slab, t.held, t.dead = nil, 0, 0
 	stack := []*node{t.root}

@@ -975,10 +975,10 @@ func (t *Tracker) runFor(n int) []uint64 {
 		}
 	}
 	if best < 0 {
-		// Rounded up to the heap's 8 KiB pages, which a large buffer
-		// takes whole anyway: the room is free, and serves a slightly
-		// longer prompt later.
-		return make([]uint64, 0, (n+runPage-1)/runPage*runPage)
+		// With the room the heap gives the buffer anyway (its size
+		// class, or whole pages), which serves a slightly longer
+		// prompt later.
+		return slices.Grow([]uint64(nil), n)
 	}
 	r := t.longRuns[best]
 	last := len(t.longRuns) - 1
@@ -987,9 +987,6 @@ func (t *Tracker) runFor(n int) []uint64 {
 	t.longRuns = t.longRuns[:last]
 	return r
 }
-
-// runPage is the heap's page, in blocks.
-const runPage = 8 << 10 / 8
 
 // dropRun lets go of r, a buffer no node uses any more: a long one is
 // kept for reuse, a short one is left to the collector, as the node it

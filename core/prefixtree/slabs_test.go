@@ -120,3 +120,37 @@ func BenchmarkFillAfterCollect(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(convs)*benchMaxConv), "tokens/op")
 }
+
+// TestSpareSlabsDroppedWhenUnused: the spare slabs stay while a tree
+// carves labels from slabs, however many collections pass, and go once
+// none does and a collection has passed without any taken.
+func TestSpareSlabsDroppedWhenUnused(t *testing.T) {
+	w := newWorkload(1, 10, 3000)
+	old := New(0)
+	for range 30 {
+		old.Insert(w.seq(3000), 1)
+	}
+	var dropped []*uint32
+	for _, s := range old.slabs.slabs {
+		dropped = append(dropped, unsafe.SliceData(s))
+	}
+	old = nil
+	growing := New(0)
+	growing.Insert([]uint32{1, 2, 3}, 1)
+	collectTrees(t, dropped)
+	for range 5 {
+		runtime.GC()
+	}
+	if len(spareSet()) == 0 {
+		t.Fatal("the spare slabs went while a tree carves labels from slabs")
+	}
+	runtime.KeepAlive(growing)
+	for range 1000 {
+		runtime.GC()
+		if len(spareSet()) == 0 {
+			return
+		}
+		runtime.Gosched()
+	}
+	t.Fatal("the spare slabs stay with no tree left to take them")
+}

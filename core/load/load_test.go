@@ -964,6 +964,21 @@ func checkTrie(tr *Tracker) error {
 	return nil
 }
 
+// checkPotentials compares the tracker's potentials for q, with no
+// overlaps, with the model's; it returns the potentials for reuse.
+func checkPotentials(t *testing.T, step int, tr *Tracker, ref *model, q Query, workers []kv.Worker, dst []Potential) []Potential {
+	t.Helper()
+	overlaps := make([]int, len(workers))
+	want := ref.potential(q, workers, overlaps)
+	dst = tr.PotentialLoads(q, workers, overlaps, dst)
+	for i := range want {
+		if !samePotential(dst[i], want[i]) {
+			t.Fatalf("step %d: PotentialLoads[%d] = %+v, want %+v", step, i, dst[i], want[i])
+		}
+	}
+	return dst
+}
+
 // TestTrieAgainstModel drives the trie through splits, merges and wide
 // fan-outs (past the children slice into a map and back) with long prompts
 // branching at every depth, checking loads, potentials and the number of
@@ -1030,15 +1045,7 @@ func TestTrieAgainstModel(t *testing.T) {
 		if got := tr.Stats().Blocks; got != len(all) {
 			t.Fatalf("step %d: Stats.Blocks = %d, want %d", step, got, len(all))
 		}
-		q := Query{Blocks: prompt()}
-		overlaps := make([]int, len(workers))
-		wantP := ref.potential(q, workers, overlaps)
-		dst = tr.PotentialLoads(q, workers, overlaps, dst)
-		for i := range wantP {
-			if !samePotential(dst[i], wantP[i]) {
-				t.Fatalf("step %d: PotentialLoads[%d] = %+v, want %+v", step, i, dst[i], wantP[i])
-			}
-		}
+		dst = checkPotentials(t, step, tr, ref, Query{Blocks: prompt()}, workers, dst)
 	}
 	if len(tr.freeNodes) == 0 {
 		t.Fatal("no node was ever recycled")

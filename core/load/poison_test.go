@@ -105,14 +105,7 @@ func TestLongRunsAgainstModel(t *testing.T) {
 			}
 		}
 		q := Query{Blocks: chain(slices.Clone(families[rng.IntN(len(families))][:1+rng.IntN(3500)])...)}
-		overlaps := make([]int, len(workers))
-		want := ref.potential(q, workers, overlaps)
-		dst = tr.PotentialLoads(q, workers, overlaps, dst)
-		for i := range want {
-			if !samePotential(dst[i], want[i]) {
-				t.Fatalf("step %d: PotentialLoads[%d] = %+v, want %+v", step, i, dst[i], want[i])
-			}
-		}
+		dst = checkPotentials(t, step, tr, ref, q, workers, dst)
 	}
 	if len(tr.longRuns) == 0 {
 		t.Fatal("no long buffer was ever kept")

@@ -582,11 +582,16 @@ func (l *spareLists[T]) put(x []T) {
 	}
 }
 
-// putLong is put for lists taken by size (blockList): when maxSpare are
-// kept, x takes the place of the shortest if it is longer, so that what
-// is kept serves the longest requests.
+// maxSpareLong bounds the lists kept by putLong: as many as the requests
+// that start in a step or two. A list is never dropped for being short,
+// so more would only hold a finished burst's lists for good.
+const maxSpareLong = 16
+
+// putLong is put for lists taken by size (blockList): when maxSpareLong
+// are kept, x takes the place of the shortest if it is longer, so that
+// what is kept serves the longest requests.
 func (l *spareLists[T]) putLong(x []T) {
-	if len(*l) < maxSpare {
+	if len(*l) < maxSpareLong {
 		l.put(x)
 		return
 	}

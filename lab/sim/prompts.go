@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/lab/trace"
@@ -65,9 +66,12 @@ type promptPool struct {
 	given [][]uint32                // given[i]: request i's prompt while it runs
 	free  [bits.UintSize][][]uint32 // free[c]: free prompts of capacity 2^c
 	how   promptDisposal
-	// reused counts the prompts built in a free one, made those built in
-	// fresh memory.
-	reused, made int
+	// reused counts the prompts built in a free one, handed those built
+	// in one an earlier run handed on (spares), made those built in fresh
+	// memory.
+	reused, handed, made int
+	// spares are the free prompts of the process's earlier runs.
+	spares *spareStore
 	// lazy: the tokens of the leading blocks a prompt shares with its
 	// previous turn are read by nothing, and are not generated. The loop
 	// hashes every prompt once at arrival (blockHashes) and takes those
@@ -114,6 +118,7 @@ func (p *promptPool) init(s *sim) {
 	p.tr, p.reqs = tr, reqs
 	p.given = make([][]uint32, s.w.Len())
 	p.ids = &s.ids
+	p.spares = cmp.Or(s.cfg.spares, &spares)
 }
 
 // initLazy decides, once the run's block hashes are set up, whether its
@@ -123,6 +128,7 @@ func (p *promptPool) initLazy(s *sim) {
 		p.fill = defaultSkipped
 	}
 	m := &s.ids
+	m.poison = p.fill == poisonSkipped || p.fill == scrambleSkipped
 	readers := s.cfg.IgnoreCacheSalt || s.cfg.listsBlocks || s.r.Mode().ReadsPrompt()
 	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil && !readers
 	p.tail = p.reqs != nil && p.fill != generateSkipped && m.on && !readers
@@ -172,6 +178,10 @@ func (p *promptPool) take(n int) []uint32 {
 		buf := free[len(free)-1]
 		free[len(free)-1] = nil
 		p.free[c] = free[:len(free)-1]
+		return buf
+	}
+	if buf := p.spares.takeTokens(c); buf != nil {
+		p.handed++
 		return buf
 	}
 	p.made++

@@ -54,19 +54,21 @@ func TestHandedOnListsChangeNothing(t *testing.T) {
 		{"kv, 512-token blocks", "kv", 1, func(c *Config) { c.Engine.BlockSize = 512; c.Engine.NumGPUBlocks = 64 }, true},
 	}
 	for name, w := range workloads {
+		// Each run takes from what the earlier runs and the earlier
+		// cases handed on.
+		store := &spareStore{max: 1 << 30}
+		for _, e := range earlier {
+			runSpare(t, w, e, poisonSkipped, store)
+		}
+		if store.bytes == 0 {
+			t.Fatal("the earlier runs handed on nothing")
+		}
 		for _, tc := range lazyCases(t) {
 			t.Run(name+", "+tc.name, func(t *testing.T) {
 				for _, fill := range []skippedTokens{leaveSkipped, poisonSkipped} {
 					want := runSpare(t, w, tc, fill, &spareStore{})
 					if want.prompts != 0 || want.hashes != 0 {
 						t.Fatalf("an empty store handed out %d prompts and %d hash lists", want.prompts, want.hashes)
-					}
-					store := &spareStore{max: 1 << 30}
-					for _, e := range earlier {
-						runSpare(t, w, e, poisonSkipped, store)
-					}
-					if store.bytes == 0 {
-						t.Fatal("the earlier runs handed on nothing")
 					}
 					got := runSpare(t, w, tc, fill, store)
 					if !reflect.DeepEqual(got.p, want.p) {
@@ -75,7 +77,7 @@ func TestHandedOnListsChangeNothing(t *testing.T) {
 					if got.pooled && (got.prompts == 0 || got.made > want.made/2) {
 						t.Fatalf("%d prompts taken from the store, %d made; %d made without it", got.prompts, got.made, want.made)
 					}
-					if got.recycles && got.hashes == 0 {
+					if got.recycles && tc.mode == "kv" && got.hashes == 0 {
 						t.Fatal("no hash list taken from the store")
 					}
 				}
@@ -194,7 +196,7 @@ func TestSpareStoreBound(t *testing.T) {
 // that do give the results of runs whose turns copy them (the engines
 // hashing every block themselves).
 func TestMovedHashesChangeNothing(t *testing.T) {
-	w := conversations(t, 600)
+	w := conversations(t, 300)
 	for _, tc := range lazyCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, fill := range []skippedTokens{leaveSkipped, poisonSkipped} {

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -222,4 +223,37 @@ func (s *spareStore) lists() int {
 		n += len(s.tokens[c]) + len(s.hashes[c])
 	}
 	return n
+}
+
+// BenchmarkTraceSweep runs a small sweep of a Mooncake trace (the file
+// KVROUTER_TRACE names; skipped without one) one run after another, as
+// `kvrouter sim` runs each mode's, alternately with the process's store
+// of handed-on lists and with none, and reports the sweeps' mean times
+// (handed-ns/sweep, fresh-ns/sweep).
+func BenchmarkTraceSweep(b *testing.B) {
+	w := benchTrace(b)
+	var took [2]time.Duration
+	n := 0
+	for b.Loop() {
+		// Either first, by turns: the first of a pair finds the heap
+		// holding the other's garbage.
+		for j := range 2 {
+			k := (j + n) % 2
+			store := []*spareStore{nil, {}}[k]
+			start := time.Now()
+			for _, mode := range []string{"kv", "round-robin", "sglang-cache-aware"} {
+				for _, speedup := range []float64{4, 12} {
+					cfg := DefaultConfig()
+					cfg.spares = store
+					if _, err := Run(cfg, mode, w, speedup); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			took[k] += time.Since(start)
+		}
+		n++
+	}
+	b.ReportMetric(float64(took[0].Nanoseconds())/float64(n), "handed-ns/sweep")
+	b.ReportMetric(float64(took[1].Nanoseconds())/float64(n), "fresh-ns/sweep")
 }

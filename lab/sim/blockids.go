@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"cmp"
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
@@ -65,12 +64,9 @@ type blockHashes struct {
 	poison bool
 	free   [bits.UintSize][][]uint64
 	reused int // lists taken from free
-	// spares are the free lists of the process's earlier runs, handed
-	// the lists taken from them.
-	spares *spareStore
-	handed int
-	// moved counts the lists a later turn took over from its previous
-	// turn's (hashes).
+	// moves lets a later turn take its previous turn's lists over
+	// (movable); moved counts those it took.
+	moves bool
 	moved int
 	// hits and misses count the blocks whose hashes were taken and
 	// computed.
@@ -102,7 +98,7 @@ func (s *sim) initBlockHashes(prev, share []int32) {
 	m.on, m.router = true, s.r.BlockSize() == m.bs
 	m.local, m.seq = make([][]uint64, n), make([][]uint64, n)
 	m.salted, m.started = make([]bool, n), make([]bool, n)
-	m.spares = cmp.Or(s.cfg.spares, &spares)
+	m.moves = !s.cfg.copyHashes
 	if m.recycles = s.prompts.given != nil; m.recycles {
 		m.done = make([]bool, n)
 	}
@@ -247,7 +243,7 @@ func (m *blockHashes) extended(i int) int {
 // turn of a conversation, was nearly as much work as hashing the turn's
 // new blocks.
 func (m *blockHashes) movable(p, n, room int) bool {
-	return n > 0 && m.recycles && m.done[p] && m.needed[p] == 1 && cap(m.local[p]) > room && cap(m.seq[p]) > room
+	return n > 0 && m.moves && m.recycles && m.done[p] && m.needed[p] == 1 && cap(m.local[p]) > room && cap(m.seq[p]) > room
 }
 
 // move takes request p's lists over, holding its first n hashes.
@@ -324,14 +320,17 @@ func (m *blockHashes) take(n int) []uint64 {
 		m.reused++
 		return l
 	}
-	if l := m.spares.takeHashes(c); l != nil {
-		m.handed++
-		return l
-	}
 	if !m.recycles {
 		return make([]uint64, 0, n)
 	}
 	return make([]uint64, 0, 1<<c)
+}
+
+// poisonHashes overwrites l with hashes of no block.
+func poisonHashes(l []uint64) {
+	for k := range l {
+		l[k] = ^uint64(0)
+	}
 }
 
 func (m *blockHashes) put(l []uint64) {

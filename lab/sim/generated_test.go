@@ -63,7 +63,7 @@ func runGenerated(t *testing.T, w Requests, tc lazyCase, fill skippedTokens, how
 	if err := s.run(); err != nil {
 		t.Fatal(err)
 	}
-	return generatedRun{s.point(), s.prompts.skipped, s.ids.hits, s.prompts.made, s.prompts.made + s.prompts.reused + s.prompts.handed, s.prompts.given != nil, s.ids.on}
+	return generatedRun{s.point(), s.prompts.skipped, s.ids.hits, s.prompts.made, s.prompts.made + s.prompts.reused, s.prompts.given != nil, s.ids.on}
 }
 
 // A generated workload's run whose engines take over pooled copies of

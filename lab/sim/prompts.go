@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"cmp"
 	"math/bits"
 
 	"github.com/kvrouter/kvrouter/lab/trace"
@@ -66,12 +65,9 @@ type promptPool struct {
 	given [][]uint32                // given[i]: request i's prompt while it runs
 	free  [bits.UintSize][][]uint32 // free[c]: free prompts of capacity 2^c
 	how   promptDisposal
-	// reused counts the prompts built in a free one, handed those built
-	// in one an earlier run handed on (spares), made those built in fresh
-	// memory.
-	reused, handed, made int
-	// spares are the free prompts of the process's earlier runs.
-	spares *spareStore
+	// reused counts the prompts built in a free one, made those built in
+	// fresh memory.
+	reused, made int
 	// lazy: the tokens of the leading blocks a prompt shares with its
 	// previous turn are read by nothing, and are not generated. The loop
 	// hashes every prompt once at arrival (blockHashes) and takes those
@@ -118,7 +114,6 @@ func (p *promptPool) init(s *sim) {
 	p.tr, p.reqs = tr, reqs
 	p.given = make([][]uint32, s.w.Len())
 	p.ids = &s.ids
-	p.spares = cmp.Or(s.cfg.spares, &spares)
 }
 
 // initLazy decides, once the run's block hashes are set up, whether its
@@ -178,10 +173,6 @@ func (p *promptPool) take(n int) []uint32 {
 		buf := free[len(free)-1]
 		free[len(free)-1] = nil
 		p.free[c] = free[:len(free)-1]
-		return buf
-	}
-	if buf := p.spares.takeTokens(c); buf != nil {
-		p.handed++
 		return buf
 	}
 	p.made++

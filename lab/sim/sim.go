@@ -126,9 +126,9 @@ type Config struct {
 	// rather than by sequence hashes, for tests that check that the
 	// results do not depend on the names.
 	ownBlockIDs bool
-	// spares is the store of free prompts and hash lists the run takes
-	// from and hands on to, for tests; the process's (spares) when nil.
-	spares *spareStore
+	// copyHashes has every turn copy its previous turn's block hashes,
+	// for benchmarks (see blockHashes.movable).
+	copyHashes bool
 }
 
 // engineConfig is engine i's configuration.
@@ -545,18 +545,12 @@ func Run(cfg Config, mode string, w Workload, arrivalSpeedup float64) (Point, er
 	if err := s.run(); err != nil {
 		return Point{}, err
 	}
-	return s.end(), nil
-}
-
-// end is the point of a run that has ended, which hands its prompts and
-// hash lists, and its engines' tables, on to the next runs of a sweep.
-func (s *sim) end() Point {
 	p := s.point()
-	s.handOn()
+	// The next run's engines, of a sweep's, take their tables.
 	for i := range s.engines {
 		s.engines[i].eng.Free()
 	}
-	return p
+	return p, nil
 }
 
 // Event kinds. Events due at the same instant run in the order they were

@@ -244,14 +244,7 @@ func TestMovedHashesChangeNothing(t *testing.T) {
 // over.
 func runMoving(t *testing.T, w Workload, tc lazyCase, fill skippedTokens) (Point, int) {
 	t.Helper()
-	cfg := smallConfig()
-	cfg.Engine.NumGPUBlocks = 1024
-	tc.set(&cfg)
-	cfg.skipped = fill
-	s, err := newSim(cfg, tc.mode, w, tc.speedup)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newLazyRun(t, w, tc, fill)
 	if err := s.run(); err != nil {
 		t.Fatal(err)
 	}

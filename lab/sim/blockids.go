@@ -59,8 +59,15 @@ type blockHashes struct {
 	// engine is done with them.
 	recycles bool
 	done     []bool
-	free     [bits.UintSize][][]uint64
-	reused   int // lists taken from free
+	// poison overwrites the room of the lists taken over (move) with
+	// hashes of no block, in a run that poisons its skipped blocks.
+	poison bool
+	free   [bits.UintSize][][]uint64
+	reused int // lists taken from free
+	// moves lets a later turn take its previous turn's lists over
+	// (movable); moved counts those it took.
+	moves bool
+	moved int
 	// hits and misses count the blocks whose hashes were taken and
 	// computed.
 	hits, misses int
@@ -91,6 +98,7 @@ func (s *sim) initBlockHashes(prev, share []int32) {
 	m.on, m.router = true, s.r.BlockSize() == m.bs
 	m.local, m.seq = make([][]uint64, n), make([][]uint64, n)
 	m.salted, m.started = make([]bool, n), make([]bool, n)
+	m.moves = !s.cfg.copyHashes
 	if m.recycles = s.prompts.given != nil; m.recycles {
 		m.done = make([]bool, n)
 	}
@@ -193,14 +201,17 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 	// Room for the blocks the engine fills with generated tokens: it
 	// appends their hashes in place (engine.Request.Owned).
 	room := (len(toks) + req.OSL) / m.bs
-	local, seq = m.take(room), m.take(room)
-	if m.prev != nil {
-		if p := m.prev[i]; p >= 0 {
-			n := m.taken(i, req.CacheSalt, full)
-			local, seq = append(local, m.local[p][:n]...), append(seq, m.seq[p][:n]...)
-			m.needed[p]--
-			m.drop(int(p))
+	if p := m.extended(i); p >= 0 {
+		n := m.taken(i, req.CacheSalt, full)
+		if m.movable(p, n, room) {
+			local, seq = m.move(p, n)
+		} else {
+			local, seq = append(m.take(room), m.local[p][:n]...), append(m.take(room), m.seq[p][:n]...)
 		}
+		m.needed[p]--
+		m.drop(p)
+	} else {
+		local, seq = m.take(room), m.take(room)
 	}
 	m.hits += len(seq)
 	m.misses += full - len(seq)
@@ -212,6 +223,40 @@ func (s *sim) hashes(i int, req *workload.Request) (local, seq []uint64) {
 		local, seq = h.AppendChainedHashes(local, seq, seq[len(seq)-1], rest)
 	}
 	m.local[i], m.seq[i], m.salted[i] = local, seq, req.CacheSalt != ""
+	return local, seq
+}
+
+// extended is the earlier request whose prompt request i's extends, -1
+// for none or when the workload cannot tell.
+func (m *blockHashes) extended(i int) int {
+	if m.prev == nil {
+		return -1
+	}
+	return int(m.prev[i])
+}
+
+// movable reports whether the request that takes the first n of request
+// p's hashes, and needs lists of room for more than room, may take p's
+// lists themselves: p's engine is done with them, so nothing reads them
+// again but the taker, and no other later turn would take them (it
+// would hash its blocks afresh, not copy them). Copying them, for every
+// turn of a conversation, was nearly as much work as hashing the turn's
+// new blocks.
+func (m *blockHashes) movable(p, n, room int) bool {
+	return n > 0 && m.moves && m.recycles && m.done[p] && m.needed[p] == 1 && cap(m.local[p]) > room && cap(m.seq[p]) > room
+}
+
+// move takes request p's lists over, holding its first n hashes.
+func (m *blockHashes) move(p, n int) (local, seq []uint64) {
+	local, seq = m.local[p][:n], m.seq[p][:n]
+	m.local[p], m.seq[p] = nil, nil
+	m.moved++
+	if m.poison {
+		// The taker appends its own: had it read past them, it would
+		// see hashes of no block.
+		poisonHashes(local[n:cap(local)])
+		poisonHashes(seq[n:cap(seq)])
+	}
 	return local, seq
 }
 
@@ -279,6 +324,13 @@ func (m *blockHashes) take(n int) []uint64 {
 		return make([]uint64, 0, n)
 	}
 	return make([]uint64, 0, 1<<c)
+}
+
+// poisonHashes overwrites l with hashes of no block.
+func poisonHashes(l []uint64) {
+	for k := range l {
+		l[k] = ^uint64(0)
+	}
 }
 
 func (m *blockHashes) put(l []uint64) {

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
 	"github.com/kvrouter/kvrouter/lab/trace"
@@ -211,4 +213,72 @@ func benchTrace(b *testing.B) *Trace {
 		b.Fatal(err)
 	}
 	return w
+}
+
+// A turn takes its previous turn's hash lists over when that turn's
+// engine is done with them and no other turn takes them, and the runs
+// that do give the results of runs whose turns copy them (the engines
+// hashing every block themselves).
+func TestMovedHashesChangeNothing(t *testing.T) {
+	w := conversations(t, 300)
+	for _, tc := range lazyCases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, fill := range []skippedTokens{leaveSkipped, poisonSkipped} {
+				hashed := tc
+				hashed.set = func(c *Config) { tc.set(c); c.noBlockIDs = true }
+				want, _ := runMoving(t, w, hashed, fill)
+				got, moved := runMoving(t, w, tc, fill)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("skipped blocks %d, moved hash lists:\n%+v\nengines hashing:\n%+v", fill, got, want)
+				}
+				if tc.name == "kv, 16-token blocks" && moved < w.Len()/20 {
+					t.Fatalf("%d hash lists of %d requests taken over", moved, w.Len())
+				}
+			}
+		})
+	}
+}
+
+// runMoving runs w under tc with the skipped blocks filled as fill says,
+// and returns the run's point and how many hash lists its turns took
+// over.
+func runMoving(t *testing.T, w Workload, tc lazyCase, fill skippedTokens) (Point, int) {
+	t.Helper()
+	s := newLazyRun(t, w, tc, fill)
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	return s.point(), s.ids.moved
+}
+
+// BenchmarkTraceMovedHashes runs a small sweep of a Mooncake trace (the
+// file KVROUTER_TRACE names; skipped without one) one run after another,
+// as `kvrouter sim` runs each mode's, alternately with turns that take
+// their previous turn's hash lists over and turns that copy them, and
+// reports the sweeps' mean times (moved-ns/sweep, copied-ns/sweep).
+func BenchmarkTraceMovedHashes(b *testing.B) {
+	w := benchTrace(b)
+	var took [2]time.Duration
+	n := 0
+	for b.Loop() {
+		// Either first, by turns: the first of a pair finds the heap
+		// holding the other's garbage.
+		for j := range 2 {
+			k := (j + n) % 2
+			start := time.Now()
+			for _, mode := range []string{"kv", "round-robin", "sglang-cache-aware"} {
+				for _, speedup := range []float64{1, 4, 12} {
+					cfg := DefaultConfig()
+					cfg.copyHashes = k == 1
+					if _, err := Run(cfg, mode, w, speedup); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			took[k] += time.Since(start)
+		}
+		n++
+	}
+	b.ReportMetric(float64(took[0].Nanoseconds())/float64(n), "moved-ns/sweep")
+	b.ReportMetric(float64(took[1].Nanoseconds())/float64(n), "copied-ns/sweep")
 }

@@ -55,6 +55,20 @@ func lazyCases(t *testing.T) []lazyCase {
 // and returns the run's point and how many blocks its prompts skipped.
 func runSkipping(t *testing.T, w Workload, tc lazyCase, fill skippedTokens, force bool) (Point, int) {
 	t.Helper()
+	s := newLazyRun(t, w, tc, fill)
+	if force {
+		s.prompts.lazy = s.prompts.tr != nil && s.ids.on && s.ids.prev != nil
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	return s.point(), s.prompts.skipped
+}
+
+// newLazyRun is a run of w under tc with the skipped blocks filled as
+// fill says.
+func newLazyRun(t *testing.T, w Workload, tc lazyCase, fill skippedTokens) *sim {
+	t.Helper()
 	cfg := smallConfig()
 	cfg.Engine.NumGPUBlocks = 1024
 	tc.set(&cfg)
@@ -63,13 +77,7 @@ func runSkipping(t *testing.T, w Workload, tc lazyCase, fill skippedTokens, forc
 	if err != nil {
 		t.Fatal(err)
 	}
-	if force {
-		s.prompts.lazy = s.prompts.tr != nil && s.ids.on && s.ids.prev != nil
-	}
-	if err := s.run(); err != nil {
-		t.Fatal(err)
-	}
-	return s.point(), s.prompts.skipped
+	return s
 }
 
 // A run that does not generate the tokens of the blocks a prompt shares

@@ -123,6 +123,7 @@ func (p *promptPool) initLazy(s *sim) {
 		p.fill = defaultSkipped
 	}
 	m := &s.ids
+	m.poison = p.fill == poisonSkipped || p.fill == scrambleSkipped
 	readers := s.cfg.IgnoreCacheSalt || s.cfg.listsBlocks || s.r.Mode().ReadsPrompt()
 	p.lazy = p.tr != nil && p.fill != generateSkipped && m.on && m.router && m.prev != nil && !readers
 	p.tail = p.reqs != nil && p.fill != generateSkipped && m.on && !readers

@@ -126,6 +126,9 @@ type Config struct {
 	// rather than by sequence hashes, for tests that check that the
 	// results do not depend on the names.
 	ownBlockIDs bool
+	// copyHashes has every turn copy its previous turn's block hashes,
+	// for benchmarks (see blockHashes.movable).
+	copyHashes bool
 }
 
 // engineConfig is engine i's configuration.

@@ -9,6 +9,8 @@ package prefixtree
 import (
 	"bytes"
 	"unsafe"
+
+	"github.com/kvrouter/kvrouter/core/hugepage"
 )
 
 // maxSliceChildren is the fan-out above which a node's children move from
@@ -144,10 +146,6 @@ type Tree struct {
 	slab       []uint32
 	held, dead int
 	evicting   bool
-	// slabs lists every slab the tree carved labels from, for the spare
-	// slabs once the tree no longer needs them (leaveSlabs, or the tree
-	// collected).
-	slabs *slabSet
 }
 
 // Slab sizes in tokens: a new slab is as large as the tree, within these
@@ -304,7 +302,7 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 		if n > size/4 {
 			return append([]uint32(nil), tokens...), false
 		}
-		t.slab = t.newSlab(size)
+		t.slab = hugepage.Make[uint32](size)[:0]
 	}
 	t.held += n
 	at := len(t.slab)
@@ -313,8 +311,8 @@ func (t *Tree) store(tokens []uint32) (label []uint32, inSlab bool) {
 }
 
 // leaveSlabs copies every label still in a slab into an array of its own,
-// so the slabs, mostly filled with evicted labels, can go to the spare
-// ones. It costs at most one copy of the tree, once.
+// so the slabs, mostly filled with evicted labels, can be freed. It costs
+// at most one copy of the tree, once.
 func (t *Tree) leaveSlabs() {
 	t.slab, t.held, t.dead = nil, 0, 0
 	stack := []*node{t.root}
@@ -332,7 +330,6 @@ func (t *Tree) leaveSlabs() {
 			stack = append(stack, n.kids...)
 		}
 	}
-	t.slabs.release()
 }
 
 // commonPrefix returns the length of the common prefix of a and b.

@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvrouter/kvrouter/core/buffers"
 	"github.com/kvrouter/kvrouter/core/kv"
 )
 
@@ -391,7 +392,7 @@ type Tracker struct {
 	// next long prompt: at 16-token blocks nearly a quarter of a conversation
 	// trace's prompts exceed maxRecycledRun, and each one's fresh buffer,
 	// cleared and faulted in, cost more than the rest of its booking.
-	longRuns [][]uint64
+	longRuns buffers.Longest[uint64]
 
 	blocks   int // distinct blocks in the trie: Stats.Blocks
 	requests map[string]*request
@@ -968,24 +969,12 @@ func (t *Tracker) runFor(n int) []uint64 {
 	if n <= maxRecycledRun {
 		return make([]uint64, 0, n)
 	}
-	best := -1
-	for i, r := range t.longRuns {
-		if cap(r) >= n && (best < 0 || cap(r) < cap(t.longRuns[best])) {
-			best = i
-		}
+	if r := t.longRuns.Take(n); r != nil {
+		return r
 	}
-	if best < 0 {
-		// With the room the heap gives the buffer anyway (its size
-		// class, or whole pages), which serves a slightly longer
-		// prompt later.
-		return slices.Grow([]uint64(nil), n)
-	}
-	r := t.longRuns[best]
-	last := len(t.longRuns) - 1
-	t.longRuns[best] = t.longRuns[last]
-	t.longRuns[last] = nil
-	t.longRuns = t.longRuns[:last]
-	return r
+	// With the room the heap gives the buffer anyway (its size class, or
+	// whole pages), which serves a slightly longer prompt later.
+	return slices.Grow([]uint64(nil), n)
 }
 
 // dropRun lets go of r, a buffer no node uses any more: a long one is
@@ -1006,19 +995,7 @@ func (t *Tracker) keepLongRun(r []uint64) {
 	if cap(r) > maxLongRun {
 		return
 	}
-	if len(t.longRuns) < maxLongRuns {
-		t.longRuns = append(t.longRuns, r[:0])
-		return
-	}
-	short := 0
-	for i, x := range t.longRuns {
-		if cap(x) < cap(t.longRuns[short]) {
-			short = i
-		}
-	}
-	if cap(r) > cap(t.longRuns[short]) {
-		t.longRuns[short] = r[:0]
-	}
+	t.longRuns.Keep(r, maxLongRuns)
 }
 
 func (t *Tracker) recycle(n *node) {

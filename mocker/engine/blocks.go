@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/kvrouter/kvrouter/core/blockhash"
+	"github.com/kvrouter/kvrouter/core/buffers"
 	"github.com/kvrouter/kvrouter/core/hugepage"
 	"github.com/kvrouter/kvrouter/core/prefetch"
 )
@@ -120,7 +121,7 @@ type blockManager struct {
 	// spareBlocks are finished requests' slot lists, for the next
 	// requests': a list the length of a long prompt was a fresh, cleared
 	// allocation per request.
-	spareBlocks spareLists[int32]
+	spareBlocks buffers.Longest[int32]
 
 	allocateAll bool // tests: no step skips allocate (see holds)
 	reserved    bool // reserve sized the tables
@@ -131,21 +132,10 @@ type blockManager struct {
 // for a shorter request; taking only the last one put, a long prompt
 // threw it away for a fresh list.
 func (m *blockManager) blockList(n int) []int32 {
-	best := -1
-	for i, l := range m.spareBlocks {
-		if cap(l) >= n && (best < 0 || cap(l) < cap(m.spareBlocks[best])) {
-			best = i
-		}
+	if l := m.spareBlocks.Take(n); l != nil {
+		return l
 	}
-	if best < 0 {
-		return make([]int32, 0, n)
-	}
-	l := m.spareBlocks[best]
-	last := len(m.spareBlocks) - 1
-	m.spareBlocks[best] = m.spareBlocks[last]
-	m.spareBlocks[last] = nil
-	m.spareBlocks = m.spareBlocks[:last]
-	return l
+	return make([]int32, 0, n)
 }
 
 func newBlockManager(blockSize, capacity int, caching bool, seed uint64) *blockManager {
@@ -582,29 +572,9 @@ func (l *spareLists[T]) put(x []T) {
 	}
 }
 
-// maxSpareLong bounds the lists kept by putLong: as many as the requests
-// that start in a step or two. A list is never dropped for being short,
-// so more would only hold a finished burst's lists for good.
+// maxSpareLong bounds the slot lists kept (blockList): as many as the
+// requests that start in a step or two.
 const maxSpareLong = 16
-
-// putLong is put for lists taken by size (blockList): when maxSpareLong
-// are kept, x takes the place of the shortest if it is longer, so that
-// what is kept serves the longest requests.
-func (l *spareLists[T]) putLong(x []T) {
-	if len(*l) < maxSpareLong {
-		l.put(x)
-		return
-	}
-	short := 0
-	for i, y := range *l {
-		if cap(y) < cap((*l)[short]) {
-			short = i
-		}
-	}
-	if cap(x) > cap((*l)[short]) {
-		(*l)[short] = x[:0]
-	}
-}
 
 func (m *blockManager) newIndex() int32 {
 	if n := len(m.freeIdx); n > 0 {

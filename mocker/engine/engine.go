@@ -962,7 +962,7 @@ func (e *Engine) finish(s *seq) {
 	}
 	if keep == 0 {
 		e.bm.release(&s.seqBlocks)
-		e.bm.spareBlocks.putLong(s.blocks)
+		e.bm.spareBlocks.Keep(s.blocks, maxSpareLong)
 		s.blocks = nil
 		return
 	}
